@@ -1,0 +1,87 @@
+"""The public API of durable_agents: start, inspect, cancel and resume runs; define workflows.
+
+Example::
+
+    from durable_agents import api
+
+    run = api.start("noop", {"steps": 3}, idempotency_key="order-42")
+    api.get(run.id).status   # "pending", then "running", then "completed"
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from durable_agents.engine.context import StepContext
+from durable_agents.engine.runs import cancel_run, get_run, resume_run, start_run
+from durable_agents.errors import (
+    DefinitionError,
+    DurableAgentsError,
+    IdempotencyKeyReusedError,
+    InputTooLargeError,
+    InvalidInputError,
+    InvalidTransitionError,
+    LeaseLostError,
+    PermanentError,
+    RetryableError,
+    RunNotFoundError,
+    StepNotFoundError,
+    UnknownWorkflowError,
+)
+from durable_agents.models import Run, RunStatus, StepStatus
+from durable_agents.workflows import PlannedStep, RetryPolicy, Workflow, call, registry, workflow
+
+__all__ = [
+    "DefinitionError",
+    "DurableAgentsError",
+    "IdempotencyKeyReusedError",
+    "InputTooLargeError",
+    "InvalidInputError",
+    "InvalidTransitionError",
+    "LeaseLostError",
+    "PermanentError",
+    "PlannedStep",
+    "RetryPolicy",
+    "RetryableError",
+    "Run",
+    "RunNotFoundError",
+    "RunStatus",
+    "StepContext",
+    "StepNotFoundError",
+    "StepStatus",
+    "UnknownWorkflowError",
+    "Workflow",
+    "call",
+    "cancel",
+    "get",
+    "registry",
+    "resume",
+    "start",
+    "workflow",
+]
+
+
+def start(
+    workflow: str, input: Any = None, *, idempotency_key: str | None = None, version: int | None = None
+) -> Run:
+    """Start a run of `workflow` (latest version unless `version`); the same key returns the same run.
+
+    Reusing a key with a different input raises IdempotencyKeyReusedError (Stripe semantics).
+    """
+    return start_run(workflow, input, idempotency_key=idempotency_key, version=version)
+
+
+def get(run_id: uuid.UUID | str) -> Run:
+    """The run with that id; RunNotFoundError if there is none."""
+    return get_run(run_id)
+
+
+def cancel(run_id: uuid.UUID | str, reason: str = "", *, actor: str = "") -> Run:
+    """Cancel a run; a step already executing finishes and is checkpointed, then the run stops."""
+    return cancel_run(run_id, reason=reason, actor=actor)
+
+
+def resume(run_id: uuid.UUID | str, from_step: str | None = None, *, actor: str = "") -> Run:
+    """Resume a failed or cancelled run, re-wake a stalled one, or run again from `from_step`."""
+    return resume_run(run_id, from_step=from_step, actor=actor)

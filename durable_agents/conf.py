@@ -1,0 +1,49 @@
+"""App settings: the `DURABLE_AGENTS` dict in Django settings, over these defaults.
+
+Example::
+
+    DURABLE_AGENTS = {"LEASE_SECONDS": 30, "STUCK_AFTER_SECONDS": 600}
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings as django_settings
+
+DEFAULTS: dict[str, Any] = {
+    # A step's lease; a heartbeat renews it every third of this while the step runs.
+    "LEASE_SECONDS": 15.0,
+    # A runnable run with no progress for this long is woken again by the sweep (lost message).
+    "IDLE_RESWEEP_SECONDS": 10.0,
+    # At most this many runs re-enqueued by one sweep pass.
+    "SWEEP_BATCH": 1000,
+    # A running run with no progress for this long is flagged stuck in the console.
+    "STUCK_AFTER_SECONDS": 600.0,
+    # Step results larger than this (JSON bytes) are stored out of row in Django storage.
+    "RESULT_INLINE_MAX_BYTES": 64 * 1024,
+    # Run inputs larger than this are refused.
+    "INPUT_MAX_BYTES": 1024 * 1024,
+    # Retries in-process with a countdown up to this long; longer waits are left to the sweep.
+    "MAX_COUNTDOWN_SECONDS": 30.0,
+    # Default retry policy for steps: attempts in all, backoff base and cap (seconds).
+    "RETRY_MAX_ATTEMPTS": 5,
+    "RETRY_BACKOFF_SECONDS": 0.5,
+    "RETRY_BACKOFF_MAX_SECONDS": 60.0,
+    # A step claimed this many times without finishing (its worker keeps dying) fails as a crash loop.
+    "MAX_CLAIMS_PER_STEP": 25,
+    # Callable path that wakes a run: the engine never imports Celery itself.
+    "WAKER": "durable_agents.tasks.wake",
+}
+
+
+class _Settings:
+    """Attribute access to DURABLE_AGENTS with defaults, read on every access so tests can override."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name not in DEFAULTS:
+            raise AttributeError(f"unknown durable_agents setting {name!r}")
+        return getattr(django_settings, "DURABLE_AGENTS", {}).get(name, DEFAULTS[name])
+
+
+settings = _Settings()

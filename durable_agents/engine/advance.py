@@ -1,0 +1,190 @@
+"""advance(run_id): claim the run, execute exactly one step outside any transaction, commit it fenced.
+
+    claim (1 UPDATE) → load (1 SELECT: step + run) → execute (heartbeat renews the lease)
+    → commit (1 short transaction: run cursor/lease fenced by token, step checkpoint) → wake next on commit
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from datetime import datetime, timedelta
+from enum import Enum
+from typing import Any
+
+from django.db import transaction
+
+from durable_agents import clock
+from durable_agents.conf import settings
+from durable_agents.engine.context import StepContext
+from durable_agents.engine.events import record_event
+from durable_agents.engine.lease import Claim, Heartbeat, claim_run
+from durable_agents.engine.payloads import StoredResult, store_result
+from durable_agents.engine.retry import Failure, classify
+from durable_agents.engine.runs import settle_cancellation
+from durable_agents.engine.wake import wake_on_commit
+from durable_agents.errors import DurableAgentsError, LeaseLostError, PermanentError
+from durable_agents.models import Run, RunStatus, Step, StepStatus
+from durable_agents.workflows import RetryPolicy, StepDef, Workflow, registry
+
+logger = logging.getLogger("durable_agents.engine")
+
+
+class Outcome(str, Enum):
+    """What one advance did, for logs, tests and benchmarks."""
+
+    SKIPPED = "skipped"  # not claimable: duplicate delivery, lease held, finished, not due
+    COMMITTED = "committed"
+    COMPLETED = "completed"
+    RETRY = "retry"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    LEASE_LOST = "lease_lost"
+
+
+def advance(run_id: uuid.UUID | str) -> Outcome:
+    """Advance one run by exactly one step. Safe to call any number of times, concurrently."""
+    claim = claim_run(run_id)
+    if claim is None:
+        return Outcome.CANCELLED if settle_cancellation(run_id) else Outcome.SKIPPED
+    if claim.previous_owner:
+        record_event(claim.run_id, "lease_takeover", previous_owner=claim.previous_owner, token=claim.token)
+    if claim.cursor >= claim.step_count:
+        return _finish_empty(claim)
+
+    step = Step.objects.select_related("run").live().get(run_id=claim.run_id, position=claim.cursor)
+    run = step.run
+    log = {"run_id": str(run.id), "step_id": step.step_id, "attempt": claim.attempt}
+    try:
+        definition_set = registry.get(run.workflow, run.workflow_version)
+        definition = definition_set.definition(step.name)
+    except DurableAgentsError as exc:
+        return _fail(claim, step, classify(PermanentError(str(exc)), RetryPolicy(), step.step_id), clock.now())
+    policy = definition_set.retry_policy(definition)
+
+    if claim.attempt > max(policy.attempts_allowed, int(settings.MAX_CLAIMS_PER_STEP)):
+        failure = Failure(False, "StepCrashLoop", f"step was claimed {claim.attempt - 1} times without finishing; "
+                          "its worker keeps dying (OOM? SIGKILL?)", step.step_id)
+        return _fail(claim, step, failure, clock.now())
+
+    started_at = clock.now()
+    logger.debug("step start", extra=log)
+    with Heartbeat(claim) as beat:
+        try:
+            value = _execute(definition_set, definition, StepContext(run, step, claim.attempt, beat))
+            stored = store_result(run.id, step.step_id, value)
+        except Exception as exc:  # noqa: BLE001 - every failure is classified and persisted below
+            failure = classify(exc, policy, step.step_id)
+            logger.warning("step error %s: %s", failure.type, failure.message, extra=log)
+            if failure.transient and claim.attempt < policy.attempts_allowed:
+                return _retry(claim, step, failure, policy.delay(claim.attempt), started_at)
+            return _fail(claim, step, failure, started_at)
+    return _commit(claim, step, stored, started_at)
+
+
+def _execute(definition_set: Workflow, definition: StepDef, ctx: StepContext) -> Any:
+    if definition.fn is None:
+        raise PermanentError(f"step {definition.name!r} of {definition_set.label} has nothing to execute")
+    return definition.fn(ctx)
+
+
+def _fenced(claim: Claim) -> Any:
+    """The run row, only while this claim's token still holds it: 0 rows means a zombie."""
+    return Run.objects.filter(pk=claim.run_id, lease_token=claim.token, status=RunStatus.RUNNING)
+
+
+def _released(now: datetime) -> dict[str, Any]:
+    return {"lease_owner": "", "lease_expires_at": None, "updated_at": now}
+
+
+def _commit(claim: Claim, step: Step, stored: StoredResult, started_at: datetime) -> Outcome:
+    now = clock.now()
+    last = claim.cursor + 1 >= claim.step_count
+    changes = {"cursor": claim.cursor + 1, "attempt": 0, **_released(now)}
+    if last:
+        changes.update(status=RunStatus.COMPLETED, output=stored.public_value, finished_at=now)
+    try:
+        with transaction.atomic():
+            if _fenced(claim).update(**changes) != 1:
+                raise LeaseLostError()
+            Step.objects.filter(pk=step.pk).update(
+                status=StepStatus.DONE,
+                result=stored.inline,
+                result_ref=stored.ref,
+                result_hash=stored.sha256,
+                error=None,
+                attempts=claim.attempt,
+                started_at=started_at,
+                finished_at=now,
+                updated_at=now,
+            )
+            if last:
+                record_event(claim.run_id, "completed", step_id=step.step_id)
+            else:
+                wake_on_commit(claim.run_id)
+    except LeaseLostError:
+        return _rejected(claim, step)
+    return Outcome.COMPLETED if last else Outcome.COMMITTED
+
+
+def _retry(claim: Claim, step: Step, failure: Failure, delay: float, started_at: datetime) -> Outcome:
+    now = clock.now()
+    wake_at = now + timedelta(seconds=delay)
+    try:
+        with transaction.atomic():
+            if _fenced(claim).update(wake_at=wake_at, **_released(now)) != 1:
+                raise LeaseLostError()
+            Step.objects.filter(pk=step.pk).update(
+                error=failure.as_error(), attempts=claim.attempt, next_attempt_at=wake_at,
+                started_at=started_at, updated_at=now,
+            )
+            record_event(
+                claim.run_id, "step_retry", step_id=step.step_id,
+                attempt=claim.attempt, delay_seconds=round(delay, 3), error=failure.as_error(),
+            )
+            # Short backoffs ride a countdown; long ones are left to the sweep (no long broker ETAs).
+            if delay <= float(settings.MAX_COUNTDOWN_SECONDS):
+                wake_on_commit(claim.run_id, countdown=delay)
+    except LeaseLostError:
+        return _rejected(claim, step)
+    return Outcome.RETRY
+
+
+def _fail(claim: Claim, step: Step, failure: Failure, started_at: datetime) -> Outcome:
+    now = clock.now()
+    try:
+        with transaction.atomic():
+            if _fenced(claim).update(status=RunStatus.FAILED, error=failure.as_error(), finished_at=now,
+                                     **_released(now)) != 1:
+                raise LeaseLostError()
+            Step.objects.filter(pk=step.pk).update(
+                status=StepStatus.FAILED, error=failure.as_error(), attempts=claim.attempt,
+                started_at=started_at, finished_at=now, updated_at=now,
+            )
+            record_event(claim.run_id, "failed", step_id=step.step_id, attempt=claim.attempt, error=failure.as_error())
+    except LeaseLostError:
+        return _rejected(claim, step)
+    return Outcome.FAILED
+
+
+def _finish_empty(claim: Claim) -> Outcome:
+    now = clock.now()
+    with transaction.atomic():
+        if _fenced(claim).update(status=RunStatus.COMPLETED, finished_at=now, attempt=0, **_released(now)) != 1:
+            return Outcome.LEASE_LOST
+        record_event(claim.run_id, "completed")
+    return Outcome.COMPLETED
+
+
+def _rejected(claim: Claim, step: Step) -> Outcome:
+    current = Run.objects.filter(pk=claim.run_id).values_list("lease_token", "lease_owner").first()
+    record_event(
+        claim.run_id, "zombie_commit_rejected", step_id=step.step_id,
+        token=claim.token, owner=claim.owner,
+        current_token=current[0] if current else None, current_owner=current[1] if current else None,
+    )
+    logger.warning("commit rejected: lease lost run=%s step=%s token=%s", claim.run_id, step.step_id, claim.token)
+    return Outcome.LEASE_LOST
+
+
+__all__ = ["Outcome", "advance"]

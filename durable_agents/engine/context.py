@@ -1,0 +1,70 @@
+"""What a step's code sees: the run input, its own args and attempt, earlier results (read lazily)."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+from durable_agents import clock
+from durable_agents.engine.payloads import load_result
+from durable_agents.errors import StepNotFoundError
+from durable_agents.models import Run, Step, StepStatus
+
+
+class StepContext:
+    """Passed to every step function. Earlier results are fetched one at a time, never the whole history.
+
+    Example::
+
+        def notify(ctx):
+            order = ctx.result("fetch")          # one indexed read
+            key = ctx.idempotency_key("email")    # stable across retries and resumes
+    """
+
+    def __init__(self, run: Run, step: Step, attempt: int, heartbeat: Any = None) -> None:
+        self.run = run
+        self.step = step
+        self.attempt = attempt
+        self._heartbeat = heartbeat
+
+    @property
+    def run_id(self) -> uuid.UUID:
+        return self.run.id
+
+    @property
+    def step_id(self) -> str:
+        return self.step.step_id
+
+    @property
+    def input(self) -> Any:
+        return self.run.input
+
+    @property
+    def args(self) -> dict[str, Any]:
+        return self.step.args
+
+    @property
+    def lease_lost(self) -> bool:
+        """True once another worker took this run over; long steps may check it and stop early."""
+        return bool(self._heartbeat and self._heartbeat.lost)
+
+    def now(self) -> datetime:
+        return clock.now()
+
+    def idempotency_key(self, *parts: str) -> str:
+        """A key stable across retries and resumes of this step: run id, step id and your parts."""
+        return ":".join([str(self.run.id), self.step.step_id, *parts])
+
+    def result(self, step_id: str) -> Any:
+        """The committed result of an earlier step of this run."""
+        row = (
+            Step.objects.live()
+            .filter(run_id=self.run.id, step_id=step_id, status=StepStatus.DONE)
+            .values_list("result", "result_ref", "result_hash")
+            .first()
+        )
+        if row is None:
+            raise StepNotFoundError(f"run {self.run.id} has no completed step {step_id!r}")
+        result, ref, sha = row
+        return load_result(ref, sha) if ref else result

@@ -1,0 +1,147 @@
+"""The lease: one conditional UPDATE claims a run with a fresh fencing token; a heartbeat renews it.
+
+The token fences zombie workers: every commit is `... WHERE lease_token = <token>`, so a worker that
+lost its lease (paused, partitioned, too slow) commits nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import uuid
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.db import connection, connections
+
+from durable_agents import clock
+from durable_agents.conf import settings
+from durable_agents.models import Run, RunStatus
+
+logger = logging.getLogger("durable_agents.engine")
+
+def worker_id() -> str:
+    # Forked pool children inherit the module: take the pid at call time.
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A held lease: the token every commit must present, and where the run stands."""
+
+    run_id: uuid.UUID
+    token: int
+    owner: str
+    cursor: int
+    step_count: int
+    attempt: int
+    previous_owner: str
+
+
+def lease_seconds() -> float:
+    return float(settings.LEASE_SECONDS)
+
+
+def _claim_sql() -> str:
+    table = connection.ops.quote_name(Run._meta.db_table)
+    return f"""
+        UPDATE {table}
+           SET status = %s,
+               previous_lease_owner = lease_owner,
+               lease_owner = %s,
+               lease_token = lease_token + 1,
+               lease_expires_at = %s,
+               attempt = attempt + 1,
+               started_at = COALESCE(started_at, %s),
+               wake_at = NULL
+         WHERE id = %s
+           AND status IN (%s, %s)
+           AND cancel_requested_at IS NULL
+           AND (lease_expires_at IS NULL OR lease_expires_at < %s)
+           AND (wake_at IS NULL OR wake_at <= %s)
+     RETURNING lease_token, cursor, step_count, attempt, previous_lease_owner
+    """
+
+
+def claim_run(run_id: uuid.UUID | str) -> Claim | None:
+    """Take the run's lease iff it is runnable and its lease is free or expired; None otherwise.
+
+    One statement, no transaction: a duplicate delivery of the same message matches 0 rows.
+    """
+    run_uuid = run_id if isinstance(run_id, uuid.UUID) else uuid.UUID(str(run_id))
+    now = clock.now()
+    owner = worker_id()
+    adapt = connection.ops.adapt_datetimefield_value
+    params = [
+        RunStatus.RUNNING.value,
+        owner,
+        adapt(now + timedelta(seconds=lease_seconds())),
+        adapt(now),
+        Run._meta.pk.get_db_prep_value(run_uuid, connection),
+        RunStatus.PENDING.value,
+        RunStatus.RUNNING.value,
+        adapt(now),
+        adapt(now),
+    ]
+    with connection.cursor() as cursor:
+        cursor.execute(_claim_sql(), params)
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    token, position, step_count, attempt, previous_owner = row
+    return Claim(
+        run_id=run_uuid,
+        token=token,
+        owner=owner,
+        cursor=position,
+        step_count=step_count,
+        attempt=attempt,
+        previous_owner=previous_owner or "",
+    )
+
+
+def renew_lease(claim: Claim) -> bool:
+    """Push the lease expiry forward; False if the lease was lost (another worker took the run)."""
+    expires = clock.now() + timedelta(seconds=lease_seconds())
+    return Run.objects.filter(pk=claim.run_id, lease_token=claim.token).update(lease_expires_at=expires) == 1
+
+
+class Heartbeat:
+    """Renews a lease every third of its length while a step runs; opens a DB connection only if needed.
+
+    Usage::
+
+        with Heartbeat(claim) as beat:
+            run_the_step()
+        if beat.lost: ...
+    """
+
+    def __init__(self, claim: Claim) -> None:
+        self.claim = claim
+        self.lost = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name=f"lease-{claim.run_id}", daemon=True)
+
+    def __enter__(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _beat(self) -> None:
+        interval = lease_seconds() / 3
+        try:
+            while not self._stop.wait(interval):
+                if not renew_lease(self.claim):
+                    self.lost = True
+                    logger.warning("lease lost run=%s token=%s", self.claim.run_id, self.claim.token)
+                    return
+        except Exception:
+            # A failed renewal is not fatal: the commit is fenced by the token either way.
+            logger.exception("lease renewal failed run=%s", self.claim.run_id)
+        finally:
+            connections.close_all()

@@ -1,0 +1,52 @@
+"""Failure classification: transient errors retry with backoff up to a bound; everything else is permanent.
+
+One retry owner: the engine. Celery never retries `advance` itself; each attempt is persisted on the run
+(`attempt`) and step (`attempts`), with every error recorded as an event.
+"""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import InterfaceError, OperationalError
+
+from durable_agents.errors import PermanentError, RetryableError
+from durable_agents.workflows import RetryPolicy
+
+TRANSIENT_TYPES: tuple[type[BaseException], ...] = (
+    RetryableError,
+    TimeoutError,
+    ConnectionError,
+    socket.timeout,
+    OperationalError,
+    InterfaceError,
+)
+
+MAX_MESSAGE_CHARS = 2000
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A classified step failure, as persisted in `error` fields and events."""
+
+    transient: bool
+    type: str
+    message: str
+    step: str
+
+    def as_error(self) -> dict[str, Any]:
+        return {"type": self.type, "message": self.message, "step": self.step}
+
+
+def classify(exc: BaseException, policy: RetryPolicy, step_id: str) -> Failure:
+    """Decide whether `exc` is worth retrying: PermanentError never is; declared and I/O errors are."""
+    transient = not isinstance(exc, PermanentError) and isinstance(exc, TRANSIENT_TYPES + policy.retry_on)
+    message = str(exc) or type(exc).__name__
+    return Failure(
+        transient=transient,
+        type=type(exc).__name__,
+        message=message[:MAX_MESSAGE_CHARS],
+        step=step_id,
+    )

@@ -1,0 +1,248 @@
+"""Run-level transitions: start, cancel, resume and rerun-from-step. Each is a compare-and-set UPDATE.
+
+Transitions that take a run away from whoever holds it bump the lease token, so a worker still
+executing a step of that run commits nothing.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from django.core.exceptions import ValidationError
+from django.db import IntegrityError, transaction
+from django.db.models import F, Q
+
+from durable_agents import clock
+from durable_agents.engine.events import record_event
+from durable_agents.engine.payloads import check_input
+from durable_agents.engine.wake import wake_on_commit
+from durable_agents.errors import (
+    IdempotencyKeyReusedError,
+    InvalidInputError,
+    InvalidTransitionError,
+    RunNotFoundError,
+    StepNotFoundError,
+)
+from durable_agents.models import ACTIVE_RUN_STATUSES, Run, RunStatus, Step, StepStatus
+from durable_agents.workflows import registry
+
+IDEMPOTENCY_CONSTRAINT = "durable_run_idempotency_key_uniq"
+
+
+def get_run(run_id: uuid.UUID | str) -> Run:
+    """The run with that id, or RunNotFoundError (also for strings that are not UUIDs)."""
+    try:
+        return Run.objects.get(pk=run_id)
+    except (Run.DoesNotExist, ValidationError, ValueError):
+        raise RunNotFoundError(f"no run has id {run_id!r}; list runs with `manage.py durable_runs`") from None
+
+
+def _lease_is_free(now: Any) -> Q:
+    return Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now)
+
+
+def start_run(
+    workflow: str,
+    run_input: Any = None,
+    *,
+    idempotency_key: str | None = None,
+    version: int | None = None,
+    actor: str = "",
+) -> Run:
+    """Create a run and its plan rows in one transaction; a worker is woken once it commits."""
+    run_input = {} if run_input is None else run_input
+    definition = registry.get(workflow, version)
+    input_hash = check_input(run_input)
+    if idempotency_key is not None:
+        if not isinstance(idempotency_key, str) or not idempotency_key.strip() or len(idempotency_key) > 255:
+            raise InvalidInputError("idempotency key must be a non-empty string of at most 255 characters")
+        existing = Run.objects.filter(idempotency_key=idempotency_key).first()
+        if existing is not None:
+            return _same_run_or_error(existing, definition.name, input_hash)
+    plan = definition.build_plan(run_input)
+    now = clock.now()
+    run = Run(
+        workflow=definition.name,
+        workflow_version=definition.version,
+        input=run_input,
+        input_hash=input_hash,
+        idempotency_key=idempotency_key,
+        step_count=len(plan),
+        created_at=now,
+        updated_at=now,
+    )
+    try:
+        with transaction.atomic():
+            run.save(force_insert=True)
+            Step.objects.bulk_create(
+                Step(
+                    run=run,
+                    step_id=element.step_id,
+                    name=element.name,
+                    kind=definition.definition(element.name).kind,
+                    position=position,
+                    args=dict(element.args),
+                )
+                for position, element in enumerate(plan)
+            )
+            record_event(run.id, "created", actor=actor, workflow=definition.label, steps=len(plan))
+            wake_on_commit(run.id)
+    except IntegrityError as exc:
+        # Two starts with one key raced; the loser returns the winner's run (or the reuse error).
+        existing = Run.objects.filter(idempotency_key=idempotency_key).first() if idempotency_key else None
+        if existing is None:
+            raise
+        return _same_run_or_error(existing, definition.name, input_hash, cause=exc)
+    return run
+
+
+def _same_run_or_error(existing: Run, workflow: str, input_hash: str, cause: Exception | None = None) -> Run:
+    if existing.workflow != workflow or existing.input_hash != input_hash:
+        raise IdempotencyKeyReusedError(
+            f"idempotency key {existing.idempotency_key!r} was used for run {existing.id} "
+            f"({existing.workflow}) with a different input; use a new key for a new run"
+        ) from cause
+    return existing
+
+
+def cancel_run(run_id: uuid.UUID | str, *, reason: str = "", actor: str = "") -> Run:
+    """Cancel a run. A run no worker holds is cancelled now; a running step finishes, then the run stops."""
+    run = get_run(run_id)
+    now = clock.now()
+    if run.is_finished:
+        raise InvalidTransitionError(f"run {run.id} is already {run.status}; there is nothing to cancel")
+    with transaction.atomic():
+        cancelled = (
+            Run.objects.filter(_lease_is_free(now), pk=run.id, status__in=ACTIVE_RUN_STATUSES)
+            .update(
+                status=RunStatus.CANCELLED,
+                cancel_requested_at=now,
+                cancel_reason=reason,
+                finished_at=now,
+                updated_at=now,
+                lease_token=F("lease_token") + 1,
+                lease_owner="",
+                lease_expires_at=None,
+                wake_at=None,
+            )
+        )
+        if cancelled:
+            record_event(run.id, "cancelled", step_id=_current_step_id(run), actor=actor, reason=reason)
+        else:
+            requested = Run.objects.filter(
+                pk=run.id, status__in=ACTIVE_RUN_STATUSES, cancel_requested_at__isnull=True
+            ).update(cancel_requested_at=now, cancel_reason=reason)
+            if not requested and not Run.objects.filter(pk=run.id, status__in=ACTIVE_RUN_STATUSES).exists():
+                run.refresh_from_db()
+                raise InvalidTransitionError(f"run {run.id} is already {run.status}; there is nothing to cancel")
+            record_event(run.id, "cancel_requested", actor=actor, reason=reason, holder=run.lease_owner)
+    run.refresh_from_db()
+    return run
+
+
+def settle_cancellation(run_id: uuid.UUID | str) -> bool:
+    """Finish a requested cancellation once no worker holds the run; True if it was cancelled now."""
+    now = clock.now()
+    with transaction.atomic():
+        done = Run.objects.filter(
+            _lease_is_free(now), pk=run_id, status__in=ACTIVE_RUN_STATUSES, cancel_requested_at__isnull=False
+        ).update(
+            status=RunStatus.CANCELLED,
+            finished_at=now,
+            updated_at=now,
+            lease_token=F("lease_token") + 1,
+            lease_owner="",
+            lease_expires_at=None,
+            wake_at=None,
+        )
+        if done:
+            record_event(run_id, "cancelled", reason="cancel requested while a step ran")
+    return bool(done)
+
+
+def resume_run(run_id: uuid.UUID | str, *, from_step: str | None = None, actor: str = "") -> Run:
+    """Resume a failed or cancelled run at its current step, re-wake a runnable one, or rerun from a step."""
+    run = get_run(run_id)
+    if from_step is not None:
+        return _rerun_from_step(run, from_step, actor=actor)
+    now = clock.now()
+    if run.status in (RunStatus.PENDING, RunStatus.RUNNING):
+        record_event(run.id, "woken", actor=actor, reason="resume of a runnable run")
+        with transaction.atomic():
+            wake_on_commit(run.id)
+        return run
+    if run.status not in (RunStatus.FAILED, RunStatus.CANCELLED):
+        hint = "pass --from-step to run again from a step" if run.status == RunStatus.COMPLETED else "decide its wait"
+        raise InvalidTransitionError(f"run {run.id} is {run.status}; only failed or cancelled runs resume ({hint})")
+    with transaction.atomic():
+        resumed = Run.objects.filter(pk=run.id, status=run.status).update(
+            status=RunStatus.PENDING,
+            error=None,
+            finished_at=None,
+            cancel_requested_at=None,
+            cancel_reason="",
+            attempt=0,
+            wake_at=None,
+            updated_at=now,
+            lease_token=F("lease_token") + 1,
+            lease_owner="",
+            lease_expires_at=None,
+        )
+        if not resumed:
+            raise InvalidTransitionError(f"run {run.id} changed while resuming; look at it again and retry")
+        Step.objects.filter(run_id=run.id, position=run.cursor, status=StepStatus.FAILED).update(
+            status=StepStatus.PENDING, error=None, attempts=0, next_attempt_at=None
+        )
+        record_event(run.id, "resumed", step_id=_current_step_id(run), actor=actor, previous_status=run.status)
+        wake_on_commit(run.id)
+    run.refresh_from_db()
+    return run
+
+
+def _rerun_from_step(run: Run, step_id: str, *, actor: str) -> Run:
+    now = clock.now()
+    target = Step.objects.live().filter(run_id=run.id, step_id=step_id).first()
+    if target is None:
+        raise StepNotFoundError(f"run {run.id} has no step {step_id!r}; see its steps with `durable_show {run.id}`")
+    if run.status == RunStatus.WAITING:
+        raise InvalidTransitionError(f"run {run.id} is waiting; decide or cancel its wait first")
+    with transaction.atomic():
+        taken = Run.objects.filter(_lease_is_free(now), pk=run.id).update(
+            status=RunStatus.PENDING,
+            cursor=target.position,
+            error=None,
+            output=None,
+            finished_at=None,
+            cancel_requested_at=None,
+            cancel_reason="",
+            attempt=0,
+            wake_at=None,
+            updated_at=now,
+            lease_token=F("lease_token") + 1,
+            lease_owner="",
+            lease_expires_at=None,
+        )
+        if not taken:
+            raise InvalidTransitionError(
+                f"run {run.id} is being advanced by {run.lease_owner}; cancel it or retry when its step ends"
+            )
+        later = list(Step.objects.live().filter(run_id=run.id, position__gte=target.position))
+        Step.objects.filter(pk__in=[s.pk for s in later]).update(status=StepStatus.SUPERSEDED, updated_at=now)
+        Step.objects.bulk_create(
+            Step(run_id=run.id, step_id=s.step_id, name=s.name, kind=s.kind, position=s.position, args=s.args)
+            for s in later
+        )
+        record_event(
+            run.id, "rerun_from_step", step_id=step_id, actor=actor,
+            previous_status=run.status, superseded=[s.step_id for s in later],
+        )
+        wake_on_commit(run.id)
+    run.refresh_from_db()
+    return run
+
+
+def _current_step_id(run: Run) -> str:
+    return (
+        Step.objects.live().filter(run_id=run.id, position=run.cursor).values_list("step_id", flat=True).first() or ""
+    )

@@ -1,0 +1,68 @@
+"""The sweep: re-wakes runs whose lease expired or whose wake-up message was lost, settles cancellations.
+
+Safe to run concurrently and repeatedly: rows are picked with SKIP LOCKED, each run is re-woken at most
+once per IDLE_RESWEEP_SECONDS, and a duplicate wake-up is harmless (the claim lets one worker in).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.db import connection, transaction
+from django.db.models import Q
+
+from durable_agents import clock
+from durable_agents.conf import settings
+from durable_agents.engine.runs import settle_cancellation
+from durable_agents.engine.wake import wake_on_commit
+from durable_agents.models import ACTIVE_RUN_STATUSES, RUNNABLE_RUN_STATUSES, Event, Run
+
+
+@dataclass(frozen=True)
+class SweepReport:
+    """What one sweep pass did."""
+
+    woken: int
+    cancelled: int
+
+    def as_dict(self) -> dict[str, int]:
+        return {"woken": self.woken, "cancelled": self.cancelled}
+
+
+def _locked(queryset):  # type: ignore[no-untyped-def]
+    if connection.features.has_select_for_update_skip_locked:
+        return queryset.select_for_update(skip_locked=True)
+    return queryset
+
+
+def sweep() -> SweepReport:
+    """One pass: wake lost runs, then finish cancellations nobody is left to finish."""
+    now = clock.now()
+    idle = timedelta(seconds=float(settings.IDLE_RESWEEP_SECONDS))
+    lease_free = Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now)
+    due = Q(wake_at__isnull=True) | Q(wake_at__lte=now)
+    # Lost: a dead worker's lease expired, a due retry was not picked up, or no progress for `idle`.
+    lost = Q(lease_expires_at__lt=now) | Q(wake_at__isnull=False) | Q(updated_at__lt=now - idle)
+    not_recently_swept = Q(swept_at__isnull=True) | Q(swept_at__lt=now - idle)
+    candidates = Run.objects.filter(
+        lease_free, due, lost, not_recently_swept,
+        status__in=RUNNABLE_RUN_STATUSES, cancel_requested_at__isnull=True,
+    ).order_by("updated_at")
+    with transaction.atomic():
+        rows = list(_locked(candidates).values_list("id", "lease_owner")[: int(settings.SWEEP_BATCH)])
+        ids = [run_id for run_id, _ in rows]
+        if ids:
+            Run.objects.filter(pk__in=ids).update(swept_at=now)
+            Event.objects.bulk_create(
+                Event(run_id=run_id, kind="swept", detail={"expired_lease_owner": owner} if owner else {})
+                for run_id, owner in rows
+            )
+            for run_id in ids:
+                wake_on_commit(run_id)
+
+    pending_cancels = Run.objects.filter(
+        lease_free, status__in=ACTIVE_RUN_STATUSES, cancel_requested_at__isnull=False
+    ).values_list("id", flat=True)[: int(settings.SWEEP_BATCH)]
+    cancelled = sum(settle_cancellation(run_id) for run_id in list(pending_cancels))
+    return SweepReport(woken=len(ids), cancelled=cancelled)

@@ -1,0 +1,73 @@
+"""The exception tree of durable_agents; each docstring is the default message.
+
+DurableAgentsError
+ ├── DefinitionError              a workflow or step definition is invalid (raised at import)
+ ├── UnknownWorkflowError         no workflow (or version) by that name is registered
+ ├── InvalidInputError            a run input is not acceptable
+ │    └── InputTooLargeError      the input is over the size limit
+ ├── IdempotencyKeyReusedError    a key was reused with a different input
+ ├── RunNotFoundError             no run has that id
+ ├── StepNotFoundError            the run has no step with that id
+ ├── InvalidTransitionError       the run is not in a state that allows the operation
+ ├── LeaseLostError               another worker holds the run now (this worker is a zombie)
+ └── StepError                    raised by step code to control retries
+      ├── RetryableError          transient: retry with backoff
+      └── PermanentError          permanent: fail the step now
+"""
+
+from __future__ import annotations
+
+
+class DurableAgentsError(Exception):
+    """Something went wrong in durable_agents."""
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message or (self.__doc__ or "").strip())
+
+
+class DefinitionError(DurableAgentsError):
+    """The workflow or step definition is invalid."""
+
+
+class UnknownWorkflowError(DurableAgentsError):
+    """No workflow is registered under that name and version."""
+
+
+class InvalidInputError(DurableAgentsError):
+    """The run input is not acceptable."""
+
+
+class InputTooLargeError(InvalidInputError):
+    """The run input is larger than DURABLE_AGENTS['INPUT_MAX_BYTES']."""
+
+
+class IdempotencyKeyReusedError(DurableAgentsError):
+    """This idempotency key was already used with a different input; use a new key."""
+
+
+class RunNotFoundError(DurableAgentsError):
+    """No run has that id."""
+
+
+class StepNotFoundError(DurableAgentsError):
+    """The run has no step with that id."""
+
+
+class InvalidTransitionError(DurableAgentsError):
+    """The run is not in a state that allows this operation."""
+
+
+class LeaseLostError(DurableAgentsError):
+    """Another worker holds this run's lease now; this worker's result was discarded."""
+
+
+class StepError(DurableAgentsError):
+    """A step failed."""
+
+
+class RetryableError(StepError):
+    """A transient step failure: it will be retried with backoff."""
+
+
+class PermanentError(StepError):
+    """A permanent step failure: the step fails without retrying."""

@@ -1,0 +1,44 @@
+"""Shared plumbing for the durable_* commands: --json output and domain errors as exit code 2."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+from django.core.serializers.json import DjangoJSONEncoder
+
+from durable_agents.errors import DurableAgentsError
+
+USER_MISTAKE = 2
+
+
+class DurableCommand(BaseCommand):
+    """A command whose domain errors become a one-line message on stderr and exit code 2."""
+
+    json_option = True
+
+    def add_arguments(self, parser: Any) -> None:
+        if self.json_option:
+            parser.add_argument("--json", action="store_true", help="print machine-readable JSON")
+
+    def execute(self, *args: Any, **options: Any) -> Any:
+        try:
+            return super().execute(*args, **options)
+        except DurableAgentsError as exc:
+            raise CommandError(str(exc), returncode=USER_MISTAKE) from exc
+
+    def emit_json(self, data: Any) -> None:
+        self.stdout.write(json.dumps(data, indent=2, cls=DjangoJSONEncoder))
+
+
+def parse_json_option(text: str | None, what: str) -> Any:
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CommandError(
+            f"{what} is not valid JSON ({exc.msg} at character {exc.pos}); e.g. --input '{{\"steps\": 3}}'",
+            returncode=USER_MISTAKE,
+        ) from exc

@@ -1,0 +1,32 @@
+"""durable_resume RUN_ID... [--from-step STEP_ID] [--as USER]: resume runs, or rerun one from a step."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import CommandError
+
+from durable_agents import api
+from durable_agents.management.commands._base import USER_MISTAKE, DurableCommand
+
+
+class Command(DurableCommand):
+    help = "Resume failed or cancelled runs, re-wake stalled ones, or rerun one from a step."
+
+    def add_arguments(self, parser: Any) -> None:
+        super().add_arguments(parser)
+        parser.add_argument("run_ids", nargs="+", metavar="RUN_ID")
+        parser.add_argument("--from-step", help="re-execute from this step (later checkpoints are superseded)")
+        parser.add_argument("--as", dest="actor", default="cli", help="who is acting (recorded in the history)")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        if options["from_step"] and len(options["run_ids"]) > 1:
+            raise CommandError("--from-step takes exactly one RUN_ID", returncode=USER_MISTAKE)
+        results = [
+            api.resume(run_id, options["from_step"], actor=options["actor"]) for run_id in options["run_ids"]
+        ]
+        if options["json"]:
+            self.emit_json([{"id": str(run.id), "status": run.status} for run in results])
+        else:
+            for run in results:
+                self.stdout.write(f"{run.id} {run.status}")

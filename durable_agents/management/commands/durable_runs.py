@@ -1,0 +1,36 @@
+"""durable_runs [--status S] [--workflow W] [--stuck] [--older-than 2h] [--limit N] [--json]: list runs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from durable_agents import operations
+from durable_agents.management.commands._base import DurableCommand
+
+
+class Command(DurableCommand):
+    help = "List runs, newest first."
+
+    def add_arguments(self, parser: Any) -> None:
+        super().add_arguments(parser)
+        parser.add_argument("--status")
+        parser.add_argument("--workflow")
+        parser.add_argument("--stuck", action="store_true", help="expired lease, or no progress for too long")
+        parser.add_argument("--older-than", help="created more than this long ago: 90s, 30m, 2h, 3d")
+        parser.add_argument("--limit", type=int, default=100)
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        older = operations.parse_duration(options["older_than"]) if options["older_than"] else None
+        runs = operations.list_runs(
+            status=options["status"], workflow=options["workflow"], stuck=options["stuck"],
+            older_than=older, limit=options["limit"],
+        )
+        rows = [operations.run_summary(run) for run in runs]
+        if options["json"]:
+            self.emit_json(rows)
+            return
+        for row in rows:
+            self.stdout.write(
+                f"{row['id']}  {row['workflow']}@{row['version']}  {row['status']:<9}  "
+                f"step {row['cursor']}/{row['steps']}  created {row['created_at']}"
+            )

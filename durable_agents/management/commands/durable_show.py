@@ -1,0 +1,34 @@
+"""durable_show RUN_ID [--json]: a run, its steps (status, attempts, timings) and its events."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from durable_agents import operations
+from durable_agents.management.commands._base import DurableCommand
+
+
+class Command(DurableCommand):
+    help = "Show one run: status, steps and history."
+
+    def add_arguments(self, parser: Any) -> None:
+        super().add_arguments(parser)
+        parser.add_argument("run_id")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        data = operations.describe_run(options["run_id"])
+        if options["json"]:
+            self.emit_json(data)
+            return
+        write = self.stdout.write
+        write(f"run {data['id']}  {data['workflow']}@{data['version']}  {data['status']}")
+        write(f"  step {data['cursor']}/{data['steps']}  created {data['created_at']}  finished {data['finished_at'] or '-'}")
+        if data["error"]:
+            write(f"  error: {data['error']['type']}: {data['error']['message']} (step {data['error']['step']})")
+        write("steps:")
+        for s in data["step_rows"]:
+            took = f"{s['duration_ms']} ms" if s["duration_ms"] is not None else "-"
+            write(f"  {s['position']:>4}  {s['step_id']:<24} {s['status']:<10} attempts {s['attempts']}  {took}")
+        write("events:")
+        for e in data["events"]:
+            write(f"  {e['at']}  {e['kind']:<24} {e['step_id'] or '-':<16} {e['actor'] or ''} {e['detail'] or ''}")

@@ -1,0 +1,19 @@
+"""durable_sweep [--json]: one sweep pass (what celery beat runs every few seconds)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from durable_agents.engine.sweep import sweep
+from durable_agents.management.commands._base import DurableCommand
+
+
+class Command(DurableCommand):
+    help = "Re-wake lost runs and settle cancellations, once."
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        report = sweep()
+        if options["json"]:
+            self.emit_json(report.as_dict())
+        else:
+            self.stdout.write(f"woken {report.woken}, cancelled {report.cancelled}")

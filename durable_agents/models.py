@@ -1,0 +1,205 @@
+"""Durable state: runs, their plan steps (each also its checkpoint) and their history. Data and constraints only."""
+
+from __future__ import annotations
+
+import uuid
+
+from django.db import models
+from django.db.models import Q
+
+
+class RunStatus(models.TextChoices):
+    PENDING = "pending"
+    RUNNING = "running"
+    WAITING = "waiting"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class StepStatus(models.TextChoices):
+    PENDING = "pending"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+    SKIPPED = "skipped"
+    WAITING = "waiting"
+    SUPERSEDED = "superseded"
+
+
+class StepKind(models.TextChoices):
+    CALL = "call"
+    TOOL = "tool"
+    AGENT = "agent"
+    APPROVAL = "approval"
+    SIGNAL = "signal"
+    TIMER = "timer"
+    JUDGE = "judge"
+    PLANNER = "planner"
+
+
+ACTIVE_RUN_STATUSES = (RunStatus.PENDING, RunStatus.RUNNING, RunStatus.WAITING)
+RUNNABLE_RUN_STATUSES = (RunStatus.PENDING, RunStatus.RUNNING)
+FINISHED_RUN_STATUSES = (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED)
+
+
+class RunQuerySet(models.QuerySet["Run"]):
+    def active(self) -> RunQuerySet:
+        return self.filter(status__in=ACTIVE_RUN_STATUSES)
+
+    def finished(self) -> RunQuerySet:
+        return self.filter(status__in=FINISHED_RUN_STATUSES)
+
+    def stuck(self, *, now, stuck_after) -> RunQuerySet:
+        """Running with an expired lease, or runnable with no progress for `stuck_after`."""
+        return self.filter(
+            Q(status=RunStatus.RUNNING, lease_expires_at__lt=now)
+            | Q(status__in=RUNNABLE_RUN_STATUSES, updated_at__lt=now - stuck_after)
+        )
+
+
+class Run(models.Model):
+    """One execution of a workflow: the durable record the engine advances step by step."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    workflow = models.CharField(max_length=200)
+    workflow_version = models.PositiveIntegerField()
+    status = models.CharField(max_length=16, choices=RunStatus.choices, default=RunStatus.PENDING)
+    input = models.JSONField(default=dict)
+    input_hash = models.CharField(max_length=64, editable=False)
+    output = models.JSONField(null=True, blank=True)
+    error = models.JSONField(null=True, blank=True, help_text="{type, message, step} when the run failed")
+    idempotency_key = models.CharField(max_length=255, null=True, blank=True)
+
+    # The plan cursor: position of the next step to execute, and the attempt the current step is on.
+    cursor = models.PositiveIntegerField(default=0)
+    step_count = models.PositiveIntegerField(default=0)
+    attempt = models.PositiveIntegerField(default=0)
+    # Not runnable before this time (retry backoff); the sweep wakes the run when it passes.
+    wake_at = models.DateTimeField(null=True, blank=True)
+    # The last time the sweep re-enqueued this run, so a backlog is not flooded with duplicates.
+    swept_at = models.DateTimeField(null=True, blank=True)
+
+    # The lease: one writer per run. The token fences zombies: every commit must match it.
+    lease_owner = models.CharField(max_length=200, blank=True, default="")
+    lease_token = models.BigIntegerField(default=0)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    previous_lease_owner = models.CharField(max_length=200, blank=True, default="")
+
+    input_tokens = models.BigIntegerField(default=0)
+    output_tokens = models.BigIntegerField(default=0)
+    cache_write_tokens = models.BigIntegerField(default=0)
+    cache_read_tokens = models.BigIntegerField(default=0)
+    cost_usd = models.DecimalField(max_digits=14, decimal_places=6, default=0)
+
+    created_at = models.DateTimeField(auto_now_add=True)
+    # Last progress or state change (not lease renewals): what "no progress for too long" measures.
+    updated_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    cancel_requested_at = models.DateTimeField(null=True, blank=True)
+    cancel_reason = models.TextField(blank=True, default="")
+
+    objects = RunQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["idempotency_key"],
+                condition=Q(idempotency_key__isnull=False),
+                name="durable_run_idempotency_key_uniq",
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["status", "updated_at"], name="durable_run_status_updated"),
+            models.Index(fields=["workflow", "status"], name="durable_run_workflow_status"),
+            models.Index(fields=["created_at"], name="durable_run_created"),
+            models.Index(
+                fields=["updated_at"],
+                condition=Q(status__in=["pending", "running"]),
+                name="durable_run_runnable_updated",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.workflow}@{self.workflow_version} {str(self.id)[:8]} ({self.status})"
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status in FINISHED_RUN_STATUSES
+
+
+class StepQuerySet(models.QuerySet["Step"]):
+    def live(self) -> StepQuerySet:
+        return self.exclude(status=StepStatus.SUPERSEDED)
+
+
+class Step(models.Model):
+    """A plan element and, once done, its checkpoint: the committed result of one unit of progress."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="steps")
+    step_id = models.CharField(max_length=200)
+    # The workflow's step definition this plan element executes (several plan elements may share one).
+    name = models.CharField(max_length=200)
+    position = models.PositiveIntegerField()
+    kind = models.CharField(max_length=16, choices=StepKind.choices, default=StepKind.CALL)
+    status = models.CharField(max_length=16, choices=StepStatus.choices, default=StepStatus.PENDING)
+    args = models.JSONField(default=dict, blank=True)
+    result = models.JSONField(null=True, blank=True)
+    # Results above RESULT_INLINE_MAX_BYTES live in Django storage: path and sha256 of the JSON bytes.
+    result_ref = models.CharField(max_length=500, blank=True, default="")
+    result_hash = models.CharField(max_length=64, blank=True, default="")
+    error = models.JSONField(null=True, blank=True)
+    attempts = models.PositiveIntegerField(default=0)
+    next_attempt_at = models.DateTimeField(null=True, blank=True)
+    observed_at = models.DateTimeField(null=True, blank=True)
+    fresh_for = models.DurationField(null=True, blank=True)
+    context_hash = models.CharField(max_length=64, blank=True, default="")
+    input_tokens = models.BigIntegerField(default=0)
+    output_tokens = models.BigIntegerField(default=0)
+    cache_write_tokens = models.BigIntegerField(default=0)
+    cache_read_tokens = models.BigIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    objects = StepQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["run", "position", "id"]
+        constraints = [
+            # Superseded steps stay as history; among live steps each id and position appears once.
+            models.UniqueConstraint(
+                fields=["run", "step_id"],
+                condition=~Q(status="superseded"),
+                name="durable_step_run_step_id_uniq",
+            ),
+            models.UniqueConstraint(
+                fields=["run", "position"],
+                condition=~Q(status="superseded"),
+                name="durable_step_run_position_uniq",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.step_id} ({self.status})"
+
+
+class Event(models.Model):
+    """Append-only history of a run: retries, takeovers, rejected zombie commits, operator actions."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="events")
+    step_id = models.CharField(max_length=200, blank=True, default="")
+    kind = models.CharField(max_length=64)
+    detail = models.JSONField(default=dict, blank=True)
+    actor = models.CharField(max_length=200, blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["run", "id"]
+        indexes = [models.Index(fields=["run", "id"], name="durable_event_run")]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.step_id}".strip()

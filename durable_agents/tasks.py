@@ -1,0 +1,29 @@
+"""Celery tasks: thin wrappers that take ids only. Celery wakes workers; the engine owns the state.
+
+Delivery is at-least-once (acks_late, reject_on_worker_lost, prefetch 1); the claim makes duplicates
+harmless. Celery never retries `advance`: the engine owns retries and persists every attempt.
+"""
+
+from __future__ import annotations
+
+from celery import shared_task
+
+from durable_agents.engine import advance as engine_advance
+from durable_agents.engine import sweep as engine_sweep
+
+
+@shared_task(name="durable_agents.advance", acks_late=True, reject_on_worker_lost=True, ignore_result=True)
+def advance(run_id: str) -> str:
+    """Advance run `run_id` by one step."""
+    return engine_advance.advance(run_id).value
+
+
+@shared_task(name="durable_agents.sweep", ignore_result=True)
+def sweep() -> dict[str, int]:
+    """Re-wake lost runs and settle cancellations (scheduled by celery beat)."""
+    return engine_sweep.sweep().as_dict()
+
+
+def wake(run_id: str, countdown: float | None = None) -> None:
+    """The default DURABLE_AGENTS['WAKER']: send `durable_agents.advance` for the run."""
+    advance.apply_async((run_id,), countdown=countdown or None)

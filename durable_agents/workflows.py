@@ -1,0 +1,226 @@
+"""Workflow definitions in code: named, versioned plans of named steps, and the registry that holds them.
+
+Example::
+
+    from durable_agents.api import call, workflow
+
+    def fetch(ctx):
+        return {"order": ctx.input["order_id"]}
+
+    def notify(ctx):
+        return {"sent": ctx.result("fetch")["order"]}
+
+    workflow("notify_customer", version=1, steps=[call("fetch", fetch), call("notify", notify)])
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from durable_agents.conf import settings
+from durable_agents.errors import DefinitionError, InvalidInputError, UnknownWorkflowError
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,199}$")
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How a failing step is retried: attempts in all, exponential backoff with jitter, what is transient.
+
+    Unset fields take the DURABLE_AGENTS defaults. `retry_on` adds exception types the step declares
+    transient, on top of `RetryableError`, timeouts, connection and database connection errors.
+    """
+
+    max_attempts: int | None = None
+    backoff: float | None = None
+    backoff_max: float | None = None
+    retry_on: tuple[type[BaseException], ...] = ()
+
+    @property
+    def attempts_allowed(self) -> int:
+        return self.max_attempts if self.max_attempts is not None else int(settings.RETRY_MAX_ATTEMPTS)
+
+    def delay(self, attempt: int) -> float:
+        """Seconds to wait before attempt `attempt + 1`: exponential, capped, with equal jitter."""
+        base = self.backoff if self.backoff is not None else float(settings.RETRY_BACKOFF_SECONDS)
+        cap = self.backoff_max if self.backoff_max is not None else float(settings.RETRY_BACKOFF_MAX_SECONDS)
+        ceiling = min(cap, base * 2 ** max(attempt - 1, 0))
+        return ceiling / 2 + random.uniform(0, ceiling / 2)
+
+
+@dataclass(frozen=True)
+class StepDef:
+    """A step definition: what a plan element named `name` executes."""
+
+    name: str
+    kind: str
+    fn: Callable[..., Any] | None = None
+    retry: RetryPolicy | None = None
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PlannedStep:
+    """One element of a run's plan: a unique step id executing the definition `name` with `args`."""
+
+    step_id: str
+    name: str
+    args: Mapping[str, Any] = field(default_factory=dict)
+
+
+def call(name: str, fn: Callable[..., Any], *, retry: RetryPolicy | None = None) -> StepDef:
+    """A call step: `fn(ctx)` gets a StepContext and returns a JSON-serialisable result.
+
+    Example: ``call("charge", charge_card, retry=RetryPolicy(max_attempts=3))``
+    """
+    if not callable(fn):
+        raise DefinitionError(f"call step {name!r}: {fn!r} is not callable")
+    return StepDef(name=name, kind="call", fn=fn, retry=retry)
+
+
+@dataclass(frozen=True)
+class Workflow:
+    """A named, versioned workflow definition. Build it with `workflow(...)`, which also registers it."""
+
+    name: str
+    version: int
+    steps: tuple[StepDef, ...]
+    plan: Callable[[Any], Sequence[PlannedStep]] | None = None
+    retry: RetryPolicy = RetryPolicy()
+    validate_input: Callable[[Any], None] | None = None
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not NAME_RE.match(self.name):
+            raise DefinitionError(f"workflow name {self.name!r} must match {NAME_RE.pattern}")
+        if not isinstance(self.version, int) or isinstance(self.version, bool) or self.version < 1:
+            raise DefinitionError(f"workflow {self.name!r}: version must be an integer >= 1, got {self.version!r}")
+        seen: set[str] = set()
+        for definition in self.steps:
+            if not isinstance(definition, StepDef):
+                raise DefinitionError(f"workflow {self.name!r}: {definition!r} is not a step definition")
+            if not NAME_RE.match(definition.name):
+                raise DefinitionError(
+                    f"workflow {self.name!r}: step name {definition.name!r} must match {NAME_RE.pattern}"
+                )
+            if definition.name in seen:
+                raise DefinitionError(f"workflow {self.name!r}: duplicate step name {definition.name!r}")
+            seen.add(definition.name)
+        if not self.steps:
+            raise DefinitionError(f"workflow {self.name!r}: define at least one step")
+
+    @property
+    def label(self) -> str:
+        return f"{self.name}@{self.version}"
+
+    def definition(self, name: str) -> StepDef:
+        for definition in self.steps:
+            if definition.name == name:
+                return definition
+        raise DefinitionError(f"workflow {self.label} has no step named {name!r}")
+
+    def retry_policy(self, definition: StepDef) -> RetryPolicy:
+        return definition.retry or self.retry
+
+    def build_plan(self, run_input: Any) -> list[PlannedStep]:
+        """Validate the input and return the run's plan; bad input raises InvalidInputError."""
+        if self.validate_input is not None:
+            try:
+                self.validate_input(run_input)
+            except InvalidInputError:
+                raise
+            except (ValueError, TypeError, KeyError) as exc:
+                raise InvalidInputError(f"invalid input for {self.label}: {exc}") from exc
+        if self.plan is None:
+            planned = [PlannedStep(step_id=d.name, name=d.name) for d in self.steps]
+        else:
+            planned = list(self.plan(run_input))
+        names = {d.name for d in self.steps}
+        ids: set[str] = set()
+        for element in planned:
+            if not NAME_RE.match(element.step_id):
+                raise InvalidInputError(f"{self.label}: planned step id {element.step_id!r} is invalid")
+            if element.step_id in ids:
+                raise InvalidInputError(f"{self.label}: planned step id {element.step_id!r} appears twice")
+            if element.name not in names:
+                raise InvalidInputError(f"{self.label}: planned step {element.step_id!r} names unknown step {element.name!r}")
+            ids.add(element.step_id)
+        return planned
+
+
+class Registry:
+    """All workflow definitions of this process, by name and version."""
+
+    def __init__(self) -> None:
+        self._workflows: dict[str, dict[int, Workflow]] = {}
+
+    def register(self, definition: Workflow, *, replace: bool = False) -> Workflow:
+        versions = self._workflows.setdefault(definition.name, {})
+        existing = versions.get(definition.version)
+        if existing is not None and existing is not definition and not replace:
+            raise DefinitionError(
+                f"workflow {definition.label} is already registered; bump the version to change it"
+            )
+        versions[definition.version] = definition
+        return definition
+
+    def unregister(self, name: str, version: int | None = None) -> None:
+        if version is None:
+            self._workflows.pop(name, None)
+        else:
+            self._workflows.get(name, {}).pop(version, None)
+
+    def get(self, name: str, version: int | None = None) -> Workflow:
+        versions = self._workflows.get(name)
+        if not versions:
+            known = ", ".join(sorted(self._workflows)) or "none"
+            raise UnknownWorkflowError(f"unknown workflow {name!r} (registered: {known})")
+        if version is None:
+            return versions[max(versions)]
+        try:
+            return versions[version]
+        except KeyError:
+            known = ", ".join(str(v) for v in sorted(versions))
+            raise UnknownWorkflowError(
+                f"workflow {name!r} has no version {version} (registered: {known})"
+            ) from None
+
+    def names(self) -> list[str]:
+        return sorted(self._workflows)
+
+
+registry = Registry()
+
+
+def workflow(
+    name: str,
+    *,
+    steps: Sequence[StepDef],
+    version: int = 1,
+    plan: Callable[[Any], Sequence[PlannedStep]] | None = None,
+    retry: RetryPolicy | None = None,
+    validate_input: Callable[[Any], None] | None = None,
+    description: str = "",
+    replace: bool = False,
+) -> Workflow:
+    """Define and register a workflow. `plan(input)` builds a dynamic plan; by default each step runs once.
+
+    Example::
+
+        workflow("noop", steps=[call("tick", tick)],
+                 plan=lambda inp: [PlannedStep(f"tick-{i}", "tick") for i in range(inp["steps"])])
+    """
+    definition = Workflow(
+        name=name,
+        version=version,
+        steps=tuple(steps),
+        plan=plan,
+        retry=retry or RetryPolicy(),
+        validate_input=validate_input,
+        description=description,
+    )
+    return registry.register(definition, replace=replace)
