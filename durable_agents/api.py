@@ -62,9 +62,7 @@ __all__ = [
 ]
 
 
-def start(
-    workflow: str, input: Any = None, *, idempotency_key: str | None = None, version: int | None = None
-) -> Run:
+def start(workflow: str, input: Any = None, *, idempotency_key: str | None = None, version: int | None = None) -> Run:
     """Start a run of `workflow` (latest version unless `version`); the same key returns the same run.
 
     Reusing a key with a different input raises IdempotencyKeyReusedError (Stripe semantics).

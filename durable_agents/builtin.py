@@ -1,7 +1,8 @@
-"""Workflows shipped with the app: `noop` (N no-op steps) for tests, smoke checks and benchmarks."""
+"""Workflows shipped with the app: `noop` (N no-op steps) for tests, smoke checks, benchmarks and the demo."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from durable_agents.errors import InvalidInputError
@@ -14,6 +15,9 @@ def _validate_noop(run_input: Any) -> None:
     steps = run_input.get("steps", 1) if isinstance(run_input, dict) else None
     if not isinstance(steps, int) or isinstance(steps, bool) or not 0 <= steps <= NOOP_MAX_STEPS:
         raise InvalidInputError(f'noop takes {{"steps": N}} with N an integer from 0 to {NOOP_MAX_STEPS}')
+    sleep_ms = run_input.get("sleep_ms", 0)
+    if not isinstance(sleep_ms, int) or isinstance(sleep_ms, bool) or not 0 <= sleep_ms <= 60_000:
+        raise InvalidInputError('noop\'s optional "sleep_ms" (time each step takes) is an integer from 0 to 60000')
 
 
 def _noop_plan(run_input: dict[str, Any]) -> list[PlannedStep]:
@@ -21,6 +25,8 @@ def _noop_plan(run_input: dict[str, Any]) -> list[PlannedStep]:
 
 
 def _tick(ctx: Any) -> dict[str, Any]:
+    if ctx.input.get("sleep_ms"):
+        time.sleep(ctx.input["sleep_ms"] / 1000)
     return {"step": ctx.step_id}
 
 
@@ -30,5 +36,5 @@ noop = workflow(
     steps=[call("tick", _tick)],
     plan=_noop_plan,
     validate_input=_validate_noop,
-    description="N no-op steps, for tests and benchmarks",
+    description='N no-op steps: {"steps": N, "sleep_ms": 0}',
 )

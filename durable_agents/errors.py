@@ -2,9 +2,12 @@
 
 DurableAgentsError
  ├── DefinitionError              a workflow or step definition is invalid (raised at import)
+ │    └── ToolDefinitionError     a tool definition is invalid (raised at decoration)
  ├── UnknownWorkflowError         no workflow (or version) by that name is registered
+ ├── UnknownToolError             no tool by that name is registered
  ├── InvalidInputError            a run input is not acceptable
- │    └── InputTooLargeError      the input is over the size limit
+ │    ├── InputTooLargeError      the input is over the size limit
+ │    └── ToolArgumentsError      tool arguments do not match the tool's schema (`errors` lists each)
  ├── IdempotencyKeyReusedError    a key was reused with a different input
  ├── RunNotFoundError             no run has that id
  ├── StepNotFoundError            the run has no step with that id
@@ -16,6 +19,8 @@ DurableAgentsError
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 
 class DurableAgentsError(Exception):
@@ -71,3 +76,23 @@ class RetryableError(StepError):
 
 class PermanentError(StepError):
     """A permanent step failure: the step fails without retrying."""
+
+
+class ToolDefinitionError(DefinitionError):
+    """The tool definition is invalid."""
+
+
+class UnknownToolError(DurableAgentsError):
+    """No tool is registered under that name."""
+
+
+class ToolArgumentsError(InvalidInputError):
+    """The tool arguments do not match the tool's schema."""
+
+    def __init__(self, message: str | None = None, *, errors: Iterable[str] = ()) -> None:
+        # One message per problem, each naming its path ("amount: expected number, got string"), so the
+        # whole list can go back to the model at once instead of one fix per round trip.
+        self.errors: list[str] = list(errors)
+        if message is None and self.errors:
+            message = f"{(self.__doc__ or '').strip().rstrip('.')}: {'; '.join(self.errors)}"
+        super().__init__(message)

@@ -147,7 +147,9 @@ class Workflow:
             if element.step_id in ids:
                 raise InvalidInputError(f"{self.label}: planned step id {element.step_id!r} appears twice")
             if element.name not in names:
-                raise InvalidInputError(f"{self.label}: planned step {element.step_id!r} names unknown step {element.name!r}")
+                raise InvalidInputError(
+                    f"{self.label}: planned step {element.step_id!r} names unknown step {element.name!r}"
+                )
             ids.add(element.step_id)
         return planned
 
@@ -162,9 +164,7 @@ class Registry:
         versions = self._workflows.setdefault(definition.name, {})
         existing = versions.get(definition.version)
         if existing is not None and existing is not definition and not replace:
-            raise DefinitionError(
-                f"workflow {definition.label} is already registered; bump the version to change it"
-            )
+            raise DefinitionError(f"workflow {definition.label} is already registered; bump the version to change it")
         versions[definition.version] = definition
         return definition
 
@@ -185,9 +185,7 @@ class Registry:
             return versions[version]
         except KeyError:
             known = ", ".join(str(v) for v in sorted(versions))
-            raise UnknownWorkflowError(
-                f"workflow {name!r} has no version {version} (registered: {known})"
-            ) from None
+            raise UnknownWorkflowError(f"workflow {name!r} has no version {version} (registered: {known})") from None
 
     def names(self) -> list[str]:
         return sorted(self._workflows)

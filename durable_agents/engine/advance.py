@@ -1,7 +1,7 @@
 """advance(run_id): claim the run, execute exactly one step outside any transaction, commit it fenced.
 
-    claim (1 UPDATE) → load (1 SELECT: step + run) → execute (heartbeat renews the lease)
-    → commit (1 short transaction: run cursor/lease fenced by token, step checkpoint) → wake next on commit
+claim (1 UPDATE) → load (1 SELECT: step + run) → execute (heartbeat renews the lease)
+→ commit (1 short transaction: run cursor/lease fenced by token, step checkpoint) → wake next on commit
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import uuid
 from datetime import datetime, timedelta
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 from django.db import transaction
@@ -30,7 +30,7 @@ from durable_agents.workflows import RetryPolicy, StepDef, Workflow, registry
 logger = logging.getLogger("durable_agents.engine")
 
 
-class Outcome(str, Enum):
+class Outcome(StrEnum):
     """What one advance did, for logs, tests and benchmarks."""
 
     SKIPPED = "skipped"  # not claimable: duplicate delivery, lease held, finished, not due
@@ -63,8 +63,12 @@ def advance(run_id: uuid.UUID | str) -> Outcome:
     policy = definition_set.retry_policy(definition)
 
     if claim.attempt > max(policy.attempts_allowed, int(settings.MAX_CLAIMS_PER_STEP)):
-        failure = Failure(False, "StepCrashLoop", f"step was claimed {claim.attempt - 1} times without finishing; "
-                          "its worker keeps dying (OOM? SIGKILL?)", step.step_id)
+        failure = Failure(
+            False,
+            "StepCrashLoop",
+            f"step was claimed {claim.attempt - 1} times without finishing; its worker keeps dying (OOM? SIGKILL?)",
+            step.step_id,
+        )
         return _fail(claim, step, failure, clock.now())
 
     started_at = clock.now()
@@ -135,12 +139,19 @@ def _retry(claim: Claim, step: Step, failure: Failure, delay: float, started_at:
             if _fenced(claim).update(wake_at=wake_at, **_released(now)) != 1:
                 raise LeaseLostError()
             Step.objects.filter(pk=step.pk).update(
-                error=failure.as_error(), attempts=claim.attempt, next_attempt_at=wake_at,
-                started_at=started_at, updated_at=now,
+                error=failure.as_error(),
+                attempts=claim.attempt,
+                next_attempt_at=wake_at,
+                started_at=started_at,
+                updated_at=now,
             )
             record_event(
-                claim.run_id, "step_retry", step_id=step.step_id,
-                attempt=claim.attempt, delay_seconds=round(delay, 3), error=failure.as_error(),
+                claim.run_id,
+                "step_retry",
+                step_id=step.step_id,
+                attempt=claim.attempt,
+                delay_seconds=round(delay, 3),
+                error=failure.as_error(),
             )
             # Short backoffs ride a countdown; long ones are left to the sweep (no long broker ETAs).
             if delay <= float(settings.MAX_COUNTDOWN_SECONDS):
@@ -154,12 +165,20 @@ def _fail(claim: Claim, step: Step, failure: Failure, started_at: datetime) -> O
     now = clock.now()
     try:
         with transaction.atomic():
-            if _fenced(claim).update(status=RunStatus.FAILED, error=failure.as_error(), finished_at=now,
-                                     **_released(now)) != 1:
+            if (
+                _fenced(claim).update(
+                    status=RunStatus.FAILED, error=failure.as_error(), finished_at=now, **_released(now)
+                )
+                != 1
+            ):
                 raise LeaseLostError()
             Step.objects.filter(pk=step.pk).update(
-                status=StepStatus.FAILED, error=failure.as_error(), attempts=claim.attempt,
-                started_at=started_at, finished_at=now, updated_at=now,
+                status=StepStatus.FAILED,
+                error=failure.as_error(),
+                attempts=claim.attempt,
+                started_at=started_at,
+                finished_at=now,
+                updated_at=now,
             )
             record_event(claim.run_id, "failed", step_id=step.step_id, attempt=claim.attempt, error=failure.as_error())
     except LeaseLostError:
@@ -179,9 +198,13 @@ def _finish_empty(claim: Claim) -> Outcome:
 def _rejected(claim: Claim, step: Step) -> Outcome:
     current = Run.objects.filter(pk=claim.run_id).values_list("lease_token", "lease_owner").first()
     record_event(
-        claim.run_id, "zombie_commit_rejected", step_id=step.step_id,
-        token=claim.token, owner=claim.owner,
-        current_token=current[0] if current else None, current_owner=current[1] if current else None,
+        claim.run_id,
+        "zombie_commit_rejected",
+        step_id=step.step_id,
+        token=claim.token,
+        owner=claim.owner,
+        current_token=current[0] if current else None,
+        current_owner=current[1] if current else None,
     )
     logger.warning("commit rejected: lease lost run=%s step=%s token=%s", claim.run_id, step.step_id, claim.token)
     return Outcome.LEASE_LOST

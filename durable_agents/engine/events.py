@@ -11,9 +11,7 @@ from durable_agents.models import Event
 logger = logging.getLogger("durable_agents.events")
 
 
-def record_event(
-    run_id: uuid.UUID | str, kind: str, *, step_id: str = "", actor: str = "", **detail: Any
-) -> Event:
+def record_event(run_id: uuid.UUID | str, kind: str, *, step_id: str = "", actor: str = "", **detail: Any) -> Event:
     """Append one event to the run's history and log it with the run and step ids."""
     event = Event.objects.create(run_id=run_id, kind=kind, step_id=step_id, actor=actor, detail=detail)
     logger.info(

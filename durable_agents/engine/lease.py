@@ -22,6 +22,7 @@ from durable_agents.models import Run, RunStatus
 
 logger = logging.getLogger("durable_agents.engine")
 
+
 def worker_id() -> str:
     # Forked pool children inherit the module: take the pid at call time.
     return f"{socket.gethostname()}:{os.getpid()}"

@@ -113,19 +113,16 @@ def cancel_run(run_id: uuid.UUID | str, *, reason: str = "", actor: str = "") ->
     if run.is_finished:
         raise InvalidTransitionError(f"run {run.id} is already {run.status}; there is nothing to cancel")
     with transaction.atomic():
-        cancelled = (
-            Run.objects.filter(_lease_is_free(now), pk=run.id, status__in=ACTIVE_RUN_STATUSES)
-            .update(
-                status=RunStatus.CANCELLED,
-                cancel_requested_at=now,
-                cancel_reason=reason,
-                finished_at=now,
-                updated_at=now,
-                lease_token=F("lease_token") + 1,
-                lease_owner="",
-                lease_expires_at=None,
-                wake_at=None,
-            )
+        cancelled = Run.objects.filter(_lease_is_free(now), pk=run.id, status__in=ACTIVE_RUN_STATUSES).update(
+            status=RunStatus.CANCELLED,
+            cancel_requested_at=now,
+            cancel_reason=reason,
+            finished_at=now,
+            updated_at=now,
+            lease_token=F("lease_token") + 1,
+            lease_owner="",
+            lease_expires_at=None,
+            wake_at=None,
         )
         if cancelled:
             record_event(run.id, "cancelled", step_id=_current_step_id(run), actor=actor, reason=reason)
@@ -234,8 +231,12 @@ def _rerun_from_step(run: Run, step_id: str, *, actor: str) -> Run:
             for s in later
         )
         record_event(
-            run.id, "rerun_from_step", step_id=step_id, actor=actor,
-            previous_status=run.status, superseded=[s.step_id for s in later],
+            run.id,
+            "rerun_from_step",
+            step_id=step_id,
+            actor=actor,
+            previous_status=run.status,
+            superseded=[s.step_id for s in later],
         )
         wake_on_commit(run.id)
     run.refresh_from_db()

@@ -46,8 +46,12 @@ def sweep() -> SweepReport:
     lost = Q(lease_expires_at__lt=now) | Q(wake_at__isnull=False) | Q(updated_at__lt=now - idle)
     not_recently_swept = Q(swept_at__isnull=True) | Q(swept_at__lt=now - idle)
     candidates = Run.objects.filter(
-        lease_free, due, lost, not_recently_swept,
-        status__in=RUNNABLE_RUN_STATUSES, cancel_requested_at__isnull=True,
+        lease_free,
+        due,
+        lost,
+        not_recently_swept,
+        status__in=RUNNABLE_RUN_STATUSES,
+        cancel_requested_at__isnull=True,
     ).order_by("updated_at")
     with transaction.atomic():
         rows = list(_locked(candidates).values_list("id", "lease_owner")[: int(settings.SWEEP_BATCH)])

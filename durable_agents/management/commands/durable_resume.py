@@ -22,9 +22,7 @@ class Command(DurableCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         if options["from_step"] and len(options["run_ids"]) > 1:
             raise CommandError("--from-step takes exactly one RUN_ID", returncode=USER_MISTAKE)
-        results = [
-            api.resume(run_id, options["from_step"], actor=options["actor"]) for run_id in options["run_ids"]
-        ]
+        results = [api.resume(run_id, options["from_step"], actor=options["actor"]) for run_id in options["run_ids"]]
         if options["json"]:
             self.emit_json([{"id": str(run.id), "status": run.status} for run in results])
         else:

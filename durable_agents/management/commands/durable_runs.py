@@ -22,8 +22,11 @@ class Command(DurableCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         older = operations.parse_duration(options["older_than"]) if options["older_than"] else None
         runs = operations.list_runs(
-            status=options["status"], workflow=options["workflow"], stuck=options["stuck"],
-            older_than=older, limit=options["limit"],
+            status=options["status"],
+            workflow=options["workflow"],
+            stuck=options["stuck"],
+            older_than=older,
+            limit=options["limit"],
         )
         rows = [operations.run_summary(run) for run in runs]
         if options["json"]:

@@ -22,7 +22,8 @@ class Command(DurableCommand):
             return
         write = self.stdout.write
         write(f"run {data['id']}  {data['workflow']}@{data['version']}  {data['status']}")
-        write(f"  step {data['cursor']}/{data['steps']}  created {data['created_at']}  finished {data['finished_at'] or '-'}")
+        finished = data["finished_at"] or "-"
+        write(f"  step {data['cursor']}/{data['steps']}  created {data['created_at']}  finished {finished}")
         if data["error"]:
             write(f"  error: {data['error']['type']}: {data['error']['message']} (step {data['error']['step']})")
         write("steps:")

@@ -18,13 +18,15 @@ class Command(DurableCommand):
     def add_arguments(self, parser: Any) -> None:
         super().add_arguments(parser)
         parser.add_argument("workflow")
-        parser.add_argument("--input", help='the run input as JSON, e.g. \'{"steps": 3}\'')
+        parser.add_argument("--input", help="the run input as JSON, e.g. '{\"steps\": 3}'")
         parser.add_argument("--key", help="idempotency key: starting twice with one key returns the first run")
         parser.add_argument("--version", dest="workflow_version", type=int, help="workflow version (default: latest)")
 
     def handle(self, *args: Any, **options: Any) -> None:
         run_input = parse_json_option(options["input"], "--input")
-        run = api.start(options["workflow"], run_input, idempotency_key=options["key"], version=options["workflow_version"])
+        run = api.start(
+            options["workflow"], run_input, idempotency_key=options["key"], version=options["workflow_version"]
+        )
         if options["json"]:
             self.emit_json({"id": str(run.id), "status": run.status})
         else:

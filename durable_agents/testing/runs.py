@@ -1,0 +1,32 @@
+"""Driving runs in-process, without a broker or worker: for unit tests of workflows."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from durable_agents import clock
+from durable_agents.engine.advance import Outcome, advance
+from durable_agents.models import Run
+
+
+def drive(run_id: uuid.UUID | str, *, max_advances: int = 10_000) -> Run:
+    """Advance a run in this process until it stops being runnable; waits out retry backoffs.
+
+    Example::
+
+        run = api.start("noop", {"steps": 3})
+        assert drive(run.id).status == "completed"
+    """
+    outcomes: list[Outcome] = []
+    for _ in range(max_advances):
+        run: Any = Run.objects.get(pk=run_id)
+        if run.status not in ("pending", "running"):
+            return run
+        if run.wake_at is not None and run.wake_at > clock.now():
+            time.sleep((run.wake_at - clock.now()).total_seconds())
+        outcomes.append(advance(run_id))
+        if outcomes[-1] is Outcome.SKIPPED and len(outcomes) > 1 and outcomes[-2] is Outcome.SKIPPED:
+            raise AssertionError(f"run {run_id} is not claimable (lease held elsewhere?): {run.lease_owner}")
+    raise AssertionError(f"run {run_id} did not finish within {max_advances} advances")

@@ -1,0 +1,38 @@
+"""The embedded default: SQLite and kombu's filesystem broker, with a real worker subprocess and no servers."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from durable_agents.testing import WorkerProcess
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_sqlite__noop_run_completes_on_embedded_defaults(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "CELERY_BROKER_URL")}
+    env.update(
+        DJANGO_SETTINGS_MODULE="project.settings", DURABLE_VAR_DIR=str(tmp_path), CELERY_BROKER_URL="filesystem://"
+    )
+
+    def manage(*args: str) -> str:
+        result = subprocess.run(
+            [sys.executable, "manage.py", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+        )
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    manage("migrate", "--verbosity", "0")
+    run_id = manage("durable_start", "noop", "--input", '{"steps": 5}').strip()
+    with WorkerProcess(env=env, inherit_env=False, cwd=ROOT, log_path=tmp_path / "worker.log"):
+        deadline = time.monotonic() + 90
+        while (shown := json.loads(manage("durable_show", run_id, "--json")))["status"] != "completed":
+            assert time.monotonic() < deadline, f"run did not complete on SQLite: {shown['status']}"
+            time.sleep(0.5)
+    assert [s["status"] for s in shown["step_rows"]] == ["done"] * 5
+    assert (tmp_path / "durable_agents.sqlite3").exists(), "the embedded default is a SQLite file under var/"

@@ -1,0 +1,103 @@
+"""The durable_* management commands as an operator runs them: output, --json, exit codes, messages."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from durable_agents import api
+from durable_agents.models import Run, RunStatus
+from durable_agents.testing import drive
+
+pytestmark = pytest.mark.django_db(transaction=True)
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def manage(worker_env):
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "manage.py", *args],
+            cwd=ROOT,
+            env={**worker_env},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    return run
+
+
+def test_commands__start_show_runs_cancel_resume_round_trip(manage):
+    started = manage("durable_start", "record", "--input", '{"steps": 2}', "--key", "k-1", "--json")
+    assert started.returncode == 0, started.stderr
+    run_id = json.loads(started.stdout)["id"]
+    again = manage("durable_start", "record", "--input", '{"steps": 2}', "--key", "k-1")
+    assert again.stdout.strip() == run_id, "the same key must print the same run id"
+
+    listed = json.loads(manage("durable_runs", "--status", "pending", "--json").stdout)
+    assert [row["id"] for row in listed] == [run_id]
+
+    cancelled = manage("durable_cancel", run_id, "--reason", "test", "--as", "alice")
+    assert cancelled.returncode == 0 and "cancelled" in cancelled.stdout
+    resumed = manage("durable_resume", run_id, "--json")
+    assert json.loads(resumed.stdout) == [{"id": run_id, "status": "pending"}]
+
+    drive(run_id)
+    shown = json.loads(manage("durable_show", run_id, "--json").stdout)
+    assert shown["status"] == "completed"
+    assert [s["status"] for s in shown["step_rows"]] == ["done", "done"]
+    kinds = [e["kind"] for e in shown["events"]]
+    assert kinds[:3] == ["created", "cancelled", "resumed"] and kinds[-1] == "completed"
+    assert shown["events"][1]["actor"] == "alice"
+    text = manage("durable_show", run_id)
+    assert "s001" in text.stdout and "done" in text.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["durable_start", "nope"], "unknown workflow 'nope'"),
+        (["durable_start", "noop", "--input", "{bad"], "--input is not valid JSON"),
+        (["durable_start", "noop", "--input", '{"steps": -1}'], "noop takes"),
+        (["durable_start", "noop", "--version", "7"], "has no version 7"),
+        (["durable_show", "not-a-run"], "no run has id 'not-a-run'"),
+        (["durable_show", "00000000-0000-0000-0000-000000000000"], "no run has id"),
+        (["durable_cancel", "not-a-run"], "no run has id"),
+        (["durable_resume", "not-a-run"], "no run has id"),
+        (["durable_runs", "--older-than", "soon"], "invalid duration 'soon'"),
+        (["durable_runs", "--status", "lost"], "unknown status 'lost'"),
+    ],
+)
+def test_commands__user_mistakes_exit_2_with_one_line_on_stderr(manage, args, message):
+    result = manage(*args)
+    assert result.returncode == 2, f"{args}: exit {result.returncode}, stderr {result.stderr}"
+    assert message in result.stderr and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_commands__cancelling_a_finished_run_exits_2(manage):
+    run = drive(api.start("noop", {"steps": 1}).id)
+    result = manage("durable_cancel", str(run.id))
+    assert result.returncode == 2 and "already completed; there is nothing to cancel" in result.stderr
+    assert Run.objects.get(pk=run.id).status == RunStatus.COMPLETED
+
+
+def test_commands__runs_filters_stuck_and_age(manage):
+    stuck = api.start("noop", {"steps": 1})
+    Run.objects.filter(pk=stuck.id).update(
+        status=RunStatus.RUNNING, lease_owner="gone:1", lease_expires_at=stuck.created_at
+    )
+    api.start("noop", {"steps": 1})
+    listed = json.loads(manage("durable_runs", "--stuck", "--json").stdout)
+    assert [row["id"] for row in listed] == [str(stuck.id)]
+    assert json.loads(manage("durable_runs", "--older-than", "1h", "--json").stdout) == []
+
+
+def test_commands__sweep_reports_what_it_did(manage):
+    result = manage("durable_sweep", "--json")
+    assert result.returncode == 0 and json.loads(result.stdout) == {"woken": 0, "cancelled": 0}

@@ -1,0 +1,135 @@
+"""The run engine on real Postgres + Redis + celery worker processes: completion, retries, cancel, lost messages."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import redis
+from django.db.models import Count
+
+from durable_agents import api
+from durable_agents.models import Event, Run, RunStatus, Step, StepStatus
+from durable_agents.tasks import advance as advance_task
+from durable_agents.testing import wait_for, wait_for_run
+from tests.testapp.models import Execution
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def executions_per_step(run_id) -> dict[str, int]:
+    rows = Execution.objects.filter(run_id=run_id).values("step_id").annotate(n=Count("id"))
+    return {row["step_id"]: row["n"] for row in rows}
+
+
+def test_advance__twenty_step_run_commits_each_step_once(start_worker):
+    start_worker()
+    run = api.start("record", {"steps": 20})
+
+    run = wait_for_run(run.id, "completed", timeout=60)
+
+    counts = executions_per_step(run.id)
+    assert len(counts) == 20 and set(counts.values()) == {1}, f"every step must run exactly once: {counts}"
+    assert Step.objects.filter(run=run, status=StepStatus.DONE).count() == 20
+    assert run.output == {"step": "s020"}, "the run's output is its last step's result"
+    assert not Execution.objects.filter(after_commit=True).exists()
+
+
+def test_advance__duplicate_delivery_commits_once(start_worker):
+    start_worker(pool="prefork", concurrency=4)
+    start_worker(pool="prefork", concurrency=4)
+    run = api.start("record", {"steps": 5, "sleep_ms": [20, 40]})
+
+    for _ in range(10):
+        advance_task.delay(str(run.id))
+    wait_for_run(run.id, "completed", timeout=60)
+
+    counts = executions_per_step(run.id)
+    assert counts == {f"s{i:03d}": 1 for i in range(1, 6)}, f"a duplicate delivery executed a step again: {counts}"
+
+
+def test_retry__transient_errors_back_off_then_succeed(start_worker):
+    start_worker()
+    run = api.start("flaky", {"failures": 2})
+
+    wait_for_run(run.id, "completed", timeout=60)
+
+    assert executions_per_step(run.id)["flaky"] == 3
+    retries = list(Event.objects.filter(run=run, kind="step_retry").order_by("id"))
+    assert [e.detail["attempt"] for e in retries] == [1, 2], "each failed attempt is in the history"
+    assert retries[0].detail["error"]["type"] == "RetryableError"
+    assert Step.objects.get(run=run, step_id="flaky").attempts == 3
+
+
+def test_retry__exhausted_attempts_fail_the_run_with_a_persisted_error(start_worker):
+    start_worker()
+    run = api.start("flaky", {"failures": 10})
+
+    run = wait_for_run(run.id, "failed", timeout=60)
+
+    assert executions_per_step(run.id) == {"flaky": 4}, "the retry policy allows 4 attempts in all"
+    assert run.error == {"type": "RetryableError", "message": "flaky failure 4", "step": "flaky"}
+
+
+def test_failure__permanent_error_stops_at_once(start_worker):
+    start_worker()
+    run = api.start("broken")
+
+    run = wait_for_run(run.id, "failed", timeout=60)
+
+    assert run.error == {"type": "ValueError", "message": "the order data is malformed", "step": "broken"}
+    assert executions_per_step(run.id) == {"first": 1, "broken": 1}
+    assert Step.objects.get(run=run, step_id="never").status == StepStatus.PENDING
+
+
+def test_resume__failed_run_continues_from_the_failed_step(start_worker):
+    start_worker()
+    run = api.start("flaky", {"failures": 4})
+    wait_for_run(run.id, "failed", timeout=60)
+
+    api.resume(run.id, actor="ops@example.com")
+    run = wait_for_run(run.id, "completed", timeout=60)
+
+    assert executions_per_step(run.id) == {"flaky": 5, "after": 1}
+    resumed = Event.objects.get(run=run, kind="resumed")
+    assert resumed.actor == "ops@example.com" and resumed.detail["previous_status"] == "failed"
+
+
+def test_cancel__running_run_stops_at_the_step_boundary(start_worker):
+    start_worker()
+    run = api.start("slow", {"seconds": 1.5})
+    wait_for(lambda: Execution.objects.filter(run_id=run.id).exists(), timeout=30, what="the slow step to start")
+
+    cancelled = api.cancel(run.id, "customer withdrew")
+    assert cancelled.status == RunStatus.RUNNING and cancelled.cancel_requested_at is not None
+
+    run = wait_for_run(run.id, "cancelled", timeout=30)
+    assert Step.objects.get(run=run, step_id="slow").status == StepStatus.DONE, "the running step checkpoints"
+    time.sleep(1.0)
+    assert executions_per_step(run.id) == {"slow": 1}, "a cancelled run never advances again"
+    assert Event.objects.filter(run=run, kind="cancelled").count() == 1
+
+
+def test_cancel__queued_run_never_advances(start_worker):
+    run = api.start("record", {"steps": 3})
+    api.cancel(run.id, "not needed")
+    start_worker()
+
+    advance_task.delay(str(run.id))
+    time.sleep(1.5)
+
+    assert Run.objects.get(pk=run.id).status == RunStatus.CANCELLED
+    assert not Execution.objects.filter(run_id=run.id).exists(), "a cancelled run executed a step"
+
+
+def test_sweep__flushed_broker_loses_no_run(start_worker, broker_url):
+    runs = [api.start("record", {"steps": 10, "sleep_ms": [20, 30]}) for _ in range(5)]
+    redis.Redis.from_url(broker_url).flushdb()  # every wake-up message is gone
+    start_worker(beat=True)
+    time.sleep(0.3)
+    redis.Redis.from_url(broker_url).flushdb()  # and again, mid-run
+
+    for run in runs:
+        wait_for_run(run.id, "completed", timeout=90)
+        assert set(executions_per_step(run.id).values()) == {1}
+    assert Event.objects.filter(kind="swept").exists(), "the sweep re-woke the runs"

@@ -1,0 +1,224 @@
+"""Run transitions and the step protocol, driven in-process on Postgres (no worker needed)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext, override_settings
+
+from durable_agents import api
+from durable_agents.engine.advance import Outcome, advance
+from durable_agents.engine.lease import claim_run
+from durable_agents.engine.sweep import sweep
+from durable_agents.models import Event, Run, RunStatus, Step
+from durable_agents.testing import drive
+from tests.testapp.models import Execution
+
+pytestmark = pytest.mark.django_db
+
+
+def test_start__writes_the_run_and_its_plan():
+    run = api.start("noop", {"steps": 3})
+    assert run.status == RunStatus.PENDING and run.step_count == 3
+    assert list(Step.objects.filter(run=run).values_list("step_id", "position", "status")) == [
+        ("tick-1", 0, "pending"),
+        ("tick-2", 1, "pending"),
+        ("tick-3", 2, "pending"),
+    ]
+
+
+def test_start__same_key_returns_the_first_run():
+    first = api.start("noop", {"steps": 2}, idempotency_key="order-42")
+    again = api.start("noop", {"steps": 2}, idempotency_key="order-42")
+    assert again.id == first.id and Run.objects.count() == 1
+
+
+def test_start__same_key_with_other_input_is_an_error():
+    api.start("noop", {"steps": 2}, idempotency_key="order-42")
+    with pytest.raises(api.IdempotencyKeyReusedError, match="different input; use a new key"):
+        api.start("noop", {"steps": 3}, idempotency_key="order-42")
+    assert Run.objects.count() == 1
+
+
+@override_settings(DURABLE_AGENTS={"INPUT_MAX_BYTES": 100})
+def test_start__oversized_input_is_refused_and_nothing_is_written():
+    with pytest.raises(api.InputTooLargeError, match="over the 100-byte limit"):
+        api.start("noop", {"steps": 1, "pad": "x" * 200})
+    assert not Run.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("workflow", "run_input", "error"),
+    [
+        ("nope", {}, api.UnknownWorkflowError),
+        ("noop", {"steps": "three"}, api.InvalidInputError),
+        ("noop", {"steps": object()}, api.InvalidInputError),
+    ],
+)
+def test_start__bad_input_is_a_domain_error(workflow, run_input, error):
+    with pytest.raises(error):
+        api.start(workflow, run_input)
+    assert not Run.objects.exists()
+
+
+def test_advance__runs_one_step_per_call_and_completes():
+    run = api.start("noop", {"steps": 2})
+    assert advance(run.id) is Outcome.COMMITTED
+    assert Run.objects.get(pk=run.id).cursor == 1
+    assert advance(run.id) is Outcome.COMPLETED
+    run.refresh_from_db()
+    assert run.status == RunStatus.COMPLETED and run.output == {"step": "tick-2"} and run.finished_at
+
+
+def test_advance__zero_step_plan_completes():
+    run = api.start("noop", {"steps": 0})
+    assert drive(run.id).status == RunStatus.COMPLETED
+
+
+def test_claim__a_held_lease_cannot_be_claimed_twice():
+    run = api.start("noop", {"steps": 1})
+    first = claim_run(run.id)
+    assert first is not None and first.token == 1
+    assert claim_run(run.id) is None, "a second claim while the lease is held must match 0 rows"
+    assert advance(run.id) is Outcome.SKIPPED
+
+
+def test_claim__expired_lease_is_taken_over_and_the_zombie_commit_is_rejected():
+    run = api.start("record", {"steps": 1})
+    zombie = claim_run(run.id)
+    Run.objects.filter(pk=run.id).update(
+        lease_expires_at=Run.objects.get(pk=run.id).lease_expires_at - timedelta(minutes=5)
+    )
+    assert advance(run.id) is Outcome.COMPLETED
+    assert Event.objects.get(run=run, kind="lease_takeover").detail["previous_owner"] == zombie.owner
+
+    from durable_agents.engine import advance as engine
+    from durable_agents.engine.payloads import StoredResult
+
+    step = Step.objects.get(run=run)
+    outcome = engine._commit(zombie, step, StoredResult(inline={"late": True}), step.started_at)
+    assert outcome is Outcome.LEASE_LOST
+    assert Step.objects.get(run=run).result == {"step": "s001"}, "the zombie overwrote a committed checkpoint"
+    assert Event.objects.filter(run=run, kind="zombie_commit_rejected").count() == 1
+
+
+@override_settings(DURABLE_AGENTS={"MAX_CLAIMS_PER_STEP": 3})
+def test_claim__a_step_that_keeps_killing_its_worker_fails_as_a_crash_loop():
+    run = api.start("noop", {"steps": 1})
+    for _ in range(5):  # claims whose workers "died": the lease is simply left to expire
+        if claim_run(run.id) is None:
+            break
+        Run.objects.filter(pk=run.id).update(lease_expires_at=None)
+    run = drive(run.id)
+    assert run.status == RunStatus.FAILED and run.error["type"] == "StepCrashLoop"
+
+
+def test_advance__loads_a_constant_number_of_rows_whatever_the_history():
+    run = api.start("noop", {"steps": 60})
+    for _ in range(50):
+        advance(run.id)
+    with CaptureQueriesContext(connection) as late:
+        advance(run.id)
+    short = api.start("noop", {"steps": 60})
+    with CaptureQueriesContext(connection) as early:
+        advance(short.id)
+    assert len(late.captured_queries) == len(early.captured_queries), (
+        "a step at position 50 ran more queries than at position 0: the step loop reads history"
+    )
+    reads = [q["sql"] for q in late.captured_queries if q["sql"].startswith(("SELECT", "UPDATE"))]
+    assert reads and all("WHERE" in sql for sql in reads), f"an unbounded read in the step loop: {reads}"
+
+
+@override_settings(DURABLE_AGENTS={"RESULT_INLINE_MAX_BYTES": 1000})
+def test_results__large_results_live_out_of_row_with_a_hash():
+    run = drive(api.start("big", {"size": 5000}).id)
+    big = Step.objects.get(run=run, step_id="big")
+    assert big.result is None and big.result_ref.startswith("durable_agents/results/") and len(big.result_hash) == 64
+    assert Step.objects.get(run=run, step_id="reads_big").result == {"length": 5000}
+
+
+def test_failure__non_json_result_is_a_permanent_error():
+    from durable_agents.workflows import call, registry, workflow
+
+    workflow("returns_set", steps=[call("bad", lambda ctx: {1, 2})], replace=True)
+    try:
+        run = drive(api.start("returns_set").id)
+    finally:
+        registry.unregister("returns_set")
+    assert run.status == RunStatus.FAILED and run.error["type"] == "PermanentError"
+    assert "not JSON-serialisable" in run.error["message"]
+
+
+def test_cancel__finished_run_is_an_error():
+    run = drive(api.start("noop", {"steps": 1}).id)
+    with pytest.raises(api.InvalidTransitionError, match="already completed; there is nothing to cancel"):
+        api.cancel(run.id)
+
+
+def test_cancel__unknown_and_malformed_ids_are_not_found():
+    with pytest.raises(api.RunNotFoundError):
+        api.cancel("00000000-0000-0000-0000-000000000000")
+    with pytest.raises(api.RunNotFoundError, match="no run has id 'not-a-uuid'"):
+        api.cancel("not-a-uuid")
+
+
+def test_cancel__a_cancelled_run_is_never_claimed():
+    run = api.start("record", {"steps": 2})
+    api.cancel(run.id, "duplicate order", actor="ops")
+    assert advance(run.id) is Outcome.SKIPPED
+    assert not Execution.objects.filter(run_id=run.id).exists()
+    assert Event.objects.get(run=run, kind="cancelled").actor == "ops"
+
+
+def test_cancel__requested_while_a_worker_holds_the_lease_settles_at_the_boundary():
+    run = api.start("record", {"steps": 3})
+    claim = claim_run(run.id)
+    api.cancel(run.id, "stop")
+    assert Run.objects.get(pk=run.id).status == RunStatus.RUNNING
+    Run.objects.filter(pk=run.id, lease_token=claim.token).update(lease_owner="", lease_expires_at=None)
+    assert advance(run.id) is Outcome.CANCELLED
+    assert Run.objects.get(pk=run.id).status == RunStatus.CANCELLED
+
+
+def test_resume__completed_run_needs_a_step():
+    run = drive(api.start("noop", {"steps": 1}).id)
+    with pytest.raises(api.InvalidTransitionError, match="pass --from-step"):
+        api.resume(run.id)
+
+
+def test_resume__from_step_supersedes_later_checkpoints_and_keeps_history():
+    run = drive(api.start("record", {"steps": 4}).id)
+    api.resume(run.id, from_step="s003", actor="ops")
+    run = drive(run.id)
+    assert run.status == RunStatus.COMPLETED
+    steps = list(Step.objects.filter(run=run).order_by("position", "id").values_list("step_id", "status"))
+    assert steps == [
+        ("s001", "done"),
+        ("s002", "done"),
+        ("s003", "superseded"),
+        ("s003", "done"),
+        ("s004", "superseded"),
+        ("s004", "done"),
+    ]
+    event = Event.objects.get(run=run, kind="rerun_from_step")
+    assert event.detail["superseded"] == ["s003", "s004"] and event.actor == "ops"
+    with pytest.raises(api.StepNotFoundError):
+        api.resume(run.id, from_step="s999")
+
+
+def test_sweep__wakes_runs_with_expired_leases_only():
+    idle = api.start("noop", {"steps": 1})
+    Run.objects.filter(pk=idle.id).update(updated_at=idle.updated_at - timedelta(minutes=1))
+    held = api.start("noop", {"steps": 1})
+    claim_run(held.id)
+    Run.objects.filter(pk=held.id).update(updated_at=held.updated_at - timedelta(minutes=1))
+    fresh = api.start("noop", {"steps": 1})
+
+    report = sweep()
+
+    assert report.woken == 1
+    assert Event.objects.filter(kind="swept").values_list("run_id", flat=True).get() == idle.id
+    assert sweep().woken == 0, "a run is not re-woken again within IDLE_RESWEEP_SECONDS"
+    assert fresh.id != idle.id

@@ -1,0 +1,25 @@
+"""Settings for the test suite and the worker subprocesses it starts: real Postgres and Redis, short leases."""
+
+import os
+import tempfile
+
+os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/durable_agents")
+os.environ.setdefault("CELERY_BROKER_URL", "redis://127.0.0.1:6379/15")
+os.environ.setdefault("DURABLE_SWEEP_SECONDS", "0.5")
+os.environ.setdefault("DURABLE_VAR_DIR", tempfile.mkdtemp(prefix="durable-tests-"))
+
+from project.settings import *  # noqa: E402,F403
+from project.settings import INSTALLED_APPS, VAR_DIR  # noqa: E402
+
+INSTALLED_APPS = [*INSTALLED_APPS, "tests.testapp"]
+MEDIA_ROOT = VAR_DIR / "media"
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+DURABLE_AGENTS = {
+    # Short leases so a killed worker's run is recovered within seconds; the heartbeat keeps slow steps alive.
+    "LEASE_SECONDS": float(os.environ.get("DURABLE_LEASE_SECONDS", "2")),
+    "IDLE_RESWEEP_SECONDS": 1.0,
+    "RETRY_BACKOFF_SECONDS": 0.05,
+    "RETRY_BACKOFF_MAX_SECONDS": 0.5,
+    "STUCK_AFTER_SECONDS": 60.0,
+}
