@@ -16,13 +16,14 @@ from django.db import transaction
 
 from durable_agents import clock
 from durable_agents.conf import settings
+from durable_agents.engine import hotpath
 from durable_agents.engine.context import StepContext
 from durable_agents.engine.events import record_event
-from durable_agents.engine.lease import Claim, Heartbeat, claim_run
+from durable_agents.engine.lease import Claim, Heartbeat, as_uuid, claim_run, lease_seconds, worker_id
 from durable_agents.engine.payloads import StoredResult, store_result
 from durable_agents.engine.retry import Failure, classify
 from durable_agents.engine.runs import settle_cancellation
-from durable_agents.engine.wake import wake_on_commit
+from durable_agents.engine.wake import wake, wake_on_commit
 from durable_agents.errors import DurableAgentsError, LeaseLostError, PermanentError
 from durable_agents.models import Run, RunStatus, Step, StepStatus
 from durable_agents.workflows import RetryPolicy, StepDef, Workflow, registry
@@ -44,15 +45,14 @@ class Outcome(StrEnum):
 
 def advance(run_id: uuid.UUID | str) -> Outcome:
     """Advance one run by exactly one step. Safe to call any number of times, concurrently."""
-    claim = claim_run(run_id)
-    if claim is None:
+    claimed = _claim_and_load(as_uuid(run_id))
+    if claimed is None:
         return Outcome.CANCELLED if settle_cancellation(run_id) else Outcome.SKIPPED
+    claim, step = claimed
     if claim.previous_owner:
         record_event(claim.run_id, "lease_takeover", previous_owner=claim.previous_owner, token=claim.token)
-    if claim.cursor >= claim.step_count:
+    if step is None:
         return _finish_empty(claim)
-
-    step = Step.objects.select_related("run").live().get(run_id=claim.run_id, position=claim.cursor)
     run = step.run
     log = {"run_id": str(run.id), "step_id": step.step_id, "attempt": claim.attempt}
     try:
@@ -86,6 +86,20 @@ def advance(run_id: uuid.UUID | str) -> Outcome:
     return _commit(claim, step, stored, started_at)
 
 
+def _claim_and_load(run_id: uuid.UUID) -> tuple[Claim, Step | None] | None:
+    if hotpath.is_available():
+        return hotpath.claim_and_load(run_id, worker_id(), clock.now(), timedelta(seconds=lease_seconds()))
+    claim = claim_run(run_id)
+    if claim is None:
+        return None
+    step = (
+        Step.objects.select_related("run").live().filter(run_id=run_id, position=claim.cursor).order_by().first()
+        if claim.cursor < claim.step_count
+        else None
+    )
+    return claim, step
+
+
 def _execute(definition_set: Workflow, definition: StepDef, ctx: StepContext) -> Any:
     if definition.fn is None:
         raise PermanentError(f"step {definition.name!r} of {definition_set.label} has nothing to execute")
@@ -104,6 +118,13 @@ def _released(now: datetime) -> dict[str, Any]:
 def _commit(claim: Claim, step: Step, stored: StoredResult, started_at: datetime) -> Outcome:
     now = clock.now()
     last = claim.cursor + 1 >= claim.step_count
+    if hotpath.is_available():
+        if not hotpath.commit_checkpoint(claim, step, stored, started_at, now, final=last):
+            return _rejected(claim, step)
+        if last:
+            return Outcome.COMPLETED
+        wake(claim.run_id)
+        return Outcome.COMMITTED
     changes = {"cursor": claim.cursor + 1, "attempt": 0, **_released(now)}
     if last:
         changes.update(status=RunStatus.COMPLETED, output=stored.public_value, finished_at=now)
@@ -122,9 +143,7 @@ def _commit(claim: Claim, step: Step, stored: StoredResult, started_at: datetime
                 finished_at=now,
                 updated_at=now,
             )
-            if last:
-                record_event(claim.run_id, "completed", step_id=step.step_id)
-            else:
+            if not last:
                 wake_on_commit(claim.run_id)
     except LeaseLostError:
         return _rejected(claim, step)
@@ -188,10 +207,8 @@ def _fail(claim: Claim, step: Step, failure: Failure, started_at: datetime) -> O
 
 def _finish_empty(claim: Claim) -> Outcome:
     now = clock.now()
-    with transaction.atomic():
-        if _fenced(claim).update(status=RunStatus.COMPLETED, finished_at=now, attempt=0, **_released(now)) != 1:
-            return Outcome.LEASE_LOST
-        record_event(claim.run_id, "completed")
+    if _fenced(claim).update(status=RunStatus.COMPLETED, finished_at=now, attempt=0, **_released(now)) != 1:
+        return Outcome.LEASE_LOST
     return Outcome.COMPLETED
 
 

@@ -10,6 +10,7 @@ import logging
 import os
 import socket
 import threading
+import time
 import uuid
 from dataclasses import dataclass
 from datetime import timedelta
@@ -66,12 +67,16 @@ def _claim_sql() -> str:
     """
 
 
+def as_uuid(run_id: uuid.UUID | str) -> uuid.UUID:
+    return run_id if isinstance(run_id, uuid.UUID) else uuid.UUID(str(run_id))
+
+
 def claim_run(run_id: uuid.UUID | str) -> Claim | None:
     """Take the run's lease iff it is runnable and its lease is free or expired; None otherwise.
 
     One statement, no transaction: a duplicate delivery of the same message matches 0 rows.
     """
-    run_uuid = run_id if isinstance(run_id, uuid.UUID) else uuid.UUID(str(run_id))
+    run_uuid = as_uuid(run_id)
     now = clock.now()
     owner = worker_id()
     adapt = connection.ops.adapt_datetimefield_value
@@ -110,39 +115,84 @@ def renew_lease(claim: Claim) -> bool:
 
 
 class Heartbeat:
-    """Renews a lease every third of its length while a step runs; opens a DB connection only if needed.
+    """Keeps a claim's lease alive while its step runs; `lost` turns True if another worker took the run.
 
     Usage::
 
         with Heartbeat(claim) as beat:
             run_the_step()
         if beat.lost: ...
+
+    One renewer thread per process serves every heartbeat: entering and leaving costs a dict operation,
+    not a thread start, and the thread opens a database connection only when a step outlives a third
+    of its lease.
     """
 
     def __init__(self, claim: Claim) -> None:
         self.claim = claim
         self.lost = False
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._beat, name=f"lease-{claim.run_id}", daemon=True)
+        self.renewed_at = time.monotonic()
 
     def __enter__(self) -> Heartbeat:
-        self._thread.start()
+        _renewer().add(self)
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        self._stop.set()
-        self._thread.join()
+        _renewer().discard(self)
 
-    def _beat(self) -> None:
-        interval = lease_seconds() / 3
+
+class _Renewer:
+    """The process's lease-renewal thread (started lazily, and again in a forked child)."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self._beats: set[Heartbeat] = set()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="durable-lease-renewer", daemon=True)
+        self._thread.start()
+
+    def add(self, beat: Heartbeat) -> None:
+        with self._lock:
+            self._beats.add(beat)
+
+    def discard(self, beat: Heartbeat) -> None:
+        with self._lock:
+            self._beats.discard(beat)
+
+    def _run(self) -> None:
+        while True:
+            interval = lease_seconds() / 3
+            time.sleep(interval / 4)
+            with self._lock:
+                due = [b for b in self._beats if time.monotonic() - b.renewed_at >= interval]
+            for beat in due:
+                self._renew(beat)
+            if due:
+                # The thread's own connection: closed between rounds so an idle worker holds none.
+                connections.close_all()
+
+    def _renew(self, beat: Heartbeat) -> None:
         try:
-            while not self._stop.wait(interval):
-                if not renew_lease(self.claim):
-                    self.lost = True
-                    logger.warning("lease lost run=%s token=%s", self.claim.run_id, self.claim.token)
-                    return
+            if renew_lease(beat.claim):
+                beat.renewed_at = time.monotonic()
+                return
+            beat.lost = True
+            logger.warning("lease lost run=%s token=%s", beat.claim.run_id, beat.claim.token)
         except Exception:
             # A failed renewal is not fatal: the commit is fenced by the token either way.
-            logger.exception("lease renewal failed run=%s", self.claim.run_id)
-        finally:
-            connections.close_all()
+            logger.exception("lease renewal failed run=%s", beat.claim.run_id)
+        with self._lock:
+            self._beats.discard(beat)
+
+
+_the_renewer: _Renewer | None = None
+_renewer_lock = threading.Lock()
+
+
+def _renewer() -> _Renewer:
+    global _the_renewer
+    if _the_renewer is None or _the_renewer.pid != os.getpid():
+        with _renewer_lock:
+            if _the_renewer is None or _the_renewer.pid != os.getpid():
+                _the_renewer = _Renewer()
+    return _the_renewer

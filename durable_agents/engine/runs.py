@@ -48,7 +48,6 @@ def start_run(
     *,
     idempotency_key: str | None = None,
     version: int | None = None,
-    actor: str = "",
 ) -> Run:
     """Create a run and its plan rows in one transaction; a worker is woken once it commits."""
     run_input = {} if run_input is None else run_input
@@ -86,7 +85,6 @@ def start_run(
                 )
                 for position, element in enumerate(plan)
             )
-            record_event(run.id, "created", actor=actor, workflow=definition.label, steps=len(plan))
             wake_on_commit(run.id)
     except IntegrityError as exc:
         # Two starts with one key raced; the loser returns the winner's run (or the reuse error).

@@ -52,8 +52,8 @@ def test_commands__start_show_runs_cancel_resume_round_trip(manage):
     assert shown["status"] == "completed"
     assert [s["status"] for s in shown["step_rows"]] == ["done", "done"]
     kinds = [e["kind"] for e in shown["events"]]
-    assert kinds[:3] == ["created", "cancelled", "resumed"] and kinds[-1] == "completed"
-    assert shown["events"][1]["actor"] == "alice"
+    assert kinds == ["cancelled", "resumed"]
+    assert shown["events"][0]["actor"] == "alice"
     text = manage("durable_show", run_id)
     assert "s001" in text.stdout and "done" in text.stdout
 

@@ -1,0 +1,26 @@
+"""Raw Celery no-op tasks, the baseline the durable step is measured against (same broker, same settings)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import redis
+from celery import shared_task
+
+_redis = redis.Redis.from_url(os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/13"))
+
+
+@shared_task(name="bench.hop", acks_late=True, reject_on_worker_lost=True, ignore_result=True)
+def hop(remaining: int, key: str) -> None:
+    """A chain of no-op hops: each task sends the next, like a run's steps do."""
+    if remaining > 1:
+        hop.delay(remaining - 1, key)
+    else:
+        _redis.set(key, time.time())
+
+
+@shared_task(name="bench.noop", acks_late=True, reject_on_worker_lost=True, ignore_result=True)
+def noop(key: str) -> None:
+    """One independent no-op task; counts itself so the bench knows when all are done."""
+    _redis.incr(key)

@@ -1,0 +1,164 @@
+"""Step cost: sequential durable no-op steps and one-step-run throughput, beside raw Celery no-op tasks.
+
+    python bench/steps.py [--steps 500] [--runs 500] [--workers 2]
+
+Needs Postgres and Redis (scripts/test starts them). Prints figures and ratios; asserts nothing.
+Both sides use the same broker, worker pool and Celery settings (acks_late, prefetch 1), measured in the
+same run. Postgres figures come from pg_stat_database deltas: transactions, and new sessions per step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+DB_NAME = "durable_bench"
+BROKER = os.environ.get("BENCH_BROKER_URL", "redis://127.0.0.1:6379/14")
+os.environ.update(
+    DJANGO_SETTINGS_MODULE="project.settings",
+    DATABASE_URL=f"postgres://postgres@127.0.0.1:5432/{DB_NAME}",
+    CELERY_BROKER_URL=BROKER,
+    DURABLE_LOG_LEVEL="ERROR",
+)
+
+
+def _prepare_database() -> None:
+    subprocess.run(
+        ["psql", "-h", "127.0.0.1", "-U", "postgres", "-qc", f"DROP DATABASE IF EXISTS {DB_NAME}"],
+        check=True,
+        capture_output=True,
+    )
+    subprocess.run(["psql", "-h", "127.0.0.1", "-U", "postgres", "-qc", f"CREATE DATABASE {DB_NAME}"], check=True)
+    subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, check=True)
+
+
+_prepare_database()
+
+import django  # noqa: E402
+
+django.setup()
+
+import redis  # noqa: E402
+from django.db import connection, transaction  # noqa: E402
+from django.test.utils import CaptureQueriesContext  # noqa: E402
+
+from bench.baseline import _redis, hop, noop  # noqa: E402
+from durable_agents import api  # noqa: E402
+from durable_agents.engine.advance import advance  # noqa: E402
+from durable_agents.models import Run  # noqa: E402
+from durable_agents.testing import WorkerProcess, wait_for  # noqa: E402
+
+
+def pg_counters() -> tuple[int, int]:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT xact_commit, sessions FROM pg_stat_database WHERE datname = %s", [DB_NAME])
+        return cursor.fetchone()
+
+
+def start_workers(n: int) -> list[WorkerProcess]:
+    workers = [
+        WorkerProcess(name=f"bench-{i}", extra_args=["--include", "bench.baseline"], cwd=ROOT).start() for i in range(n)
+    ]
+    # Warm up: one hop through each worker so imports and connections are made before timing.
+    key = f"warm-{uuid.uuid4()}"
+    for _ in range(n * 4):
+        noop.delay(key)
+    wait_for(lambda: int(_redis.get(key) or 0) >= n * 4, timeout=60, what="workers to start")
+    return workers
+
+
+def sequential(steps: int) -> tuple[float, float, float, float]:
+    key = f"hop-{uuid.uuid4()}"
+    began = time.time()
+    hop.delay(steps, key)
+    wait_for(lambda: _redis.get(key), timeout=600, interval=0.01, what="the hop chain")
+    raw = (float(_redis.get(key)) - began) / steps
+
+    time.sleep(1.5)
+    xact0, sessions0 = pg_counters()
+    run = api.start("noop", {"steps": steps})
+    done = wait_for(
+        lambda: Run.objects.filter(pk=run.id, status="completed").first(),
+        timeout=600,
+        interval=0.01,
+        what="the durable run",
+    )
+    durable = (done.finished_at - done.created_at).total_seconds() / steps
+    time.sleep(1.5)  # backends report their statistics at most once a second, when idle
+    xact1, sessions1 = pg_counters()
+    return raw, durable, (xact1 - xact0) / steps, (sessions1 - sessions0) / steps
+
+
+def throughput(runs: int) -> tuple[float, float, float]:
+    key = f"noop-{uuid.uuid4()}"
+    began = time.monotonic()
+    for _ in range(runs):
+        noop.delay(key)
+    wait_for(lambda: int(_redis.get(key) or 0) >= runs, timeout=600, interval=0.01, what="raw tasks")
+    raw = runs / (time.monotonic() - began)
+
+    # All runs are created in one transaction, so their wake-ups go out together on commit and the
+    # figure measures the workers, not this process's start() loop (reported separately).
+    made = time.monotonic()
+    with transaction.atomic():
+        ids = [api.start("noop", {"steps": 1}).id for _ in range(runs)]
+        began = time.monotonic()
+    starts = runs / (began - made)
+    wait_for(
+        lambda: Run.objects.filter(pk__in=ids, status="completed").count() == runs,
+        timeout=600,
+        interval=0.05,
+        what="durable one-step runs",
+    )
+    durable = runs / (time.monotonic() - began)
+    return raw, durable, starts
+
+
+def statements_per_step() -> int:
+    run = api.start("noop", {"steps": 3})
+    Run.objects.filter(pk=run.id).update(status="running")  # keep workers out: claim it here
+    Run.objects.filter(pk=run.id).update(status="pending")
+    advance(run.id)
+    with CaptureQueriesContext(connection) as queries:
+        advance(run.id)
+    return len(queries.captured_queries)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=500)
+    parser.add_argument("--runs", type=int, default=500)
+    parser.add_argument("--workers", type=int, default=2)
+    args = parser.parse_args()
+    redis.Redis.from_url(BROKER).flushdb()
+    workers = start_workers(args.workers)
+    try:
+        raw_hop, durable_step, xacts, sessions = sequential(args.steps)
+        raw_tps, durable_tps, starts = throughput(args.runs)
+    finally:
+        for worker in workers:
+            worker.stop()
+    statements = statements_per_step()
+    print(f"\nstep cost — {args.workers} solo workers, Redis broker, Postgres, same Celery settings both sides")
+    print(f"{'measure':<44} {'raw celery':>12} {'durable':>12} {'ratio':>8}")
+    print(
+        f"{'sequential no-op step latency (ms)':<44} {raw_hop * 1000:>12.2f} {durable_step * 1000:>12.2f} "
+        f"{durable_step / raw_hop:>8.2f}"
+    )
+    print(f"{'one-step runs per second':<44} {raw_tps:>12.0f} {durable_tps:>12.0f} {raw_tps / durable_tps:>8.2f}")
+    print(f"api.start() calls per second from one process: {starts:.0f}")
+    print(
+        f"postgres per durable step: {xacts:.2f} transactions, {sessions:.3f} new connections; "
+        f"{statements} SQL statements in one advance (in-process)"
+    )
+
+
+if __name__ == "__main__":
+    main()
