@@ -18,6 +18,7 @@ from durable_agents.engine.runs import cancel_run, get_run, resume_run, start_ru
 from durable_agents.errors import (
     DefinitionError,
     DurableAgentsError,
+    EffectOutcomeUnknownError,
     IdempotencyKeyReusedError,
     InputTooLargeError,
     InvalidInputError,
@@ -27,14 +28,19 @@ from durable_agents.errors import (
     RetryableError,
     RunNotFoundError,
     StepNotFoundError,
+    ToolArgumentsError,
+    UnknownToolError,
     UnknownWorkflowError,
 )
 from durable_agents.models import Run, RunStatus, StepStatus
-from durable_agents.workflows import PlannedStep, RetryPolicy, Workflow, call, registry, workflow
+from durable_agents.tools import Field, Tool, tool
+from durable_agents.workflows import PlannedStep, RetryPolicy, Workflow, call, registry, tool_step, workflow
 
 __all__ = [
     "DefinitionError",
     "DurableAgentsError",
+    "EffectOutcomeUnknownError",
+    "Field",
     "IdempotencyKeyReusedError",
     "InputTooLargeError",
     "InvalidInputError",
@@ -50,6 +56,9 @@ __all__ = [
     "StepContext",
     "StepNotFoundError",
     "StepStatus",
+    "Tool",
+    "ToolArgumentsError",
+    "UnknownToolError",
     "UnknownWorkflowError",
     "Workflow",
     "call",
@@ -58,6 +67,8 @@ __all__ = [
     "registry",
     "resume",
     "start",
+    "tool",
+    "tool_step",
     "workflow",
 ]
 
@@ -75,9 +86,13 @@ def get(run_id: uuid.UUID | str) -> Run:
     return get_run(run_id)
 
 
-def cancel(run_id: uuid.UUID | str, reason: str = "", *, actor: str = "") -> Run:
-    """Cancel a run; a step already executing finishes and is checkpointed, then the run stops."""
-    return cancel_run(run_id, reason=reason, actor=actor)
+def cancel(run_id: uuid.UUID | str, reason: str = "", *, compensate: bool = False, actor: str = "") -> Run:
+    """Cancel a run; a step already executing finishes and is checkpointed, then the run stops.
+
+    With `compensate=True` the run first undoes its applied effects (newest first) through each tool's
+    compensating tool, each exactly once, then ends `cancelled`.
+    """
+    return cancel_run(run_id, reason=reason, actor=actor, compensate=compensate)
 
 
 def resume(run_id: uuid.UUID | str, from_step: str | None = None, *, actor: str = "") -> Run:

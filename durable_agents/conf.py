@@ -32,6 +32,8 @@ DEFAULTS: dict[str, Any] = {
     "RETRY_BACKOFF_MAX_SECONDS": 60.0,
     # A step claimed this many times without finishing (its worker keeps dying) fails as a crash loop.
     "MAX_CLAIMS_PER_STEP": 25,
+    # An external effect invoked this many times without a recorded outcome goes to an operator.
+    "EFFECT_MAX_INVOCATIONS": 10,
     # Callable path that wakes a run: the engine never imports Celery itself.
     "WAKER": "durable_agents.tasks.wake",
 }

@@ -15,7 +15,9 @@ DurableAgentsError
  ├── LeaseLostError               another worker holds the run now (this worker is a zombie)
  └── StepError                    raised by step code to control retries
       ├── RetryableError          transient: retry with backoff
+      │    └── EffectConflictError          the same effect is being applied elsewhere
       └── PermanentError          permanent: fail the step now
+           └── EffectOutcomeUnknownError    an external effect's outcome cannot be known
 """
 
 from __future__ import annotations
@@ -96,3 +98,11 @@ class ToolArgumentsError(InvalidInputError):
         if message is None and self.errors:
             message = f"{(self.__doc__ or '').strip().rstrip('.')}: {'; '.join(self.errors)}"
         super().__init__(message)
+
+
+class EffectOutcomeUnknownError(PermanentError):
+    """An external effect was invoked too often without a recorded outcome; an operator must decide."""
+
+
+class EffectConflictError(RetryableError):
+    """Another worker is applying the same effect right now; retry shortly."""

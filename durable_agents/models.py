@@ -36,6 +36,19 @@ class StepKind(models.TextChoices):
     TIMER = "timer"
     JUDGE = "judge"
     PLANNER = "planner"
+    COMPENSATE = "compensate"
+
+
+class EffectStatus(models.TextChoices):
+    PENDING = "pending"
+    APPLIED = "applied"
+    FAILED = "failed"
+    COMPENSATED = "compensated"
+
+
+class EffectKind(models.TextChoices):
+    EFFECT = "effect"
+    COMPENSATION = "compensation"
 
 
 ACTIVE_RUN_STATUSES = (RunStatus.PENDING, RunStatus.RUNNING, RunStatus.WAITING)
@@ -99,6 +112,10 @@ class Run(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
     cancel_reason = models.TextField(blank=True, default="")
+    # Saga: undo applied effects when cancelled (if asked) — the plan then ends with compensation steps,
+    # and the run finishes as `finish_as` (cancelled or failed) instead of completed.
+    cancel_compensate = models.BooleanField(default=False)
+    finish_as = models.CharField(max_length=16, blank=True, default="")
 
     objects = RunQuerySet.as_manager()
 
@@ -185,6 +202,41 @@ class Step(models.Model):
 
     def __str__(self) -> str:
         return f"{self.step_id} ({self.status})"
+
+
+class Effect(models.Model):
+    """The outbox row of one effectful tool invocation: written before the call, keyed for exactly-once."""
+
+    idempotency_key = models.CharField(max_length=300)
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="effects")
+    step = models.ForeignKey(Step, on_delete=models.SET_NULL, null=True, blank=True, related_name="effects")
+    kind = models.CharField(max_length=16, choices=EffectKind.choices, default=EffectKind.EFFECT)
+    tool = models.CharField(max_length=64)
+    args = models.JSONField(default=dict)
+    args_hash = models.CharField(max_length=64)
+    status = models.CharField(max_length=16, choices=EffectStatus.choices, default=EffectStatus.PENDING)
+    result = models.JSONField(null=True, blank=True)
+    error = models.JSONField(null=True, blank=True)
+    # Invocations started; for an external tool a crash after the call cannot tell whether it landed.
+    attempts = models.PositiveIntegerField(default=0)
+    # Set when the outcome cannot be known any more: an operator must decide (never retried forever).
+    needs_attention = models.TextField(blank=True, default="")
+    compensates = models.OneToOneField(
+        "self", on_delete=models.CASCADE, null=True, blank=True, related_name="compensation"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    applied_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["run", "id"]
+        constraints = [
+            models.UniqueConstraint(fields=["idempotency_key"], name="durable_effect_key_uniq"),
+        ]
+        indexes = [models.Index(fields=["run", "status"], name="durable_effect_run_status")]
+
+    def __str__(self) -> str:
+        return f"{self.tool} {self.idempotency_key} ({self.status})"
 
 
 class Event(models.Model):

@@ -23,7 +23,9 @@ from typing import Any
 
 from durable_agents.conf import settings
 from durable_agents.errors import DefinitionError, InvalidInputError, UnknownWorkflowError
+from durable_agents.tools import Tool
 
+ON_FAILURE_POLICIES = ("fail", "compensate")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,199}$")
 
 
@@ -82,6 +84,30 @@ def call(name: str, fn: Callable[..., Any], *, retry: RetryPolicy | None = None)
     return StepDef(name=name, kind="call", fn=fn, retry=retry)
 
 
+def tool_step(
+    name: str,
+    tool: Tool[..., Any],
+    args: Mapping[str, Any] | Callable[[Any], Mapping[str, Any]] | None = None,
+    *,
+    retry: RetryPolicy | None = None,
+) -> StepDef:
+    """A step that invokes one tool: effectful tools get an idempotency key stable across re-executions.
+
+    `args` is a dict (merged with the plan element's args) or `fn(ctx) -> dict` built from the run input
+    and earlier results. Example::
+
+        tool_step("refund", issue_refund, lambda ctx: {"order_id": ctx.input["order_id"], "amount": "10.00"})
+    """
+    if not isinstance(tool, Tool):
+        raise DefinitionError(f"tool step {name!r}: {tool!r} is not a @tool")
+
+    def invoke(ctx: Any) -> Any:
+        values = args(ctx) if callable(args) else {**(args or {}), **ctx.args}
+        return ctx.call_tool(tool, values)
+
+    return StepDef(name=name, kind="tool", fn=invoke, retry=retry, options={"tool": tool.name})
+
+
 @dataclass(frozen=True)
 class Workflow:
     """A named, versioned workflow definition. Build it with `workflow(...)`, which also registers it."""
@@ -93,8 +119,15 @@ class Workflow:
     retry: RetryPolicy = RetryPolicy()
     validate_input: Callable[[Any], None] | None = None
     description: str = ""
+    # "fail": a failed step fails the run; "compensate": first undo applied effects, newest first (saga).
+    on_failure: str = "fail"
 
     def __post_init__(self) -> None:
+        if self.on_failure not in ON_FAILURE_POLICIES:
+            raise DefinitionError(
+                f"workflow {self.name!r}: on_failure must be one of {', '.join(ON_FAILURE_POLICIES)}, "
+                f"got {self.on_failure!r}"
+            )
         if not isinstance(self.name, str) or not NAME_RE.match(self.name):
             raise DefinitionError(f"workflow name {self.name!r} must match {NAME_RE.pattern}")
         if not isinstance(self.version, int) or isinstance(self.version, bool) or self.version < 1:
@@ -203,6 +236,7 @@ def workflow(
     retry: RetryPolicy | None = None,
     validate_input: Callable[[Any], None] | None = None,
     description: str = "",
+    on_failure: str = "fail",
     replace: bool = False,
 ) -> Workflow:
     """Define and register a workflow. `plan(input)` builds a dynamic plan; by default each step runs once.
@@ -220,5 +254,6 @@ def workflow(
         retry=retry or RetryPolicy(),
         validate_input=validate_input,
         description=description,
+        on_failure=on_failure,
     )
     return registry.register(definition, replace=replace)

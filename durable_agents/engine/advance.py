@@ -13,6 +13,7 @@ from enum import StrEnum
 from typing import Any
 
 from django.db import transaction
+from django.db.models import F
 
 from durable_agents import clock
 from durable_agents.conf import settings
@@ -23,9 +24,10 @@ from durable_agents.engine.lease import Claim, Heartbeat, as_uuid, claim_run, le
 from durable_agents.engine.payloads import StoredResult, store_result
 from durable_agents.engine.retry import Failure, classify
 from durable_agents.engine.runs import settle_cancellation
+from durable_agents.engine.saga import COMPENSATION, plan_compensation_txn
 from durable_agents.engine.wake import wake, wake_on_commit
 from durable_agents.errors import DurableAgentsError, LeaseLostError, PermanentError
-from durable_agents.models import Run, RunStatus, Step, StepStatus
+from durable_agents.models import Run, RunStatus, Step, StepKind, StepStatus
 from durable_agents.workflows import RetryPolicy, StepDef, Workflow, registry
 
 logger = logging.getLogger("durable_agents.engine")
@@ -40,6 +42,7 @@ class Outcome(StrEnum):
     RETRY = "retry"
     FAILED = "failed"
     CANCELLED = "cancelled"
+    COMPENSATING = "compensating"
     LEASE_LOST = "lease_lost"
 
 
@@ -57,10 +60,11 @@ def advance(run_id: uuid.UUID | str) -> Outcome:
     log = {"run_id": str(run.id), "step_id": step.step_id, "attempt": claim.attempt}
     try:
         definition_set = registry.get(run.workflow, run.workflow_version)
-        definition = definition_set.definition(step.name)
+        definition = COMPENSATION if step.kind == StepKind.COMPENSATE else definition_set.definition(step.name)
     except DurableAgentsError as exc:
         return _fail(claim, step, classify(PermanentError(str(exc)), RetryPolicy(), step.step_id), clock.now())
     policy = definition_set.retry_policy(definition)
+    compensate = definition_set.on_failure == "compensate"
 
     if claim.attempt > max(policy.attempts_allowed, int(settings.MAX_CLAIMS_PER_STEP)):
         failure = Failure(
@@ -69,7 +73,7 @@ def advance(run_id: uuid.UUID | str) -> Outcome:
             f"step was claimed {claim.attempt - 1} times without finishing; its worker keeps dying (OOM? SIGKILL?)",
             step.step_id,
         )
-        return _fail(claim, step, failure, clock.now())
+        return _fail(claim, step, failure, clock.now(), compensate=compensate)
 
     started_at = clock.now()
     logger.debug("step start", extra=log)
@@ -82,7 +86,7 @@ def advance(run_id: uuid.UUID | str) -> Outcome:
             logger.warning("step error %s: %s", failure.type, failure.message, extra=log)
             if failure.transient and claim.attempt < policy.attempts_allowed:
                 return _retry(claim, step, failure, policy.delay(claim.attempt), started_at)
-            return _fail(claim, step, failure, started_at)
+            return _fail(claim, step, failure, started_at, compensate=compensate)
     return _commit(claim, step, stored, started_at)
 
 
@@ -127,7 +131,8 @@ def _commit(claim: Claim, step: Step, stored: StoredResult, started_at: datetime
         return Outcome.COMMITTED
     changes = {"cursor": claim.cursor + 1, "attempt": 0, **_released(now)}
     if last:
-        changes.update(status=RunStatus.COMPLETED, output=stored.public_value, finished_at=now)
+        output = None if claim.finish_as else stored.public_value
+        changes.update(status=claim.finish_as or RunStatus.COMPLETED, output=output, finished_at=now)
     try:
         with transaction.atomic():
             if _fenced(claim).update(**changes) != 1:
@@ -180,26 +185,32 @@ def _retry(claim: Claim, step: Step, failure: Failure, delay: float, started_at:
     return Outcome.RETRY
 
 
-def _fail(claim: Claim, step: Step, failure: Failure, started_at: datetime) -> Outcome:
+def _fail(claim: Claim, step: Step, failure: Failure, started_at: datetime, *, compensate: bool = False) -> Outcome:
+    """Fail the step; the run fails too, or first compensates its applied effects if the workflow says so."""
     now = clock.now()
+    error = failure.as_error()
     try:
         with transaction.atomic():
-            if (
-                _fenced(claim).update(
-                    status=RunStatus.FAILED, error=failure.as_error(), finished_at=now, **_released(now)
-                )
-                != 1
-            ):
+            if _fenced(claim).update(**_released(now)) != 1:
                 raise LeaseLostError()
             Step.objects.filter(pk=step.pk).update(
                 status=StepStatus.FAILED,
-                error=failure.as_error(),
+                error=error,
                 attempts=claim.attempt,
                 started_at=started_at,
                 finished_at=now,
                 updated_at=now,
             )
-            record_event(claim.run_id, "failed", step_id=step.step_id, attempt=claim.attempt, error=failure.as_error())
+            record_event(claim.run_id, "failed", step_id=step.step_id, attempt=claim.attempt, error=error)
+            fields = {"error": error, "lease_token": F("lease_token") + 1}
+            if (
+                compensate
+                and not claim.finish_as
+                and plan_compensation_txn(claim.run_id, finish_as=RunStatus.FAILED, now=now, fields=fields)
+            ):
+                wake_on_commit(claim.run_id)
+                return Outcome.COMPENSATING
+            Run.objects.filter(pk=claim.run_id).update(status=RunStatus.FAILED, finished_at=now, **fields)
     except LeaseLostError:
         return _rejected(claim, step)
     return Outcome.FAILED
@@ -207,7 +218,8 @@ def _fail(claim: Claim, step: Step, failure: Failure, started_at: datetime) -> O
 
 def _finish_empty(claim: Claim) -> Outcome:
     now = clock.now()
-    if _fenced(claim).update(status=RunStatus.COMPLETED, finished_at=now, attempt=0, **_released(now)) != 1:
+    status = claim.finish_as or RunStatus.COMPLETED
+    if _fenced(claim).update(status=status, finished_at=now, attempt=0, **_released(now)) != 1:
         return Outcome.LEASE_LOST
     return Outcome.COMPLETED
 

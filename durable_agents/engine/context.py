@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
 from durable_agents import clock
+from durable_agents.engine.effects import invoke_tool
 from durable_agents.engine.payloads import load_result
 from durable_agents.errors import StepNotFoundError
 from durable_agents.models import Run, Step, StepStatus
+from durable_agents.tools import Tool, tools
 
 
 class StepContext:
@@ -27,6 +30,7 @@ class StepContext:
         self.step = step
         self.attempt = attempt
         self._heartbeat = heartbeat
+        self._tool_calls = 0
 
     @property
     def run_id(self) -> uuid.UUID:
@@ -55,6 +59,23 @@ class StepContext:
     def idempotency_key(self, *parts: str) -> str:
         """A key stable across retries and resumes of this step: run id, step id and your parts."""
         return ":".join([str(self.run.id), self.step.step_id, *parts])
+
+    def call_tool(self, tool: Tool[..., Any] | str, args: Mapping[str, Any], *, key: str | None = None) -> Any:
+        """Invoke a tool from this step. Effectful tools get an outbox row and a key that is the same
+        every time this step re-executes (n-th call of this step), so an applied effect is never repeated.
+
+        Example: ``ctx.call_tool(issue_refund, {"order_id": "A1", "amount": "10.00"})``
+        """
+        resolved = tools.get(tool) if isinstance(tool, str) else tool
+        self._tool_calls += 1
+        return invoke_tool(
+            resolved,
+            args,
+            key=key or self.idempotency_key(resolved.name, str(self._tool_calls)),
+            run_id=self.run.id,
+            step_pk=self.step.pk,
+            ctx=self,
+        )
 
     def result(self, step_id: str) -> Any:
         """The committed result of an earlier step of this run."""

@@ -43,7 +43,8 @@ def _claim_and_load_sql() -> str:
                AND (wake_at IS NULL OR wake_at <= %(now)s)
          RETURNING *
         )
-        SELECT c.lease_token, c.cursor, c.step_count, c.attempt, c.previous_lease_owner, {run_cols}, {step_cols}
+        SELECT c.lease_token, c.cursor, c.step_count, c.attempt, c.previous_lease_owner, c.finish_as,
+               {run_cols}, {step_cols}
           FROM c LEFT JOIN {step} s ON s.run_id = c.id AND s.position = c.cursor AND s.status <> %(superseded)s
     """
 
@@ -64,10 +65,10 @@ def claim_and_load(run_id: uuid.UUID, owner: str, now: datetime, lease: timedelt
         row = cursor.fetchone()
     if row is None:
         return None
-    token, position, step_count, attempt, previous_owner = row[:5]
-    claim = Claim(run_id, token, owner, position, step_count, attempt, previous_owner or "")
-    run_values = (run_id, *row[5 : 5 + len(RUN_FIELDS) - 1])
-    step_values = row[5 + len(RUN_FIELDS) - 1 :]
+    token, position, step_count, attempt, previous_owner, finish_as = row[:6]
+    claim = Claim(run_id, token, owner, position, step_count, attempt, previous_owner or "", finish_as or "")
+    run_values = (run_id, *row[6 : 6 + len(RUN_FIELDS) - 1])
+    step_values = row[6 + len(RUN_FIELDS) - 1 :]
     if step_values[0] is None:
         return claim, None
     run = Run.from_db(connection.alias, RUN_FIELDS, _decode(Run, RUN_FIELDS, run_values))
@@ -88,7 +89,7 @@ def _decode(model: Any, names: tuple[str, ...], values: tuple[Any, ...]) -> list
 @cache
 def _commit_sql(final: bool) -> str:
     run, step = Run._meta.db_table, Step._meta.db_table
-    finish = ", status = %(completed)s, output = %(output)s::jsonb, finished_at = %(now)s" if final else ""
+    finish = ", status = %(final_status)s, output = %(output)s::jsonb, finished_at = %(now)s" if final else ""
     return f"""
         WITH r AS (
             UPDATE {run}
@@ -120,10 +121,11 @@ def commit_checkpoint(
         "now": now,
         "running": RunStatus.RUNNING.value,
         "done": StepStatus.DONE.value,
-        "completed": RunStatus.COMPLETED.value,
+        "final_status": claim.finish_as or RunStatus.COMPLETED.value,
         "step_pk": step.pk,
         "result": _jsonb(stored.inline),
-        "output": _jsonb(stored.public_value),
+        # A run that compensated ends cancelled or failed: it has no output.
+        "output": None if claim.finish_as else _jsonb(stored.public_value),
         "ref": stored.ref,
         "sha": stored.sha256,
         "attempts": claim.attempt,

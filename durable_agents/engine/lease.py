@@ -40,6 +40,8 @@ class Claim:
     step_count: int
     attempt: int
     previous_owner: str
+    # Non-empty while a saga compensates: the run ends with this status instead of `completed`.
+    finish_as: str = ""
 
 
 def lease_seconds() -> float:
@@ -63,7 +65,7 @@ def _claim_sql() -> str:
            AND cancel_requested_at IS NULL
            AND (lease_expires_at IS NULL OR lease_expires_at < %s)
            AND (wake_at IS NULL OR wake_at <= %s)
-     RETURNING lease_token, cursor, step_count, attempt, previous_lease_owner
+     RETURNING lease_token, cursor, step_count, attempt, previous_lease_owner, finish_as
     """
 
 
@@ -96,7 +98,7 @@ def claim_run(run_id: uuid.UUID | str) -> Claim | None:
         row = cursor.fetchone()
     if row is None:
         return None
-    token, position, step_count, attempt, previous_owner = row
+    token, position, step_count, attempt, previous_owner, finish_as = row
     return Claim(
         run_id=run_uuid,
         token=token,
@@ -105,6 +107,7 @@ def claim_run(run_id: uuid.UUID | str) -> Claim | None:
         step_count=step_count,
         attempt=attempt,
         previous_owner=previous_owner or "",
+        finish_as=finish_as or "",
     )
 
 

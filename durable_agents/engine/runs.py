@@ -11,11 +11,13 @@ from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
-from django.db.models import F, Q
+from django.db.models import F, Q, Value
+from django.db.models.functions import Coalesce
 
 from durable_agents import clock
 from durable_agents.engine.events import record_event
 from durable_agents.engine.payloads import check_input
+from durable_agents.engine.saga import plan_compensation_txn
 from durable_agents.engine.wake import wake_on_commit
 from durable_agents.errors import (
     IdempotencyKeyReusedError,
@@ -104,56 +106,74 @@ def _same_run_or_error(existing: Run, workflow: str, input_hash: str, cause: Exc
     return existing
 
 
-def cancel_run(run_id: uuid.UUID | str, *, reason: str = "", actor: str = "") -> Run:
-    """Cancel a run. A run no worker holds is cancelled now; a running step finishes, then the run stops."""
+def cancel_run(run_id: uuid.UUID | str, *, reason: str = "", actor: str = "", compensate: bool = False) -> Run:
+    """Cancel a run. A run no worker holds stops now; a running step finishes first, then the run stops.
+
+    With `compensate`, the run first undoes its applied effects, newest first, then ends `cancelled`.
+    """
     run = get_run(run_id)
     now = clock.now()
     if run.is_finished:
         raise InvalidTransitionError(f"run {run.id} is already {run.status}; there is nothing to cancel")
     with transaction.atomic():
-        cancelled = Run.objects.filter(_lease_is_free(now), pk=run.id, status__in=ACTIVE_RUN_STATUSES).update(
-            status=RunStatus.CANCELLED,
-            cancel_requested_at=now,
-            cancel_reason=reason,
-            finished_at=now,
-            updated_at=now,
-            lease_token=F("lease_token") + 1,
-            lease_owner="",
-            lease_expires_at=None,
-            wake_at=None,
-        )
-        if cancelled:
-            record_event(run.id, "cancelled", step_id=_current_step_id(run), actor=actor, reason=reason)
+        if _take_txn(Q(pk=run.id, status__in=ACTIVE_RUN_STATUSES), now, cancel_reason=reason):
+            _stop_txn(run.id, now, compensate=compensate, actor=actor, reason=reason)
         else:
             requested = Run.objects.filter(
                 pk=run.id, status__in=ACTIVE_RUN_STATUSES, cancel_requested_at__isnull=True
-            ).update(cancel_requested_at=now, cancel_reason=reason)
+            ).update(cancel_requested_at=now, cancel_reason=reason, cancel_compensate=compensate)
             if not requested and not Run.objects.filter(pk=run.id, status__in=ACTIVE_RUN_STATUSES).exists():
                 run.refresh_from_db()
                 raise InvalidTransitionError(f"run {run.id} is already {run.status}; there is nothing to cancel")
-            record_event(run.id, "cancel_requested", actor=actor, reason=reason, holder=run.lease_owner)
+            record_event(
+                run.id, "cancel_requested", actor=actor, reason=reason, holder=run.lease_owner, compensate=compensate
+            )
     run.refresh_from_db()
     return run
 
 
 def settle_cancellation(run_id: uuid.UUID | str) -> bool:
-    """Finish a requested cancellation once no worker holds the run; True if it was cancelled now."""
+    """Finish a requested cancellation once no worker holds the run; True if it stopped (or compensates) now."""
     now = clock.now()
     with transaction.atomic():
-        done = Run.objects.filter(
-            _lease_is_free(now), pk=run_id, status__in=ACTIVE_RUN_STATUSES, cancel_requested_at__isnull=False
-        ).update(
-            status=RunStatus.CANCELLED,
-            finished_at=now,
-            updated_at=now,
+        taken = _take_txn(Q(pk=run_id, status__in=ACTIVE_RUN_STATUSES, cancel_requested_at__isnull=False), now)
+        if taken:
+            compensate = Run.objects.filter(pk=run_id, cancel_compensate=True).exists()
+            _stop_txn(run_id, now, compensate=compensate, reason="cancel requested while a step ran")
+    return bool(taken)
+
+
+def _take_txn(condition: Q, now: Any, **changes: Any) -> bool:
+    """Take a run no worker holds: bump the token (fencing any zombie) and release the lease."""
+    return bool(
+        Run.objects.filter(_lease_is_free(now), condition).update(
             lease_token=F("lease_token") + 1,
             lease_owner="",
             lease_expires_at=None,
             wake_at=None,
+            updated_at=now,
+            **changes,
         )
-        if done:
-            record_event(run_id, "cancelled", reason="cancel requested while a step ran")
-    return bool(done)
+    )
+
+
+def _stop_txn(run_id: Any, now: Any, *, compensate: bool, reason: str, actor: str = "") -> None:
+    """Cancel a taken run, or turn it into a compensating run that ends cancelled."""
+    step_id = _current_step_id(Run.objects.only("id", "cursor").get(pk=run_id))
+    already_compensating = Run.objects.filter(pk=run_id).exclude(finish_as="").exists()
+    fields = {"status": RunStatus.PENDING, "cancel_requested_at": None, "cancel_compensate": False}
+    if (
+        compensate
+        and not already_compensating
+        and plan_compensation_txn(run_id, finish_as=RunStatus.CANCELLED, now=now, fields=fields)
+    ):
+        record_event(run_id, "cancel_compensating", step_id=step_id, actor=actor, reason=reason)
+        wake_on_commit(run_id)
+        return
+    Run.objects.filter(pk=run_id).update(
+        status=RunStatus.CANCELLED, finished_at=now, cancel_requested_at=Coalesce("cancel_requested_at", Value(now))
+    )
+    record_event(run_id, "cancelled", step_id=step_id, actor=actor, reason=reason)
 
 
 def resume_run(run_id: uuid.UUID | str, *, from_step: str | None = None, actor: str = "") -> Run:

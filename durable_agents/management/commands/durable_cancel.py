@@ -15,13 +15,19 @@ class Command(DurableCommand):
         super().add_arguments(parser)
         parser.add_argument("run_ids", nargs="+", metavar="RUN_ID")
         parser.add_argument("--reason", default="", help="why (recorded in the history)")
+        parser.add_argument("--compensate", action="store_true", help="first undo applied effects, newest first (saga)")
         parser.add_argument("--as", dest="actor", default="cli", help="who is acting (recorded in the history)")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        results = [api.cancel(run_id, options["reason"], actor=options["actor"]) for run_id in options["run_ids"]]
+        results = [
+            api.cancel(run_id, options["reason"], compensate=options["compensate"], actor=options["actor"])
+            for run_id in options["run_ids"]
+        ]
         if options["json"]:
             self.emit_json([{"id": str(run.id), "status": run.status} for run in results])
         else:
             for run in results:
                 state = run.status if run.is_finished else f"{run.status} (cancel requested)"
+                if run.finish_as:
+                    state = f"{run.status} (compensating, then {run.finish_as})"
                 self.stdout.write(f"{run.id} {state}")
