@@ -106,6 +106,22 @@ def describe_run(run_id: uuid.UUID | str, *, events: int = 200) -> dict[str, Any
             }
             for s in steps
         ],
+        "finish_as": run.finish_as,
+        "effects": [
+            {
+                "key": e.idempotency_key,
+                "tool": e.tool,
+                "kind": e.kind,
+                "status": e.status,
+                "attempts": e.attempts,
+                "step_id": e.step.step_id if e.step else None,
+                "compensates": e.compensates.idempotency_key if e.compensates else None,
+                "applied_at": _iso(e.applied_at),
+                "error": e.error,
+                "needs_attention": e.needs_attention,
+            }
+            for e in run.effects.select_related("step", "compensates").order_by("id")
+        ],
         "events": [
             {
                 "at": _iso(e.created_at),

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import json
 import os
 import random
+import threading
 import time
+import urllib.error
+import urllib.request
+from decimal import Decimal
 from typing import Any
 
-from durable_agents.api import PlannedStep, RetryableError, RetryPolicy, StepContext, call, workflow
+from django.db import connections
+
+from durable_agents.api import PlannedStep, RetryableError, RetryPolicy, StepContext, call, tool, tool_step, workflow
 from durable_agents.models import Step, StepStatus
-from tests.testapp.models import Execution
+from tests.testapp.models import Execution, LedgerEntry
 
 
 def record_execution(ctx: StepContext) -> int:
@@ -67,3 +74,113 @@ workflow("flaky", steps=[call("flaky", _flaky, retry=RetryPolicy(max_attempts=4)
 workflow("broken", steps=[call("first", _record_step), call("broken", _permanent), call("never", _record_step)])
 workflow("slow", steps=[call("slow", _slow), call("after", _record_step)])
 workflow("big", steps=[call("big", _big), call("reads_big", _reads_big)])
+
+
+# --- Effects: a transactional ledger tool with its compensator, and an external HTTP tool ------------------
+
+
+def mark(ctx: StepContext, point: str) -> bool:
+    """Record that `point` was reached, visibly at once even inside a transaction; False if reached before."""
+    name = f"{ctx.step_id}:{point}"
+    created: list[bool] = []
+
+    def insert() -> None:
+        # A thread has its own connection, so the marker commits even while the caller's transaction is open.
+        try:
+            if not Execution.objects.filter(run_id=ctx.run_id, step_id=name).exists():
+                Execution.objects.create(run_id=ctx.run_id, step_id=name, pid=os.getpid(), attempt=ctx.attempt)
+                created.append(True)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=insert)
+    thread.start()
+    thread.join()
+    return bool(created)
+
+
+def pause_once(ctx: StepContext, point: str) -> None:
+    """Sleep at `point` the first time it is reached, if the run input asks to (a window for SIGKILL).
+
+    The input names one point (`pause_at`, `pause_s`) or several (`pauses`: {point: seconds}).
+    """
+    if ctx is None:
+        return
+    pauses = ctx.input.get("pauses") or {ctx.input.get("pause_at"): ctx.input.get("pause_s", 30)}
+    if point in pauses and mark(ctx, point):
+        time.sleep(pauses[point])
+
+
+@tool(effectful=True, transactional=True, compensate="refund_charge")
+def charge(order_id: str, amount: Decimal, *, idempotency_key: str, ctx: StepContext | None) -> dict[str, Any]:
+    """Charge an order: a ledger row, in the same database as the run."""
+    entry = LedgerEntry.objects.create(idempotency_key=idempotency_key, order_id=order_id, amount=amount, kind="charge")
+    pause_once(ctx, "inside_charge")
+    return {"entry": entry.pk, "amount": str(amount)}
+
+
+@tool(effectful=True, transactional=True)
+def refund_charge(order_id: str, amount: Decimal, *, idempotency_key: str, ctx: StepContext | None) -> dict[str, Any]:
+    """Give a charge back: a negative ledger row."""
+    entry = LedgerEntry.objects.create(
+        idempotency_key=idempotency_key, order_id=order_id, amount=-amount, kind="refund"
+    )
+    pause_once(ctx, "inside_refund")
+    return {"entry": entry.pk}
+
+
+@tool(effectful=True)
+def notify(url: str, order_id: str, *, idempotency_key: str, ctx: StepContext) -> dict[str, Any]:
+    """Tell an outside system about the order, passing the key on so it can dedupe."""
+    request = urllib.request.Request(
+        url,
+        data=json.dumps({"order_id": order_id}).encode(),
+        method="POST",
+        headers={"Idempotency-Key": idempotency_key, "Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            answer = json.loads(response.read())
+    except urllib.error.URLError as exc:
+        raise RetryableError(f"notify failed: {exc.reason}") from exc
+    pause_once(ctx, "after_request")
+    return answer
+
+
+def _charge_step(ctx: StepContext) -> dict[str, Any]:
+    pause_once(ctx, "before_call")
+    result = ctx.call_tool(charge, {"order_id": ctx.input["order_id"], "amount": ctx.args.get("amount", "10.00")})
+    pause_once(ctx, "after_effect")
+    return result
+
+
+def _notify_step(ctx: StepContext) -> dict[str, Any]:
+    return ctx.call_tool(notify, {"url": ctx.input["url"], "order_id": ctx.input["order_id"]})
+
+
+def _hold(ctx: StepContext) -> dict[str, Any]:
+    pause_once(ctx, "hold")
+    return {}
+
+
+workflow("charge", steps=[call("charge", _charge_step), call("after", _record_step)])
+workflow("notify", steps=[call("notify", _notify_step), call("after", _record_step)])
+workflow(
+    "two_charges",
+    steps=[call("charge", _charge_step), call("hold", _hold), call("after", _record_step)],
+    plan=lambda inp: [
+        PlannedStep("charge-a", "charge", {"amount": "10.00"}),
+        PlannedStep("charge-b", "charge", {"amount": "20.00"}),
+        PlannedStep("hold", "hold"),
+        PlannedStep("after", "after"),
+    ],
+)
+workflow(
+    "charge_then_break",
+    steps=[call("charge", _charge_step), call("broken", _permanent)],
+    on_failure="compensate",
+)
+workflow(
+    "bad_tool_args",
+    steps=[tool_step("charge", charge, lambda ctx: {"order_id": ctx.input["order_id"], "amount": "ten"})],
+)

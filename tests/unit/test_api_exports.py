@@ -2,13 +2,41 @@
 
 from durable_agents import api
 
-PUBLIC_API = """
-    DefinitionError DurableAgentsError EffectOutcomeUnknownError Field IdempotencyKeyReusedError
-    InputTooLargeError InvalidInputError InvalidTransitionError LeaseLostError PermanentError PlannedStep
-    RetryPolicy RetryableError Run RunNotFoundError RunStatus StepContext StepNotFoundError StepStatus Tool
-    ToolArgumentsError UnknownToolError UnknownWorkflowError Workflow
-    call cancel get registry resume start tool tool_step workflow
-""".split()
+PUBLIC_API = [
+    "DefinitionError",
+    "DurableAgentsError",
+    "EffectOutcomeUnknownError",
+    "Field",
+    "IdempotencyKeyReusedError",
+    "InputTooLargeError",
+    "InvalidInputError",
+    "InvalidTransitionError",
+    "LeaseLostError",
+    "PermanentError",
+    "PlannedStep",
+    "RetryPolicy",
+    "RetryableError",
+    "Run",
+    "RunNotFoundError",
+    "RunStatus",
+    "StepContext",
+    "StepNotFoundError",
+    "StepStatus",
+    "Tool",
+    "ToolArgumentsError",
+    "UnknownToolError",
+    "UnknownWorkflowError",
+    "Workflow",
+    "call",
+    "cancel",
+    "get",
+    "registry",
+    "resume",
+    "start",
+    "tool",
+    "tool_step",
+    "workflow",
+]
 
 
 def test_api__exports_are_pinned():

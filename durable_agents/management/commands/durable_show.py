@@ -30,6 +30,11 @@ class Command(DurableCommand):
         for s in data["step_rows"]:
             took = f"{s['duration_ms']} ms" if s["duration_ms"] is not None else "-"
             write(f"  {s['position']:>4}  {s['step_id']:<24} {s['status']:<10} attempts {s['attempts']}  {took}")
+        if data["effects"]:
+            write("effects:")
+        for e in data["effects"]:
+            attention = f"  NEEDS ATTENTION: {e['needs_attention']}" if e["needs_attention"] else ""
+            write(f"  {e['tool']:<20} {e['status']:<12} attempts {e['attempts']}  key {e['key']}{attention}")
         write("events:")
         for e in data["events"]:
             write(f"  {e['at']}  {e['kind']:<24} {e['step_id'] or '-':<16} {e['actor'] or ''} {e['detail'] or ''}")
