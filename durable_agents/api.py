@@ -13,8 +13,10 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from durable_agents.agents.loop import agent
+from durable_agents.agents.participants import FunctionParticipant, ScriptedParticipant, participants
 from durable_agents.engine.context import StepContext
-from durable_agents.engine.runs import cancel_run, get_run, resume_run, start_run
+from durable_agents.engine.runs import cancel_run, get_run, resume_run, start_run, swap_participant
 from durable_agents.errors import (
     DefinitionError,
     DurableAgentsError,
@@ -41,6 +43,7 @@ __all__ = [
     "DurableAgentsError",
     "EffectOutcomeUnknownError",
     "Field",
+    "FunctionParticipant",
     "IdempotencyKeyReusedError",
     "InputTooLargeError",
     "InvalidInputError",
@@ -53,6 +56,7 @@ __all__ = [
     "Run",
     "RunNotFoundError",
     "RunStatus",
+    "ScriptedParticipant",
     "StepContext",
     "StepNotFoundError",
     "StepStatus",
@@ -61,12 +65,15 @@ __all__ = [
     "UnknownToolError",
     "UnknownWorkflowError",
     "Workflow",
+    "agent",
     "call",
     "cancel",
     "get",
+    "participants",
     "registry",
     "resume",
     "start",
+    "swap_participant",
     "tool",
     "tool_step",
     "workflow",

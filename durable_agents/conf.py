@@ -34,6 +34,17 @@ DEFAULTS: dict[str, Any] = {
     "MAX_CLAIMS_PER_STEP": 25,
     # An external effect invoked this many times without a recorded outcome goes to an operator.
     "EFFECT_MAX_INVOCATIONS": 10,
+    # The model agent steps use unless they name one: a current model of the installed SDK.
+    "DEFAULT_MODEL": "claude-sonnet-5-5",
+    # Who answers model turns by default: "anthropic" (Claude) or a registered participant name.
+    "DEFAULT_PARTICIPANT": "anthropic",
+    "MODEL_TIMEOUT_SECONDS": 120.0,
+    # USD per million tokens: (input, output, cache write, cache read), by model name prefix.
+    "MODEL_PRICES": {
+        "claude-opus": (15.0, 75.0, 18.75, 1.5),
+        "claude-sonnet": (3.0, 15.0, 3.75, 0.3),
+        "claude-haiku": (1.0, 5.0, 1.25, 0.1),
+    },
     # Callable path that wakes a run: the engine never imports Celery itself.
     "WAKER": "durable_agents.tasks.wake",
 }

@@ -13,11 +13,17 @@ DurableAgentsError
  ├── StepNotFoundError            the run has no step with that id
  ├── InvalidTransitionError       the run is not in a state that allows the operation
  ├── LeaseLostError               another worker holds the run now (this worker is a zombie)
+ ├── UnknownParticipantError      no participant (model, script, function) by that name
  └── StepError                    raised by step code to control retries
       ├── RetryableError          transient: retry with backoff
-      │    └── EffectConflictError          the same effect is being applied elsewhere
+      │    ├── EffectConflictError          the same effect is being applied elsewhere
+      │    └── ModelUnavailableError        connection, timeout, 429 (retry_after), 5xx, 529
       └── PermanentError          permanent: fail the step now
-           └── EffectOutcomeUnknownError    an external effect's outcome cannot be known
+           ├── EffectOutcomeUnknownError    an external effect's outcome cannot be known
+           ├── ModelRequestError            400/401/403/404/413 from the model API
+           ├── ModelRefusalError            stop_reason "refusal"
+           ├── ContextWindowExceededError   stop_reason "model_context_window_exceeded"
+           └── AgentLimitError              max_turns, or too many invalid tool calls
 """
 
 from __future__ import annotations
@@ -106,3 +112,36 @@ class EffectOutcomeUnknownError(PermanentError):
 
 class EffectConflictError(RetryableError):
     """Another worker is applying the same effect right now; retry shortly."""
+
+
+class ModelUnavailableError(RetryableError):
+    """The model API could not answer now (connection, timeout, 429, 5xx, 529); the step retries."""
+
+    def __init__(self, message: str | None = None, *, retry_after: float | None = None, status: int | None = None):
+        super().__init__(message)
+        self.retry_after = retry_after
+        self.status = status
+
+
+class ModelRequestError(PermanentError):
+    """The model API refused the request (400/401/403/404/413); fix the request or the credentials."""
+
+    def __init__(self, message: str | None = None, *, status: int | None = None):
+        super().__init__(message)
+        self.status = status
+
+
+class ModelRefusalError(PermanentError):
+    """The model declined to continue (stop_reason "refusal"); the run stops for a human to look."""
+
+
+class ContextWindowExceededError(PermanentError):
+    """The conversation no longer fits the model's context window."""
+
+
+class AgentLimitError(PermanentError):
+    """The agent hit a bound (max_turns, or too many invalid tool calls) without finishing."""
+
+
+class UnknownParticipantError(DurableAgentsError):
+    """No participant is registered under that name."""

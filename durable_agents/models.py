@@ -116,6 +116,8 @@ class Run(models.Model):
     # and the run finishes as `finish_as` (cancelled or failed) instead of completed.
     cancel_compensate = models.BooleanField(default=False)
     finish_as = models.CharField(max_length=16, blank=True, default="")
+    # Who answers model turns for this run, when not the workflow's default (an operator may swap it).
+    participant = models.CharField(max_length=100, blank=True, default="")
 
     objects = RunQuerySet.as_manager()
 
@@ -202,6 +204,35 @@ class Step(models.Model):
 
     def __str__(self) -> str:
         return f"{self.step_id} ({self.status})"
+
+
+class Turn(models.Model):
+    """One model request/response inside an agent step, journaled before any of its tool calls run."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="turns")
+    step = models.ForeignKey(Step, on_delete=models.CASCADE, related_name="turns")
+    index = models.PositiveIntegerField()
+    request_digest = models.CharField(max_length=64)
+    content = models.JSONField(default=list, help_text="the response's content blocks")
+    stop_reason = models.CharField(max_length=40, blank=True, default="")
+    # The tool_result blocks sent back for this turn's tool_use blocks, once every tool call finished.
+    tool_results = models.JSONField(null=True, blank=True)
+    model = models.CharField(max_length=100, blank=True, default="")
+    participant = models.CharField(max_length=100, blank=True, default="")
+    request_id = models.CharField(max_length=100, blank=True, default="")
+    input_tokens = models.BigIntegerField(default=0)
+    output_tokens = models.BigIntegerField(default=0)
+    cache_write_tokens = models.BigIntegerField(default=0)
+    cache_read_tokens = models.BigIntegerField(default=0)
+    cost_usd = models.DecimalField(max_digits=14, decimal_places=6, default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["step", "index"]
+        constraints = [models.UniqueConstraint(fields=["step", "index"], name="durable_turn_step_index_uniq")]
+
+    def __str__(self) -> str:
+        return f"turn {self.index} ({self.stop_reason})"
 
 
 class Effect(models.Model):

@@ -85,7 +85,8 @@ def advance(run_id: uuid.UUID | str) -> Outcome:
             failure = classify(exc, policy, step.step_id)
             logger.warning("step error %s: %s", failure.type, failure.message, extra=log)
             if failure.transient and claim.attempt < policy.attempts_allowed:
-                return _retry(claim, step, failure, policy.delay(claim.attempt), started_at)
+                delay = max(policy.delay(claim.attempt), failure.retry_after or 0.0)
+                return _retry(claim, step, failure, delay, started_at)
             return _fail(claim, step, failure, started_at, compensate=compensate)
     return _commit(claim, step, stored, started_at)
 

@@ -49,6 +49,11 @@ class StepContext:
         return self.step.args
 
     @property
+    def lease_token(self) -> int | None:
+        """The fencing token this execution holds; writes made mid-step (journals) must present it."""
+        return self._heartbeat.claim.token if self._heartbeat else None
+
+    @property
     def lease_lost(self) -> bool:
         """True once another worker took this run over; long steps may check it and stop early."""
         return bool(self._heartbeat and self._heartbeat.lost)

@@ -35,6 +35,8 @@ class Failure:
     type: str
     message: str
     step: str
+    # Seconds the failing service asked us to wait (e.g. a 429's retry-after), if it said.
+    retry_after: float | None = None
 
     def as_error(self) -> dict[str, Any]:
         return {"type": self.type, "message": self.message, "step": self.step}
@@ -49,4 +51,5 @@ def classify(exc: BaseException, policy: RetryPolicy, step_id: str) -> Failure:
         type=type(exc).__name__,
         message=message[:MAX_MESSAGE_CHARS],
         step=step_id,
+        retry_after=getattr(exc, "retry_after", None),
     )

@@ -265,3 +265,21 @@ def _current_step_id(run: Run) -> str:
     return (
         Step.objects.live().filter(run_id=run.id, position=run.cursor).values_list("step_id", flat=True).first() or ""
     )
+
+
+def swap_participant(run_id: uuid.UUID | str, participant: str, *, actor: str = "") -> Run:
+    """Make `participant` answer this run's model turns from now on; recorded as an operator action.
+
+    The next agent turn is asked of the new participant; earlier turns stay as journaled.
+    """
+    from durable_agents.agents.participants import participants
+
+    participants.get(participant)  # unknown names are a clear error, before anything changes
+    run = get_run(run_id)
+    if run.is_finished:
+        raise InvalidTransitionError(f"run {run.id} is {run.status}; swapping its participant changes nothing")
+    with transaction.atomic():
+        Run.objects.filter(pk=run.id).update(participant=participant)
+        record_event(run.id, "participant_swapped", actor=actor, previous=run.participant or "default", to=participant)
+    run.refresh_from_db()
+    return run

@@ -14,7 +14,17 @@ from typing import Any
 
 from django.db import connections
 
-from durable_agents.api import PlannedStep, RetryableError, RetryPolicy, StepContext, call, tool, tool_step, workflow
+from durable_agents.api import (
+    PlannedStep,
+    RetryableError,
+    RetryPolicy,
+    StepContext,
+    agent,
+    call,
+    tool,
+    tool_step,
+    workflow,
+)
 from durable_agents.models import Step, StepStatus
 from tests.testapp.models import Execution, LedgerEntry
 
@@ -183,4 +193,31 @@ workflow(
 workflow(
     "bad_tool_args",
     steps=[tool_step("charge", charge, lambda ctx: {"order_id": ctx.input["order_id"], "amount": "ten"})],
+)
+
+
+# --- Agents: a billing assistant that looks an order up and charges it ------------------------------------
+
+
+@tool
+def lookup_order(order_id: str, ctx: StepContext | None = None) -> dict[str, Any]:
+    """Look an order up: its amount and status."""
+    if ctx is not None:
+        pause_once(ctx, "in_lookup")
+        Execution.objects.create(run_id=ctx.run_id, step_id="lookup_order", pid=os.getpid(), attempt=ctx.attempt)
+    return {"order_id": order_id, "amount": "30.00", "status": "paid"}
+
+
+workflow(
+    "agent_charge",
+    steps=[
+        agent(
+            "assistant",
+            instructions="You are a billing assistant. Look the order up, then charge it.",
+            tools=[lookup_order, charge],
+            prompt=lambda ctx: ctx.input["message"],
+            max_tokens=512,
+        ),
+        call("after", _record_step),
+    ],
 )

@@ -1,0 +1,113 @@
+"""The Anthropic participant: Claude through the official SDK, with its errors mapped to retry decisions.
+
+One retry owner: the engine. The SDK's own retries are off (`max_retries=0`) so attempts do not
+multiply; a transient error (connection, timeout, 429, 5xx, 529) becomes ModelUnavailableError carrying
+the server's `retry-after`, the step attempt is persisted, and the re-executed step resumes from the
+journal — the model is asked again only for the turn that never got an answer. 400/401/403/404/413
+become ModelRequestError: permanent, with a message that says what to fix. The API key is read from
+ANTHROPIC_API_KEY by the SDK and never written anywhere: error messages are scrubbed of it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import anthropic
+
+from durable_agents.agents.participants import ModelRequest, ModelResponse, Usage
+from durable_agents.conf import settings
+from durable_agents.errors import ModelRequestError, ModelUnavailableError
+
+TRANSIENT_ERROR_TYPES = {"overloaded_error", "api_error", "rate_limit_error", "timeout_error"}
+PERMANENT_HINTS = {
+    400: "the request is invalid; check the model name, tools and messages",
+    401: "the API key is missing or wrong; set ANTHROPIC_API_KEY",
+    403: "the API key may not use this model or feature",
+    404: "the model or endpoint does not exist; check DURABLE_AGENTS['DEFAULT_MODEL']",
+    413: "the request is too large; lower max_tokens or compact the conversation",
+}
+
+
+def redact(message: str) -> str:
+    """Remove the API key from text that may be persisted or logged."""
+    key = os.environ.get("ANTHROPIC_API_KEY", "")
+    return message.replace(key, "[redacted]") if len(key) >= 8 else message
+
+
+def retry_after(headers: Any) -> float | None:
+    """Seconds the server asked us to wait: `retry-after-ms` or `retry-after` (seconds), any size."""
+    if headers is None:
+        return None
+    for name, scale in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
+        value = headers.get(name)
+        if value:
+            try:
+                return max(float(value) / scale, 0.0)
+            except ValueError:
+                continue
+    return None
+
+
+@contextmanager
+def map_errors() -> Iterator[None]:
+    """Translate SDK exceptions into retryable or permanent domain errors (httpx's map_exceptions idiom)."""
+    try:
+        yield
+    except anthropic.APITimeoutError as exc:
+        raise ModelUnavailableError(f"model request timed out: {redact(str(exc))}") from exc
+    except anthropic.APIConnectionError as exc:
+        raise ModelUnavailableError(f"could not reach the model API: {redact(str(exc))}") from exc
+    except anthropic.APIStatusError as exc:
+        status = exc.status_code
+        message = redact(getattr(exc, "message", None) or str(exc))
+        # An error event inside a 200 stream carries its kind in the body, not in the status.
+        body = exc.body if isinstance(exc.body, dict) else {}
+        error_type = (body.get("error") or {}).get("type") if isinstance(body.get("error"), dict) else None
+        if status == 429 or status >= 500 or error_type in TRANSIENT_ERROR_TYPES:
+            raise ModelUnavailableError(
+                f"model API {status}: {message}", retry_after=retry_after(exc.response.headers), status=status
+            ) from exc
+        hint = PERMANENT_HINTS.get(status, "the model API refused the request")
+        raise ModelRequestError(f"model API {status}: {message} ({hint})", status=status) from exc
+
+
+class AnthropicParticipant:
+    """Claude via `anthropic.Anthropic().messages.create` (or `.stream` for long outputs)."""
+
+    name = "anthropic"
+
+    def __init__(self, *, client: anthropic.Anthropic | None = None, stream: bool = False) -> None:
+        self._client = client
+        self.stream = stream
+
+    @property
+    def client(self) -> anthropic.Anthropic:
+        if self._client is None:
+            # Key and base URL come from ANTHROPIC_API_KEY / ANTHROPIC_BASE_URL, as the SDK reads them.
+            self._client = anthropic.Anthropic(max_retries=0, timeout=float(settings.MODEL_TIMEOUT_SECONDS))
+        return self._client
+
+    def respond(self, request: ModelRequest) -> ModelResponse:
+        kwargs = request.as_kwargs()
+        with map_errors():
+            if self.stream:
+                with self.client.messages.stream(**kwargs) as stream:
+                    message = stream.get_final_message()
+            else:
+                message = self.client.messages.create(**kwargs)
+        usage = message.usage
+        return ModelResponse(
+            content=tuple(block.model_dump(mode="json", exclude_none=True) for block in message.content),
+            stop_reason=message.stop_reason or "",
+            model=message.model,
+            usage=Usage(
+                input_tokens=usage.input_tokens or 0,
+                output_tokens=usage.output_tokens or 0,
+                cache_write_tokens=usage.cache_creation_input_tokens or 0,
+                cache_read_tokens=usage.cache_read_input_tokens or 0,
+            ),
+            request_id=getattr(message, "_request_id", None) or "",
+        )

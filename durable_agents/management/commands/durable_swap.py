@@ -1,0 +1,25 @@
+"""durable_swap RUN_ID PARTICIPANT [--as USER]: make another participant answer a run's model turns."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from durable_agents import api
+from durable_agents.management.commands._base import DurableCommand
+
+
+class Command(DurableCommand):
+    help = "Swap the participant (anthropic, or a registered script/function) that answers a run's turns."
+
+    def add_arguments(self, parser: Any) -> None:
+        super().add_arguments(parser)
+        parser.add_argument("run_id")
+        parser.add_argument("participant")
+        parser.add_argument("--as", dest="actor", default="cli", help="who is acting (recorded in the history)")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        run = api.swap_participant(options["run_id"], options["participant"], actor=options["actor"])
+        if options["json"]:
+            self.emit_json({"id": str(run.id), "participant": run.participant})
+        else:
+            self.stdout.write(f"{run.id} now answered by {run.participant}")
