@@ -16,7 +16,7 @@ from typing import Any
 from durable_agents.agents.loop import agent
 from durable_agents.agents.participants import FunctionParticipant, ScriptedParticipant, participants
 from durable_agents.engine.context import StepContext
-from durable_agents.engine.runs import cancel_run, get_run, resume_run, start_run, swap_participant
+from durable_agents.engine.runs import cancel_run, get_run, resume_run, set_budget, start_run, swap_participant
 from durable_agents.errors import (
     DefinitionError,
     DurableAgentsError,
@@ -72,6 +72,7 @@ __all__ = [
     "participants",
     "registry",
     "resume",
+    "set_budget",
     "start",
     "swap_participant",
     "tool",

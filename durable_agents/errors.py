@@ -23,7 +23,8 @@ DurableAgentsError
            ├── ModelRequestError            400/401/403/404/413 from the model API
            ├── ModelRefusalError            stop_reason "refusal"
            ├── ContextWindowExceededError   stop_reason "model_context_window_exceeded"
-           └── AgentLimitError              max_turns, or too many invalid tool calls
+           ├── AgentLimitError              max_turns, or too many invalid tool calls
+           └── BudgetExceededError          the run's token or cost budget is spent
 """
 
 from __future__ import annotations
@@ -145,3 +146,7 @@ class AgentLimitError(PermanentError):
 
 class UnknownParticipantError(DurableAgentsError):
     """No participant is registered under that name."""
+
+
+class BudgetExceededError(PermanentError):
+    """The run's token or cost budget is spent; raise it (durable_budget / the admin) and resume the run."""

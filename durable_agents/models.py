@@ -118,6 +118,9 @@ class Run(models.Model):
     finish_as = models.CharField(max_length=16, blank=True, default="")
     # Who answers model turns for this run, when not the workflow's default (an operator may swap it).
     participant = models.CharField(max_length=100, blank=True, default="")
+    # Budgets that hold across retries and resumes (None: the workflow's, or unlimited).
+    token_budget = models.BigIntegerField(null=True, blank=True)
+    cost_budget_usd = models.DecimalField(max_digits=14, decimal_places=6, null=True, blank=True)
 
     objects = RunQuerySet.as_manager()
 
@@ -175,6 +178,10 @@ class Step(models.Model):
     observed_at = models.DateTimeField(null=True, blank=True)
     fresh_for = models.DurationField(null=True, blank=True)
     context_hash = models.CharField(max_length=64, blank=True, default="")
+    # An agent step's compacted context, stored with its checkpoint: the summary and the first turn index
+    # it does not cover. A resume reads this, not the whole journal.
+    context = models.JSONField(null=True, blank=True)
+    cost_usd = models.DecimalField(max_digits=14, decimal_places=6, default=0)
     input_tokens = models.BigIntegerField(default=0)
     output_tokens = models.BigIntegerField(default=0)
     cache_write_tokens = models.BigIntegerField(default=0)
@@ -212,6 +219,8 @@ class Turn(models.Model):
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="turns")
     step = models.ForeignKey(Step, on_delete=models.CASCADE, related_name="turns")
     index = models.PositiveIntegerField()
+    # "turn" for the agent loop; other journaled model calls: "compaction", "brief", "judge", "planner".
+    purpose = models.CharField(max_length=20, default="turn")
     request_digest = models.CharField(max_length=64)
     content = models.JSONField(default=list, help_text="the response's content blocks")
     stop_reason = models.CharField(max_length=40, blank=True, default="")

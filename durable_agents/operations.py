@@ -89,6 +89,8 @@ def describe_run(run_id: uuid.UUID | str, *, events: int = 200) -> dict[str, Any
             "cache_write_tokens": run.cache_write_tokens,
             "cache_read_tokens": run.cache_read_tokens,
             "cost_usd": str(run.cost_usd),
+            "token_budget": run.token_budget,
+            "cost_budget_usd": str(run.cost_budget_usd) if run.cost_budget_usd is not None else None,
         },
         "step_rows": [
             {
@@ -103,6 +105,13 @@ def describe_run(run_id: uuid.UUID | str, *, events: int = 200) -> dict[str, Any
                 "duration_ms": _ms(s),
                 "error": s.error,
                 "result_ref": s.result_ref,
+                "tokens": {
+                    "input": s.input_tokens,
+                    "output": s.output_tokens,
+                    "cache_write": s.cache_write_tokens,
+                    "cache_read": s.cache_read_tokens,
+                },
+                "cost_usd": str(s.cost_usd),
             }
             for s in steps
         ],

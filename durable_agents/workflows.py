@@ -19,6 +19,7 @@ import random
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any
 
 from durable_agents.conf import settings
@@ -121,6 +122,9 @@ class Workflow:
     description: str = ""
     # "fail": a failed step fails the run; "compensate": first undo applied effects, newest first (saga).
     on_failure: str = "fail"
+    # Spend limits for every run of this workflow (a run may override them); None means unlimited.
+    token_budget: int | None = None
+    cost_budget_usd: Decimal | None = None
 
     def __post_init__(self) -> None:
         if self.on_failure not in ON_FAILURE_POLICIES:
@@ -237,6 +241,8 @@ def workflow(
     validate_input: Callable[[Any], None] | None = None,
     description: str = "",
     on_failure: str = "fail",
+    token_budget: int | None = None,
+    cost_budget_usd: Decimal | str | None = None,
     replace: bool = False,
 ) -> Workflow:
     """Define and register a workflow. `plan(input)` builds a dynamic plan; by default each step runs once.
@@ -255,5 +261,7 @@ def workflow(
         validate_input=validate_input,
         description=description,
         on_failure=on_failure,
+        token_budget=token_budget,
+        cost_budget_usd=Decimal(str(cost_budget_usd)) if cost_budget_usd is not None else None,
     )
     return registry.register(definition, replace=replace)

@@ -198,7 +198,7 @@ def _journal(ctx: Any, index: int, request: ModelRequest, response: ModelRespons
             )
             if not fenced:
                 raise LeaseLostError()
-            Step.objects.filter(pk=ctx.step.pk).update(**counters)
+            Step.objects.filter(pk=ctx.step.pk).update(cost_usd=F("cost_usd") + cost, **counters)
             return Turn.objects.create(
                 run_id=ctx.run_id,
                 step_id=ctx.step.pk,

@@ -7,6 +7,7 @@ executing a step of that run commits nothing.
 from __future__ import annotations
 
 import uuid
+from decimal import Decimal
 from typing import Any
 
 from django.core.exceptions import ValidationError
@@ -281,5 +282,43 @@ def swap_participant(run_id: uuid.UUID | str, participant: str, *, actor: str = 
     with transaction.atomic():
         Run.objects.filter(pk=run.id).update(participant=participant)
         record_event(run.id, "participant_swapped", actor=actor, previous=run.participant or "default", to=participant)
+    run.refresh_from_db()
+    return run
+
+
+def set_budget(
+    run_id: uuid.UUID | str,
+    *,
+    tokens: int | None = None,
+    cost_usd: Decimal | str | None = None,
+    actor: str = "",
+) -> Run:
+    """Set a run's token and/or cost budget (e.g. raise it after BudgetExceededError, then resume)."""
+    if tokens is None and cost_usd is None:
+        raise InvalidInputError("give a token budget, a cost budget, or both")
+    if tokens is not None and (not isinstance(tokens, int) or tokens < 0):
+        raise InvalidInputError(f"a token budget is a whole number >= 0, got {tokens!r}")
+    try:
+        cost = Decimal(str(cost_usd)) if cost_usd is not None else None
+    except ArithmeticError:
+        raise InvalidInputError(f"a cost budget is a decimal amount in USD, got {cost_usd!r}") from None
+    if cost is not None and cost < 0:
+        raise InvalidInputError(f"a cost budget is >= 0, got {cost}")
+    run = get_run(run_id)
+    changes: dict[str, Any] = {}
+    if tokens is not None:
+        changes["token_budget"] = tokens
+    if cost is not None:
+        changes["cost_budget_usd"] = cost
+    with transaction.atomic():
+        Run.objects.filter(pk=run.id).update(**changes)
+        record_event(
+            run.id,
+            "budget_set",
+            actor=actor,
+            previous={"tokens": run.token_budget, "cost_usd": str(run.cost_budget_usd)},
+            tokens=tokens,
+            cost_usd=str(cost) if cost is not None else None,
+        )
     run.refresh_from_db()
     return run

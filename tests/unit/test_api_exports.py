@@ -36,6 +36,7 @@ PUBLIC_API = [
     "participants",
     "registry",
     "resume",
+    "set_budget",
     "start",
     "swap_participant",
     "tool",

@@ -26,10 +26,18 @@ class Command(DurableCommand):
         write(f"  step {data['cursor']}/{data['steps']}  created {data['created_at']}  finished {finished}")
         if data["error"]:
             write(f"  error: {data['error']['type']}: {data['error']['message']} (step {data['error']['step']})")
+        usage = data["usage"]
+        budget = f" of {usage['token_budget']}" if usage["token_budget"] is not None else ""
+        write(
+            f"  tokens in {usage['input_tokens']} out {usage['output_tokens']}{budget} "
+            f"(cache write {usage['cache_write_tokens']}, read {usage['cache_read_tokens']})  cost ${usage['cost_usd']}"
+        )
         write("steps:")
         for s in data["step_rows"]:
             took = f"{s['duration_ms']} ms" if s["duration_ms"] is not None else "-"
-            write(f"  {s['position']:>4}  {s['step_id']:<24} {s['status']:<10} attempts {s['attempts']}  {took}")
+            tokens = s["tokens"]["input"] + s["tokens"]["output"]
+            spent = f"  {tokens} tokens ${s['cost_usd']}" if tokens else ""
+            write(f"  {s['position']:>4}  {s['step_id']:<24} {s['status']:<10} attempts {s['attempts']}  {took}{spent}")
         if data["effects"]:
             write("effects:")
         for e in data["effects"]:
