@@ -17,7 +17,10 @@ from durable_agents.agents.loop import agent
 from durable_agents.agents.participants import FunctionParticipant, ScriptedParticipant, participants
 from durable_agents.engine.context import StepContext
 from durable_agents.engine.runs import cancel_run, get_run, resume_run, set_budget, start_run, swap_participant
+from durable_agents.engine.waits import decide_wait
+from durable_agents.engine.waits import send_signal as _send_signal
 from durable_agents.errors import (
+    ApprovalRejectedError,
     DefinitionError,
     DurableAgentsError,
     EffectOutcomeUnknownError,
@@ -33,13 +36,17 @@ from durable_agents.errors import (
     ToolArgumentsError,
     UnknownToolError,
     UnknownWorkflowError,
+    WaitClosedError,
+    WaitNotFoundError,
 )
 from durable_agents.models import Run, RunStatus, StepStatus
 from durable_agents.tools import Field, Tool, tool
+from durable_agents.waits import approval, sleep, wait_for_signal
 from durable_agents.workflows import PlannedStep, RetryPolicy, Workflow, call, registry, tool_step, workflow
 
 __all__ = [
     "DefinitionError",
+    "ApprovalRejectedError",
     "DurableAgentsError",
     "EffectOutcomeUnknownError",
     "Field",
@@ -64,19 +71,26 @@ __all__ = [
     "ToolArgumentsError",
     "UnknownToolError",
     "UnknownWorkflowError",
+    "WaitClosedError",
+    "WaitNotFoundError",
     "Workflow",
     "agent",
+    "approval",
     "call",
     "cancel",
+    "decide",
     "get",
     "participants",
     "registry",
     "resume",
+    "send_signal",
     "set_budget",
+    "sleep",
     "start",
     "swap_participant",
     "tool",
     "tool_step",
+    "wait_for_signal",
     "workflow",
 ]
 
@@ -106,3 +120,13 @@ def cancel(run_id: uuid.UUID | str, reason: str = "", *, compensate: bool = Fals
 def resume(run_id: uuid.UUID | str, from_step: str | None = None, *, actor: str = "") -> Run:
     """Resume a failed or cancelled run, re-wake a stalled one, or run again from `from_step`."""
     return resume_run(run_id, from_step=from_step, actor=actor)
+
+
+def decide(wait_id: int | str, approved: bool, *, by: str, comment: str = "", via: str = "api") -> Any:
+    """Approve or reject an open wait and wake its run; a closed wait raises WaitClosedError."""
+    return decide_wait(wait_id, approved=approved, by=by, comment=comment, via=via)
+
+
+def send_signal(run_id: uuid.UUID | str, name: str, payload: Any = None, *, by: str = "") -> Any:
+    """Deliver signal `name` (with a JSON payload) to a run; kept until the run waits for it."""
+    return _send_signal(run_id, name, payload, by=by)

@@ -45,6 +45,14 @@ DEFAULTS: dict[str, Any] = {
         "claude-sonnet": (3.0, 15.0, 3.75, 0.3),
         "claude-haiku": (1.0, 5.0, 1.25, 0.1),
     },
+    # Humans in the loop: the notifier (dotted path), default recipients, links.
+    "NOTIFIER": "durable_agents.notify.EmailNotifier",
+    "APPROVERS": [],
+    "WEBHOOK_URL": "",
+    "BASE_URL": "http://127.0.0.1:8000",
+    "LINK_MAX_AGE_SECONDS": 7 * 24 * 3600,
+    # Deadline for approvals of tools marked needs_approval (None: no deadline); policy "reject".
+    "APPROVAL_DEADLINE_SECONDS": None,
     # Callable path that wakes a run: the engine never imports Celery itself.
     "WAKER": "durable_agents.tasks.wake",
 }

@@ -12,6 +12,9 @@ DurableAgentsError
  ├── RunNotFoundError             no run has that id
  ├── StepNotFoundError            the run has no step with that id
  ├── InvalidTransitionError       the run is not in a state that allows the operation
+ │    └── WaitClosedError         the wait was already decided, expired or cancelled
+ ├── WaitNotFoundError            no wait has that id
+ ├── ApprovalRejectedError        a human (or a deadline) rejected the action
  ├── LeaseLostError               another worker holds the run now (this worker is a zombie)
  ├── UnknownParticipantError      no participant (model, script, function) by that name
  └── StepError                    raised by step code to control retries
@@ -24,7 +27,8 @@ DurableAgentsError
            ├── ModelRefusalError            stop_reason "refusal"
            ├── ContextWindowExceededError   stop_reason "model_context_window_exceeded"
            ├── AgentLimitError              max_turns, or too many invalid tool calls
-           └── BudgetExceededError          the run's token or cost budget is spent
+           ├── BudgetExceededError          the run's token or cost budget is spent
+           └── WaitExpiredError             a wait's deadline passed under the "fail" policy
 """
 
 from __future__ import annotations
@@ -150,3 +154,19 @@ class UnknownParticipantError(DurableAgentsError):
 
 class BudgetExceededError(PermanentError):
     """The run's token or cost budget is spent; raise it (durable_budget / the admin) and resume the run."""
+
+
+class WaitNotFoundError(DurableAgentsError):
+    """No wait has that id."""
+
+
+class WaitClosedError(InvalidTransitionError):
+    """The wait was already decided, expired or cancelled; nothing changed."""
+
+
+class ApprovalRejectedError(DurableAgentsError):
+    """A human rejected the action (or its deadline passed with the reject policy)."""
+
+
+class WaitExpiredError(PermanentError):
+    """The wait's deadline passed and its policy fails the run."""

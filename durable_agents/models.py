@@ -126,6 +126,15 @@ class Run(models.Model):
 
     class Meta:
         ordering = ["-created_at"]
+        permissions = [
+            ("resume_run", "Can resume runs"),
+            ("cancel_run", "Can cancel runs"),
+            ("retry_step", "Can retry a failed step"),
+            ("set_budget", "Can set a run's budget"),
+            ("swap_participant", "Can swap a run's participant"),
+            ("decide_wait", "Can approve or reject waits"),
+            ("replan_run", "Can re-plan runs"),
+        ]
         constraints = [
             models.UniqueConstraint(
                 fields=["idempotency_key"],
@@ -277,6 +286,83 @@ class Effect(models.Model):
 
     def __str__(self) -> str:
         return f"{self.tool} {self.idempotency_key} ({self.status})"
+
+
+class WaitKind(models.TextChoices):
+    APPROVAL = "approval"
+    SIGNAL = "signal"
+    TIMER = "timer"
+
+
+class WaitStatus(models.TextChoices):
+    OPEN = "open"
+    APPROVED = "approved"  # also: a signal arrived, a timer fired
+    REJECTED = "rejected"
+    EXPIRED = "expired"
+    CANCELLED = "cancelled"
+
+
+class DeadlinePolicy(models.TextChoices):
+    REJECT = "reject"
+    FAIL = "fail"
+    ESCALATE = "escalate"  # notify the escalation contact and extend once; then reject
+
+
+class WaitQuerySet(models.QuerySet["Wait"]):
+    def open(self) -> WaitQuerySet:
+        return self.filter(status=WaitStatus.OPEN)
+
+
+class Wait(models.Model):
+    """A durable pause: an approval, a signal or a timer. A waiting run holds no worker, lease or socket."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="waits")
+    step = models.ForeignKey(Step, on_delete=models.SET_NULL, null=True, blank=True, related_name="waits")
+    kind = models.CharField(max_length=16, choices=WaitKind.choices)
+    status = models.CharField(max_length=16, choices=WaitStatus.choices, default=WaitStatus.OPEN)
+    # The signal name, or the approval's name; for a tool approval, the effect key it guards.
+    name = models.CharField(max_length=200, blank=True, default="")
+    effect_key = models.CharField(max_length=300, blank=True, default="")
+    question = models.TextField(blank=True, default="")
+    brief = models.TextField(blank=True, default="", help_text="why it matters, what happened, what each answer does")
+    deadline = models.DateTimeField(null=True, blank=True)
+    on_deadline = models.CharField(max_length=16, choices=DeadlinePolicy.choices, default=DeadlinePolicy.REJECT)
+    escalate_to = models.CharField(max_length=300, blank=True, default="")
+    escalated_at = models.DateTimeField(null=True, blank=True)
+    warn_before = models.DurationField(null=True, blank=True)
+    warned_at = models.DateTimeField(null=True, blank=True)
+    remind_every = models.DurationField(null=True, blank=True)
+    next_reminder_at = models.DateTimeField(null=True, blank=True)
+    reminders_sent = models.PositiveIntegerField(default=0)
+    notify_to = models.JSONField(default=list, blank=True, help_text="who is asked and reminded")
+    decision = models.JSONField(null=True, blank=True, help_text="comment, or the signal's payload")
+    decided_by = models.CharField(max_length=200, blank=True, default="")
+    decided_at = models.DateTimeField(null=True, blank=True)
+    # A fresh nonce per wait: decision links of one wait never open another.
+    link_nonce = models.CharField(max_length=32, blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    objects = WaitQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            # A run waits for one thing at a time: two racing parks cannot both open a wait.
+            models.UniqueConstraint(fields=["run"], condition=Q(status="open"), name="durable_wait_one_open_per_run"),
+        ]
+        indexes = [
+            models.Index(fields=["deadline"], condition=Q(status="open"), name="durable_wait_open_deadline"),
+            models.Index(fields=["next_reminder_at"], condition=Q(status="open"), name="durable_wait_open_reminder"),
+            models.Index(fields=["run", "kind", "name"], name="durable_wait_run_name"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.name or self.pk} ({self.status})"
+
+    @property
+    def is_open(self) -> bool:
+        return self.status == WaitStatus.OPEN
 
 
 class Event(models.Model):

@@ -131,6 +131,22 @@ def describe_run(run_id: uuid.UUID | str, *, events: int = 200) -> dict[str, Any
             }
             for e in run.effects.select_related("step", "compensates").order_by("id")
         ],
+        "waits": [
+            {
+                "id": w.pk,
+                "kind": w.kind,
+                "name": w.name,
+                "status": w.status,
+                "question": w.question,
+                "brief": w.brief,
+                "deadline": _iso(w.deadline),
+                "reminders_sent": w.reminders_sent,
+                "decided_by": w.decided_by,
+                "decided_at": _iso(w.decided_at),
+                "decision": w.decision,
+            }
+            for w in run.waits.order_by("id")
+        ],
         "events": [
             {
                 "at": _iso(e.created_at),

@@ -45,6 +45,8 @@ MIDDLEWARE = [
 ]
 
 ROOT_URLCONF = "project.urls"
+# Decision links send people who are not signed in to the admin's login page, then back.
+LOGIN_URL = "admin:login"
 WSGI_APPLICATION = "project.wsgi.application"
 
 TEMPLATES = [

@@ -25,6 +25,7 @@ from durable_agents.engine.payloads import StoredResult, store_result
 from durable_agents.engine.retry import Failure, classify
 from durable_agents.engine.runs import settle_cancellation
 from durable_agents.engine.saga import COMPENSATION, plan_compensation_txn
+from durable_agents.engine.waits import Park, WaitSpec, park_txn
 from durable_agents.engine.wake import wake, wake_on_commit
 from durable_agents.errors import DurableAgentsError, LeaseLostError, PermanentError
 from durable_agents.models import Run, RunStatus, Step, StepKind, StepStatus
@@ -43,6 +44,7 @@ class Outcome(StrEnum):
     FAILED = "failed"
     CANCELLED = "cancelled"
     COMPENSATING = "compensating"
+    WAITING = "waiting"
     LEASE_LOST = "lease_lost"
 
 
@@ -81,6 +83,8 @@ def advance(run_id: uuid.UUID | str) -> Outcome:
         try:
             value = _execute(definition_set, definition, StepContext(run, step, claim.attempt, beat))
             stored = store_result(run.id, step.step_id, value)
+        except Park as park:
+            return _park(claim, step, park.spec)
         except Exception as exc:  # noqa: BLE001 - every failure is classified and persisted below
             failure = classify(exc, policy, step.step_id)
             logger.warning("step error %s: %s", failure.type, failure.message, extra=log)
@@ -215,6 +219,20 @@ def _fail(claim: Claim, step: Step, failure: Failure, started_at: datetime, *, c
     except LeaseLostError:
         return _rejected(claim, step)
     return Outcome.FAILED
+
+
+def _park(claim: Claim, step: Step, spec: WaitSpec) -> Outcome:
+    """Release the run into `waiting` and open its wait, in one fenced transaction; nothing wakes it but
+    a decision, a signal or the sweep."""
+    now = clock.now()
+    try:
+        with transaction.atomic():
+            if _fenced(claim).update(status=RunStatus.WAITING, attempt=0, **_released(now)) != 1:
+                raise LeaseLostError()
+            park_txn(claim.run_id, step, spec, now)
+    except LeaseLostError:
+        return _rejected(claim, step)
+    return Outcome.WAITING
 
 
 def _finish_empty(claim: Claim) -> Outcome:

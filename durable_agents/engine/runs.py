@@ -19,6 +19,7 @@ from durable_agents import clock
 from durable_agents.engine.events import record_event
 from durable_agents.engine.payloads import check_input
 from durable_agents.engine.saga import plan_compensation_txn
+from durable_agents.engine.waits import cancel_open_waits_txn
 from durable_agents.engine.wake import wake_on_commit
 from durable_agents.errors import (
     IdempotencyKeyReusedError,
@@ -160,6 +161,7 @@ def _take_txn(condition: Q, now: Any, **changes: Any) -> bool:
 
 def _stop_txn(run_id: Any, now: Any, *, compensate: bool, reason: str, actor: str = "") -> None:
     """Cancel a taken run, or turn it into a compensating run that ends cancelled."""
+    cancel_open_waits_txn(run_id)
     step_id = _current_step_id(Run.objects.only("id", "cursor").get(pk=run_id))
     already_compensating = Run.objects.filter(pk=run_id).exclude(finish_as="").exists()
     fields = {"status": RunStatus.PENDING, "cancel_requested_at": None, "cancel_compensate": False}

@@ -1,4 +1,4 @@
-"""The sweep: re-wakes runs whose lease expired or whose wake-up message was lost, settles cancellations.
+"""The sweep: re-wakes runs whose lease expired or whose message was lost, settles cancellations, runs waits.
 
 Safe to run concurrently and repeatedly: rows are picked with SKIP LOCKED, each run is re-woken at most
 once per IDLE_RESWEEP_SECONDS, and a duplicate wake-up is harmless (the claim lets one worker in).
@@ -6,7 +6,7 @@ once per IDLE_RESWEEP_SECONDS, and a duplicate wake-up is harmless (the claim le
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import timedelta
 
 from django.db import connection, transaction
@@ -15,6 +15,7 @@ from django.db.models import Q
 from durable_agents import clock
 from durable_agents.conf import settings
 from durable_agents.engine.runs import settle_cancellation
+from durable_agents.engine.waits import sweep_waits
 from durable_agents.engine.wake import wake_on_commit
 from durable_agents.models import ACTIVE_RUN_STATUSES, RUNNABLE_RUN_STATUSES, Event, Run
 
@@ -25,12 +26,17 @@ class SweepReport:
 
     woken: int
     cancelled: int
+    fired: int = 0
+    expired: int = 0
+    warned: int = 0
+    reminded: int = 0
 
     def as_dict(self) -> dict[str, int]:
-        return {"woken": self.woken, "cancelled": self.cancelled}
+        return asdict(self)
 
 
-def _locked(queryset):  # type: ignore[no-untyped-def]
+def locked(queryset):  # type: ignore[no-untyped-def]
+    """SELECT ... FOR UPDATE SKIP LOCKED where the database has it (SQLite serialises writers anyway)."""
     if connection.features.has_select_for_update_skip_locked:
         return queryset.select_for_update(skip_locked=True)
     return queryset
@@ -54,7 +60,7 @@ def sweep() -> SweepReport:
         cancel_requested_at__isnull=True,
     ).order_by("updated_at")
     with transaction.atomic():
-        rows = list(_locked(candidates).values_list("id", "lease_owner")[: int(settings.SWEEP_BATCH)])
+        rows = list(locked(candidates).values_list("id", "lease_owner")[: int(settings.SWEEP_BATCH)])
         ids = [run_id for run_id, _ in rows]
         if ids:
             Run.objects.filter(pk__in=ids).update(swept_at=now)
@@ -69,4 +75,5 @@ def sweep() -> SweepReport:
         lease_free, status__in=ACTIVE_RUN_STATUSES, cancel_requested_at__isnull=False
     ).values_list("id", flat=True)[: int(settings.SWEEP_BATCH)]
     cancelled = sum(settle_cancellation(run_id) for run_id in list(pending_cancels))
-    return SweepReport(woken=len(ids), cancelled=cancelled)
+    waits = sweep_waits(now)
+    return SweepReport(woken=len(ids), cancelled=cancelled, **waits)

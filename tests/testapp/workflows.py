@@ -9,6 +9,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -20,9 +21,12 @@ from durable_agents.api import (
     RetryPolicy,
     StepContext,
     agent,
+    approval,
     call,
+    sleep,
     tool,
     tool_step,
+    wait_for_signal,
     workflow,
 )
 from durable_agents.models import Step, StepStatus
@@ -220,4 +224,75 @@ workflow(
         ),
         call("after", _record_step),
     ],
+)
+
+
+# --- Humans in the loop: approvals, signals, timers ---------------------------------------------------------
+
+
+def _charge_if_approved(ctx: StepContext) -> dict[str, Any]:
+    record_execution(ctx)
+    if not ctx.result("approve")["approved"]:
+        return {"charged": False}
+    ctx.call_tool(charge, {"order_id": ctx.input["order_id"], "amount": "40.00"})
+    return {"charged": True}
+
+
+workflow(
+    "approve_charge",
+    steps=[
+        call("prepare", _record_step),
+        approval(
+            "approve",
+            question="Charge the customer 40.00?",
+            on_approve="the card is charged 40.00",
+            on_reject="nothing is charged",
+            reject="continue",
+            notify_to=["ops@example.com"],
+        ),
+        call("charge", _charge_if_approved),
+    ],
+)
+
+for _policy in ("reject", "fail", "escalate"):
+    workflow(
+        f"deadline_{_policy}",
+        steps=[
+            approval(
+                "approve",
+                question="Ship it?",
+                reject="continue",
+                deadline=timedelta(hours=1),
+                on_deadline=_policy,
+                escalate_to="boss@example.com" if _policy == "escalate" else "",
+                warn_before=timedelta(minutes=10),
+                remind_every=timedelta(minutes=20),
+                notify_to=["ops@example.com"],
+            ),
+            call("after", _record_step),
+        ],
+    )
+
+
+def _payload(ctx: StepContext) -> dict[str, Any]:
+    return {"got": ctx.result("paid")["payload"]}
+
+
+workflow(
+    "signal_flow",
+    steps=[wait_for_signal("paid", signal="payment.confirmed", timeout=timedelta(hours=1)), call("after", _payload)],
+)
+workflow("timer_flow", steps=[sleep("nap", seconds=3600), call("after", _record_step)])
+
+
+@tool(effectful=True, transactional=True, needs_approval=lambda args: Decimal(args["amount"]) > 50)
+def big_refund(order_id: str, amount: Decimal, *, idempotency_key: str) -> dict[str, Any]:
+    """Refund an order; amounts above 50.00 need a human's approval first."""
+    LedgerEntry.objects.create(idempotency_key=idempotency_key, order_id=order_id, amount=-amount, kind="refund")
+    return {"refunded": str(amount)}
+
+
+workflow(
+    "refund_tool",
+    steps=[tool_step("refund", big_refund, lambda ctx: {"order_id": "R-1", "amount": ctx.input["amount"]})],
 )

@@ -43,6 +43,9 @@ class Command(DurableCommand):
         for e in data["effects"]:
             attention = f"  NEEDS ATTENTION: {e['needs_attention']}" if e["needs_attention"] else ""
             write(f"  {e['tool']:<20} {e['status']:<12} attempts {e['attempts']}  key {e['key']}{attention}")
+        for w in data["waits"]:
+            who = f" by {w['decided_by']}" if w["decided_by"] else ""
+            write(f"wait {w['id']}: {w['kind']} {w['name']} {w['status']}{who}  deadline {w['deadline'] or '-'}")
         write("events:")
         for e in data["events"]:
             write(f"  {e['at']}  {e['kind']:<24} {e['step_id'] or '-':<16} {e['actor'] or ''} {e['detail'] or ''}")

@@ -1,0 +1,52 @@
+"""Signed, expiring, single-use decision links for waits (django.core.signing with a purpose salt).
+
+The token names the wait, its run and the wait's nonce: a tampered token fails the signature, an old
+one fails max_age, a token of another wait or run fails the match, and a used one finds the wait closed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from django.core import signing
+from django.urls import reverse
+
+from durable_agents.conf import settings
+from durable_agents.errors import InvalidInputError
+from durable_agents.models import Wait
+
+SALT = "durable_agents.wait-decision"
+
+
+@dataclass(frozen=True)
+class LinkClaim:
+    wait_id: int
+    run_id: str
+    nonce: str
+
+
+def make_token(wait: Wait) -> str:
+    return signing.dumps({"w": wait.pk, "r": str(wait.run_id), "n": wait.link_nonce}, salt=SALT, compress=True)
+
+
+def decision_path(wait: Wait) -> str:
+    return reverse("durable_agents:decide_wait", args=[wait.pk, make_token(wait)])
+
+
+def decision_url(wait: Wait) -> str:
+    return f"{settings.BASE_URL.rstrip('/')}{decision_path(wait)}"
+
+
+def read_token(wait_id: int, token: str) -> LinkClaim:
+    """The link's claim, or InvalidInputError saying why the link cannot be used."""
+    try:
+        data = signing.loads(token, salt=SALT, max_age=float(settings.LINK_MAX_AGE_SECONDS))
+    except signing.SignatureExpired:
+        raise InvalidInputError("this decision link has expired; ask for a new one or decide in the admin") from None
+    except signing.BadSignature:
+        raise InvalidInputError("this decision link is not valid (it was altered or is incomplete)") from None
+    claim = LinkClaim(wait_id=int(data.get("w", -1)), run_id=str(data.get("r", "")), nonce=str(data.get("n", "")))
+    wait = Wait.objects.filter(pk=wait_id).only("id", "run_id", "link_nonce").first()
+    if claim.wait_id != wait_id or wait is None or str(wait.run_id) != claim.run_id or wait.link_nonce != claim.nonce:
+        raise InvalidInputError("this decision link belongs to another request")
+    return claim

@@ -1,0 +1,27 @@
+"""durable_signal RUN_ID NAME [--payload JSON] [--as USER]: send a signal to a run."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from durable_agents import api
+from durable_agents.management.commands._base import DurableCommand, parse_json_option
+
+
+class Command(DurableCommand):
+    help = "Send signal NAME (with an optional JSON payload) to a run; it wakes a run waiting for it."
+
+    def add_arguments(self, parser: Any) -> None:
+        super().add_arguments(parser)
+        parser.add_argument("run_id")
+        parser.add_argument("name")
+        parser.add_argument("--payload", help="JSON payload, e.g. '{\"paid\": true}'")
+        parser.add_argument("--as", dest="actor", default="cli")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        payload = parse_json_option(options["payload"], "--payload")
+        wait = api.send_signal(options["run_id"], options["name"], payload, by=options["actor"])
+        if options["json"]:
+            self.emit_json({"wait": wait.pk, "run": str(wait.run_id), "delivered": wait.step_id is not None})
+        else:
+            self.stdout.write(f"signal {options['name']} delivered to run {wait.run_id}")
