@@ -51,10 +51,27 @@ DEFAULTS: dict[str, Any] = {
     "WEBHOOK_URL": "",
     "BASE_URL": "http://127.0.0.1:8000",
     "LINK_MAX_AGE_SECONDS": 7 * 24 * 3600,
+    # A notification still undelivered after this long is sent again by the sweep (same outbox key).
+    "NOTIFY_RETRY_SECONDS": 30.0,
     # Deadline for approvals of tools marked needs_approval (None: no deadline); policy "reject".
     "APPROVAL_DEADLINE_SECONDS": None,
     # Callable path that wakes a run: the engine never imports Celery itself.
     "WAKER": "durable_agents.tasks.wake",
+    # Bearer token Prometheus sends to /metrics (Authorization: Bearer ...); None: only staff logins may read it.
+    "METRICS_TOKEN": None,
+    # Step latency and retry metrics cover steps finished (retries scheduled) in the last this-many seconds.
+    "METRICS_WINDOW_SECONDS": 300.0,
+    # Admin lists count matching runs exactly up to this many; beyond it they show a Postgres estimate.
+    "ADMIN_EXACT_COUNT_LIMIT": 10_000,
+    # An agent step folds its older turns into a summary once a prompt reached this many tokens
+    # (None: never; an agent(compact_at_prompt_tokens=...) overrides it).
+    "COMPACT_AT_PROMPT_TOKENS": 100_000,
+    # Turns a compaction keeps verbatim after the summary (an agent(keep_recent_turns=...) overrides it).
+    "KEEP_RECENT_TURNS": 6,
+    # The most a compaction call's summary may take.
+    "COMPACTION_MAX_TOKENS": 4096,
+    # Prompt caching of tools, system prompt, summary and conversation: "5m", "1h" (writes cost 2x input), or None.
+    "PROMPT_CACHE_TTL": "5m",
 }
 
 

@@ -49,6 +49,7 @@ class EffectStatus(models.TextChoices):
 class EffectKind(models.TextChoices):
     EFFECT = "effect"
     COMPENSATION = "compensation"
+    NOTIFICATION = "notification"
 
 
 ACTIVE_RUN_STATUSES = (RunStatus.PENDING, RunStatus.RUNNING, RunStatus.WAITING)

@@ -90,6 +90,10 @@ STATIC_URL = "static/"
 STATIC_ROOT = VAR_DIR / "static"
 MEDIA_ROOT = VAR_DIR / "media"
 
+# Approval requests and reminders go out by email by default (see durable_agents.notify).
+EMAIL_BACKEND = os.environ.get("DJANGO_EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
+DEFAULT_FROM_EMAIL = os.environ.get("DJANGO_DEFAULT_FROM_EMAIL", "durable-agents@localhost")
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

@@ -13,6 +13,7 @@ from project.settings import INSTALLED_APPS, VAR_DIR  # noqa: E402
 
 INSTALLED_APPS = [*INSTALLED_APPS, "tests.testapp"]
 MEDIA_ROOT = VAR_DIR / "media"
+EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 DURABLE_AGENTS = {
@@ -22,4 +23,5 @@ DURABLE_AGENTS = {
     "RETRY_BACKOFF_SECONDS": 0.05,
     "RETRY_BACKOFF_MAX_SECONDS": 0.5,
     "STUCK_AFTER_SECONDS": 60.0,
+    "NOTIFY_RETRY_SECONDS": 1.0,
 }

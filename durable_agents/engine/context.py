@@ -10,6 +10,7 @@ from typing import Any
 from durable_agents import clock
 from durable_agents.engine.effects import invoke_tool
 from durable_agents.engine.payloads import load_result
+from durable_agents.engine.waits import require_approval
 from durable_agents.errors import StepNotFoundError
 from durable_agents.models import Run, Step, StepStatus
 from durable_agents.tools import Tool, tools
@@ -73,14 +74,10 @@ class StepContext:
         """
         resolved = tools.get(tool) if isinstance(tool, str) else tool
         self._tool_calls += 1
-        return invoke_tool(
-            resolved,
-            args,
-            key=key or self.idempotency_key(resolved.name, str(self._tool_calls)),
-            run_id=self.run.id,
-            step_pk=self.step.pk,
-            ctx=self,
-        )
+        key = key or self.idempotency_key(resolved.name, str(self._tool_calls))
+        if resolved.effectful and resolved.needs_approval:
+            require_approval(self, resolved, args, key)
+        return invoke_tool(resolved, args, key=key, run_id=self.run.id, step_pk=self.step.pk, ctx=self)
 
     def result(self, step_id: str) -> Any:
         """The committed result of an earlier step of this run."""

@@ -26,6 +26,7 @@ from durable_agents.errors import InvalidTransitionError, WaitClosedError, WaitN
 from durable_agents.models import (
     DeadlinePolicy,
     Effect,
+    EffectKind,
     EffectStatus,
     Run,
     RunStatus,
@@ -99,12 +100,12 @@ def park_txn(run_id: uuid.UUID, step: Step, spec: WaitSpec, now: datetime) -> Wa
         "waiting",
         step_id=step.step_id,
         wait=wait.pk,
-        kind=spec.kind,
+        wait_kind=spec.kind,
         name=spec.name,
         deadline=spec.deadline.isoformat() if spec.deadline else None,
     )
     if spec.kind == WaitKind.APPROVAL:
-        transaction.on_commit(lambda: notify(wait.pk, "requested"))
+        notify_txn(wait, "requested")
     return wait
 
 
@@ -295,7 +296,8 @@ def _apply_deadline(wait_id: int, now: datetime) -> str:
                 to=wait.escalate_to,
                 new_deadline=(now + extension).isoformat(),
             )
-            transaction.on_commit(lambda: notify(wait.pk, "escalation"))
+            wait.refresh_from_db()
+            notify_txn(wait, "escalation")
             return "escalated"
         if policy == DeadlinePolicy.FAIL:
             _expire_and_fail_txn(wait, now)
@@ -308,7 +310,7 @@ def _apply_deadline(wait_id: int, now: datetime) -> str:
             )
             record_event(wait.run_id, "wait_expired", step_id=_step_id(wait), wait=wait.pk, policy=policy)
             _wake_txn(wait.run_id, now)
-        transaction.on_commit(lambda: notify(wait.pk, "expired"))
+        notify_txn(wait, "expired")
         return "expired"
 
 
@@ -333,7 +335,7 @@ def _warn(wait_id: int, now: datetime) -> int:
             return 0
         Wait.objects.filter(pk=wait.pk).update(warned_at=now)
         record_event(wait.run_id, "wait_warning", step_id=_step_id(wait), wait=wait.pk)
-        transaction.on_commit(lambda: notify(wait.pk, "warning"))
+        notify_txn(wait, "warning")
     return 1
 
 
@@ -348,25 +350,33 @@ def _remind(wait_id: int, now: datetime) -> int:
             reminders_sent=number, next_reminder_at=max(following, now + wait.remind_every)
         )
         record_event(wait.run_id, "wait_reminder", step_id=_step_id(wait), wait=wait.pk, number=number)
-        transaction.on_commit(lambda: notify(wait.pk, "reminder", number))
+        notify_txn(wait, "reminder", number)
     return 1
 
 
 # --- Notifications through the outbox ---------------------------------------------------------------------
 
 
-def notify(wait_id: int, kind: str, number: int = 1) -> None:
-    """Send one notification about a wait, exactly once per (wait, kind, number) as far as we can tell."""
+def notify_txn(wait: Wait, kind: str, number: int = 1) -> None:
+    """Write the notification's outbox row in the current transaction; deliver it after commit.
+
+    A worker that dies right after the commit leaves the row pending, and the sweep delivers it.
+    """
     from durable_agents.brief import notification_for
 
-    wait = Wait.objects.select_related("run").get(pk=wait_id)
     key = f"wait:{wait.pk}:{kind}:{number}"
     message = notification_for(wait, kind, number)
     effect, _ = Effect.objects.get_or_create(
         idempotency_key=key,
-        defaults={"run_id": wait.run_id, "tool": f"notify.{kind}", "args": asdict(message), "args_hash": key},
+        defaults={
+            "run_id": wait.run_id,
+            "tool": f"notify.{kind}",
+            "kind": EffectKind.NOTIFICATION,
+            "args": asdict(message),
+            "args_hash": key,
+        },
     )
-    _deliver(effect)
+    transaction.on_commit(lambda: _deliver(Effect.objects.get(pk=effect.pk)))
 
 
 def _deliver(effect: Effect) -> None:
@@ -389,7 +399,9 @@ def _deliver(effect: Effect) -> None:
 
 def redeliver_notifications(now: datetime) -> None:
     stale = Effect.objects.filter(
-        tool__startswith="notify.", status=EffectStatus.PENDING, created_at__lt=now - timedelta(seconds=30)
+        kind=EffectKind.NOTIFICATION,
+        status=EffectStatus.PENDING,
+        created_at__lt=now - timedelta(seconds=float(settings.NOTIFY_RETRY_SECONDS)),
     ).order_by("id")[: int(settings.SWEEP_BATCH)]
     for effect in stale:
         _deliver(effect)
