@@ -16,6 +16,7 @@ from typing import Any
 from durable_agents.agents.loop import agent
 from durable_agents.agents.participants import FunctionParticipant, ScriptedParticipant, participants
 from durable_agents.engine.context import StepContext
+from durable_agents.engine.plans import fork_run, migrate_run
 from durable_agents.engine.runs import cancel_run, get_run, resume_run, set_budget, start_run, swap_participant
 from durable_agents.engine.waits import decide_wait
 from durable_agents.engine.waits import send_signal as _send_signal
@@ -39,6 +40,7 @@ from durable_agents.errors import (
     WaitClosedError,
     WaitNotFoundError,
 )
+from durable_agents.judge import judge
 from durable_agents.models import Run, RunStatus, StepStatus
 from durable_agents.tools import Field, Tool, tool
 from durable_agents.waits import approval, sleep, wait_for_signal
@@ -79,7 +81,10 @@ __all__ = [
     "call",
     "cancel",
     "decide",
+    "fork",
     "get",
+    "judge",
+    "migrate",
     "participants",
     "registry",
     "resume",
@@ -130,3 +135,13 @@ def decide(wait_id: int | str, approved: bool, *, by: str, comment: str = "", vi
 def send_signal(run_id: uuid.UUID | str, name: str, payload: Any = None, *, by: str = "") -> Any:
     """Deliver signal `name` (with a JSON payload) to a run; kept until the run waits for it."""
     return _send_signal(run_id, name, payload, by=by)
+
+
+def fork(run_id: uuid.UUID | str, at_step: str, *, input: Any = None, actor: str = "") -> Run:  # noqa: A002
+    """Start a new run that copies `run_id`'s checkpoints before `at_step`, optionally with new input."""
+    return fork_run(run_id, at_step, input=input, actor=actor)
+
+
+def migrate(run_id: uuid.UUID | str, version: int, *, replan: bool = False, actor: str = "") -> Run:
+    """Move a run to another registered version of its workflow (recorded); wakes a run parked on drift."""
+    return migrate_run(run_id, version, replan=replan, actor=actor)

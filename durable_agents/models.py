@@ -119,6 +119,10 @@ class Run(models.Model):
     finish_as = models.CharField(max_length=16, blank=True, default="")
     # Who answers model turns for this run, when not the workflow's default (an operator may swap it).
     participant = models.CharField(max_length=100, blank=True, default="")
+    # A fork copies another run's checkpoints up to a step; with the same input it shares the source's
+    # effect keys (effect_scope), so an effect the source applied is recognised, not repeated.
+    forked_from = models.ForeignKey("self", on_delete=models.SET_NULL, null=True, blank=True, related_name="forks")
+    effect_scope = models.CharField(max_length=64, blank=True, default="")
     # Budgets that hold across retries and resumes (None: the workflow's, or unlimited).
     token_budget = models.BigIntegerField(null=True, blank=True)
     cost_budget_usd = models.DecimalField(max_digits=14, decimal_places=6, null=True, blank=True)
@@ -185,8 +189,11 @@ class Step(models.Model):
     error = models.JSONField(null=True, blank=True)
     attempts = models.PositiveIntegerField(default=0)
     next_attempt_at = models.DateTimeField(null=True, blank=True)
+    # Freshness: when this step observed the outside world, and for how long that observation holds.
     observed_at = models.DateTimeField(null=True, blank=True)
     fresh_for = models.DurationField(null=True, blank=True)
+    # Step ids of the observations this step relies on: a stale one re-plans from it before this runs.
+    depends_on = models.JSONField(default=list, blank=True)
     context_hash = models.CharField(max_length=64, blank=True, default="")
     # An agent step's compacted context, stored with its checkpoint: the summary and the first turn index
     # it does not cover. A resume reads this, not the whole journal.

@@ -19,6 +19,7 @@ import random
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -27,6 +28,7 @@ from durable_agents.errors import DefinitionError, InvalidInputError, UnknownWor
 from durable_agents.tools import Tool
 
 ON_FAILURE_POLICIES = ("fail", "compensate")
+MISSING_VERSION_POLICIES = ("continue", "replan", "park")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,199}$")
 
 
@@ -64,6 +66,10 @@ class StepDef:
     fn: Callable[..., Any] | None = None
     retry: RetryPolicy | None = None
     options: Mapping[str, Any] = field(default_factory=dict)
+    # An observation of the outside world holds this long; steps that depend on it re-plan when it is older.
+    fresh_for: timedelta | None = None
+    # Step ids of the observations this step relies on.
+    depends_on: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -75,14 +81,25 @@ class PlannedStep:
     args: Mapping[str, Any] = field(default_factory=dict)
 
 
-def call(name: str, fn: Callable[..., Any], *, retry: RetryPolicy | None = None) -> StepDef:
+def call(
+    name: str,
+    fn: Callable[..., Any],
+    *,
+    retry: RetryPolicy | None = None,
+    fresh_for: timedelta | None = None,
+    depends_on: Sequence[str] = (),
+) -> StepDef:
     """A call step: `fn(ctx)` gets a StepContext and returns a JSON-serialisable result.
 
-    Example: ``call("charge", charge_card, retry=RetryPolicy(max_attempts=3))``
+    `fresh_for` marks the result as an observation that goes stale; `depends_on` names the observations
+    (step ids) this step relies on — if one is older than its budget when this step is due, the run
+    re-plans from that observation instead of acting on a stale world.
+
+    Example: ``call("charge", charge_card, retry=RetryPolicy(max_attempts=3), depends_on=["load_order"])``
     """
     if not callable(fn):
         raise DefinitionError(f"call step {name!r}: {fn!r} is not callable")
-    return StepDef(name=name, kind="call", fn=fn, retry=retry)
+    return StepDef(name=name, kind="call", fn=fn, retry=retry, fresh_for=fresh_for, depends_on=tuple(depends_on))
 
 
 def tool_step(
@@ -91,6 +108,7 @@ def tool_step(
     args: Mapping[str, Any] | Callable[[Any], Mapping[str, Any]] | None = None,
     *,
     retry: RetryPolicy | None = None,
+    depends_on: Sequence[str] = (),
 ) -> StepDef:
     """A step that invokes one tool: effectful tools get an idempotency key stable across re-executions.
 
@@ -106,7 +124,10 @@ def tool_step(
         values = args(ctx) if callable(args) else {**(args or {}), **ctx.args}
         return ctx.call_tool(tool, values)
 
-    return StepDef(name=name, kind="tool", fn=invoke, retry=retry, options={"tool": tool.name})
+    return StepDef(
+        name=name, kind="tool", fn=invoke, retry=retry, options={"tool": tool.name},
+        fresh_for=tool.fresh_for, depends_on=tuple(depends_on),
+    )
 
 
 @dataclass(frozen=True)
@@ -122,11 +143,18 @@ class Workflow:
     description: str = ""
     # "fail": a failed step fails the run; "compensate": first undo applied effects, newest first (saga).
     on_failure: str = "fail"
+    # What a run pinned to a version that is no longer registered does, decided by the newest version:
+    # "continue" on this version, "replan" (this version's plan for what is left), or "park" for an operator.
+    on_missing_version: str = "park"
     # Spend limits for every run of this workflow (a run may override them); None means unlimited.
     token_budget: int | None = None
     cost_budget_usd: Decimal | None = None
 
     def __post_init__(self) -> None:
+        if self.on_missing_version not in MISSING_VERSION_POLICIES:
+            raise DefinitionError(
+                f"workflow {self.name!r}: on_missing_version must be one of {', '.join(MISSING_VERSION_POLICIES)}"
+            )
         if self.on_failure not in ON_FAILURE_POLICIES:
             raise DefinitionError(
                 f"workflow {self.name!r}: on_failure must be one of {', '.join(ON_FAILURE_POLICIES)}, "
@@ -146,6 +174,12 @@ class Workflow:
                 )
             if definition.name in seen:
                 raise DefinitionError(f"workflow {self.name!r}: duplicate step name {definition.name!r}")
+            unknown = [d for d in definition.depends_on if d not in seen]
+            if unknown and self.plan is None:
+                raise DefinitionError(
+                    f"workflow {self.name!r}: step {definition.name!r} depends on {unknown}, which are not "
+                    "earlier steps"
+                )
             seen.add(definition.name)
         if not self.steps:
             raise DefinitionError(f"workflow {self.name!r}: define at least one step")
@@ -225,7 +259,10 @@ class Registry:
             raise UnknownWorkflowError(f"workflow {name!r} has no version {version} (registered: {known})") from None
 
     def names(self) -> list[str]:
-        return sorted(self._workflows)
+        return sorted(name for name, versions in self._workflows.items() if versions)
+
+    def versions(self, name: str) -> list[int]:
+        return sorted(self._workflows.get(name, {}))
 
 
 registry = Registry()
@@ -241,6 +278,7 @@ def workflow(
     validate_input: Callable[[Any], None] | None = None,
     description: str = "",
     on_failure: str = "fail",
+    on_missing_version: str = "park",
     token_budget: int | None = None,
     cost_budget_usd: Decimal | str | None = None,
     replace: bool = False,
@@ -261,6 +299,7 @@ def workflow(
         validate_input=validate_input,
         description=description,
         on_failure=on_failure,
+        on_missing_version=on_missing_version,
         token_budget=token_budget,
         cost_budget_usd=Decimal(str(cost_budget_usd)) if cost_budget_usd is not None else None,
     )

@@ -22,12 +22,24 @@ from durable_agents.engine.context import StepContext
 from durable_agents.engine.events import record_event
 from durable_agents.engine.lease import Claim, Heartbeat, as_uuid, claim_run, lease_seconds, worker_id
 from durable_agents.engine.payloads import StoredResult, store_result
+from durable_agents.engine.plans import (
+    MAX_REPLANS_PER_STEP,
+    Rerun,
+    StaleObservation,
+    adopt_version_txn,
+    find_stale,
+    missing_version,
+    park_for_version,
+    redo_txn,
+    replan_txn,
+    replans_of,
+)
 from durable_agents.engine.retry import Failure, classify
 from durable_agents.engine.runs import settle_cancellation
 from durable_agents.engine.saga import COMPENSATION, plan_compensation_txn
 from durable_agents.engine.waits import Park, WaitSpec, park_txn
 from durable_agents.engine.wake import wake, wake_on_commit
-from durable_agents.errors import DurableAgentsError, LeaseLostError, PermanentError
+from durable_agents.errors import DefinitionError, LeaseLostError, PermanentError, UnknownWorkflowError
 from durable_agents.models import Run, RunStatus, Step, StepKind, StepStatus
 from durable_agents.workflows import RetryPolicy, StepDef, Workflow, registry
 
@@ -45,6 +57,7 @@ class Outcome(StrEnum):
     CANCELLED = "cancelled"
     COMPENSATING = "compensating"
     WAITING = "waiting"
+    REPLANNED = "replanned"
     LEASE_LOST = "lease_lost"
 
 
@@ -62,20 +75,18 @@ def advance(run_id: uuid.UUID | str) -> Outcome:
     log = {"run_id": str(run.id), "step_id": step.step_id, "attempt": claim.attempt}
     try:
         definition_set = registry.get(run.workflow, run.workflow_version)
+    except UnknownWorkflowError:
+        return _version_gone(claim, step, run)
+    try:
         definition = COMPENSATION if step.kind == StepKind.COMPENSATE else definition_set.definition(step.name)
-    except DurableAgentsError as exc:
-        return _fail(claim, step, classify(PermanentError(str(exc)), RetryPolicy(), step.step_id), clock.now())
+    except DefinitionError:
+        # A plan element this version cannot execute (e.g. after a migration): an operator decides.
+        return _park(claim, step, park_for_version(run, definition_set).spec)
     policy = definition_set.retry_policy(definition)
     compensate = definition_set.on_failure == "compensate"
-
-    if claim.attempt > max(policy.attempts_allowed, int(settings.MAX_CLAIMS_PER_STEP)):
-        failure = Failure(
-            False,
-            "StepCrashLoop",
-            f"step was claimed {claim.attempt - 1} times without finishing; its worker keeps dying (OOM? SIGKILL?)",
-            step.step_id,
-        )
-        return _fail(claim, step, failure, clock.now(), compensate=compensate)
+    guarded = _guard(claim, step, policy, compensate)
+    if guarded is not None:
+        return guarded
 
     started_at = clock.now()
     logger.debug("step start", extra=log)
@@ -85,6 +96,8 @@ def advance(run_id: uuid.UUID | str) -> Outcome:
             stored = store_result(run.id, step.step_id, value)
         except Park as park:
             return _park(claim, step, park.spec)
+        except Rerun as rerun:
+            return _redo(claim, step, rerun, started_at)
         except Exception as exc:  # noqa: BLE001 - every failure is classified and persisted below
             failure = classify(exc, policy, step.step_id)
             logger.warning("step error %s: %s", failure.type, failure.message, extra=log)
@@ -93,6 +106,23 @@ def advance(run_id: uuid.UUID | str) -> Outcome:
                 return _retry(claim, step, failure, delay, started_at)
             return _fail(claim, step, failure, started_at, compensate=compensate)
     return _commit(claim, step, stored, started_at)
+
+
+def _guard(claim: Claim, step: Step, policy: RetryPolicy, compensate: bool) -> Outcome | None:
+    """Checks before a step runs: a worker-killing crash loop, and observations gone stale."""
+    if claim.attempt > max(policy.attempts_allowed, int(settings.MAX_CLAIMS_PER_STEP)):
+        failure = Failure(
+            False,
+            "StepCrashLoop",
+            f"step was claimed {claim.attempt - 1} times without finishing; its worker keeps dying (OOM? SIGKILL?)",
+            step.step_id,
+        )
+        return _fail(claim, step, failure, clock.now(), compensate=compensate)
+    if step.depends_on:
+        stale = find_stale(claim.run_id, step.depends_on, clock.now())
+        if stale is not None:
+            return _replan(claim, step, stale, compensate)
+    return None
 
 
 def _claim_and_load(run_id: uuid.UUID) -> tuple[Claim, Step | None] | None:
@@ -152,6 +182,8 @@ def _commit(claim: Claim, step: Step, stored: StoredResult, started_at: datetime
                 started_at=started_at,
                 finished_at=now,
                 updated_at=now,
+                # An observation is as old as the moment the step started looking.
+                observed_at=started_at if step.fresh_for else None,
             )
             if not last:
                 wake_on_commit(claim.run_id)
@@ -233,6 +265,69 @@ def _park(claim: Claim, step: Step, spec: WaitSpec) -> Outcome:
     except LeaseLostError:
         return _rejected(claim, step)
     return Outcome.WAITING
+
+
+def _replan(claim: Claim, step: Step, stale: StaleObservation, compensate: bool) -> Outcome:
+    """Never act on a stale world: go back to the observation, re-observe, and re-plan from there."""
+    if replans_of(claim.run_id, step.step_id) >= MAX_REPLANS_PER_STEP:
+        failure = Failure(
+            False,
+            "StaleObservationError",
+            f"observation {stale.step_id!r} went stale {MAX_REPLANS_PER_STEP} times before this step "
+            f"could run; its {stale.budget_seconds:.0f}s budget is shorter than the work after it",
+            step.step_id,
+        )
+        return _fail(claim, step, failure, clock.now(), compensate=compensate)
+    now = clock.now()
+    try:
+        with transaction.atomic():
+            if _fenced(claim).update(**_released(now)) != 1:
+                raise LeaseLostError()
+            replan_txn(claim.run_id, stale, because_of=step.step_id, now=now)
+    except LeaseLostError:
+        return _rejected(claim, step)
+    return Outcome.REPLANNED
+
+
+def _redo(claim: Claim, step: Step, rerun: Rerun, started_at: datetime) -> Outcome:
+    """Checkpoint the step that asked for a redo (its verdict stays as history), then go back."""
+    now = clock.now()
+    try:
+        with transaction.atomic():
+            if _fenced(claim).update(**_released(now)) != 1:
+                raise LeaseLostError()
+            Step.objects.filter(pk=step.pk).update(
+                status=StepStatus.DONE,
+                result=rerun.result,
+                attempts=claim.attempt,
+                started_at=started_at,
+                finished_at=now,
+                updated_at=now,
+            )
+            redo_txn(claim.run_id, rerun, from_step=step.step_id, now=now)
+    except LeaseLostError:
+        return _rejected(claim, step)
+    return Outcome.REPLANNED
+
+
+def _version_gone(claim: Claim, step: Step, run: Run) -> Outcome:
+    """The run's version is no longer registered: follow the newest version's declared policy."""
+    try:
+        newest, policy = missing_version(run, step)
+        if policy == "park":
+            raise park_for_version(run, newest)
+    except Park as park:
+        return _park(claim, step, park.spec)
+    now = clock.now()
+    try:
+        with transaction.atomic():
+            if _fenced(claim).update(**_released(now)) != 1:
+                raise LeaseLostError()
+            adopt_version_txn(claim.run_id, newest, replan=policy == "replan", actor="engine", now=now)
+            wake_on_commit(claim.run_id)
+    except LeaseLostError:
+        return _rejected(claim, step)
+    return Outcome.REPLANNED
 
 
 def _finish_empty(claim: Claim) -> Outcome:

@@ -12,7 +12,7 @@ from durable_agents.engine.effects import invoke_tool
 from durable_agents.engine.payloads import load_result
 from durable_agents.engine.waits import require_approval
 from durable_agents.errors import StepNotFoundError
-from durable_agents.models import Run, Step, StepStatus
+from durable_agents.models import Run, Step, StepKind, StepStatus
 from durable_agents.tools import Tool, tools
 
 
@@ -63,8 +63,22 @@ class StepContext:
         return clock.now()
 
     def idempotency_key(self, *parts: str) -> str:
-        """A key stable across retries and resumes of this step: run id, step id and your parts."""
-        return ":".join([str(self.run.id), self.step.step_id, *parts])
+        """A key stable across retries and resumes of this step: run id, step id and your parts.
+
+        A fork with its source's input shares the source's effect scope, so it gets the same keys.
+        """
+        return ":".join([self.run.effect_scope or str(self.run.id), self.step.step_id, *parts])
+
+    def feedback(self) -> str:
+        """The reasons of the last reviewer (judge) that sent this run back to redo a step; "" if none."""
+        verdict = (
+            Step.objects.filter(run_id=self.run.id, kind=StepKind.JUDGE, status=StepStatus.SUPERSEDED)
+            .exclude(result=None)
+            .order_by("-id")
+            .values_list("result", flat=True)
+            .first()
+        )
+        return verdict.get("reasons", "") if verdict and not verdict.get("passed") else ""
 
     def call_tool(self, tool: Tool[..., Any] | str, args: Mapping[str, Any], *, key: str | None = None) -> Any:
         """Invoke a tool from this step. Effectful tools get an outbox row and a key that is the same

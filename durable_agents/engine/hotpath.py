@@ -19,8 +19,8 @@ from durable_agents.engine.lease import Claim
 from durable_agents.engine.payloads import StoredResult
 from durable_agents.models import Run, RunStatus, Step, StepStatus
 
-RUN_FIELDS = ("id", "workflow", "workflow_version", "input")
-STEP_FIELDS = ("id", "run_id", "step_id", "name", "position", "kind", "status", "args")
+RUN_FIELDS = ("id", "workflow", "workflow_version", "input", "participant", "effect_scope")
+STEP_FIELDS = ("id", "run_id", "step_id", "name", "position", "kind", "status", "args", "depends_on", "fresh_for")
 
 
 def is_available() -> bool:
@@ -101,7 +101,7 @@ def _commit_sql(final: bool) -> str:
         UPDATE {step}
            SET status = %(done)s, result = %(result)s::jsonb, result_ref = %(ref)s, result_hash = %(sha)s,
                error = NULL, attempts = %(attempts)s, started_at = %(started)s, finished_at = %(now)s,
-               updated_at = %(now)s
+               updated_at = %(now)s, observed_at = CASE WHEN fresh_for IS NULL THEN NULL ELSE %(started)s END
          WHERE id = %(step_pk)s AND EXISTS (SELECT 1 FROM r)
      RETURNING id
     """

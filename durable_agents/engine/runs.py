@@ -29,7 +29,7 @@ from durable_agents.errors import (
     StepNotFoundError,
 )
 from durable_agents.models import ACTIVE_RUN_STATUSES, Run, RunStatus, Step, StepStatus
-from durable_agents.workflows import registry
+from durable_agents.workflows import PlannedStep, Workflow, registry
 
 IDEMPOTENCY_CONSTRAINT = "durable_run_idempotency_key_uniq"
 
@@ -79,15 +79,7 @@ def start_run(
         with transaction.atomic():
             run.save(force_insert=True)
             Step.objects.bulk_create(
-                Step(
-                    run=run,
-                    step_id=element.step_id,
-                    name=element.name,
-                    kind=definition.definition(element.name).kind,
-                    position=position,
-                    args=dict(element.args),
-                )
-                for position, element in enumerate(plan)
+                plan_row(run.id, definition, element, position) for position, element in enumerate(plan)
             )
             wake_on_commit(run.id)
     except IntegrityError as exc:
@@ -97,6 +89,21 @@ def start_run(
             raise
         return _same_run_or_error(existing, definition.name, input_hash, cause=exc)
     return run
+
+
+def plan_row(run_id: Any, definition: Workflow, element: PlannedStep, position: int) -> Step:
+    """A Step row for one plan element, carrying its definition's freshness budget and dependencies."""
+    step_def = definition.definition(element.name)
+    return Step(
+        run_id=run_id,
+        step_id=element.step_id,
+        name=element.name,
+        kind=step_def.kind,
+        position=position,
+        args=dict(element.args),
+        fresh_for=step_def.fresh_for,
+        depends_on=list(step_def.depends_on),
+    )
 
 
 def _same_run_or_error(existing: Run, workflow: str, input_hash: str, cause: Exception | None = None) -> Run:
@@ -245,23 +252,41 @@ def _rerun_from_step(run: Run, step_id: str, *, actor: str) -> Run:
             raise InvalidTransitionError(
                 f"run {run.id} is being advanced by {run.lease_owner}; cancel it or retry when its step ends"
             )
-        later = list(Step.objects.live().filter(run_id=run.id, position__gte=target.position))
-        Step.objects.filter(pk__in=[s.pk for s in later]).update(status=StepStatus.SUPERSEDED, updated_at=now)
-        Step.objects.bulk_create(
-            Step(run_id=run.id, step_id=s.step_id, name=s.name, kind=s.kind, position=s.position, args=s.args)
-            for s in later
-        )
+        superseded = supersede_from_txn(run.id, target.position, now)
         record_event(
             run.id,
             "rerun_from_step",
             step_id=step_id,
             actor=actor,
             previous_status=run.status,
-            superseded=[s.step_id for s in later],
+            superseded=superseded,
         )
         wake_on_commit(run.id)
     run.refresh_from_db()
     return run
+
+
+def supersede_from_txn(run_id: Any, position: int, now: Any) -> list[str]:
+    """Mark the live steps from `position` on superseded (kept as history) and plan fresh copies of them.
+
+    Effects keep their keys (run scope, step id, call), so a re-executed step reuses what it applied.
+    """
+    later = list(Step.objects.live().filter(run_id=run_id, position__gte=position).order_by("position"))
+    Step.objects.filter(pk__in=[s.pk for s in later]).update(status=StepStatus.SUPERSEDED, updated_at=now)
+    Step.objects.bulk_create(
+        Step(
+            run_id=run_id,
+            step_id=s.step_id,
+            name=s.name,
+            kind=s.kind,
+            position=s.position,
+            args=s.args,
+            depends_on=s.depends_on,
+            fresh_for=s.fresh_for,
+        )
+        for s in later
+    )
+    return [s.step_id for s in later]
 
 
 def _current_step_id(run: Run) -> str:

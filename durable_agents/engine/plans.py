@@ -1,0 +1,236 @@
+"""Plans that stay true: re-plan on stale observations, redo from a step, version drift, forks, migrations.
+
+Re-planning never repeats an applied effect: superseded steps keep their rows as history, and the fresh
+copies keep their step ids, so an effect proposed again with the same tool and arguments finds its key
+already applied and reuses the result (with other arguments it is an IdempotencyKeyReusedError for an
+operator, never a silent second refund).
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.db import transaction
+
+from durable_agents import clock
+from durable_agents.engine.events import record_event
+from durable_agents.engine.payloads import check_input
+from durable_agents.engine.runs import get_run, plan_row, supersede_from_txn
+from durable_agents.engine.waits import Park, WaitSpec
+from durable_agents.engine.wake import wake_on_commit
+from durable_agents.errors import InvalidInputError, InvalidTransitionError, StepNotFoundError, UnknownWorkflowError
+from durable_agents.models import ACTIVE_RUN_STATUSES, Run, RunStatus, Step, StepStatus, Wait, WaitKind, WaitStatus
+from durable_agents.workflows import Workflow, registry
+
+MAX_REPLANS_PER_STEP = 3
+VERSION_WAIT = "version_migration"
+
+
+class Rerun(BaseException):  # noqa: N818 - control flow, like Park
+    """Raised by a step to send the run back to an earlier step (a judge's "redo"), keeping its own result."""
+
+    def __init__(self, step_id: str, reason: str, result: Any) -> None:
+        super().__init__(step_id, reason)
+        self.step_id = step_id
+        self.reason = reason
+        self.result = result
+
+
+@dataclass(frozen=True)
+class StaleObservation:
+    step_id: str
+    position: int
+    age_seconds: float
+    budget_seconds: float
+
+
+def find_stale(run_id: uuid.UUID, depends_on: list[str], now: datetime) -> StaleObservation | None:
+    """The earliest observation this step relies on that is older than its freshness budget."""
+    rows = (
+        Step.objects.live()
+        .filter(run_id=run_id, step_id__in=depends_on, status=StepStatus.DONE, fresh_for__isnull=False)
+        .exclude(observed_at=None)
+        .order_by("position")
+        .values_list("step_id", "position", "observed_at", "fresh_for")
+    )
+    for step_id, position, observed_at, fresh_for in rows:
+        if observed_at + fresh_for < now:
+            return StaleObservation(step_id, position, (now - observed_at).total_seconds(), fresh_for.total_seconds())
+    return None
+
+
+def replans_of(run_id: uuid.UUID, step_id: str) -> int:
+    return Run.objects.get(pk=run_id).events.filter(kind="replanned", step_id=step_id).count()
+
+
+def replan_txn(run_id: uuid.UUID, stale: StaleObservation, *, because_of: str, now: datetime) -> list[str]:
+    """Go back to the stale observation: re-observe it and re-run everything after it (re-planning too)."""
+    superseded = supersede_from_txn(run_id, stale.position, now)
+    Run.objects.filter(pk=run_id).update(cursor=stale.position, attempt=0, updated_at=now)
+    record_event(
+        run_id,
+        "replanned",
+        step_id=because_of,
+        observation=stale.step_id,
+        reason=f"observation {stale.step_id!r} is {stale.age_seconds:.0f}s old, over its "
+        f"{stale.budget_seconds:.0f}s budget",
+        superseded=superseded,
+    )
+    wake_on_commit(run_id)
+    return superseded
+
+
+def redo_txn(run_id: uuid.UUID, rerun: Rerun, *, from_step: str, now: datetime) -> list[str]:
+    target = Step.objects.live().filter(run_id=run_id, step_id=rerun.step_id).first()
+    if target is None:
+        raise StepNotFoundError(f"cannot redo from {rerun.step_id!r}: the run has no such step")
+    superseded = supersede_from_txn(run_id, target.position, now)
+    Run.objects.filter(pk=run_id).update(cursor=target.position, attempt=0, updated_at=now)
+    record_event(
+        run_id, "redo_from_step", step_id=from_step, target=rerun.step_id, reason=rerun.reason, superseded=superseded
+    )
+    wake_on_commit(run_id)
+    return superseded
+
+
+# --- Versions -------------------------------------------------------------------------------------------
+
+
+def missing_version(run: Run, step: Step) -> tuple[Workflow, str]:
+    """The run's version is gone: the newest version of its workflow and that version's declared policy."""
+    try:
+        newest = registry.get(run.workflow)
+    except UnknownWorkflowError:
+        raise Park(_version_wait(run, f"workflow {run.workflow!r} is no longer registered")) from None
+    return newest, newest.on_missing_version
+
+
+def _version_wait(run: Run, reason: str) -> WaitSpec:
+    return WaitSpec(kind=WaitKind.SIGNAL, name=VERSION_WAIT, question=f"{reason}; migrate the run to a version")
+
+
+def park_for_version(run: Run, newest: Workflow) -> Park:
+    return Park(
+        _version_wait(run, f"version {run.workflow_version} of {run.workflow} is gone (newest: {newest.version})")
+    )
+
+
+def adopt_version_txn(run_id: uuid.UUID, newest: Workflow, *, replan: bool, actor: str = "", now: datetime) -> None:
+    """Move a run to `newest`; with `replan`, its not-yet-done steps become the new version's plan."""
+    run = Run.objects.select_for_update().get(pk=run_id)
+    previous = run.workflow_version
+    changes: dict[str, Any] = {"workflow_version": newest.version, "updated_at": now}
+    if replan:
+        done = set(Step.objects.live().filter(run_id=run_id, status=StepStatus.DONE).values_list("step_id", flat=True))
+        remaining = [e for e in newest.build_plan(run.input) if e.step_id not in done]
+        Step.objects.live().filter(run_id=run_id, position__gte=run.cursor).exclude(status=StepStatus.DONE).update(
+            status=StepStatus.SUPERSEDED, updated_at=now
+        )
+        Step.objects.bulk_create(
+            plan_row(run_id, newest, element, run.cursor + i) for i, element in enumerate(remaining)
+        )
+        changes["step_count"] = run.cursor + len(remaining)
+    Run.objects.filter(pk=run_id).update(**changes)
+    record_event(run_id, "version_migrated", actor=actor, previous=previous, to=newest.version, replanned=replan)
+
+
+def migrate_run(run_id: uuid.UUID | str, version: int, *, replan: bool = False, actor: str = "") -> Run:
+    """An operator moves a run to a registered version (recorded); a run parked on version drift wakes."""
+    run = get_run(run_id)
+    if run.is_finished:
+        raise InvalidTransitionError(f"run {run.id} is {run.status}; there is nothing to migrate")
+    target = registry.get(run.workflow, version)
+    now = clock.now()
+    with transaction.atomic():
+        adopt_version_txn(run.id, target, replan=replan, actor=actor, now=now)
+        parked = Wait.objects.filter(run_id=run.id, kind=WaitKind.SIGNAL, name=VERSION_WAIT, status=WaitStatus.OPEN)
+        if parked.update(status=WaitStatus.APPROVED, decided_by=actor or "operator", decided_at=now):
+            Run.objects.filter(pk=run.id, status=RunStatus.WAITING).update(status=RunStatus.PENDING, attempt=0)
+            wake_on_commit(run.id)
+    run.refresh_from_db()
+    return run
+
+
+def version_drift() -> Any:
+    """Active runs whose pinned workflow version is not registered in this process."""
+    from django.db.models import Q
+
+    drift = Q()
+    for name in registry.names():
+        drift |= Q(workflow=name) & ~Q(workflow_version__in=registry.versions(name))
+    drift |= ~Q(workflow__in=registry.names())
+    return Run.objects.filter(status__in=ACTIVE_RUN_STATUSES).filter(drift)
+
+
+# --- Forks ----------------------------------------------------------------------------------------------
+
+
+def fork_run(run_id: uuid.UUID | str, at_step: str, *, input: Any = None, actor: str = "") -> Run:  # noqa: A002
+    """A new run that copies the source's checkpoints before `at_step` and runs on from there.
+
+    With the source's input the fork shares its effect scope: an effect the source applied is reused,
+    not repeated. With new input it is a new request, with effects of its own.
+    """
+    source = get_run(run_id)
+    target = Step.objects.live().filter(run_id=source.id, step_id=at_step).first()
+    if target is None:
+        raise StepNotFoundError(f"run {source.id} has no step {at_step!r}")
+    new_input = source.input if input is None else input
+    input_hash = check_input(new_input)
+    if input is not None and not isinstance(input, dict | list):
+        raise InvalidInputError("a fork's input must be a JSON object or list")
+    steps = list(Step.objects.live().filter(run_id=source.id).order_by("position"))
+    now = clock.now()
+    with transaction.atomic():
+        fork = Run.objects.create(
+            workflow=source.workflow,
+            workflow_version=source.workflow_version,
+            input=new_input,
+            input_hash=input_hash,
+            forked_from=source,
+            cursor=target.position,
+            step_count=len(steps),
+            effect_scope=(source.effect_scope or str(source.id)) if input_hash == source.input_hash else "",
+            participant=source.participant,
+            created_at=now,
+            updated_at=now,
+        )
+        Step.objects.bulk_create(
+            Step(
+                run=fork,
+                step_id=s.step_id,
+                name=s.name,
+                kind=s.kind,
+                position=s.position,
+                args=s.args,
+                depends_on=s.depends_on,
+                fresh_for=s.fresh_for,
+                **(
+                    {
+                        "status": s.status,
+                        "result": s.result,
+                        "result_ref": s.result_ref,
+                        "result_hash": s.result_hash,
+                        "observed_at": s.observed_at,
+                        "started_at": s.started_at,
+                        "finished_at": s.finished_at,
+                        "attempts": s.attempts,
+                    }
+                    if s.position < target.position
+                    else {}
+                ),
+            )
+            for s in steps
+        )
+        record_event(
+            fork.id, "forked", step_id=at_step, actor=actor, source=str(source.id), new_input=input is not None
+        )
+        record_event(source.id, "fork_started", step_id=at_step, actor=actor, fork=str(fork.id))
+        wake_on_commit(fork.id)
+    return fork
+
+
+__all__ = ["Rerun", "find_stale", "fork_run", "migrate_run", "replan_txn", "version_drift"]
