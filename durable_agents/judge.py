@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db import IntegrityError, transaction
-from django.db.models import F
+from django.db.models import F, Max
 
 from durable_agents import clock
 from durable_agents.agents.participants import ModelRequest, ModelResponse, Participant, participants
@@ -158,9 +158,8 @@ def journal_call(ctx: Any, purpose: str, request: ModelRequest, response: ModelR
         "cache_write_tokens": F("cache_write_tokens") + usage.cache_write_tokens,
         "cache_read_tokens": F("cache_read_tokens") + usage.cache_read_tokens,
     }
-    index = (
-        Turn.objects.filter(step_id=ctx.step.pk).order_by("-index").values_list("index", flat=True).first() or -1
-    ) + 1
+    last = Turn.objects.filter(step_id=ctx.step.pk).aggregate(last=Max("index"))["last"]
+    index = 0 if last is None else last + 1
     try:
         with transaction.atomic():
             if not Run.objects.filter(pk=ctx.run_id, lease_token=ctx.lease_token).update(

@@ -11,6 +11,7 @@ from django.db.models import QuerySet
 
 from durable_agents import clock
 from durable_agents.conf import settings
+from durable_agents.engine.plans import version_drift as drifted_runs
 from durable_agents.engine.runs import get_run
 from durable_agents.errors import InvalidInputError
 from durable_agents.models import Run, RunStatus, Step
@@ -33,10 +34,11 @@ def list_runs(
     workflow: str | None = None,
     stuck: bool = False,
     older_than: timedelta | None = None,
+    version_drift: bool = False,
     limit: int = 100,
 ) -> QuerySet[Run]:
     """Runs, newest first, filtered as an operator asks."""
-    runs = Run.objects.all()
+    runs = drifted_runs() if version_drift else Run.objects.all()
     if status:
         if status not in RunStatus.values:
             raise InvalidInputError(f"unknown status {status!r}; choose from {', '.join(RunStatus.values)}")

@@ -19,8 +19,16 @@ from durable_agents.engine.lease import Claim
 from durable_agents.engine.payloads import StoredResult
 from durable_agents.models import Run, RunStatus, Step, StepStatus
 
-RUN_FIELDS = ("id", "workflow", "workflow_version", "input", "participant", "effect_scope")
-STEP_FIELDS = ("id", "run_id", "step_id", "name", "position", "kind", "status", "args", "depends_on", "fresh_for")
+def _in_model_order(model: Any, names: set[str]) -> tuple[str, ...]:
+    # Model.from_db matches values to fields in the model's field order, whatever order names are given in.
+    return tuple(f.attname for f in model._meta.concrete_fields if f.attname in names)
+
+
+# The run and step fields a step needs; the rest stay deferred (loaded on first access, if ever).
+RUN_FIELDS = _in_model_order(Run, {"id", "workflow", "workflow_version", "input", "participant", "effect_scope"})
+STEP_FIELDS = _in_model_order(
+    Step, {"id", "run_id", "step_id", "name", "position", "kind", "status", "args", "depends_on", "fresh_for"}
+)
 
 
 def is_available() -> bool:

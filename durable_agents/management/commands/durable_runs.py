@@ -17,6 +17,9 @@ class Command(DurableCommand):
         parser.add_argument("--workflow")
         parser.add_argument("--stuck", action="store_true", help="expired lease, or no progress for too long")
         parser.add_argument("--older-than", help="created more than this long ago: 90s, 30m, 2h, 3d")
+        parser.add_argument(
+            "--version-drift", action="store_true", help="active runs pinned to a workflow version no longer registered"
+        )
         parser.add_argument("--limit", type=int, default=100)
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -26,6 +29,7 @@ class Command(DurableCommand):
             workflow=options["workflow"],
             stuck=options["stuck"],
             older_than=older,
+            version_drift=options["version_drift"],
             limit=options["limit"],
         )
         rows = [operations.run_summary(run) for run in runs]

@@ -1,0 +1,27 @@
+"""durable_fork RUN_ID --at-step STEP [--input JSON] [--as USER]: a new run from another's checkpoints."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from durable_agents import api
+from durable_agents.management.commands._base import DurableCommand, parse_json_option
+
+
+class Command(DurableCommand):
+    help = "Start a new run that copies RUN_ID's checkpoints before --at-step, optionally with new input."
+
+    def add_arguments(self, parser: Any) -> None:
+        super().add_arguments(parser)
+        parser.add_argument("run_id")
+        parser.add_argument("--at-step", required=True, help="the first step the fork executes again")
+        parser.add_argument("--input", help="new run input as JSON (default: the source's input)")
+        parser.add_argument("--as", dest="actor", default="cli")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        new_input = parse_json_option(options["input"], "--input")
+        fork = api.fork(options["run_id"], options["at_step"], input=new_input, actor=options["actor"])
+        if options["json"]:
+            self.emit_json({"id": str(fork.id), "forked_from": options["run_id"], "status": fork.status})
+        else:
+            self.stdout.write(str(fork.id))

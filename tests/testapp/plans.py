@@ -1,0 +1,62 @@
+"""Test workflows for plans that stay true: freshness budgets, judges, forks (imported by workflows.py)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from durable_agents.agents.participants import FunctionParticipant, ModelRequest, tool_use
+from durable_agents.api import StepContext, call, judge, participants, tool_step, workflow
+from tests.testapp.workflows import _record_step, charge, record_execution
+
+
+def _observe(ctx: StepContext) -> dict[str, Any]:
+    record_execution(ctx)
+    return {"balance": "100.00", "seen": ctx.now().isoformat()}
+
+
+workflow(
+    "fresh_refund",
+    steps=[
+        call("observe", _observe, fresh_for=timedelta(minutes=10)),
+        tool_step("refund", charge, lambda ctx: {"order_id": "F-1", "amount": "25.00"}, depends_on=["observe"]),
+        call("notify", _record_step, depends_on=["observe"]),
+    ],
+)
+
+
+def _draft(ctx: StepContext) -> dict[str, Any]:
+    record_execution(ctx)
+    feedback = ctx.feedback()
+    return {
+        "text": "Your refund is on its way." + (" Sorry for the trouble." if feedback else ""),
+        "feedback": feedback,
+    }
+
+
+def reviewer(request: ModelRequest) -> list[dict[str, Any]]:
+    """The scripted judge: an email passes only if it apologises."""
+    subject = request.messages[-1]["content"]
+    passed = "Sorry" in subject
+    reasons = "Apologises and states the refund." if passed else "The customer waited a week: apologise."
+    return [tool_use("submit_verdict", {"passed": passed, "score": 0.9 if passed else 0.2, "reasons": reasons})]
+
+
+participants.register("reviewer", FunctionParticipant(reviewer, name="reviewer"))
+
+for _route in ("fail", "redo", "ask_human"):
+    workflow(
+        f"judged_{_route}",
+        steps=[
+            call("draft", _draft),
+            judge(
+                "review",
+                rubric="The email apologises for the delay and states the refund.",
+                subject=lambda ctx: ctx.result("draft")["text"],
+                on_fail=_route,
+                redo_step="draft" if _route == "redo" else None,
+                participant="reviewer",
+            ),
+            call("after", _record_step),
+        ],
+    )
