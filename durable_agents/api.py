@@ -42,6 +42,7 @@ from durable_agents.errors import (
 )
 from durable_agents.judge import judge
 from durable_agents.models import Run, RunStatus, StepStatus
+from durable_agents.planner import planner
 from durable_agents.tools import Field, Tool, tool
 from durable_agents.waits import approval, sleep, wait_for_signal
 from durable_agents.workflows import PlannedStep, RetryPolicy, Workflow, call, registry, tool_step, workflow
@@ -86,6 +87,7 @@ __all__ = [
     "judge",
     "migrate",
     "participants",
+    "planner",
     "registry",
     "resume",
     "send_signal",

@@ -39,8 +39,16 @@ from durable_agents.engine.runs import settle_cancellation
 from durable_agents.engine.saga import COMPENSATION, plan_compensation_txn
 from durable_agents.engine.waits import Park, WaitSpec, park_txn
 from durable_agents.engine.wake import wake, wake_on_commit
-from durable_agents.errors import DefinitionError, LeaseLostError, PermanentError, UnknownWorkflowError
+from durable_agents.errors import (
+    DefinitionError,
+    LeaseLostError,
+    PermanentError,
+    UnknownToolError,
+    UnknownWorkflowError,
+)
 from durable_agents.models import Run, RunStatus, Step, StepKind, StepStatus
+from durable_agents.planner import TOOL_STEP_PREFIX, ExtendPlan, as_planned_steps, planned_step
+from durable_agents.tools import tools
 from durable_agents.workflows import RetryPolicy, StepDef, Workflow, registry
 
 logger = logging.getLogger("durable_agents.engine")
@@ -78,8 +86,8 @@ def advance(run_id: uuid.UUID | str) -> Outcome:
     except UnknownWorkflowError:
         return _version_gone(claim, step, run)
     try:
-        definition = COMPENSATION if step.kind == StepKind.COMPENSATE else definition_set.definition(step.name)
-    except DefinitionError:
+        definition = _definition(definition_set, step)
+    except (DefinitionError, UnknownToolError):
         # A plan element this version cannot execute (e.g. after a migration): an operator decides.
         return _park(claim, step, park_for_version(run, definition_set).spec)
     policy = definition_set.retry_policy(definition)
@@ -98,6 +106,8 @@ def advance(run_id: uuid.UUID | str) -> Outcome:
             return _park(claim, step, park.spec)
         except Rerun as rerun:
             return _redo(claim, step, rerun, started_at)
+        except ExtendPlan as extension:
+            return _extend(claim, step, extension, started_at)
         except Exception as exc:  # noqa: BLE001 - every failure is classified and persisted below
             failure = classify(exc, policy, step.step_id)
             logger.warning("step error %s: %s", failure.type, failure.message, extra=log)
@@ -106,6 +116,15 @@ def advance(run_id: uuid.UUID | str) -> Outcome:
                 return _retry(claim, step, failure, delay, started_at)
             return _fail(claim, step, failure, started_at, compensate=compensate)
     return _commit(claim, step, stored, started_at)
+
+
+def _definition(definition_set: Workflow, step: Step) -> StepDef:
+    """What executes this plan element: the workflow's definition, a planned tool call, or a compensation."""
+    if step.kind == StepKind.COMPENSATE:
+        return COMPENSATION
+    if step.name.startswith(TOOL_STEP_PREFIX):
+        return planned_step(tools.get(step.name.removeprefix(TOOL_STEP_PREFIX)))
+    return definition_set.definition(step.name)
 
 
 def _guard(claim: Claim, step: Step, policy: RetryPolicy, compensate: bool) -> Outcome | None:
@@ -328,6 +347,62 @@ def _version_gone(claim: Claim, step: Step, run: Run) -> Outcome:
     except LeaseLostError:
         return _rejected(claim, step)
     return Outcome.REPLANNED
+
+
+def _extend(claim: Claim, step: Step, extension: ExtendPlan, started_at: datetime) -> Outcome:
+    """Checkpoint a planner and put its validated plan right after it (replacing an earlier plan of it)."""
+    now = clock.now()
+    calls = extension.calls
+    try:
+        with transaction.atomic():
+            following = list(
+                Step.objects.live()
+                .filter(run_id=claim.run_id, position__gt=step.position)
+                .exclude(status=StepStatus.PENDING, step_id__startswith=f"{step.step_id}.")
+                .order_by("position")
+            )
+            end = step.position + 1 + len(calls) + len(following)
+            if _fenced(claim).update(cursor=step.position + 1, step_count=end, attempt=0, **_released(now)) != 1:
+                raise LeaseLostError()
+            Step.objects.live().filter(
+                run_id=claim.run_id, status=StepStatus.PENDING, step_id__startswith=f"{step.step_id}."
+            ).update(status=StepStatus.SUPERSEDED, updated_at=now)
+            Step.objects.filter(pk=step.pk).update(
+                status=StepStatus.DONE,
+                result=extension.result,
+                attempts=claim.attempt,
+                started_at=started_at,
+                finished_at=now,
+                updated_at=now,
+            )
+            # Two passes: positions are unique among live steps, so move the tail out of the way first.
+            Step.objects.filter(pk__in=[s.pk for s in following]).update(position=F("position") + 1_000_000)
+            for offset, later in enumerate(following):
+                Step.objects.filter(pk=later.pk).update(position=step.position + 1 + len(calls) + offset)
+            observations = list(
+                Step.objects.live()
+                .filter(run_id=claim.run_id, position__lt=step.position, status=StepStatus.DONE)
+                .exclude(fresh_for=None)
+                .values_list("step_id", flat=True)
+            )
+            Step.objects.bulk_create(
+                Step(
+                    run_id=claim.run_id,
+                    step_id=planned.step_id,
+                    name=planned.name,
+                    kind=StepKind.TOOL,
+                    position=step.position + 1 + i,
+                    args=dict(planned.args),
+                    depends_on=observations,
+                    fresh_for=call.fresh_for,
+                )
+                for i, (planned, call) in enumerate(zip(as_planned_steps(calls), calls, strict=True))
+            )
+            record_event(claim.run_id, "planned", step_id=step.step_id, steps=[c.step_id for c in calls])
+            wake_on_commit(claim.run_id)
+    except LeaseLostError:
+        return _rejected(claim, step)
+    return Outcome.COMMITTED
 
 
 def _finish_empty(claim: Claim) -> Outcome:

@@ -19,6 +19,7 @@ from durable_agents.engine.lease import Claim
 from durable_agents.engine.payloads import StoredResult
 from durable_agents.models import Run, RunStatus, Step, StepStatus
 
+
 def _in_model_order(model: Any, names: set[str]) -> tuple[str, ...]:
     # Model.from_db matches values to fields in the model's field order, whatever order names are given in.
     return tuple(f.attname for f in model._meta.concrete_fields if f.attname in names)

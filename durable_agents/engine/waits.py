@@ -109,7 +109,7 @@ def park_txn(run_id: uuid.UUID, step: Step, spec: WaitSpec, now: datetime) -> Wa
     return wait
 
 
-def require_approval(ctx: Any, tool: Any, args: Any, key: str) -> None:
+def require_approval(ctx: Any, tool: Any, args: Any, key: str, *, always: bool = False) -> None:
     """Gate an effectful tool call marked `needs_approval`: park for a human first, proceed once approved.
 
     A rejection raises ApprovalRejectedError: an agent sees it as an is_error tool result (its reject
@@ -119,7 +119,7 @@ def require_approval(ctx: Any, tool: Any, args: Any, key: str) -> None:
     from durable_agents.errors import ApprovalRejectedError
 
     checked = tool.validate(args)
-    if not tool.is_approval_required(checked):
+    if not always and not tool.is_approval_required(checked):
         return
     if Effect.objects.filter(idempotency_key=key, status=EffectStatus.APPLIED).exists():
         return

@@ -185,3 +185,36 @@ def test_fork__copies_checkpoints_and_shares_effects_with_the_same_input():
     assert new_request.status == RunStatus.COMPLETED
     assert sorted(LedgerEntry.objects.values_list("order_id", flat=True)) == ["P-2", "P-3"]
     assert Event.objects.filter(run=source, kind="fork_started").count() == 3
+
+
+# --- Planner ----------------------------------------------------------------------------------------------
+
+
+def test_planner__invalid_plans_are_refused_and_re_asked_then_the_plan_runs_step_by_step():
+    run = drive(api.start("planned").id)
+    assert run.status == RunStatus.COMPLETED, run.error
+    live = list(Step.objects.live().filter(run=run).order_by("position").values_list("step_id", flat=True))
+    assert live == ["observe", "plan", "plan.1.lookup_order", "plan.2.charge", "after"]
+    attempts = list(Turn.objects.filter(run=run, purpose="planner").order_by("index"))
+    assert len(attempts) == 3, "two refused plans, then the valid one"
+    assert LedgerEntry.objects.count() == 1
+    assert Step.objects.get(run=run, step_id="plan.1.lookup_order").fresh_for == timedelta(seconds=600)
+
+
+def test_planner__a_plan_that_never_validates_fails_clearly():
+    run = drive(api.start("badly_planned").id)
+    assert run.status == RunStatus.FAILED and "no valid plan in 3 attempts" in run.error["message"]
+    assert not Step.objects.filter(run=run, step_id__startswith="plan.").exists(), "no invalid plan reached the table"
+
+
+def test_planner__a_stale_re_plan_reuses_the_applied_charge():
+    run = api.start("planned")
+    for _ in range(4):  # observe, plan, lookup, charge
+        advance(run.id)
+    assert LedgerEntry.objects.count() == 1
+    clock.advance(timedelta(minutes=11))
+    assert advance(run.id) == "replanned"  # "after" depends on the observation, now stale
+    run = drive(run.id)
+    assert run.status == RunStatus.COMPLETED
+    assert LedgerEntry.objects.count() == 1, "the re-planned charge has the same tool and arguments: reused"
+    assert Turn.objects.filter(run=run, purpose="planner").count() == 6, "the planner ran again after re-observing"

@@ -6,8 +6,8 @@ from datetime import timedelta
 from typing import Any
 
 from durable_agents.agents.participants import FunctionParticipant, ModelRequest, tool_use
-from durable_agents.api import StepContext, call, judge, participants, tool_step, workflow
-from tests.testapp.workflows import _record_step, charge, record_execution
+from durable_agents.api import StepContext, call, judge, participants, planner, tool_step, workflow
+from tests.testapp.workflows import _record_step, charge, lookup_order, record_execution
 
 
 def _observe(ctx: StepContext) -> dict[str, Any]:
@@ -58,5 +58,45 @@ for _route in ("fail", "redo", "ask_human"):
                 participant="reviewer",
             ),
             call("after", _record_step),
+        ],
+    )
+
+
+# --- Planner: a model-made plan, refused twice before a valid one ------------------------------------------
+
+
+def plan_maker(request: ModelRequest) -> list[dict[str, Any]]:
+    """Proposes an unknown tool, then bad arguments, then a valid plan: each refusal is sent back."""
+    attempt = request.turn
+    if attempt == 0:
+        steps = [{"tool": "wire_money", "args": {"to": "me"}}]
+    elif attempt == 1:
+        steps = [{"tool": "charge", "args": {"order_id": "PL-1", "amount": "lots"}}]
+    else:
+        steps = [
+            {"tool": "lookup_order", "args": {"order_id": "PL-1"}, "fresh_for_seconds": 600},
+            {"tool": "charge", "args": {"order_id": "PL-1", "amount": "12.00"}},
+        ]
+    return [tool_use("submit_plan", {"steps": steps})]
+
+
+participants.register("plan-maker", FunctionParticipant(plan_maker, name="plan-maker"))
+participants.register(
+    "bad-planner",
+    FunctionParticipant(lambda request: [tool_use("submit_plan", {"steps": [{"tool": "nope", "args": {}}]})]),
+)
+
+for _name, _participant in (("planned", "plan-maker"), ("badly_planned", "bad-planner")):
+    workflow(
+        _name,
+        steps=[
+            call("observe", _observe, fresh_for=timedelta(minutes=10)),
+            planner(
+                "plan",
+                instructions="Plan how to charge the order.",
+                tools=[lookup_order, charge],
+                participant=_participant,
+            ),
+            call("after", _record_step, depends_on=["observe"]),
         ],
     )

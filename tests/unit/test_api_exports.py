@@ -42,6 +42,7 @@ PUBLIC_API = [
     "judge",
     "migrate",
     "participants",
+    "planner",
     "registry",
     "resume",
     "send_signal",

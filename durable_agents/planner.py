@@ -1,0 +1,196 @@
+"""Planner steps: the model proposes a plan through a structured tool; it is validated, then stored as rows.
+
+The plan is a list of tool calls (tool + arguments, optional freshness budget, optional human approval),
+checked against the workflow's allowed tools and their schemas. An invalid plan goes back to the model as
+an is_error tool result (bounded attempts), never into the table. Each planned step then runs one per
+task like any static step. A planned effect's key is derived from its tool and canonical arguments, so a
+re-plan that proposes the same refund again reuses the applied one instead of refunding twice.
+
+Example::
+
+    planner("plan", instructions="Plan the refund.", tools=[lookup_order, issue_refund, email_customer])
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from django.core.serializers.json import DjangoJSONEncoder
+
+from durable_agents.agents.participants import participants
+from durable_agents.conf import settings
+from durable_agents.engine.waits import require_approval
+from durable_agents.errors import DefinitionError, PermanentError, ToolArgumentsError
+from durable_agents.judge import ForcedToolRequest, journal_call
+from durable_agents.models import StepKind, Turn
+from durable_agents.tools import Tool
+from durable_agents.workflows import PlannedStep, StepDef
+
+PLAN_TOOL = "submit_plan"
+TOOL_STEP_PREFIX = "tool:"
+
+
+@dataclass(frozen=True)
+class PlannedCall:
+    """One validated element of a model-made plan."""
+
+    step_id: str
+    tool: str
+    args: dict[str, Any]
+    fresh_for: timedelta | None
+    approval: bool
+
+
+class ExtendPlan(BaseException):  # noqa: N818 - control flow, like Park
+    """Raised by a planner step: checkpoint `result` and put `calls` right after this step in the plan."""
+
+    def __init__(self, calls: list[PlannedCall], result: dict[str, Any]) -> None:
+        super().__init__(len(calls))
+        self.calls = calls
+        self.result = result
+
+
+def _plan_tool(tools: Sequence[Tool[..., Any]]) -> dict[str, Any]:
+    return {
+        "name": PLAN_TOOL,
+        "description": "Submit the plan: the tool calls to make, in order. Only these tools may be used: "
+        + "; ".join(f"{t.name}: {t.description.splitlines()[0]}" for t in tools),
+        "input_schema": {
+            "type": "object",
+            "properties": {
+                "steps": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "properties": {
+                            "tool": {"type": "string", "enum": [t.name for t in tools]},
+                            "args": {"type": "object"},
+                            "fresh_for_seconds": {"type": "integer", "minimum": 1},
+                            "approval": {"type": "boolean", "description": "ask a human before this step"},
+                        },
+                        "required": ["tool", "args"],
+                    },
+                }
+            },
+            "required": ["steps"],
+        },
+    }
+
+
+def planner(
+    name: str,
+    *,
+    instructions: str,
+    tools: Sequence[Tool[..., Any]],
+    prompt: Callable[[Any], Any] | None = None,
+    participant: str | None = None,
+    model: str | None = None,
+    max_tokens: int = 1024,
+    max_attempts: int = 3,
+) -> StepDef:
+    """A planner step: the model submits a plan of calls to `tools`; valid plans become plan rows."""
+    if not tools:
+        raise DefinitionError(f"planner {name!r}: give the tools a plan may use")
+    allowed = {t.name: t for t in tools}
+    plan_tool = _plan_tool(tools)
+
+    def run(ctx: Any) -> Any:
+        chosen = ctx.run.participant or participant or settings.DEFAULT_PARTICIPANT
+        answerer = participants.get(chosen)
+        first = prompt(ctx) if prompt else json.dumps(ctx.input, cls=DjangoJSONEncoder)
+        messages: list[dict[str, Any]] = [{"role": "user", "content": first}]
+        unread = list(Turn.objects.filter(step_id=ctx.step.pk, purpose="planner").order_by("index"))
+        asked = len(unread)
+        while True:
+            for turn in unread:
+                calls, errors, use_id = _read_plan(name, turn.content, allowed)
+                if not errors:
+                    result = {"plan": [{"tool": c.tool, "args": c.args, "step_id": c.step_id} for c in calls]}
+                    raise ExtendPlan(calls, result)
+                messages += [
+                    {"role": "assistant", "content": turn.content},
+                    {
+                        "role": "user",
+                        "content": [
+                            {
+                                "type": "tool_result",
+                                "tool_use_id": use_id,
+                                "is_error": True,
+                                "content": "The plan was refused: " + "; ".join(errors),
+                            }
+                        ],
+                    },
+                ]
+            if asked >= max_attempts:
+                raise PermanentError(f"planner {name!r} produced no valid plan in {max_attempts} attempts")
+            request = ForcedToolRequest(
+                model=model or settings.DEFAULT_MODEL,
+                max_tokens=max_tokens,
+                system=instructions,
+                tools=[plan_tool],
+                messages=list(messages),
+                metadata={"user_id": f"{ctx.run_id}:{ctx.step_id}"},
+                tool_choice={"type": "tool", "name": PLAN_TOOL},
+            )
+            unread = [journal_call(ctx, "planner", request, answerer.respond(request), answerer.name)]
+            asked += 1
+
+    return StepDef(name=name, kind=StepKind.PLANNER, fn=run, options={"tools": tuple(allowed)})
+
+
+def _read_plan(name: str, content: Sequence[dict[str, Any]], allowed: dict[str, Tool[..., Any]]):  # type: ignore[no-untyped-def]
+    use = next((b for b in content if b.get("type") == "tool_use" and b.get("name") == PLAN_TOOL), None)
+    if use is None:
+        return [], ["call submit_plan with the plan"], "none"
+    steps = (use.get("input") or {}).get("steps")
+    if not isinstance(steps, list) or not steps:
+        return [], ["the plan needs at least one step"], use["id"]
+    calls, errors = [], []
+    for i, element in enumerate(steps, start=1):
+        tool = allowed.get(element.get("tool")) if isinstance(element, dict) else None
+        if tool is None:
+            errors.append(
+                f"step {i}: unknown tool {element.get('tool') if isinstance(element, dict) else element!r}"
+                f"; allowed: {', '.join(allowed)}"
+            )
+            continue
+        try:
+            args = tool.validate(element.get("args") or {})
+        except ToolArgumentsError as exc:
+            errors.append(f"step {i}: {exc}")
+            continue
+        seconds = element.get("fresh_for_seconds")
+        calls.append(
+            PlannedCall(
+                step_id=f"{name}.{i}.{tool.name}",
+                tool=tool.name,
+                args=args,
+                fresh_for=timedelta(seconds=seconds) if isinstance(seconds, int) and seconds > 0 else tool.fresh_for,
+                approval=bool(element.get("approval")),
+            )
+        )
+    return calls, errors, use["id"]
+
+
+def planned_step(tool: Tool[..., Any]) -> StepDef:
+    """How a planned call executes: its tool, keyed by tool and canonical arguments, approved if asked."""
+
+    def run(ctx: Any) -> Any:
+        args = ctx.args.get("args", {})
+        # Keyed by tool and canonical arguments, not by position: a re-plan proposing it again reuses it.
+        key = f"{ctx.run.effect_scope or ctx.run_id}:plan:{tool.name}:{tool.args_hash(tool.validate(args))[:32]}"
+        if ctx.args.get("approval") and tool.effectful:
+            require_approval(ctx, tool, args, key, always=True)
+        return ctx.call_tool(tool, args, key=key)
+
+    return StepDef(name=f"{TOOL_STEP_PREFIX}{tool.name}", kind=StepKind.TOOL, fn=run)
+
+
+def as_planned_steps(calls: list[PlannedCall]) -> list[PlannedStep]:
+    return [
+        PlannedStep(c.step_id, f"{TOOL_STEP_PREFIX}{c.tool}", {"args": c.args, "approval": c.approval}) for c in calls
+    ]
