@@ -41,7 +41,7 @@ DEFAULTS: dict[str, Any] = {
     "MODEL_TIMEOUT_SECONDS": 120.0,
     # USD per million tokens: (input, output, cache write, cache read), by model name prefix.
     "MODEL_PRICES": {
-        "claude-opus": (15.0, 75.0, 18.75, 1.5),
+        "claude-opus": (5.0, 25.0, 6.25, 0.5),
         "claude-sonnet": (3.0, 15.0, 3.75, 0.3),
         "claude-haiku": (1.0, 5.0, 1.25, 0.1),
     },
@@ -62,7 +62,7 @@ DEFAULTS: dict[str, Any] = {
     # Step latency and retry metrics cover steps finished (retries scheduled) in the last this-many seconds.
     "METRICS_WINDOW_SECONDS": 300.0,
     # Admin lists count matching runs exactly up to this many; beyond it they show a Postgres estimate.
-    "ADMIN_EXACT_COUNT_LIMIT": 10_000,
+    "ADMIN_EXACT_COUNT_LIMIT": 1000,
     # An agent step folds its older turns into a summary once a prompt reached this many tokens
     # (None: never; an agent(compact_at_prompt_tokens=...) overrides it).
     "COMPACT_AT_PROMPT_TOKENS": 100_000,

@@ -125,8 +125,13 @@ def tool_step(
         return ctx.call_tool(tool, values)
 
     return StepDef(
-        name=name, kind="tool", fn=invoke, retry=retry, options={"tool": tool.name},
-        fresh_for=tool.fresh_for, depends_on=tuple(depends_on),
+        name=name,
+        kind="tool",
+        fn=invoke,
+        retry=retry,
+        options={"tool": tool.name},
+        fresh_for=tool.fresh_for,
+        depends_on=tuple(depends_on),
     )
 
 

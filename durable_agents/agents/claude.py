@@ -6,6 +6,10 @@ the server's `retry-after`, the step attempt is persisted, and the re-executed s
 journal — the model is asked again only for the turn that never got an answer. 400/401/403/404/413
 become ModelRequestError: permanent, with a message that says what to fix. The API key is read from
 ANTHROPIC_API_KEY by the SDK and never written anywhere: error messages are scrubbed of it.
+
+Compaction calls are ordinary Messages requests (the agent loop appends a summarisation instruction to the
+conversation it would have sent), so they read the same cached prefix as the turns before them. Only
+answered requests are billed and journaled: an HTTP error carries no usage, and the API bills none.
 """
 
 from __future__ import annotations
@@ -98,16 +102,22 @@ class AnthropicParticipant:
                     message = stream.get_final_message()
             else:
                 message = self.client.messages.create(**kwargs)
-        usage = message.usage
         return ModelResponse(
             content=tuple(block.model_dump(mode="json", exclude_none=True) for block in message.content),
             stop_reason=message.stop_reason or "",
             model=message.model,
-            usage=Usage(
-                input_tokens=usage.input_tokens or 0,
-                output_tokens=usage.output_tokens or 0,
-                cache_write_tokens=usage.cache_creation_input_tokens or 0,
-                cache_read_tokens=usage.cache_read_input_tokens or 0,
-            ),
+            usage=usage_of(message.usage),
             request_id=getattr(message, "_request_id", None) or "",
         )
+
+
+def usage_of(usage: Any) -> Usage:
+    """The billed tokens of a Messages API `usage` object; 1 h cache writes are priced apart from 5 min ones."""
+    split = getattr(usage, "cache_creation", None)
+    return Usage(
+        input_tokens=usage.input_tokens or 0,
+        output_tokens=usage.output_tokens or 0,
+        cache_write_tokens=usage.cache_creation_input_tokens or 0,
+        cache_read_tokens=usage.cache_read_input_tokens or 0,
+        cache_write_1h_tokens=(getattr(split, "ephemeral_1h_input_tokens", 0) or 0) if split is not None else 0,
+    )

@@ -6,13 +6,22 @@ results are stored on the turn once they are all in. A re-executed step (after a
 error or a participant swap) replays the journal and asks the participant only for turns it never
 answered. The whole loop runs inside one step (one Celery task): a turn is journaled in its own short
 transaction, which is as durable as a task per turn and saves a broker hop and a claim per turn.
+
+Tokens: before every model call the run's budget is checked against everything it spent (budget.py);
+once a prompt grows past the compaction threshold, older turns are folded into a summary stored in
+Step.context (compaction.py). A re-executed step reads that context and the turns since, never the
+whole journal, so resuming costs the same at turn 10 and turn 10,000.
+
+Journal indices: agent turns and compaction calls share one sequence per step (unique with the step);
+`Compacted.compactions` tells them apart, so `max_turns` counts agent turns only.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from decimal import Decimal
 from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
@@ -20,9 +29,29 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 
 from durable_agents import clock
-from durable_agents.agents.participants import ModelRequest, ModelResponse, Participant, participants
+from durable_agents.agents.budget import Budget, PromptSize, estimate_prompt
+from durable_agents.agents.compaction import (
+    COMPACTION_INSTRUCTION,
+    Compacted,
+    Conversation,
+    cacheable_system,
+    cacheable_tools,
+    summary_text,
+    text_of,
+)
+from durable_agents.agents.participants import (
+    COMPACTION,
+    TURN,
+    ModelRequest,
+    ModelResponse,
+    Participant,
+    Usage,
+    estimate_tokens,
+    participants,
+)
 from durable_agents.agents.pricing import cost_usd
 from durable_agents.conf import settings
+from durable_agents.engine.events import record_event
 from durable_agents.errors import (
     AgentLimitError,
     ContextWindowExceededError,
@@ -51,6 +80,9 @@ class AgentSpec:
     max_turns: int
     participant: str | Participant | None
     max_tool_errors: int
+    # None: DURABLE_AGENTS['COMPACT_AT_PROMPT_TOKENS'] and ['KEEP_RECENT_TURNS'].
+    compact_at_prompt_tokens: int | None = None
+    keep_recent_turns: int | None = None
 
 
 def agent(
@@ -64,10 +96,13 @@ def agent(
     max_turns: int = 25,
     participant: str | Participant | None = None,
     max_tool_errors: int = 3,
+    compact_at_prompt_tokens: int | None = None,
+    keep_recent_turns: int | None = None,
     retry: RetryPolicy | None = None,
 ) -> StepDef:
     """An agent step: `instructions` (system prompt), `prompt(ctx)` (the user content; default: the run
-    input as JSON) and the tools the model may call.
+    input as JSON) and the tools the model may call. Past `compact_at_prompt_tokens` of prompt, all but the
+    last `keep_recent_turns` turns are folded into a summary (defaults: the DURABLE_AGENTS settings).
 
     Example::
 
@@ -81,7 +116,22 @@ def agent(
         raise DefinitionError(f"agent {name!r}: tools must be @tool objects")
     if max_turns < 1 or max_tokens < 1:
         raise DefinitionError(f"agent {name!r}: max_turns and max_tokens must be positive")
-    spec = AgentSpec(instructions, tuple(tools), prompt, model, max_tokens, max_turns, participant, max_tool_errors)
+    if (compact_at_prompt_tokens is not None and compact_at_prompt_tokens < 1) or (
+        keep_recent_turns is not None and keep_recent_turns < 1
+    ):
+        raise DefinitionError(f"agent {name!r}: compact_at_prompt_tokens and keep_recent_turns must be positive")
+    spec = AgentSpec(
+        instructions,
+        tuple(tools),
+        prompt,
+        model,
+        max_tokens,
+        max_turns,
+        participant,
+        max_tool_errors,
+        compact_at_prompt_tokens,
+        keep_recent_turns,
+    )
     return StepDef(
         name=name,
         kind=StepKind.AGENT,
@@ -98,44 +148,101 @@ def resolve_participant(ctx: Any, spec: AgentSpec) -> Participant:
 
 
 def run_agent(ctx: Any, spec: AgentSpec) -> dict[str, Any]:
-    participant = resolve_participant(ctx, spec)
-    model = spec.model or settings.DEFAULT_MODEL
-    tools = {t.name: t for t in spec.tools}
-    tool_defs = [t.anthropic_schema() for t in spec.tools]
-    messages: list[dict[str, Any]] = [{"role": "user", "content": _initial_content(ctx, spec)}]
-    journal = list(Turn.objects.filter(step_id=ctx.step.pk).order_by("index"))
-    tool_errors = 0
+    return _AgentLoop(ctx, spec).run()
 
-    def turns() -> Iterator[Turn]:
-        yield from journal
-        index = len(journal)
+
+class _AgentLoop:
+    """One execution of an agent step: replay the turns journaled since the last compaction, then ask for more."""
+
+    def __init__(self, ctx: Any, spec: AgentSpec) -> None:
+        self.ctx = ctx
+        self.spec = spec
+        self.participant = resolve_participant(ctx, spec)
+        self.tools = {t.name: t for t in spec.tools}
+        self.base = ModelRequest(
+            model=spec.model or settings.DEFAULT_MODEL,
+            max_tokens=spec.max_tokens,
+            system=cacheable_system(spec.instructions),
+            tools=cacheable_tools([t.anthropic_schema() for t in spec.tools]),
+            messages=(),
+            metadata={"user_id": f"{ctx.run_id}:{ctx.step_id}"},
+        )
+        # Read fresh: the step row the engine loaded does not carry the (possibly large) context.
+        stored = Step.objects.filter(pk=ctx.step.pk).values_list("context", flat=True).first()
+        compacted = Compacted.from_json(stored)
+        self.conversation = Conversation(_initial_content(ctx, spec), compacted)
+        self.next_index = compacted.turn + 1 if compacted else 0
+        self.compactions = compacted.compactions if compacted else 0
+        self.errors_by_turn: dict[int, int] = {}
+        # The last prompt size the API reported for a request shaped like the next one (after the last fold).
+        self.measured: PromptSize | None = None
+        self.budget = Budget.of(ctx.run)
+        compact_at = spec.compact_at_prompt_tokens or settings.COMPACT_AT_PROMPT_TOKENS
+        self.compact_at: int | None = int(compact_at) if compact_at else None
+        self.keep = int(spec.keep_recent_turns or settings.KEEP_RECENT_TURNS)
+
+    def run(self) -> dict[str, Any]:
+        since = self.compacted.covers_until if self.compacted else 0
+        journal = Turn.objects.filter(step_id=self.ctx.step.pk, purpose=TURN, index__gte=since).order_by("index")
+        for turn in journal:
+            self.next_index = max(self.next_index, turn.index + 1)
+            outcome = self._act(turn)
+            if outcome is not None:
+                return outcome
         while True:
-            if index >= spec.max_turns:
-                raise AgentLimitError(f"the agent used its {spec.max_turns} turns without finishing")
-            request = ModelRequest(
-                model=model,
-                max_tokens=spec.max_tokens,
-                system=spec.instructions,
-                tools=tool_defs,
-                messages=_prefill_safe(messages),
-                metadata={"user_id": f"{ctx.run_id}:{ctx.step_id}"},
-            )
-            yield _journal(ctx, index, request, participant.respond(request), participant.name)
-            index += 1
+            if self._should_compact():
+                self._compact()
+            outcome = self._act(self._ask())
+            if outcome is not None:
+                return outcome
 
-    for turn in turns():
-        _append_assistant(messages, turn.content)
+    @property
+    def compacted(self) -> Compacted | None:
+        return self.conversation.compacted
+
+    @property
+    def turn_number(self) -> int:
+        """Agent turns journaled so far: the number of the next one."""
+        return self.next_index - self.compactions
+
+    @property
+    def tool_errors(self) -> int:
+        return (self.compacted.tool_errors if self.compacted else 0) + sum(self.errors_by_turn.values())
+
+    def _ask(self) -> Turn:
+        if self.turn_number >= self.spec.max_turns:
+            raise AgentLimitError(f"the agent used its {self.spec.max_turns} turns without finishing")
+        request = replace(self.base, messages=self.conversation.sendable(), turn_number=self.turn_number)
+        self.budget.check(
+            model=request.model,
+            prompt_tokens=estimate_prompt(request.as_kwargs(), self.conversation.messages, self.measured),
+            max_tokens=request.max_tokens,
+            purpose=f"turn {self.turn_number}",
+        )
+        response = self.participant.respond(request)
+        turn = _journal(self.ctx, self.next_index, request, response, self.participant.name)
+        self.next_index += 1
+        return turn
+
+    def _act(self, turn: Turn) -> dict[str, Any] | None:
+        """Take a journaled turn into the conversation; the step's result once the agent is done, else None."""
+        if self.compacted is None or turn.index > self.compacted.turn:
+            self.measured = PromptSize(_prompt_tokens(turn), len(self.conversation.messages))
+        self.conversation.add_turn(turn.index, turn.content, turn.stop_reason)
         stop = turn.stop_reason
         if stop == "tool_use":
-            results = turn.tool_results if turn.tool_results is not None else _run_tools(ctx, turn, tools)
-            tool_errors += sum(1 for block in results if block.get("is_error"))
-            if tool_errors > spec.max_tool_errors:
-                raise AgentLimitError(f"the model made {tool_errors} invalid tool calls (limit {spec.max_tool_errors})")
-            messages.append({"role": "user", "content": results})
+            results = turn.tool_results if turn.tool_results is not None else _run_tools(self.ctx, turn, self.tools)
+            self.errors_by_turn[turn.index] = sum(1 for block in results if block.get("is_error"))
+            if self.tool_errors > self.spec.max_tool_errors:
+                raise AgentLimitError(
+                    f"the model made {self.tool_errors} invalid tool calls (limit {self.spec.max_tool_errors})"
+                )
+            self.conversation.add_results(results)
         elif stop in FINAL_STOPS:
-            return {"text": _text(messages[-1]["content"]), "stop_reason": stop, "turns": turn.index + 1}
+            turns = turn.index + 1 - self.compactions
+            return {"text": self.conversation.final_text, "stop_reason": stop, "turns": turns}
         elif stop == "refusal":
-            raise ModelRefusalError(f"the model refused at turn {turn.index}: {_text(turn.content)[:500]}")
+            raise ModelRefusalError(f"the model refused at turn {turn.index}: {text_of(turn.content)[:500]}")
         elif stop == "model_context_window_exceeded":
             raise ContextWindowExceededError(f"the conversation outgrew the context window at turn {turn.index}")
         elif stop in CONTINUE_STOPS:
@@ -143,7 +250,44 @@ def run_agent(ctx: Any, spec: AgentSpec) -> dict[str, Any]:
                 raise AgentLimitError(f"turn {turn.index} hit max_tokens inside a tool call; raise max_tokens")
         else:
             raise PermanentError(f"unknown stop_reason {stop!r} at turn {turn.index}")
-    raise AssertionError("unreachable: the turn stream ends only by returning or raising")
+        return None
+
+    def _should_compact(self) -> bool:
+        return (
+            self.compact_at is not None
+            and self.measured is not None
+            and self.measured.tokens >= self.compact_at
+            and self.conversation.fold_point(self.keep) is not None
+        )
+
+    def _compact(self) -> None:
+        """Fold the older turns into a summary: a journaled model call, committed with the new Step.context."""
+        point = self.conversation.fold_point(self.keep)
+        assert point is not None and self.measured is not None, "only called when _should_compact()"
+        request = self.conversation.compaction_request(self.base, point, turn_number=self.turn_number)
+        # The request is a prefix of the last prompt plus the instruction: the last prompt bounds it.
+        self.budget.check(
+            model=request.model,
+            prompt_tokens=self.measured.tokens + estimate_tokens(COMPACTION_INSTRUCTION),
+            max_tokens=request.max_tokens,
+            purpose=f"compaction before turn {self.turn_number}",
+        )
+        response = self.participant.respond(request)
+        folded_errors = sum(n for index, n in self.errors_by_turn.items() if index < point.covers_until)
+        compacted = Compacted(
+            summary=summary_text(response, request),
+            covers_until=point.covers_until,
+            turn=self.next_index,
+            compactions=self.compactions + 1,
+            prompt_tokens_before=self.measured.tokens,
+            tool_errors=(self.compacted.tool_errors if self.compacted else 0) + folded_errors,
+        )
+        _journal(self.ctx, self.next_index, request, response, self.participant.name, compacted=compacted)
+        self.conversation.fold(compacted, point)
+        self.errors_by_turn = {i: n for i, n in self.errors_by_turn.items() if i >= point.covers_until}
+        self.next_index += 1
+        self.compactions += 1
+        self.measured = None
 
 
 def _initial_content(ctx: Any, spec: AgentSpec) -> Any:
@@ -152,44 +296,37 @@ def _initial_content(ctx: Any, spec: AgentSpec) -> Any:
     return json.dumps(ctx.input, cls=DjangoJSONEncoder)
 
 
-def _append_assistant(messages: list[dict[str, Any]], content: Sequence[dict[str, Any]]) -> None:
-    """Add a response; a continuation (after max_tokens or pause_turn) extends the previous assistant message."""
-    if messages[-1]["role"] != "assistant":
-        messages.append({"role": "assistant", "content": [dict(b) for b in content]})
-        return
-    merged = messages[-1]["content"]
-    for block in content:
-        if merged and merged[-1].get("type") == "text" and block.get("type") == "text":
-            merged[-1] = {**merged[-1], "text": merged[-1]["text"] + block["text"]}
-        else:
-            merged.append(dict(block))
+def _prompt_tokens(turn: Turn) -> int:
+    return turn.input_tokens + turn.cache_write_tokens + turn.cache_read_tokens
 
 
-def _prefill_safe(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """A copy fit to send: the API refuses a final assistant message that ends in whitespace."""
-    out = [dict(m) for m in messages]
-    last = out[-1]
-    if last["role"] == "assistant" and last["content"] and last["content"][-1].get("type") == "text":
-        last["content"] = [*last["content"][:-1], {**last["content"][-1], "text": last["content"][-1]["text"].rstrip()}]
-    return out
-
-
-def _text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    return "".join(block.get("text", "") for block in content if block.get("type") == "text")
-
-
-def _journal(ctx: Any, index: int, request: ModelRequest, response: ModelResponse, participant: str) -> Turn:
-    """Commit the response before acting on it: turn, usage on step and run, fenced by the lease token."""
-    usage = response.usage
-    cost = cost_usd(response.model, usage)
-    counters = {
+def _counters(usage: Usage) -> dict[str, Any]:
+    return {
         "input_tokens": F("input_tokens") + usage.input_tokens,
         "output_tokens": F("output_tokens") + usage.output_tokens,
         "cache_write_tokens": F("cache_write_tokens") + usage.cache_write_tokens,
         "cache_read_tokens": F("cache_read_tokens") + usage.cache_read_tokens,
     }
+
+
+def _journal(
+    ctx: Any,
+    index: int,
+    request: ModelRequest,
+    response: ModelResponse,
+    participant: str,
+    *,
+    compacted: Compacted | None = None,
+) -> Turn:
+    """Commit the response before acting on it: turn, usage on step and run, fenced by the lease token.
+
+    A compaction call commits the step's new context (and an event) in the same transaction, so a crash
+    leaves either the old summary and its turns, or the new summary.
+    """
+    usage = response.usage
+    cost = cost_usd(response.model, usage)
+    counters = _counters(usage)
+    step_changes: dict[str, Any] = {"context": compacted.as_json()} if compacted else {}
     try:
         with transaction.atomic():
             # Progress resets the attempt count, so a long agent is not failed for retries spread over hours.
@@ -198,11 +335,12 @@ def _journal(ctx: Any, index: int, request: ModelRequest, response: ModelRespons
             )
             if not fenced:
                 raise LeaseLostError()
-            Step.objects.filter(pk=ctx.step.pk).update(cost_usd=F("cost_usd") + cost, **counters)
-            return Turn.objects.create(
+            Step.objects.filter(pk=ctx.step.pk).update(cost_usd=F("cost_usd") + cost, **counters, **step_changes)
+            turn = Turn.objects.create(
                 run_id=ctx.run_id,
                 step_id=ctx.step.pk,
                 index=index,
+                purpose=COMPACTION if compacted else TURN,
                 request_digest=request.digest(),
                 content=[dict(b) for b in response.content],
                 stop_reason=response.stop_reason,
@@ -215,8 +353,40 @@ def _journal(ctx: Any, index: int, request: ModelRequest, response: ModelRespons
                 cache_write_tokens=usage.cache_write_tokens,
                 cache_read_tokens=usage.cache_read_tokens,
             )
+            if compacted:
+                record_event(
+                    ctx.run_id,
+                    "compacted",
+                    step_id=ctx.step_id,
+                    turn=index,
+                    covers_until=compacted.covers_until,
+                    prompt_tokens_before=compacted.prompt_tokens_before,
+                    summary_tokens=usage.output_tokens,
+                )
+            return turn
+    except LeaseLostError:
+        _count_unjournaled(ctx, index, usage, cost, "lease lost")
+        raise
     except IntegrityError as exc:
+        _count_unjournaled(ctx, index, usage, cost, "journaled by another worker")
         raise LeaseLostError(f"turn {index} of step {ctx.step_id} was journaled by another worker") from exc
+
+
+def _count_unjournaled(ctx: Any, index: int, usage: Usage, cost: Decimal, why: str) -> None:
+    """A zombie's answer is not journaled, but it was billed: the run's spend (and budget) must still see it."""
+    counters = _counters(usage)
+    with transaction.atomic():
+        Run.objects.filter(pk=ctx.run_id).update(cost_usd=F("cost_usd") + cost, **counters)
+        Step.objects.filter(pk=ctx.step.pk).update(cost_usd=F("cost_usd") + cost, **counters)
+        record_event(
+            ctx.run_id,
+            "unjournaled_usage",
+            step_id=ctx.step_id,
+            turn=index,
+            reason=why,
+            tokens=usage.total_tokens,
+            cost_usd=str(cost),
+        )
 
 
 def _run_tools(ctx: Any, turn: Turn, tools: dict[str, Tool[..., Any]]) -> list[dict[str, Any]]:
@@ -236,7 +406,7 @@ def _run_tool(ctx: Any, block: dict[str, Any], tools: dict[str, Tool[..., Any]])
     if tool is None:
         return _error(use_id, f"unknown tool {name!r}; the tools you may call are: {', '.join(tools) or 'none'}")
     try:
-        result = ctx.call_tool(tool, block.get("input") or {}, key=f"{ctx.run_id}:{ctx.step_id}:{use_id}")
+        result = ctx.call_tool(tool, block.get("input") or {}, key=ctx.idempotency_key(use_id))
     except ToolArgumentsError as exc:
         return _error(use_id, str(exc))
     except (RetryableError, LeaseLostError, PermanentError):

@@ -1,7 +1,9 @@
 """Participants answer model turns: the Anthropic model, a deterministic script, or a plain function.
 
 A participant takes a ModelRequest and returns a ModelResponse; the agent loop journals every response
-before acting on it, so any participant can take over a run mid-way from the journal.
+before acting on it, so any participant can take over a run mid-way from the journal. A request whose
+`purpose` is "compaction" asks for a summary of the conversation so far (text): the Anthropic model
+writes one; function and scripted participants answer with a deterministic one, without calling the script.
 
 Example::
 
@@ -25,17 +27,28 @@ from typing import Any, Protocol
 
 from durable_agents.errors import UnknownParticipantError
 
+TURN = "turn"
+COMPACTION = "compaction"
+
 
 @dataclass(frozen=True)
 class Usage:
+    """Tokens one model call was billed for; `cache_write_1h_tokens` is the part of the writes with a 1 h TTL."""
+
     input_tokens: int = 0
     output_tokens: int = 0
     cache_write_tokens: int = 0
     cache_read_tokens: int = 0
+    cache_write_1h_tokens: int = 0
 
     @property
     def prompt_tokens(self) -> int:
+        """The whole prompt, however it was billed (uncached, written to the cache, read from it)."""
         return self.input_tokens + self.cache_write_tokens + self.cache_read_tokens
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.output_tokens
 
 
 @dataclass(frozen=True)
@@ -48,6 +61,10 @@ class ModelRequest:
     tools: Sequence[Mapping[str, Any]]
     messages: Sequence[Mapping[str, Any]]
     metadata: Mapping[str, Any] = field(default_factory=dict)
+    # Not sent: "turn" (the agent's next move) or "compaction" (summarise the conversation as text).
+    purpose: str = TURN
+    # Not sent: how many agent turns the step journaled before this one (compaction calls excluded).
+    turn_number: int | None = None
 
     def as_kwargs(self) -> dict[str, Any]:
         kwargs: dict[str, Any] = {"model": self.model, "max_tokens": self.max_tokens, "messages": list(self.messages)}
@@ -72,7 +89,12 @@ class ModelRequest:
 
     @property
     def turn(self) -> int:
-        """How many assistant turns the conversation already holds."""
+        """How many agent turns came before this one: 0 for the first request, and so on.
+
+        Counted by the agent loop, so it keeps counting after compaction folded old turns into a summary.
+        """
+        if self.turn_number is not None:
+            return self.turn_number
         return sum(1 for m in self.messages if m.get("role") == "assistant")
 
 
@@ -89,6 +111,8 @@ class ModelResponse:
 
 
 class Participant(Protocol):
+    """Answers a ModelRequest; when `request.purpose == "compaction"`, with a text summary of the conversation."""
+
     name: str
 
     def respond(self, request: ModelRequest) -> ModelResponse: ...
@@ -112,14 +136,25 @@ def estimate_tokens(value: Any) -> int:
 class FunctionParticipant:
     """A plain Python function answers: it returns a ModelResponse, content blocks, or a string.
 
-    The stop reason is `tool_use` when the content holds a tool_use block, else `end_turn`.
+    The stop reason is `tool_use` when the content holds a tool_use block, else `end_turn`. Compaction
+    requests go to `summarize(request) -> str` (default: a deterministic, bounded summary of the tool calls),
+    so a script never has to know about compaction.
     """
 
-    def __init__(self, fn: Callable[[ModelRequest], Any], *, name: str = "function") -> None:
+    def __init__(
+        self,
+        fn: Callable[[ModelRequest], Any],
+        *,
+        name: str = "function",
+        summarize: Callable[[ModelRequest], str] | None = None,
+    ) -> None:
         self.fn = fn
         self.name = name
+        self.summarize = summarize
 
     def respond(self, request: ModelRequest) -> ModelResponse:
+        if request.purpose == COMPACTION:
+            return self._summary(request)
         answer = self.fn(request)
         if isinstance(answer, ModelResponse):
             return answer
@@ -135,12 +170,30 @@ class FunctionParticipant:
         usage = Usage(input_tokens=estimate_tokens(request.as_kwargs()), output_tokens=estimate_tokens(blocks))
         return ModelResponse(content=blocks, stop_reason=stop, model=f"{self.name}:{request.model}", usage=usage)
 
+    def _summary(self, request: ModelRequest) -> ModelResponse:
+        if self.summarize is not None:
+            summary = self.summarize(request)
+        else:
+            # Imported here: compaction builds on this module's request and response types.
+            from durable_agents.agents.compaction import deterministic_summary
+
+            summary = deterministic_summary(request)
+        blocks = (text(summary),)
+        usage = Usage(input_tokens=estimate_tokens(request.as_kwargs()), output_tokens=estimate_tokens(summary))
+        return ModelResponse(content=blocks, stop_reason="end_turn", model=f"{self.name}:{request.model}", usage=usage)
+
 
 class ScriptedParticipant(FunctionParticipant):
     """A deterministic script plays the model: offline, for tests, the demo, and runs without an API key."""
 
-    def __init__(self, script: Callable[[ModelRequest], Any], *, name: str = "scripted") -> None:
-        super().__init__(script, name=name)
+    def __init__(
+        self,
+        script: Callable[[ModelRequest], Any],
+        *,
+        name: str = "scripted",
+        summarize: Callable[[ModelRequest], str] | None = None,
+    ) -> None:
+        super().__init__(script, name=name, summarize=summarize)
 
 
 class ParticipantRegistry:

@@ -46,8 +46,10 @@ from durable_agents.errors import (
     UnknownToolError,
     UnknownWorkflowError,
 )
+from durable_agents.logs import run_logger
 from durable_agents.models import Run, RunStatus, Step, StepKind, StepStatus
 from durable_agents.planner import TOOL_STEP_PREFIX, ExtendPlan, as_planned_steps, planned_step
+from durable_agents.signals import run_finished, send_on_commit, step_committed, step_failed, step_retried
 from durable_agents.tools import tools
 from durable_agents.workflows import RetryPolicy, StepDef, Workflow, registry
 
@@ -80,7 +82,7 @@ def advance(run_id: uuid.UUID | str) -> Outcome:
     if step is None:
         return _finish_empty(claim)
     run = step.run
-    log = {"run_id": str(run.id), "step_id": step.step_id, "attempt": claim.attempt}
+    log = run_logger("durable_agents.engine", run.id, step.step_id, claim.attempt)
     try:
         definition_set = registry.get(run.workflow, run.workflow_version)
     except UnknownWorkflowError:
@@ -97,7 +99,7 @@ def advance(run_id: uuid.UUID | str) -> Outcome:
         return guarded
 
     started_at = clock.now()
-    logger.debug("step start", extra=log)
+    log.debug("step start")
     with Heartbeat(claim) as beat:
         try:
             value = _execute(definition_set, definition, StepContext(run, step, claim.attempt, beat))
@@ -110,7 +112,7 @@ def advance(run_id: uuid.UUID | str) -> Outcome:
             return _extend(claim, step, extension, started_at)
         except Exception as exc:  # noqa: BLE001 - every failure is classified and persisted below
             failure = classify(exc, policy, step.step_id)
-            logger.warning("step error %s: %s", failure.type, failure.message, extra=log)
+            log.warning("step error %s: %s", failure.type, failure.message)
             if failure.transient and claim.attempt < policy.attempts_allowed:
                 delay = max(policy.delay(claim.attempt), failure.retry_after or 0.0)
                 return _retry(claim, step, failure, delay, started_at)
@@ -179,6 +181,7 @@ def _commit(claim: Claim, step: Step, stored: StoredResult, started_at: datetime
     if hotpath.is_available():
         if not hotpath.commit_checkpoint(claim, step, stored, started_at, now, final=last):
             return _rejected(claim, step)
+        _committed(claim, step, last)
         if last:
             return Outcome.COMPLETED
         wake(claim.run_id)
@@ -206,9 +209,16 @@ def _commit(claim: Claim, step: Step, stored: StoredResult, started_at: datetime
             )
             if not last:
                 wake_on_commit(claim.run_id)
+            _committed(claim, step, last)
     except LeaseLostError:
         return _rejected(claim, step)
     return Outcome.COMPLETED if last else Outcome.COMMITTED
+
+
+def _committed(claim: Claim, step: Step, last: bool) -> None:
+    send_on_commit(step_committed, run_id=claim.run_id, step_id=step.step_id, attempt=claim.attempt)
+    if last:
+        send_on_commit(run_finished, run_id=claim.run_id, status=claim.finish_as or RunStatus.COMPLETED, error=None)
 
 
 def _retry(claim: Claim, step: Step, failure: Failure, delay: float, started_at: datetime) -> Outcome:
@@ -232,6 +242,14 @@ def _retry(claim: Claim, step: Step, failure: Failure, delay: float, started_at:
                 attempt=claim.attempt,
                 delay_seconds=round(delay, 3),
                 error=failure.as_error(),
+            )
+            send_on_commit(
+                step_retried,
+                run_id=claim.run_id,
+                step_id=step.step_id,
+                attempt=claim.attempt,
+                error=failure.as_error(),
+                delay_seconds=delay,
             )
             # Short backoffs ride a countdown; long ones are left to the sweep (no long broker ETAs).
             if delay <= float(settings.MAX_COUNTDOWN_SECONDS):
@@ -258,15 +276,15 @@ def _fail(claim: Claim, step: Step, failure: Failure, started_at: datetime, *, c
                 updated_at=now,
             )
             record_event(claim.run_id, "failed", step_id=step.step_id, attempt=claim.attempt, error=error)
+            send_on_commit(step_failed, run_id=claim.run_id, step_id=step.step_id, attempt=claim.attempt, error=error)
             fields = {"error": error, "lease_token": F("lease_token") + 1}
-            if (
-                compensate
-                and not claim.finish_as
-                and plan_compensation_txn(claim.run_id, finish_as=RunStatus.FAILED, now=now, fields=fields)
-            ):
+            # A spent budget stops the run resumable: undoing its effects would make "raise and resume" moot.
+            undo = compensate and not claim.finish_as and failure.type != "BudgetExceededError"
+            if undo and plan_compensation_txn(claim.run_id, finish_as=RunStatus.FAILED, now=now, fields=fields):
                 wake_on_commit(claim.run_id)
                 return Outcome.COMPENSATING
             Run.objects.filter(pk=claim.run_id).update(status=RunStatus.FAILED, finished_at=now, **fields)
+            send_on_commit(run_finished, run_id=claim.run_id, status=RunStatus.FAILED, error=error)
     except LeaseLostError:
         return _rejected(claim, step)
     return Outcome.FAILED
@@ -424,7 +442,9 @@ def _rejected(claim: Claim, step: Step) -> Outcome:
         current_token=current[0] if current else None,
         current_owner=current[1] if current else None,
     )
-    logger.warning("commit rejected: lease lost run=%s step=%s token=%s", claim.run_id, step.step_id, claim.token)
+    run_logger("durable_agents.engine", claim.run_id, step.step_id, claim.attempt).warning(
+        "commit rejected: lease lost (token %s)", claim.token
+    )
     return Outcome.LEASE_LOST
 
 

@@ -29,6 +29,7 @@ from durable_agents.errors import (
     StepNotFoundError,
 )
 from durable_agents.models import ACTIVE_RUN_STATUSES, Run, RunStatus, Step, StepStatus
+from durable_agents.signals import run_finished, send_on_commit
 from durable_agents.workflows import PlannedStep, Workflow, registry
 
 IDEMPOTENCY_CONSTRAINT = "durable_run_idempotency_key_uniq"
@@ -184,6 +185,7 @@ def _stop_txn(run_id: Any, now: Any, *, compensate: bool, reason: str, actor: st
         status=RunStatus.CANCELLED, finished_at=now, cancel_requested_at=Coalesce("cancel_requested_at", Value(now))
     )
     record_event(run_id, "cancelled", step_id=step_id, actor=actor, reason=reason)
+    send_on_commit(run_finished, run_id=run_id, status=RunStatus.CANCELLED, error=None)
 
 
 def resume_run(run_id: uuid.UUID | str, *, from_step: str | None = None, actor: str = "") -> Run:

@@ -36,6 +36,7 @@ from durable_agents.models import (
     WaitKind,
     WaitStatus,
 )
+from durable_agents.signals import send_on_commit, wait_closed, wait_opened
 
 logger = logging.getLogger("durable_agents.waits")
 
@@ -95,6 +96,7 @@ def park_txn(run_id: uuid.UUID, step: Step, spec: WaitSpec, now: datetime) -> Wa
     except IntegrityError:
         return Wait.objects.open().get(run_id=run_id)
     Step.objects.filter(pk=step.pk).update(status=StepStatus.WAITING, updated_at=now)
+    send_on_commit(wait_opened, run_id=run_id, wait_id=wait.pk, kind=spec.kind, name=spec.name)
     record_event(
         run_id,
         "waiting",
@@ -181,6 +183,7 @@ def decide_wait(
             who = f" by {wait.decided_by}" if wait.decided_by else ""
             when = f" at {wait.decided_at:%Y-%m-%d %H:%M:%S} UTC" if wait.decided_at else ""
             raise WaitClosedError(f"wait {wait.pk} is already {wait.status}{who}{when}; nothing changed")
+        send_on_commit(wait_closed, run_id=wait.run_id, wait_id=wait.pk, status=status, decided_by=by)
         record_event(
             wait.run_id,
             "wait_decided",

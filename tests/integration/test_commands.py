@@ -100,4 +100,12 @@ def test_commands__runs_filters_stuck_and_age(manage):
 
 def test_commands__sweep_reports_what_it_did(manage):
     result = manage("durable_sweep", "--json")
-    assert result.returncode == 0 and json.loads(result.stdout) == {"woken": 0, "cancelled": 0}
+    assert result.returncode == 0
+    assert json.loads(result.stdout) == {
+        "woken": 0,
+        "cancelled": 0,
+        "fired": 0,
+        "expired": 0,
+        "warned": 0,
+        "reminded": 0,
+    }

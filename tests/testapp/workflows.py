@@ -296,3 +296,38 @@ workflow(
     "refund_tool",
     steps=[tool_step("refund", big_refund, lambda ctx: {"order_id": "R-1", "amount": ctx.input["amount"]})],
 )
+
+
+# --- Tokens: a long ticking agent for compaction, budgets and prompt caching (tests/integration/test_tokens.py) ---
+
+TICK_NOTE = (
+    "Tick recorded. The ticker keeps a durable count: each call stores one tick with its number, the time it was "
+    "seen and the worker that saw it, so a replay can tell a repeated tick from a new one. Nothing else changes."
+)
+
+
+@tool
+def tick(n: int) -> dict[str, Any]:
+    """Record tick number `n` (1, 2, 3, ...); returns the number with a note."""
+    return {"n": n, "note": TICK_NOTE}
+
+
+def _ticks_prompt(ctx: StepContext) -> str:
+    return f"Call the tick tool {ctx.input['ticks']} times, with n = 1, 2, 3 and so on, one call a turn. Then say done."
+
+
+TICKER = agent(
+    "ticker",
+    instructions="You are a patient ticker. Call the tick tool exactly as asked, one call per turn.",
+    tools=[tick],
+    prompt=_ticks_prompt,
+    max_tokens=256,
+    max_turns=1000,
+    # Low enough that a few dozen turns compact, high enough that the first 20 turns do not.
+    compact_at_prompt_tokens=4000,
+    keep_recent_turns=4,
+)
+workflow("agent_ticks", steps=[TICKER])
+workflow("agent_ticks_capped", steps=[TICKER], token_budget=12_000)
+
+from tests.testapp import plans  # noqa: E402,F401  (registers the plan test workflows)

@@ -1,0 +1,298 @@
+"""What the model is sent: the conversation an agent step rebuilds, its compaction, and its cache breakpoints.
+
+Compaction happens at a checkpoint boundary (a turn whose tool results are in) once the last prompt
+passed `COMPACT_AT_PROMPT_TOKENS`: every turn but the last `KEEP_RECENT_TURNS` is folded, with its tool
+results and the earlier summary, into a structured summary written by the step's own participant (a
+journaled model call, Turn.purpose "compaction"). The summary is stored with the checkpoint in
+`Step.context` (`Compacted`); from then on, and on every resume, the model is sent
+
+    tools + system + [user: prompt, summary] + the turns from `covers_until` on
+
+and a resume reads Step.context and those recent turns only, never the whole journal.
+
+Where the summary goes: a second block of the first user message, after the prompt. Not the system
+prompt, because (1) the summary quotes tool output, which must not gain the authority of instructions;
+(2) the system prompt stays byte-identical for every run of the agent, so its cache entry is shared
+across runs and survives every compaction; (3) no filler assistant/user pair is needed to keep turns
+alternating — the first kept turn is an assistant message, right after it.
+
+Cache breakpoints (the API allows four): the last tool definition, the system prompt, the summary block,
+and the last block of the last user message. The first three are the stable prefix; the last one makes
+each request write what the next one reads, so a turn, a compaction call (which sends a prefix of the
+last request plus an instruction) and a resumed step's first request all pay cache-read prices for
+everything up to the newest tool results. The last *user* message, not a trailing assistant prefill:
+a continuation after `max_tokens` is sent exactly as journaled.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from durable_agents.agents.participants import ModelRequest, ModelResponse, text
+from durable_agents.conf import settings
+
+SUMMARY_OPEN = "<conversation_summary>"
+SUMMARY_CLOSE = "</conversation_summary>"
+SUMMARY_PREFACE = (
+    "The earlier turns of this conversation, with their tool calls and results, were condensed into the summary "
+    "below. Continue the task from it; never repeat an action it records as done."
+)
+COMPACTION_INSTRUCTION = (
+    "[compaction] Pause the task: write a summary of the conversation so far, which will replace it. Do not call "
+    "tools; answer with the summary only, in these sections:\n"
+    "## Task - the goal and constraints, as the user gave them.\n"
+    "## Done - every action that changed something (charges, refunds, messages sent, records written), with its "
+    "arguments and the ids or results it returned. These must never be repeated.\n"
+    "## Facts - what the tools returned that is still needed: ids, amounts, statuses, decisions.\n"
+    "## Open - what remains to be done, and the next step.\n"
+    "Fold any earlier summary in: drop nothing still needed, keep identifiers exact, be concise."
+)
+# Blocks the API accepts a cache_control on; thinking blocks and empty text take none.
+CACHEABLE_BLOCKS = frozenset({"text", "tool_result", "tool_use", "image", "document"})
+RECENT_CALLS = 5
+CLIP_CHARS = 200
+
+
+@dataclass(frozen=True)
+class Compacted:
+    """An agent step's compacted context, as stored in Step.context."""
+
+    summary: str
+    # The first journal index the summary does not cover: turns from here on are sent verbatim.
+    covers_until: int
+    # The journal index of the compaction call that wrote this summary.
+    turn: int
+    # Compaction calls made by the step so far: they take journal indices too, but are not agent turns.
+    compactions: int
+    # The prompt that triggered this compaction, and the invalid tool calls made in the turns it covers.
+    prompt_tokens_before: int = 0
+    tool_errors: int = 0
+
+    def as_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any] | None) -> Compacted | None:
+        if not data or "summary" not in data:
+            return None
+        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
+
+
+@dataclass(frozen=True)
+class FoldPoint:
+    """Where to cut: `messages[position]` is the assistant message of turn `covers_until`, the first one kept."""
+
+    position: int
+    covers_until: int
+
+
+@dataclass(frozen=True)
+class _TurnMark:
+    index: int
+    position: int
+    stop_reason: str
+
+
+class Conversation:
+    """The messages an agent step sends: the opening user message (prompt, then any summary) and recent turns.
+
+    Example::
+
+        conversation = Conversation("Charge order A-1", Compacted.from_json(step.context))
+        conversation.add_turn(turn.index, turn.content, turn.stop_reason)
+        conversation.add_results(turn.tool_results)
+    """
+
+    def __init__(self, prompt: Any, compacted: Compacted | None = None) -> None:
+        self.prompt = prompt
+        self.compacted = compacted
+        self.messages: list[dict[str, Any]] = [{"role": "user", "content": self._opening()}]
+        self._turns: list[_TurnMark] = []
+
+    def _opening(self) -> Any:
+        if self.compacted is None:
+            return self.prompt
+        blocks = [text(self.prompt)] if isinstance(self.prompt, str) else [dict(b) for b in self.prompt]
+        return [*blocks, summary_block(self.compacted.summary)]
+
+    @property
+    def final_text(self) -> str:
+        return text_of(self.messages[-1]["content"])
+
+    def add_turn(self, index: int, content: Sequence[Mapping[str, Any]], stop_reason: str) -> None:
+        """Add a response; a continuation (after max_tokens or pause_turn) extends the previous assistant message."""
+        if self.messages[-1]["role"] != "assistant":
+            self.messages.append({"role": "assistant", "content": [dict(b) for b in content]})
+        else:
+            merged = self.messages[-1]["content"]
+            for block in content:
+                if merged and merged[-1].get("type") == "text" and block.get("type") == "text":
+                    merged[-1] = {**merged[-1], "text": merged[-1]["text"] + block["text"]}
+                else:
+                    merged.append(dict(block))
+        self._turns.append(_TurnMark(index, len(self.messages) - 1, stop_reason))
+
+    def add_results(self, results: list[dict[str, Any]]) -> None:
+        self.messages.append({"role": "user", "content": results})
+
+    def sendable(self) -> list[dict[str, Any]]:
+        """A copy fit to send: breakpoints added, and no final assistant text ending in whitespace (the API
+        refuses that prefill)."""
+        out = [dict(m) for m in self.messages]
+        last = out[-1]
+        if last["role"] == "assistant" and last["content"] and last["content"][-1].get("type") == "text":
+            last["content"] = [
+                *last["content"][:-1],
+                {**last["content"][-1], "text": last["content"][-1]["text"].rstrip()},
+            ]
+        return cacheable_messages(out)
+
+    def fold_point(self, keep: int) -> FoldPoint | None:
+        """The newest cut that keeps at least `keep` turns verbatim and folds at least one; None if there is none.
+
+        A cut lies only after a turn whose tool results are in, so the kept part starts with a fresh assistant
+        message and every tool_use keeps its tool_result.
+        """
+        for j in range(len(self._turns) - max(keep, 1), 0, -1):
+            before, first_kept = self._turns[j - 1], self._turns[j]
+            if before.stop_reason == "tool_use" and first_kept.position > before.position:
+                return FoldPoint(first_kept.position, first_kept.index)
+        return None
+
+    def fold(self, compacted: Compacted, point: FoldPoint) -> None:
+        """Replace everything before the cut by the opening message carrying the new summary."""
+        self.compacted = compacted
+        shift = point.position - 1
+        self.messages = [{"role": "user", "content": self._opening()}, *self.messages[point.position :]]
+        self._turns = [
+            _TurnMark(m.index, m.position - shift, m.stop_reason) for m in self._turns if m.index >= point.covers_until
+        ]
+
+    def compaction_request(self, base: ModelRequest, point: FoldPoint, *, turn_number: int) -> ModelRequest:
+        """Ask for a summary of everything before the cut: a prefix of the last request (a cache read), plus the
+        instruction. Tools and tool_choice stay as they were, since changing either would miss the cache."""
+        messages = cacheable_messages([dict(m) for m in self.messages[: point.position]])
+        last = messages[-1]
+        content = [text(last["content"])] if isinstance(last["content"], str) else list(last["content"])
+        messages[-1] = {**last, "content": [*content, text(COMPACTION_INSTRUCTION)]}
+        return ModelRequest(
+            model=base.model,
+            max_tokens=int(settings.COMPACTION_MAX_TOKENS),
+            system=base.system,
+            tools=base.tools,
+            messages=messages,
+            metadata=base.metadata,
+            purpose="compaction",
+            turn_number=turn_number,
+        )
+
+
+def summary_block(summary: str) -> dict[str, Any]:
+    return text(f"{SUMMARY_PREFACE}\n{SUMMARY_OPEN}\n{summary}\n{SUMMARY_CLOSE}")
+
+
+def summary_of(messages: Sequence[Mapping[str, Any]]) -> str | None:
+    """The summary carried by a conversation's opening message, if it has one."""
+    content = messages[0].get("content") if messages else None
+    for block in content if isinstance(content, list) else []:
+        value = block.get("text", "") if block.get("type") == "text" else ""
+        if SUMMARY_OPEN in value and SUMMARY_CLOSE in value:
+            return value.split(SUMMARY_OPEN, 1)[1].rsplit(SUMMARY_CLOSE, 1)[0].strip()
+    return None
+
+
+def summary_text(response: ModelResponse, request: ModelRequest) -> str:
+    """The summary a compaction call produced; if the model answered with no text, a deterministic one,
+    so a run never fails (or compacts again at once) over a summary."""
+    return text_of(list(response.content)).strip() or deterministic_summary(request)
+
+
+def deterministic_summary(request: ModelRequest) -> str:
+    """A bounded summary computed from the request alone: turns, tool calls by name and the last few calls
+    with their (clipped) results, folded into the previous summary. Scripted participants answer with it."""
+    try:
+        previous = json.loads(summary_of(request.messages) or "{}")
+    except ValueError:
+        previous = {"earlier": _clip(summary_of(request.messages) or "")}
+    turns = int(previous.get("turns", 0))
+    calls: Counter[str] = Counter(previous.get("calls", {}))
+    recent: list[dict[str, Any]] = list(previous.get("recent", []))
+    pending: dict[str, dict[str, Any]] = {}
+    for message in request.messages[1:]:
+        content = message.get("content")
+        blocks = [text(content)] if isinstance(content, str) else list(content or [])
+        for block in blocks:
+            if block.get("type") == "tool_use":
+                calls[block["name"]] += 1
+                entry = {"tool": block["name"], "input": _clip(json.dumps(block.get("input"), sort_keys=True))}
+                recent.append(entry)
+                pending[block.get("id", "")] = entry
+            elif block.get("type") == "tool_result" and block.get("tool_use_id") in pending:
+                pending[block["tool_use_id"]]["result"] = _clip(text_of(block.get("content", "")))
+        turns += message.get("role") == "assistant"
+    summary = {**previous, "turns": turns, "calls": dict(sorted(calls.items())), "recent": recent[-RECENT_CALLS:]}
+    return json.dumps(summary, sort_keys=True)
+
+
+def cache_control() -> dict[str, str] | None:
+    """The breakpoint marker for DURABLE_AGENTS['PROMPT_CACHE_TTL'] ("5m", "1h"), or None when caching is off."""
+    ttl = settings.PROMPT_CACHE_TTL
+    if not ttl:
+        return None
+    return {"type": "ephemeral"} if ttl == "5m" else {"type": "ephemeral", "ttl": ttl}
+
+
+def cacheable_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    control = cache_control()
+    if control is None or not tools:
+        return tools
+    return [*tools[:-1], {**tools[-1], "cache_control": control}]
+
+
+def cacheable_system(system: str) -> Any:
+    control = cache_control()
+    if control is None or not system:
+        return system
+    return [{"type": "text", "text": system, "cache_control": control}]
+
+
+def cacheable_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Breakpoints on the summary block and on the last block of the last user message (a shallow copy)."""
+    control = cache_control()
+    if control is None:
+        return messages
+    out = list(messages)
+    last_user = max((i for i, m in enumerate(out) if m.get("role") == "user"), default=None)
+    if last_user is not None:
+        out[last_user] = _mark(out[last_user], control, last=True)
+    if out and out[0].get("role") == "user" and summary_of(out) is not None:
+        out[0] = _mark(out[0], control, last=False)
+    return out
+
+
+def _mark(message: dict[str, Any], control: dict[str, str], *, last: bool) -> dict[str, Any]:
+    content = message.get("content")
+    blocks = [text(content)] if isinstance(content, str) else [dict(b) for b in content or []]
+    targets = range(len(blocks) - 1, -1, -1) if last else range(len(blocks))
+    for i in targets:
+        block = blocks[i]
+        if block.get("type") not in CACHEABLE_BLOCKS or (block.get("type") == "text" and not block.get("text")):
+            continue
+        if last or SUMMARY_OPEN in block.get("text", ""):
+            blocks[i] = {**block, "cache_control": control}
+            break
+    return {**message, "content": blocks}
+
+
+def text_of(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    return "".join(block.get("text", "") for block in content if block.get("type") == "text")
+
+
+def _clip(value: str) -> str:
+    return value if len(value) <= CLIP_CHARS else value[: CLIP_CHARS - 1] + "…"

@@ -1,0 +1,40 @@
+"""Django signals for the lifecycle of runs, steps and waits, so projects can hook alerts and metrics.
+
+Each is sent after the transaction that made the change commits (never for a rolled-back change).
+
+Example::
+
+    from django.dispatch import receiver
+    from durable_agents.signals import run_finished
+
+    @receiver(run_finished)
+    def page_on_failure(sender, run_id, status, error, **kwargs):
+        if status == "failed":
+            pager.alert(f"run {run_id} failed: {error}")
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import transaction
+from django.dispatch import Signal
+
+#: kwargs: run_id, step_id, attempt
+step_committed = Signal()
+#: kwargs: run_id, step_id, attempt, error, delay_seconds
+step_retried = Signal()
+#: kwargs: run_id, step_id, attempt, error
+step_failed = Signal()
+#: kwargs: run_id, status ("completed", "failed", "cancelled"), error
+run_finished = Signal()
+#: kwargs: run_id, wait_id, kind, name
+wait_opened = Signal()
+#: kwargs: run_id, wait_id, status, decided_by
+wait_closed = Signal()
+
+
+def send_on_commit(signal: Signal, **kwargs: Any) -> None:
+    """Send `signal` once the current transaction commits; free when nobody listens (the step loop)."""
+    if signal.has_listeners():
+        transaction.on_commit(lambda: signal.send(sender=None, **kwargs))
