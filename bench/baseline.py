@@ -24,3 +24,7 @@ def hop(remaining: int, key: str) -> None:
 def noop(key: str) -> None:
     """One independent no-op task; counts itself so the bench knows when all are done."""
     _redis.incr(key)
+
+
+def no_wake(run_id: str, countdown: float | None = None) -> None:
+    """A WAKER that sends nothing: for benches that measure the database side alone."""

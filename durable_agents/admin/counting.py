@@ -1,0 +1,121 @@
+"""Counting rows without COUNT(*) over a million: exact up to a cap, then a Postgres estimate.
+
+An operator needs "about 950,000 completed" and "exactly 3 stuck", never a full-table scan per page view.
+Small answers are counted exactly (the count stops at the cap); large ones come from the table's
+`reltuples` (unfiltered) or the planner's row estimate (filtered).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import cached_property
+
+from django.core.paginator import EmptyPage, Paginator
+from django.db import connections, transaction
+from django.db.models import Model, QuerySet
+
+from durable_agents.conf import settings
+
+
+@dataclass(frozen=True)
+class RowCount:
+    """A number of rows, and whether it is exact or an estimate."""
+
+    value: int
+    exact: bool
+
+    def __str__(self) -> str:
+        return f"{self.value:,}" if self.exact else f"≈ {self.value:,}"
+
+
+def exact_count_limit() -> int:
+    return int(settings.ADMIN_EXACT_COUNT_LIMIT)
+
+
+def is_postgres(queryset: QuerySet) -> bool:
+    return connections[queryset.db].vendor == "postgresql"
+
+
+def table_estimate(model: type[Model], using: str = "default") -> int | None:
+    """The table's row count as of its last ANALYZE (None if it was never analyzed)."""
+    with connections[using].cursor() as cursor:
+        cursor.execute("SELECT reltuples FROM pg_class WHERE oid = %s::regclass", [model._meta.db_table])
+        row = cursor.fetchone()
+    # reltuples is -1 on Postgres 14+ until the first ANALYZE or VACUUM.
+    return int(row[0]) if row and row[0] >= 0 else None
+
+
+def planner_estimate(queryset: QuerySet) -> int | None:
+    """The rows the planner expects `queryset` to return: one EXPLAIN, no execution."""
+    sql, params = queryset.order_by().values("pk").query.sql_with_params()
+    with connections[queryset.db].cursor() as cursor:
+        cursor.execute(f"EXPLAIN (FORMAT JSON) {sql}", params)
+        plan = cursor.fetchone()[0]
+    plan = json.loads(plan) if isinstance(plan, str) else plan
+    return int(plan[0]["Plan"]["Plan Rows"])
+
+
+def capped_count(queryset: QuerySet, cap: int, *, selective: bool = False) -> int:
+    """min(count, cap): the database stops reading after `cap` rows.
+
+    `selective`: the filter usually matches few rows but Postgres may think it matches many (stuck runs:
+    old `updated_at` and runnable are correlated, so it guesses thousands where there are ten). With a
+    LIMIT it then prefers a seq scan that "meets `cap` rows early" — and reads the whole table. For such
+    filters sequential scans are switched off for this one statement; each has an index to use instead.
+    """
+    capped = queryset.order_by().values("pk")[:cap]
+    if not (selective and is_postgres(queryset)):
+        return capped.count()
+    with transaction.atomic(using=queryset.db):
+        with connections[queryset.db].cursor() as cursor:
+            cursor.execute("SET LOCAL enable_seqscan = off")
+        return capped.count()
+
+
+def estimated_count(queryset: QuerySet, *, limit: int | None = None, selective: bool = False) -> RowCount:
+    """Exact up to `limit` (DURABLE_AGENTS['ADMIN_EXACT_COUNT_LIMIT']), an estimate beyond it.
+
+    Example::
+
+        estimated_count(Run.objects.filter(status="completed"))   # RowCount(value=951234, exact=False)
+    """
+    limit = exact_count_limit() if limit is None else limit
+    postgres = is_postgres(queryset)
+    if postgres and not queryset.query.where:
+        estimate = table_estimate(queryset.model, queryset.db)
+        if estimate is not None and estimate > limit:
+            return RowCount(estimate, exact=False)
+    counted = capped_count(queryset, limit + 1, selective=selective)
+    if counted <= limit:
+        return RowCount(counted, exact=True)
+    if not postgres:
+        # The embedded SQLite default holds small tables: an exact count is affordable there.
+        return RowCount(queryset.order_by().count(), exact=True)
+    return RowCount(max(counted, planner_estimate(queryset) or 0), exact=False)
+
+
+class EstimatedCountPaginator(Paginator):
+    """A paginator for the admin that never counts a big result exactly.
+
+    A page past the (estimated) end is empty rather than an error, since the estimate may be high.
+    `selective` is set by the admin when a filter that usually matches few rows is on (see capped_count).
+    """
+
+    selective = False
+
+    @cached_property
+    def row_count(self) -> RowCount:
+        return estimated_count(self.object_list, selective=self.selective)
+
+    @cached_property
+    def count(self) -> int:
+        return self.row_count.value
+
+    def validate_number(self, number: object) -> int:
+        try:
+            return super().validate_number(number)
+        except EmptyPage:
+            if int(number) >= 1:  # past an over-estimated end, not before the first page
+                return int(number)
+            raise

@@ -1,0 +1,132 @@
+"""The on-call operator's journey in a real browser (Debian's headless Chromium through Playwright):
+log in, filter the stuck runs, open one, read its timeline, resume it. Screenshots are test artifacts.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from django.contrib.auth.models import Permission, User
+from django.contrib.contenttypes.models import ContentType
+
+from durable_agents import api, clock
+from durable_agents.engine.advance import advance
+from durable_agents.models import Event, Run, RunStatus
+from durable_agents.testing import drive
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+
+@pytest.fixture
+def artifacts(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
+    root = os.environ.get("DURABLE_TEST_ARTIFACTS")
+    folder = Path(root) / request.node.name if root else tmp_path
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+@contextmanager
+def chromium_page() -> Iterator:
+    """A page of Debian's headless Chromium driven by Playwright's sync API.
+
+    The sync API runs its own event loop and greenlets: ORM calls made inside this block would open a
+    second connection in another context (leaked past teardown). So the test touches the database only
+    before and after it — the live server's threads do the work in between.
+    """
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
+        try:
+            yield browser.new_page(viewport={"width": 1600, "height": 900})
+        finally:
+            browser.close()
+
+
+def oncall_operator() -> User:
+    user = User.objects.create_user("oncall", password="correct horse battery", is_staff=True)
+    content_type = ContentType.objects.get_for_model(Run)
+    for codename in ("view_run", "resume_run", "cancel_run", "retry_step"):
+        permission, _ = Permission.objects.get_or_create(
+            codename=codename, content_type=content_type, defaults={"name": codename.replace("_", " ")}
+        )
+        user.user_permissions.add(permission)
+    return user
+
+
+def stuck_run_with_history() -> Run:
+    """A flaky run that retried once, committed its first step, then lost its worker mid-way."""
+    run = api.start("flaky", {"failures": 1})
+    deadline = time.monotonic() + 10
+    while Run.objects.get(pk=run.pk).cursor < 1:
+        assert time.monotonic() < deadline, "the flaky step did not commit after its retry"
+        advance(run.id)
+        time.sleep(0.05)
+    Run.objects.filter(pk=run.pk).update(
+        status=RunStatus.RUNNING, lease_owner="worker-7@host-b", lease_expires_at=clock.now() - timedelta(minutes=3)
+    )
+    return Run.objects.get(pk=run.pk)
+
+
+def test_operator_journey__login_filter_stuck_open_timeline_resume(live_server, artifacts, broker_url):
+    if not CHROMIUM.exists():
+        pytest.fail("Debian's chromium is missing: `apt-get install -y chromium` (scripts/test installs it)")
+    oncall_operator()
+    stuck = stuck_run_with_history()
+    short = str(stuck.pk)[:8]
+    healthy = [str(drive(api.start("noop", {"steps": 3}).id))[:8] for _ in range(3)]
+    api.start("noop", {"steps": 2})
+    drive(api.start("broken").id)
+
+    with chromium_page() as page:
+        page.goto(f"{live_server.url}/admin/")
+        page.fill("#id_username", "oncall")
+        page.fill("#id_password", "correct horse battery")
+        page.click("input[type=submit]")
+        page.wait_for_selector("#user-tools")
+
+        page.goto(f"{live_server.url}/admin/durable_agents/run/")
+        page.wait_for_selector("#durable-overview")
+        assert page.locator("#result_list tbody tr").count() == 6
+        page.screenshot(path=str(artifacts / "01-run-list.png"), full_page=True)
+
+        page.click("#changelist-filter a:has-text('stuck now')")
+        page.wait_for_url("**stuck=yes**")
+        rows = page.locator("#result_list tbody tr")
+        assert rows.count() == 1, "only the stuck run is listed"
+        assert short in rows.first.inner_text() and "stuck" in rows.first.inner_text()
+        assert not any(run in page.content() for run in healthy)
+        page.screenshot(path=str(artifacts / "02-stuck-filter.png"), full_page=True)
+
+        page.click(f"#result_list a:has-text('{short}')")
+        timeline = page.locator("svg.durable-timeline")
+        timeline.wait_for()
+        assert timeline.locator("rect title").filter(has_text="flaky: done").count() == 1, "the committed step's bar"
+        assert timeline.locator("g title").filter(has_text="retry after attempt 1").count() == 1, "the retry is marked"
+        troubleshooting = page.locator("#troubleshooting").inner_text()
+        assert "worker-7@host-b" in troubleshooting and "expired" in troubleshooting, "the dead lease is explained"
+        page.screenshot(path=str(artifacts / "03-run-page.png"), full_page=True)
+
+        page.click("#action-resume")
+        page.wait_for_selector(".messagelist .success")
+        assert "Resume: done" in page.locator(".messagelist").inner_text()
+        page.screenshot(path=str(artifacts / "04-resumed.png"), full_page=True)
+
+    woken = Event.objects.filter(run=stuck, kind="woken")
+    assert [e.actor for e in woken] == ["oncall"], "the resume is in the run's history with the operator's name"
