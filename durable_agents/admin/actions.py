@@ -1,5 +1,6 @@
 """Operator actions on runs: resume, retry the failed step, cancel (with or without compensation),
-set the budget, swap the participant — one at a time from the run page, or in bulk from the list.
+set the budget, swap the participant, approve or reject a wait, re-plan from a step — one at a time
+from the run page, or in bulk from the list.
 
 Each action checks its own permission, confirms what it will do, then calls the public API with the
 operator as `actor` (the engine records the event). No status is written here. Domain errors become
@@ -23,8 +24,8 @@ from django.urls import reverse
 
 from durable_agents import api
 from durable_agents.agents.participants import participants
-from durable_agents.errors import DurableAgentsError
-from durable_agents.models import ACTIVE_RUN_STATUSES, Run, RunStatus
+from durable_agents.errors import DurableAgentsError, WaitNotFoundError
+from durable_agents.models import ACTIVE_RUN_STATUSES, Run, RunStatus, Step, Wait
 
 # Bulk actions act on at most this many runs at once; select fewer (filter first) for more.
 BULK_LIMIT = 500
@@ -72,6 +73,46 @@ class SwapForm(RunActionForm):
         super().__init__(*args, run=run, **kwargs)
         self.fields["participant"].choices = [(name, name) for name in participants.names()]
         self.fields["participant"].initial = run.participant or None
+
+
+class DecisionForm(RunActionForm):
+    comment = forms.CharField(
+        required=False,
+        max_length=2000,
+        widget=forms.Textarea(attrs={"rows": 3, "cols": 70}),
+        help_text="Recorded with the decision.",
+    )
+
+    def __init__(self, *args: Any, run: Run, **kwargs: Any) -> None:
+        super().__init__(*args, run=run, **kwargs)
+        wait = Wait.objects.open().filter(run=run).first()
+        self.wait = wait
+        if wait is not None:
+            self.fields["brief"] = forms.CharField(
+                required=False,
+                disabled=True,
+                initial=wait.brief or wait.question,
+                label=wait.question[:80],
+                widget=forms.Textarea(attrs={"rows": 14, "cols": 90}),
+            )
+            self.order_fields(["brief", "comment"])
+
+
+class ReplanForm(RunActionForm):
+    step_id = forms.ChoiceField(label="From step", help_text="This step and all after it execute again.")
+
+    def __init__(self, *args: Any, run: Run, **kwargs: Any) -> None:
+        super().__init__(*args, run=run, **kwargs)
+        steps = Step.objects.live().filter(run=run).order_by("position").values_list("step_id", "status")
+        self.fields["step_id"].choices = [(step_id, f"{step_id} ({status})") for step_id, status in steps]
+
+
+def _decide(run: Run, approved: bool, data: dict[str, Any], actor: str) -> Run:
+    wait = Wait.objects.open().filter(run=run).first()
+    if wait is None:
+        raise WaitNotFoundError(f"run {run.pk} has no open wait; it may have been decided a moment ago")
+    api.decide(wait.pk, approved, by=actor, comment=data.get("comment", ""), via="admin")
+    return run
 
 
 @dataclass(frozen=True)
@@ -166,8 +207,36 @@ ACTIONS: dict[str, RunAction] = {
             lambda run, data, actor: api.swap_participant(run.pk, data["participant"], actor=actor),
             SwapForm,
         ),
-        # Approve / reject an open wait (codename decide_wait) and re-plan (replan_run) go here (lead):
-        # a RunAction each, with `applies_to` and a form, calling their public API functions with `actor`.
+        RunAction(
+            "approve",
+            "Approve",
+            "decide_wait",
+            (RunStatus.WAITING,),
+            "The run's open wait is approved with your name and comment; the run wakes and takes the approve path.",
+            lambda run, data, actor: _decide(run, True, data, actor),
+            DecisionForm,
+        ),
+        RunAction(
+            "reject",
+            "Reject",
+            "decide_wait",
+            (RunStatus.WAITING,),
+            "The run's open wait is rejected with your name and comment; the run wakes and takes the reject path.",
+            lambda run, data, actor: _decide(run, False, data, actor),
+            DecisionForm,
+            destructive=True,
+        ),
+        RunAction(
+            "replan",
+            "Re-plan from a step",
+            "replan_run",
+            (RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.COMPLETED, RunStatus.PENDING, RunStatus.RUNNING),
+            "The run executes again from the chosen step: later checkpoints are kept as superseded history, "
+            "planner steps plan afresh, and effects already applied are reused, never repeated.",
+            lambda run, data, actor: api.resume(run.pk, data["step_id"], actor=actor),
+            ReplanForm,
+            destructive=True,
+        ),
     ]
 }
 

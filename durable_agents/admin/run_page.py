@@ -79,7 +79,7 @@ class RunPage:
     events: list[tuple[Event, Text]]
     timeline: str
     latest_version: int | None
-    # The run's waits, newest first; approving or rejecting an open one is the lead's decide_wait action.
+    # The run's waits, newest first; an open one is approved or rejected with the run's decide actions.
     waits: list[Wait] = field(default_factory=list)
 
     @property

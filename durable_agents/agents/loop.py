@@ -99,10 +99,13 @@ def agent(
     compact_at_prompt_tokens: int | None = None,
     keep_recent_turns: int | None = None,
     retry: RetryPolicy | None = None,
+    depends_on: Sequence[str] = (),
 ) -> StepDef:
     """An agent step: `instructions` (system prompt), `prompt(ctx)` (the user content; default: the run
     input as JSON) and the tools the model may call. Past `compact_at_prompt_tokens` of prompt, all but the
     last `keep_recent_turns` turns are folded into a summary (defaults: the DURABLE_AGENTS settings).
+    `depends_on` names observations (step ids) the agent acts on: resumed past their freshness budget,
+    the run re-plans from them instead of acting on a stale world.
 
     Example::
 
@@ -138,6 +141,7 @@ def agent(
         fn=lambda ctx: run_agent(ctx, spec),
         retry=retry or RetryPolicy(max_attempts=8),
         options={"agent": spec},
+        depends_on=tuple(depends_on),
     )
 
 
