@@ -21,6 +21,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F, Max
 
 from durable_agents import clock
+from durable_agents.agents.loop import create_turn, usage_counters
 from durable_agents.agents.participants import ModelRequest, ModelResponse, Participant, participants
 from durable_agents.agents.pricing import cost_usd
 from durable_agents.conf import settings
@@ -150,14 +151,8 @@ def _ask_human(ctx: Any, name: str, verdict: dict[str, Any]) -> dict[str, Any]:
 
 def journal_call(ctx: Any, purpose: str, request: ModelRequest, response: ModelResponse, participant: str) -> Turn:
     """Journal a one-off model call of a step (judge, planner) with its usage, fenced by the lease token."""
-    usage = response.usage
-    cost = cost_usd(response.model, usage)
-    counters = {
-        "input_tokens": F("input_tokens") + usage.input_tokens,
-        "output_tokens": F("output_tokens") + usage.output_tokens,
-        "cache_write_tokens": F("cache_write_tokens") + usage.cache_write_tokens,
-        "cache_read_tokens": F("cache_read_tokens") + usage.cache_read_tokens,
-    }
+    cost = cost_usd(response.model, response.usage)
+    counters = usage_counters(response.usage)
     last = Turn.objects.filter(step_id=ctx.step.pk).aggregate(last=Max("index"))["last"]
     index = 0 if last is None else last + 1
     try:
@@ -167,22 +162,6 @@ def journal_call(ctx: Any, purpose: str, request: ModelRequest, response: ModelR
             ):
                 raise LeaseLostError()
             Step.objects.filter(pk=ctx.step.pk).update(cost_usd=F("cost_usd") + cost, **counters)
-            return Turn.objects.create(
-                run_id=ctx.run_id,
-                step_id=ctx.step.pk,
-                index=index,
-                purpose=purpose,
-                request_digest=request.digest(),
-                content=[dict(b) for b in response.content],
-                stop_reason=response.stop_reason,
-                model=response.model,
-                participant=participant,
-                request_id=response.request_id,
-                cost_usd=cost,
-                input_tokens=usage.input_tokens,
-                output_tokens=usage.output_tokens,
-                cache_write_tokens=usage.cache_write_tokens,
-                cache_read_tokens=usage.cache_read_tokens,
-            )
+            return create_turn(ctx, index, purpose, request, response, participant, cost)
     except IntegrityError as exc:
         raise LeaseLostError(f"{purpose} call of step {ctx.step_id} was journaled by another worker") from exc

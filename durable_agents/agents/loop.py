@@ -304,13 +304,38 @@ def _prompt_tokens(turn: Turn) -> int:
     return turn.input_tokens + turn.cache_write_tokens + turn.cache_read_tokens
 
 
-def _counters(usage: Usage) -> dict[str, Any]:
+def usage_counters(usage: Usage) -> dict[str, Any]:
+    """F-expression updates that add one call's usage to a Run's or Step's counters."""
     return {
         "input_tokens": F("input_tokens") + usage.input_tokens,
         "output_tokens": F("output_tokens") + usage.output_tokens,
         "cache_write_tokens": F("cache_write_tokens") + usage.cache_write_tokens,
         "cache_read_tokens": F("cache_read_tokens") + usage.cache_read_tokens,
     }
+
+
+def create_turn(
+    ctx: Any, index: int, purpose: str, request: ModelRequest, response: ModelResponse, participant: str, cost: Any
+) -> Turn:
+    """The Turn row of one answered model call (call inside the journaling transaction)."""
+    usage = response.usage
+    return Turn.objects.create(
+        run_id=ctx.run_id,
+        step_id=ctx.step.pk,
+        index=index,
+        purpose=purpose,
+        request_digest=request.digest(),
+        content=[dict(b) for b in response.content],
+        stop_reason=response.stop_reason,
+        model=response.model,
+        participant=participant,
+        request_id=response.request_id,
+        cost_usd=cost,
+        input_tokens=usage.input_tokens,
+        output_tokens=usage.output_tokens,
+        cache_write_tokens=usage.cache_write_tokens,
+        cache_read_tokens=usage.cache_read_tokens,
+    )
 
 
 def _journal(
@@ -329,7 +354,7 @@ def _journal(
     """
     usage = response.usage
     cost = cost_usd(response.model, usage)
-    counters = _counters(usage)
+    counters = usage_counters(usage)
     step_changes: dict[str, Any] = {"context": compacted.as_json()} if compacted else {}
     try:
         with transaction.atomic():
@@ -340,23 +365,7 @@ def _journal(
             if not fenced:
                 raise LeaseLostError()
             Step.objects.filter(pk=ctx.step.pk).update(cost_usd=F("cost_usd") + cost, **counters, **step_changes)
-            turn = Turn.objects.create(
-                run_id=ctx.run_id,
-                step_id=ctx.step.pk,
-                index=index,
-                purpose=COMPACTION if compacted else TURN,
-                request_digest=request.digest(),
-                content=[dict(b) for b in response.content],
-                stop_reason=response.stop_reason,
-                model=response.model,
-                participant=participant,
-                request_id=response.request_id,
-                cost_usd=cost,
-                input_tokens=usage.input_tokens,
-                output_tokens=usage.output_tokens,
-                cache_write_tokens=usage.cache_write_tokens,
-                cache_read_tokens=usage.cache_read_tokens,
-            )
+            turn = create_turn(ctx, index, COMPACTION if compacted else TURN, request, response, participant, cost)
             if compacted:
                 record_event(
                     ctx.run_id,
@@ -378,7 +387,7 @@ def _journal(
 
 def _count_unjournaled(ctx: Any, index: int, usage: Usage, cost: Decimal, why: str) -> None:
     """A zombie's answer is not journaled, but it was billed: the run's spend (and budget) must still see it."""
-    counters = _counters(usage)
+    counters = usage_counters(usage)
     with transaction.atomic():
         Run.objects.filter(pk=ctx.run_id).update(cost_usd=F("cost_usd") + cost, **counters)
         Step.objects.filter(pk=ctx.step.pk).update(cost_usd=F("cost_usd") + cost, **counters)

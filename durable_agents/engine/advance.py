@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
@@ -171,6 +173,21 @@ def _fenced(claim: Claim) -> Any:
     return Run.objects.filter(pk=claim.run_id, lease_token=claim.token, status=RunStatus.RUNNING)
 
 
+def _hold_txn(claim: Claim, **changes: Any) -> None:
+    """Inside a transaction: apply `changes` to the run only while this claim holds it, else LeaseLostError."""
+    if _fenced(claim).update(**changes) != 1:
+        raise LeaseLostError()
+
+
+@contextmanager
+def _holding(claim: Claim, **changes: Any) -> Iterator[None]:
+    """One short transaction that first proves this worker still holds the run (applying `changes`);
+    a zombie's raises LeaseLostError before writing anything else, and everything rolls back."""
+    with transaction.atomic():
+        _hold_txn(claim, **changes)
+        yield
+
+
 def _released(now: datetime) -> dict[str, Any]:
     return {"lease_owner": "", "lease_expires_at": None, "updated_at": now}
 
@@ -191,9 +208,7 @@ def _commit(claim: Claim, step: Step, stored: StoredResult, started_at: datetime
         output = None if claim.finish_as else stored.public_value
         changes.update(status=claim.finish_as or RunStatus.COMPLETED, output=output, finished_at=now)
     try:
-        with transaction.atomic():
-            if _fenced(claim).update(**changes) != 1:
-                raise LeaseLostError()
+        with _holding(claim, **changes):
             Step.objects.filter(pk=step.pk).update(
                 status=StepStatus.DONE,
                 result=stored.inline,
@@ -225,9 +240,7 @@ def _retry(claim: Claim, step: Step, failure: Failure, delay: float, started_at:
     now = clock.now()
     wake_at = now + timedelta(seconds=delay)
     try:
-        with transaction.atomic():
-            if _fenced(claim).update(wake_at=wake_at, **_released(now)) != 1:
-                raise LeaseLostError()
+        with _holding(claim, wake_at=wake_at, **_released(now)):
             Step.objects.filter(pk=step.pk).update(
                 error=failure.as_error(),
                 attempts=claim.attempt,
@@ -264,9 +277,7 @@ def _fail(claim: Claim, step: Step, failure: Failure, started_at: datetime, *, c
     now = clock.now()
     error = failure.as_error()
     try:
-        with transaction.atomic():
-            if _fenced(claim).update(**_released(now)) != 1:
-                raise LeaseLostError()
+        with _holding(claim, **_released(now)):
             Step.objects.filter(pk=step.pk).update(
                 status=StepStatus.FAILED,
                 error=error,
@@ -295,9 +306,7 @@ def _park(claim: Claim, step: Step, spec: WaitSpec) -> Outcome:
     a decision, a signal or the sweep."""
     now = clock.now()
     try:
-        with transaction.atomic():
-            if _fenced(claim).update(status=RunStatus.WAITING, attempt=0, **_released(now)) != 1:
-                raise LeaseLostError()
+        with _holding(claim, status=RunStatus.WAITING, attempt=0, **_released(now)):
             park_txn(claim.run_id, step, spec, now)
     except LeaseLostError:
         return _rejected(claim, step)
@@ -317,9 +326,7 @@ def _replan(claim: Claim, step: Step, stale: StaleObservation, compensate: bool)
         return _fail(claim, step, failure, clock.now(), compensate=compensate)
     now = clock.now()
     try:
-        with transaction.atomic():
-            if _fenced(claim).update(**_released(now)) != 1:
-                raise LeaseLostError()
+        with _holding(claim, **_released(now)):
             replan_txn(claim.run_id, stale, because_of=step.step_id, now=now)
     except LeaseLostError:
         return _rejected(claim, step)
@@ -330,9 +337,7 @@ def _redo(claim: Claim, step: Step, rerun: Rerun, started_at: datetime) -> Outco
     """Checkpoint the step that asked for a redo (its verdict stays as history), then go back."""
     now = clock.now()
     try:
-        with transaction.atomic():
-            if _fenced(claim).update(**_released(now)) != 1:
-                raise LeaseLostError()
+        with _holding(claim, **_released(now)):
             Step.objects.filter(pk=step.pk).update(
                 status=StepStatus.DONE,
                 result=rerun.result,
@@ -357,9 +362,7 @@ def _version_gone(claim: Claim, step: Step, run: Run) -> Outcome:
         return _park(claim, step, park.spec)
     now = clock.now()
     try:
-        with transaction.atomic():
-            if _fenced(claim).update(**_released(now)) != 1:
-                raise LeaseLostError()
+        with _holding(claim, **_released(now)):
             adopt_version_txn(claim.run_id, newest, replan=policy == "replan", actor="engine", now=now)
             wake_on_commit(claim.run_id)
     except LeaseLostError:
@@ -380,8 +383,7 @@ def _extend(claim: Claim, step: Step, extension: ExtendPlan, started_at: datetim
                 .order_by("position")
             )
             end = step.position + 1 + len(calls) + len(following)
-            if _fenced(claim).update(cursor=step.position + 1, step_count=end, attempt=0, **_released(now)) != 1:
-                raise LeaseLostError()
+            _hold_txn(claim, cursor=step.position + 1, step_count=end, attempt=0, **_released(now))
             Step.objects.live().filter(
                 run_id=claim.run_id, status=StepStatus.PENDING, step_id__startswith=f"{step.step_id}."
             ).update(status=StepStatus.SUPERSEDED, updated_at=now)

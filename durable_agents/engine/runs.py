@@ -203,19 +203,7 @@ def resume_run(run_id: uuid.UUID | str, *, from_step: str | None = None, actor: 
         hint = "pass --from-step to run again from a step" if run.status == RunStatus.COMPLETED else "decide its wait"
         raise InvalidTransitionError(f"run {run.id} is {run.status}; only failed or cancelled runs resume ({hint})")
     with transaction.atomic():
-        resumed = Run.objects.filter(pk=run.id, status=run.status).update(
-            status=RunStatus.PENDING,
-            error=None,
-            finished_at=None,
-            cancel_requested_at=None,
-            cancel_reason="",
-            attempt=0,
-            wake_at=None,
-            updated_at=now,
-            lease_token=F("lease_token") + 1,
-            lease_owner="",
-            lease_expires_at=None,
-        )
+        resumed = Run.objects.filter(pk=run.id, status=run.status).update(**_restarted(now))
         if not resumed:
             raise InvalidTransitionError(f"run {run.id} changed while resuming; look at it again and retry")
         Step.objects.filter(run_id=run.id, position=run.cursor, status=StepStatus.FAILED).update(
@@ -227,6 +215,23 @@ def resume_run(run_id: uuid.UUID | str, *, from_step: str | None = None, actor: 
     return run
 
 
+def _restarted(now: Any) -> dict[str, Any]:
+    """A run made runnable again by an operator: errors and cancellation cleared, any holder fenced off."""
+    return {
+        "status": RunStatus.PENDING,
+        "error": None,
+        "finished_at": None,
+        "cancel_requested_at": None,
+        "cancel_reason": "",
+        "attempt": 0,
+        "wake_at": None,
+        "updated_at": now,
+        "lease_token": F("lease_token") + 1,
+        "lease_owner": "",
+        "lease_expires_at": None,
+    }
+
+
 def _rerun_from_step(run: Run, step_id: str, *, actor: str) -> Run:
     now = clock.now()
     target = Step.objects.live().filter(run_id=run.id, step_id=step_id).first()
@@ -236,19 +241,7 @@ def _rerun_from_step(run: Run, step_id: str, *, actor: str) -> Run:
         raise InvalidTransitionError(f"run {run.id} is waiting; decide or cancel its wait first")
     with transaction.atomic():
         taken = Run.objects.filter(_lease_is_free(now), pk=run.id).update(
-            status=RunStatus.PENDING,
-            cursor=target.position,
-            error=None,
-            output=None,
-            finished_at=None,
-            cancel_requested_at=None,
-            cancel_reason="",
-            attempt=0,
-            wake_at=None,
-            updated_at=now,
-            lease_token=F("lease_token") + 1,
-            lease_owner="",
-            lease_expires_at=None,
+            cursor=target.position, output=None, **_restarted(now)
         )
         if not taken:
             raise InvalidTransitionError(
