@@ -19,7 +19,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from durable_agents import clock
-from durable_agents.brief import template_brief
+from durable_agents.brief import participant_brief, template_brief
 from durable_agents.engine.waits import Park, WaitSpec, latest_wait, take_buffered_signal
 from durable_agents.errors import ApprovalRejectedError, DefinitionError, WaitExpiredError
 from durable_agents.models import DeadlinePolicy, StepKind, WaitKind, WaitStatus
@@ -41,11 +41,16 @@ def approval(
     warn_before: timedelta | None = None,
     remind_every: timedelta | None = None,
     notify_to: Sequence[str] = (),
-    brief: Callable[[Any], str] | None = None,
+    brief: Callable[[Any], str] | str = "template",
 ) -> StepDef:
     """A human approves or rejects before the run goes on. `reject="continue"` hands the decision to later
     steps (the result has `approved: False`); `"fail"` stops the run with ApprovalRejectedError.
+
+    `brief` is "template" (built from the run's records), "participant" (the run's model writes it from
+    those records, journaled; the template if it fails) or a function of the step context.
     """
+    if isinstance(brief, str) and brief not in ("template", "participant"):
+        raise DefinitionError(f"approval {name!r}: brief must be 'template', 'participant' or a callable")
     if reject not in REJECT_ROUTES:
         raise DefinitionError(f"approval {name!r}: reject must be one of {REJECT_ROUTES}, got {reject!r}")
     if on_deadline not in DeadlinePolicy.values:
@@ -56,11 +61,12 @@ def approval(
     def run(ctx: Any) -> dict[str, Any]:
         wait = latest_wait(ctx.step, kind=WaitKind.APPROVAL, name=name)
         if wait is None or wait.status == WaitStatus.CANCELLED:
-            text = (
-                brief(ctx)
-                if brief
-                else template_brief(ctx.run, question=question, on_approve=on_approve, on_reject=on_reject)
-            )
+            if callable(brief):
+                text = brief(ctx)
+            else:
+                text = template_brief(ctx.run, question=question, on_approve=on_approve, on_reject=on_reject)
+                if brief == "participant":
+                    text = participant_brief(ctx, text)
             raise Park(
                 WaitSpec(
                     kind=WaitKind.APPROVAL,

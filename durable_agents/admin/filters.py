@@ -128,3 +128,20 @@ class WaitDeadlineFilter(admin.SimpleListFilter):
 
 
 # Version drift: not offered yet (issue 8 defers it).
+
+
+class VersionDriftFilter(admin.SimpleListFilter):
+    """Active runs pinned to a workflow version this deployment no longer registers."""
+
+    title = "version"
+    parameter_name = "drift"
+
+    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, str]]:
+        return [("yes", "version drift")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Run]) -> QuerySet[Run]:
+        if self.value() != "yes":
+            return queryset
+        from durable_agents.engine.plans import version_drift
+
+        return queryset.filter(pk__in=version_drift().values("pk"))

@@ -42,6 +42,7 @@ from durable_agents.admin.filters import (
     AgingFilter,
     ErrorTypeFilter,
     StuckFilter,
+    VersionDriftFilter,
     WaitDeadlineFilter,
     WorkflowFilter,
     is_stuck,
@@ -161,7 +162,15 @@ class RunAdmin(admin.ModelAdmin):
     list_display_links = ["short_id"]
     # Sorting is offered on indexed columns only: an unindexed ORDER BY sorts a million rows.
     sortable_by = ["age", "last_progress"]
-    list_filter = ["status", WorkflowFilter, StuckFilter, AgingFilter, WaitDeadlineFilter, ErrorTypeFilter]
+    list_filter = [
+        "status",
+        WorkflowFilter,
+        StuckFilter,
+        AgingFilter,
+        WaitDeadlineFilter,
+        ErrorTypeFilter,
+        VersionDriftFilter,
+    ]
     search_fields = ["idempotency_key"]  # the search itself: get_search_results
     search_help_text = "A run id (or its first characters) or an exact idempotency key."
     date_hierarchy = "created_at"

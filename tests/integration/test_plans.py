@@ -8,6 +8,7 @@ from io import StringIO
 
 import pytest
 from django.core.management import call_command
+from django.urls import reverse
 
 from durable_agents import api, clock
 from durable_agents.engine.advance import advance
@@ -15,6 +16,7 @@ from durable_agents.engine.plans import version_drift
 from durable_agents.models import Event, Run, RunStatus, Step, Turn, Wait, WaitStatus
 from durable_agents.testing import drive, wait_for, wait_for_run
 from durable_agents.workflows import registry
+from tests.integration.test_admin import login
 from tests.testapp.models import Execution, LedgerEntry
 from tests.testapp.workflows import _record_step
 
@@ -144,6 +146,8 @@ def test_versions__park_for_an_operator_who_migrates_the_run(versioned):
     run = drive(run.id)
     assert run.status == RunStatus.WAITING
     assert list(version_drift().values_list("id", flat=True)) == [run.id]
+    console = login("ops", codenames=("replan_run",)).get(reverse("admin:durable_agents_run_changelist") + "?drift=yes")
+    assert [r.pk for r in console.context["cl"].result_list] == [run.id], "the console lists version drift"
     listed = StringIO()
     call_command("durable_runs", "--version-drift", "--json", stdout=listed)
     assert [row["id"] for row in json.loads(listed.getvalue())] == [str(run.id)]

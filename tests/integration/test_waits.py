@@ -304,3 +304,21 @@ def test_commands__decide_and_signal(capsys):
     with pytest.raises(CommandError, match="not valid JSON") as bad:
         call_command("durable_signal", str(signal_run.id), "x", "--payload", "{nope")
     assert bad.value.returncode == 2
+
+
+def test_brief__written_by_the_participant_and_journaled():
+    run = api.start("approve_briefed", {})
+    api.swap_participant(run.id, "brief-writer")
+    run = drive(run.id)
+    wait = Wait.objects.get(run=run)
+    assert wait.brief.startswith("Charging 40.00 settles the customer's open invoice.")
+    assert "Decision needed: Charge 40.00?" in wait.brief, "the record it was written from stays below it"
+    assert run.turns.get(purpose="brief").participant == "brief-writer"
+
+
+def test_brief__falls_back_to_the_template_when_the_participant_fails(monkeypatch):
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    run = drive(api.start("approve_briefed", {}).id)  # the default participant, Claude, has no API key here
+    wait = Wait.objects.get(run=run)
+    assert wait.brief.startswith("Decision needed: Charge 40.00?")
+    assert Event.objects.filter(run=run, kind="brief_fallback").exists()

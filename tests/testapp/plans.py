@@ -6,7 +6,7 @@ from datetime import timedelta
 from typing import Any
 
 from durable_agents.agents.participants import FunctionParticipant, ModelRequest, tool_use
-from durable_agents.api import StepContext, call, judge, participants, planner, tool_step, workflow
+from durable_agents.api import StepContext, approval, call, judge, participants, planner, tool_step, workflow
 from tests.testapp.workflows import _record_step, charge, lookup_order, record_execution
 
 
@@ -100,3 +100,12 @@ for _name, _participant in (("planned", "plan-maker"), ("badly_planned", "bad-pl
             call("after", _record_step, depends_on=["observe"]),
         ],
     )
+
+
+# --- A brief written by the participant ---------------------------------------------------------------------
+
+participants.register(
+    "brief-writer",
+    FunctionParticipant(lambda request: "Charging 40.00 settles the customer's open invoice.", name="brief-writer"),
+)
+workflow("approve_briefed", steps=[approval("approve", question="Charge 40.00?", brief="participant")])
