@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import threading
 from io import StringIO
 
 import pytest
 from django.core.management import call_command
+from django.db import connections
 from django.test.utils import override_settings
 
 from durable_agents import api
@@ -154,3 +156,28 @@ def test_saga__cancel_command_with_compensate_flag():
     run = drive(run.id)
     assert run.status == RunStatus.CANCELLED
     assert sorted(LedgerEntry.objects.values_list("amount", flat=True)) == [-20, -10, 10, 20]
+
+
+def test_effects__a_concurrent_in_flight_duplicate_waits_and_reuses_the_result():
+    from tests.testapp.plans import slow_charge
+
+    run = api.start("noop")
+    results: list[dict] = []
+
+    def invoke() -> None:
+        try:
+            results.append(
+                invoke_tool(
+                    slow_charge, {"order_id": "CC-1", "amount": "9.00"}, key="cc-1", run_id=run.id, step_pk=None
+                )
+            )
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=invoke) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == [{"charged": "9.00"}] * 2, "the duplicate waited for the first and got its result"
+    assert LedgerEntry.objects.filter(order_id="CC-1").count() == 1

@@ -2,11 +2,24 @@
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
+from decimal import Decimal
 from typing import Any
 
 from durable_agents.agents.participants import FunctionParticipant, ModelRequest, tool_use
-from durable_agents.api import StepContext, approval, call, judge, participants, planner, tool_step, workflow
+from durable_agents.api import (
+    StepContext,
+    approval,
+    call,
+    judge,
+    participants,
+    planner,
+    tool,
+    tool_step,
+    workflow,
+)
+from tests.testapp.models import LedgerEntry
 from tests.testapp.workflows import _record_step, charge, lookup_order, record_execution
 
 
@@ -109,3 +122,11 @@ participants.register(
     FunctionParticipant(lambda request: "Charging 40.00 settles the customer's open invoice.", name="brief-writer"),
 )
 workflow("approve_briefed", steps=[approval("approve", question="Charge 40.00?", brief="participant")])
+
+
+@tool(effectful=True, transactional=True)
+def slow_charge(order_id: str, amount: Decimal, *, idempotency_key: str) -> dict[str, Any]:
+    """Charge an order, slowly: holds its effect's row lock for a second (for concurrency tests)."""
+    LedgerEntry.objects.create(idempotency_key=idempotency_key, order_id=order_id, amount=amount, kind="charge")
+    time.sleep(1.0)
+    return {"charged": str(amount)}
