@@ -15,6 +15,7 @@ DurableAgentsError
  │    └── WaitClosedError         the wait was already decided, expired or cancelled
  ├── WaitNotFoundError            no wait has that id
  ├── ApprovalRejectedError        a human (or a deadline) rejected the action
+ ├── ToolFailedError              a tool refused and changed nothing: the model is told
  ├── LeaseLostError               another worker holds the run now (this worker is a zombie)
  ├── UnknownParticipantError      no participant (model, script, function) by that name
  └── StepError                    raised by step code to control retries
@@ -170,3 +171,11 @@ class ApprovalRejectedError(DurableAgentsError):
 
 class WaitExpiredError(PermanentError):
     """The wait's deadline passed and its policy fails the run."""
+
+
+class ToolFailedError(DurableAgentsError):
+    """The tool refused the call and changed nothing; an agent's model is told why and may try otherwise.
+
+    Raise it from an external effectful tool to say "not applied": any other exception from such a tool
+    leaves its outcome unknown, so the same call is retried under the same idempotency key.
+    """

@@ -21,7 +21,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F, Max
 
 from durable_agents import clock
-from durable_agents.agents.loop import create_turn, usage_counters
+from durable_agents.agents.loop import count_unjournaled, create_turn, usage_counters
 from durable_agents.agents.participants import ModelRequest, ModelResponse, Participant, participants
 from durable_agents.agents.pricing import cost_usd
 from durable_agents.conf import settings
@@ -163,5 +163,9 @@ def journal_call(ctx: Any, purpose: str, request: ModelRequest, response: ModelR
                 raise LeaseLostError()
             Step.objects.filter(pk=ctx.step.pk).update(cost_usd=F("cost_usd") + cost, **counters)
             return create_turn(ctx, index, purpose, request, response, participant, cost)
+    except LeaseLostError:
+        count_unjournaled(ctx, index, response.usage, cost, "lease lost")
+        raise
     except IntegrityError as exc:
+        count_unjournaled(ctx, index, response.usage, cost, "journaled by another worker")
         raise LeaseLostError(f"{purpose} call of step {ctx.step_id} was journaled by another worker") from exc

@@ -182,7 +182,8 @@ def planned_step(tool: Tool[..., Any]) -> StepDef:
     def run(ctx: Any) -> Any:
         args = ctx.args.get("args", {})
         # Keyed by tool and canonical arguments, not by position: a re-plan proposing it again reuses it.
-        key = f"{ctx.run.effect_scope or ctx.run_id}:plan:{tool.name}:{tool.args_hash(tool.validate(args))[:32]}"
+        digest = tool.args_hash(tool.validate(args))[:32]
+        key = f"{ctx.run.effect_scope or ctx.run_id}:plan:{tool.name}:{digest}:{ctx.args.get('occurrence', 1)}"
         if ctx.args.get("approval") and tool.effectful:
             require_approval(ctx, tool, args, key, always=True)
         return ctx.call_tool(tool, args, key=key)
@@ -191,6 +192,12 @@ def planned_step(tool: Tool[..., Any]) -> StepDef:
 
 
 def as_planned_steps(calls: list[PlannedCall]) -> list[PlannedStep]:
-    return [
-        PlannedStep(c.step_id, f"{TOOL_STEP_PREFIX}{c.tool}", {"args": c.args, "approval": c.approval}) for c in calls
-    ]
+    """Plan rows for validated calls; the n-th identical call of a plan is its own effect (occurrence n)."""
+    seen: dict[tuple[str, str], int] = {}
+    steps = []
+    for c in calls:
+        same = (c.tool, json.dumps(c.args, sort_keys=True, cls=DjangoJSONEncoder))
+        seen[same] = seen.get(same, 0) + 1
+        args = {"args": c.args, "approval": c.approval, "occurrence": seen[same]}
+        steps.append(PlannedStep(c.step_id, f"{TOOL_STEP_PREFIX}{c.tool}", args))
+    return steps

@@ -54,6 +54,7 @@ from durable_agents.conf import settings
 from durable_agents.engine.events import record_event
 from durable_agents.errors import (
     AgentLimitError,
+    ApprovalRejectedError,
     ContextWindowExceededError,
     DefinitionError,
     LeaseLostError,
@@ -61,6 +62,7 @@ from durable_agents.errors import (
     PermanentError,
     RetryableError,
     ToolArgumentsError,
+    ToolFailedError,
 )
 from durable_agents.models import Run, Step, StepKind, Turn
 from durable_agents.tools import Tool
@@ -378,14 +380,14 @@ def _journal(
                 )
             return turn
     except LeaseLostError:
-        _count_unjournaled(ctx, index, usage, cost, "lease lost")
+        count_unjournaled(ctx, index, usage, cost, "lease lost")
         raise
     except IntegrityError as exc:
-        _count_unjournaled(ctx, index, usage, cost, "journaled by another worker")
+        count_unjournaled(ctx, index, usage, cost, "journaled by another worker")
         raise LeaseLostError(f"turn {index} of step {ctx.step_id} was journaled by another worker") from exc
 
 
-def _count_unjournaled(ctx: Any, index: int, usage: Usage, cost: Decimal, why: str) -> None:
+def count_unjournaled(ctx: Any, index: int, usage: Usage, cost: Decimal, why: str) -> None:
     """A zombie's answer is not journaled, but it was billed: the run's spend (and budget) must still see it."""
     counters = usage_counters(usage)
     with transaction.atomic():
@@ -420,11 +422,15 @@ def _run_tool(ctx: Any, block: dict[str, Any], tools: dict[str, Tool[..., Any]])
         return _error(use_id, f"unknown tool {name!r}; the tools you may call are: {', '.join(tools) or 'none'}")
     try:
         result = ctx.call_tool(tool, block.get("input") or {}, key=ctx.idempotency_key(use_id))
-    except ToolArgumentsError as exc:
+    except (ToolArgumentsError, ToolFailedError, ApprovalRejectedError) as exc:
         return _error(use_id, str(exc))
     except (RetryableError, LeaseLostError, PermanentError):
         raise
     except Exception as exc:  # noqa: BLE001 - a tool's own failure is news for the model, not a crash
+        if tool.effectful and not tool.transactional:
+            # The call may have landed: shown to the model, it would be re-asked under a new tool_use_id
+            # (a new key). Retry this same call instead; the receiver dedupes on its key.
+            raise RetryableError(f"{name} failed with an unknown outcome: {type(exc).__name__}: {exc}") from exc
         return _error(use_id, f"{name} failed: {type(exc).__name__}: {exc}")
     return {"type": "tool_result", "tool_use_id": use_id, "content": json.dumps(result, cls=DjangoJSONEncoder)}
 

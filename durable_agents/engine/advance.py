@@ -77,7 +77,10 @@ def advance(run_id: uuid.UUID | str) -> Outcome:
     """Advance one run by exactly one step. Safe to call any number of times, concurrently."""
     claimed = _claim_and_load(as_uuid(run_id))
     if claimed is None:
-        return Outcome.CANCELLED if settle_cancellation(run_id) else Outcome.SKIPPED
+        # Most unclaimable deliveries are duplicates: a read, not a write, tells whether a cancel waits.
+        if Run.objects.filter(pk=run_id, cancel_requested_at__isnull=False).exists():
+            return Outcome.CANCELLED if settle_cancellation(run_id) else Outcome.SKIPPED
+        return Outcome.SKIPPED
     claim, step = claimed
     if claim.previous_owner:
         record_event(claim.run_id, "lease_takeover", previous_owner=claim.previous_owner, token=claim.token)

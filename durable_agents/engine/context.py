@@ -91,7 +91,9 @@ class StepContext:
         key = key or self.idempotency_key(resolved.name, str(self._tool_calls))
         if resolved.effectful and resolved.needs_approval:
             require_approval(self, resolved, args, key)
-        return invoke_tool(resolved, args, key=key, run_id=self.run.id, step_pk=self.step.pk, ctx=self)
+        return invoke_tool(
+            resolved, args, key=key, run_id=self.run.id, step_pk=self.step.pk, ctx=self, lease_token=self.lease_token
+        )
 
     def result(self, step_id: str) -> Any:
         """The committed result of an earlier step of this run."""

@@ -22,8 +22,13 @@ from durable_agents import clock
 from durable_agents.conf import settings
 from durable_agents.engine.events import record_event
 from durable_agents.engine.retry import TRANSIENT_TYPES
-from durable_agents.errors import EffectOutcomeUnknownError, IdempotencyKeyReusedError, PermanentError
-from durable_agents.models import Effect, EffectKind, EffectStatus
+from durable_agents.errors import (
+    EffectOutcomeUnknownError,
+    IdempotencyKeyReusedError,
+    LeaseLostError,
+    PermanentError,
+)
+from durable_agents.models import Effect, EffectKind, EffectStatus, Run
 from durable_agents.tools import Tool
 
 logger = logging.getLogger("durable_agents.effects")
@@ -40,8 +45,12 @@ def invoke_tool(
     step_pk: int | None,
     ctx: Any = None,
     compensates: Effect | None = None,
+    lease_token: int | None = None,
 ) -> Any:
-    """Invoke `tool` with `args` under idempotency `key`; read-only tools are simply called."""
+    """Invoke `tool` with `args` under idempotency `key`; read-only tools are simply called.
+
+    With `lease_token`, a transactional effect commits only while that token still holds the run.
+    """
     checked = tool.validate(args)
     if not tool.effectful:
         return tool.invoke(checked, ctx=ctx)
@@ -49,7 +58,7 @@ def invoke_tool(
     if effect.status in (EffectStatus.APPLIED, EffectStatus.COMPENSATED):
         return effect.result
     if tool.transactional:
-        return _apply_in_transaction(tool, checked, effect, ctx)
+        return _apply_in_transaction(tool, checked, effect, ctx, lease_token)
     return _apply_external(tool, checked, effect, ctx)
 
 
@@ -93,9 +102,17 @@ def _record_pending(
     return effect
 
 
-def _apply_in_transaction(tool: Tool[..., Any], args: dict[str, Any], effect: Effect, ctx: Any) -> Any:
+def _apply_in_transaction(
+    tool: Tool[..., Any], args: dict[str, Any], effect: Effect, ctx: Any, lease_token: int | None
+) -> Any:
     try:
         with transaction.atomic():
+            # A zombie must not apply an effect after the run was taken from it (say, cancelled with
+            # compensation, which lists the applied effects): lock the run row and check the token.
+            if lease_token is not None and not (
+                Run.objects.select_for_update().filter(pk=effect.run_id, lease_token=lease_token).exists()
+            ):
+                raise LeaseLostError(f"run {effect.run_id} was taken over; {tool.name} was not applied")
             # The row lock makes a concurrent duplicate wait here, then see `applied`.
             locked = Effect.objects.select_for_update().get(pk=effect.pk)
             if locked.status in (EffectStatus.APPLIED, EffectStatus.COMPENSATED):
@@ -150,7 +167,12 @@ def _applied_txn(effect: Effect) -> None:
 
 
 def _record_failure(effect: Effect, exc: BaseException) -> None:
-    """Transient errors leave the effect pending (it will be invoked again); others mark it failed."""
+    """Transient errors leave the effect pending (it will be invoked again); others mark it failed.
+
+    A zombie's refusal (LeaseLostError) says nothing about the effect: it stays as it was.
+    """
+    if isinstance(exc, LeaseLostError):
+        return
     transient = isinstance(exc, TRANSIENT_TYPES) and not isinstance(exc, PermanentError)
     error = {"type": type(exc).__name__, "message": (str(exc) or type(exc).__name__)[:MAX_ERROR_CHARS]}
     Effect.objects.filter(pk=effect.pk, status=EffectStatus.PENDING).update(

@@ -114,7 +114,13 @@ def claim_run(run_id: uuid.UUID | str) -> Claim | None:
 def renew_lease(claim: Claim) -> bool:
     """Push the lease expiry forward; False if the lease was lost (another worker took the run)."""
     expires = clock.now() + timedelta(seconds=lease_seconds())
-    return Run.objects.filter(pk=claim.run_id, lease_token=claim.token).update(lease_expires_at=expires) == 1
+    # Owner and a held lease too: a renewal racing the commit must not re-arm a lease just released.
+    return (
+        Run.objects.filter(
+            pk=claim.run_id, lease_token=claim.token, lease_owner=claim.owner, lease_expires_at__isnull=False
+        ).update(lease_expires_at=expires)
+        == 1
+    )
 
 
 class Heartbeat:
@@ -176,14 +182,16 @@ class _Renewer:
 
     def _renew(self, beat: Heartbeat) -> None:
         try:
-            if renew_lease(beat.claim):
-                beat.renewed_at = time.monotonic()
-                return
-            beat.lost = True
-            logger.warning("lease lost run=%s token=%s", beat.claim.run_id, beat.claim.token)
+            renewed = renew_lease(beat.claim)
         except Exception:
-            # A failed renewal is not fatal: the commit is fenced by the token either way.
+            # A failed renewal (a database blip) is tried again next round; the commit is fenced anyway.
             logger.exception("lease renewal failed run=%s", beat.claim.run_id)
+            return
+        if renewed:
+            beat.renewed_at = time.monotonic()
+            return
+        beat.lost = True
+        logger.warning("lease lost run=%s token=%s", beat.claim.run_id, beat.claim.token)
         with self._lock:
             self._beats.discard(beat)
 

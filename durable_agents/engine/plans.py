@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Any
 
 from django.db import transaction
+from django.db.models import F, Q
 
 from durable_agents import clock
 from durable_agents.engine.events import record_event
@@ -22,7 +23,17 @@ from durable_agents.engine.runs import get_run, plan_row, supersede_from_txn
 from durable_agents.engine.waits import Park, WaitSpec
 from durable_agents.engine.wake import wake_on_commit
 from durable_agents.errors import InvalidInputError, InvalidTransitionError, StepNotFoundError, UnknownWorkflowError
-from durable_agents.models import ACTIVE_RUN_STATUSES, Run, RunStatus, Step, StepStatus, Wait, WaitKind, WaitStatus
+from durable_agents.models import (
+    ACTIVE_RUN_STATUSES,
+    Event,
+    Run,
+    RunStatus,
+    Step,
+    StepStatus,
+    Wait,
+    WaitKind,
+    WaitStatus,
+)
 from durable_agents.workflows import Workflow, registry
 
 MAX_REPLANS_PER_STEP = 3
@@ -63,7 +74,7 @@ def find_stale(run_id: uuid.UUID, depends_on: list[str], now: datetime) -> Stale
 
 
 def replans_of(run_id: uuid.UUID, step_id: str) -> int:
-    return Run.objects.get(pk=run_id).events.filter(kind="replanned", step_id=step_id).count()
+    return Event.objects.filter(run_id=run_id, kind="replanned", step_id=step_id).count()
 
 
 def replan_txn(run_id: uuid.UUID, stale: StaleObservation, *, because_of: str, now: datetime) -> list[str]:
@@ -145,6 +156,13 @@ def migrate_run(run_id: uuid.UUID | str, version: int, *, replan: bool = False, 
     target = registry.get(run.workflow, version)
     now = clock.now()
     with transaction.atomic():
+        # Take the run from whoever might hold it: a worker mid-step must not commit into a changed plan.
+        if not Run.objects.filter(
+            Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now), pk=run.id, status__in=ACTIVE_RUN_STATUSES
+        ).update(lease_token=F("lease_token") + 1, lease_owner="", lease_expires_at=None):
+            raise InvalidTransitionError(
+                f"run {run.id} is being advanced by {run.lease_owner}; migrate it when its step ends"
+            )
         adopt_version_txn(run.id, target, replan=replan, actor=actor, now=now)
         parked = Wait.objects.filter(run_id=run.id, kind=WaitKind.SIGNAL, name=VERSION_WAIT, status=WaitStatus.OPEN)
         if parked.update(status=WaitStatus.APPROVED, decided_by=actor or "operator", decided_at=now):
@@ -156,8 +174,6 @@ def migrate_run(run_id: uuid.UUID | str, version: int, *, replan: bool = False, 
 
 def version_drift() -> Any:
     """Active runs whose pinned workflow version is not registered in this process."""
-    from django.db.models import Q
-
     drift = Q()
     for name in registry.names():
         drift |= Q(workflow=name) & ~Q(workflow_version__in=registry.versions(name))

@@ -240,13 +240,16 @@ def _rerun_from_step(run: Run, step_id: str, *, actor: str) -> Run:
     if run.status == RunStatus.WAITING:
         raise InvalidTransitionError(f"run {run.id} is waiting; decide or cancel its wait first")
     with transaction.atomic():
-        taken = Run.objects.filter(_lease_is_free(now), pk=run.id).update(
-            cursor=target.position, output=None, **_restarted(now)
+        taken = (
+            Run.objects.filter(_lease_is_free(now), pk=run.id)
+            .exclude(status=RunStatus.WAITING)
+            .update(cursor=target.position, output=None, **_restarted(now))
         )
         if not taken:
             raise InvalidTransitionError(
-                f"run {run.id} is being advanced by {run.lease_owner}; cancel it or retry when its step ends"
+                f"run {run.id} is being advanced or waiting; cancel it, decide its wait, or retry when its step ends"
             )
+        cancel_open_waits_txn(run.id)
         superseded = supersede_from_txn(run.id, target.position, now)
         record_event(
             run.id,

@@ -93,6 +93,7 @@ def _compensate(ctx: Any) -> dict[str, Any]:
         step_pk=ctx.step.pk,
         ctx=ctx,
         compensates=original,
+        lease_token=ctx.lease_token,
     )
     return {"compensated": original.idempotency_key, "by": compensator.name, "result": result}
 

@@ -21,8 +21,9 @@ from django.db.models import DateTimeField, ExpressionWrapper, F, Q, Value
 from durable_agents import clock
 from durable_agents.conf import settings
 from durable_agents.engine.events import record_event
+from durable_agents.engine.saga import plan_compensation_txn
 from durable_agents.engine.wake import wake_on_commit
-from durable_agents.errors import InvalidTransitionError, WaitClosedError, WaitNotFoundError
+from durable_agents.errors import InvalidTransitionError, UnknownWorkflowError, WaitClosedError, WaitNotFoundError
 from durable_agents.models import (
     DeadlinePolicy,
     Effect,
@@ -36,7 +37,7 @@ from durable_agents.models import (
     WaitKind,
     WaitStatus,
 )
-from durable_agents.signals import send_on_commit, wait_closed, wait_opened
+from durable_agents.signals import run_finished, send_on_commit, wait_closed, wait_opened
 
 logger = logging.getLogger("durable_agents.waits")
 
@@ -74,6 +75,12 @@ def park_txn(run_id: uuid.UUID, step: Step, spec: WaitSpec, now: datetime) -> Wa
     existing = Wait.objects.open().filter(run_id=run_id).first()
     if existing is not None:
         return existing
+    if spec.kind == WaitKind.SIGNAL:
+        arrived = take_buffered_signal(step, spec.name)
+        if arrived is not None:
+            # It came while the step was parking: go on at once instead of waiting for it again.
+            _wake_txn(run_id, now)
+            return arrived
     try:
         with transaction.atomic():
             wait = Wait.objects.create(
@@ -206,9 +213,17 @@ def send_signal(run_id: uuid.UUID | str, name: str, payload: Any = None, *, by: 
     run = get_run(run_id)
     if run.is_finished:
         raise InvalidTransitionError(f"run {run.id} is {run.status}; it takes no more signals")
-    waiting = Wait.objects.open().filter(run_id=run.id, kind=WaitKind.SIGNAL, name=name).first()
-    if waiting is not None:
-        return decide_wait(waiting.pk, approved=True, by=by or "signal", via="signal", payload=payload)
+    with transaction.atomic():
+        # The run's row lock orders this against a step parking on the same signal (its fenced UPDATE):
+        # either we see its open wait, or it sees our buffered signal. Nothing arrives in between.
+        Run.objects.select_for_update().filter(pk=run.id).first()
+        waiting = Wait.objects.open().filter(run_id=run.id, kind=WaitKind.SIGNAL, name=name).first()
+        if waiting is not None:
+            return decide_wait(waiting.pk, approved=True, by=by or "signal", via="signal", payload=payload)
+        return _buffer_signal_txn(run, name, payload, by)
+
+
+def _buffer_signal_txn(run: Run, name: str, payload: Any, by: str) -> Wait:
     buffered = Wait.objects.create(
         run_id=run.id,
         kind=WaitKind.SIGNAL,
@@ -324,11 +339,29 @@ def _expire_and_fail_txn(wait: Wait, now: datetime) -> None:
         "step": _step_id(wait),
     }
     Wait.objects.filter(pk=wait.pk).update(status=WaitStatus.EXPIRED, decided_by="deadline", decided_at=now)
-    if Run.objects.filter(pk=wait.run_id, status=RunStatus.WAITING).update(
-        status=RunStatus.FAILED, error=error, finished_at=now, updated_at=now
-    ):
-        Step.objects.filter(pk=wait.step_id).update(status=StepStatus.FAILED, error=error, finished_at=now)
     record_event(wait.run_id, "wait_expired", step_id=error["step"], wait=wait.pk, policy=DeadlinePolicy.FAIL)
+    run = Run.objects.filter(pk=wait.run_id, status=RunStatus.WAITING).only("workflow", "workflow_version").first()
+    if run is None:
+        return
+    Step.objects.filter(pk=wait.step_id).update(status=StepStatus.FAILED, error=error, finished_at=now)
+    fields = {"error": error}
+    # The same failure path as a failing step: a workflow that compensates undoes its effects first.
+    if _compensates_on_failure(run) and plan_compensation_txn(
+        run.id, finish_as=RunStatus.FAILED, now=now, fields={**fields, "status": RunStatus.PENDING}
+    ):
+        wake_on_commit(run.id)
+        return
+    Run.objects.filter(pk=run.id).update(status=RunStatus.FAILED, finished_at=now, updated_at=now, **fields)
+    send_on_commit(run_finished, run_id=run.id, status=RunStatus.FAILED, error=error)
+
+
+def _compensates_on_failure(run: Run) -> bool:
+    from durable_agents.workflows import registry
+
+    try:
+        return registry.get(run.workflow, run.workflow_version).on_failure == "compensate"
+    except UnknownWorkflowError:
+        return False
 
 
 def _warn(wait_id: int, now: datetime) -> int:

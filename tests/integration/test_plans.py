@@ -222,3 +222,9 @@ def test_planner__a_stale_re_plan_reuses_the_applied_charge():
     assert run.status == RunStatus.COMPLETED
     assert LedgerEntry.objects.count() == 1, "the re-planned charge has the same tool and arguments: reused"
     assert Turn.objects.filter(run=run, purpose="planner").count() == 6, "the planner ran again after re-observing"
+
+
+def test_planner__two_identical_calls_in_one_plan_are_two_effects():
+    run = drive(api.start("double_planned").id)
+    assert run.status == RunStatus.COMPLETED
+    assert LedgerEntry.objects.filter(order_id="DB-1").count() == 2, "the second identical charge is its own effect"

@@ -130,3 +130,18 @@ def slow_charge(order_id: str, amount: Decimal, *, idempotency_key: str) -> dict
     LedgerEntry.objects.create(idempotency_key=idempotency_key, order_id=order_id, amount=amount, kind="charge")
     time.sleep(1.0)
     return {"charged": str(amount)}
+
+
+participants.register(
+    "double-planner",
+    FunctionParticipant(
+        lambda request: [
+            tool_use("submit_plan", {"steps": [{"tool": "charge", "args": {"order_id": "DB-1", "amount": "5.00"}}] * 2})
+        ],
+        name="double-planner",
+    ),
+)
+workflow(
+    "double_planned",
+    steps=[planner("plan", instructions="Charge twice.", tools=[charge], participant="double-planner")],
+)
