@@ -74,6 +74,7 @@ def participant_brief(ctx: Any, record: str) -> str:
                 messages=[{"role": "user", "content": record}],
                 metadata={"user_id": f"{ctx.run_id}:{ctx.step_id}"},
             )
+            ctx.ensure_lease()
             turn = journal_call(ctx, "brief", request, answerer.respond(request), answerer.name)
         except Exception as exc:  # noqa: BLE001 - a brief is a courtesy: never fail the run for it
             record_event(ctx.run_id, "brief_fallback", step_id=ctx.step_id, error=str(exc)[:500])

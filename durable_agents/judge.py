@@ -118,6 +118,7 @@ def _ask(ctx: Any, rubric: str, text: str, participant: Any, model: str | None, 
         metadata={"user_id": f"{ctx.run_id}:{ctx.step_id}"},
         tool_choice={"type": "tool", "name": "submit_verdict"},
     )
+    ctx.ensure_lease()
     return journal_call(ctx, "judge", request, answerer.respond(request), answerer.name)
 
 

@@ -136,6 +136,7 @@ def planner(
                 metadata={"user_id": f"{ctx.run_id}:{ctx.step_id}"},
                 tool_choice={"type": "tool", "name": PLAN_TOOL},
             )
+            ctx.ensure_lease()
             unread = [journal_call(ctx, "planner", request, answerer.respond(request), answerer.name)]
             asked += 1
 

@@ -6,22 +6,42 @@ harmless. Celery never retries `advance`: the engine owns retries and persists e
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TypeVar
+
 from celery import shared_task
+from django.db import InterfaceError, OperationalError, connections
 
 from durable_agents.engine import advance as engine_advance
 from durable_agents.engine import sweep as engine_sweep
+
+T = TypeVar("T")
+
+
+def _dropping_dead_connections(work: Callable[[], T]) -> T:
+    """Run `work`; after a database connection error, close this process's connections and re-raise.
+
+    Workers keep connections between tasks (CELERY_DB_REUSE_MAX), so after a Postgres restart nothing
+    else would ever drop the dead one. The lease expires and the sweep re-wakes the run.
+    """
+    try:
+        return work()
+    except (OperationalError, InterfaceError):
+        for connection in connections.all(initialized_only=True):
+            connection.close()
+        raise
 
 
 @shared_task(name="durable_agents.advance", acks_late=True, reject_on_worker_lost=True, ignore_result=True)
 def advance(run_id: str) -> str:
     """Advance run `run_id` by one step."""
-    return engine_advance.advance(run_id).value
+    return _dropping_dead_connections(lambda: engine_advance.advance(run_id).value)
 
 
 @shared_task(name="durable_agents.sweep", ignore_result=True)
 def sweep() -> dict[str, int]:
     """Re-wake lost runs and settle cancellations (scheduled by celery beat)."""
-    return engine_sweep.sweep().as_dict()
+    return _dropping_dead_connections(lambda: engine_sweep.sweep().as_dict())
 
 
 def wake(run_id: str, countdown: float | None = None) -> None:

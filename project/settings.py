@@ -117,6 +117,13 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
         "control_folder": str(_broker_dir / "control"),
         "store_processed": False,
     }
+if CELERY_BROKER_URL.startswith("amqp"):
+    # RabbitMQ: a quorum queue (replicated, survives a broker restart) and publisher confirms, so a wake-up
+    # the broker acknowledged is not lost. Celery turns off global QoS for quorum queues by itself.
+    CELERY_TASK_DEFAULT_QUEUE = "celery"
+    CELERY_TASK_DEFAULT_QUEUE_TYPE = "quorum"
+    CELERY_BROKER_TRANSPORT_OPTIONS = {"confirm_publish": True}
+    CELERY_WORKER_DETECT_QUORUM_QUEUES = True
 CELERY_RESULT_BACKEND = "django-db"
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_ACKS_LATE = True

@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import anthropic
+import httpx2 as httpx
 
 from durable_agents.agents.participants import ModelRequest, ModelResponse, Usage
 from durable_agents.conf import settings
@@ -64,6 +65,9 @@ def map_errors() -> Iterator[None]:
         raise ModelUnavailableError(f"model request timed out: {redact(str(exc))}") from exc
     except anthropic.APIConnectionError as exc:
         raise ModelUnavailableError(f"could not reach the model API: {redact(str(exc))}") from exc
+    except httpx.TransportError as exc:
+        # Raised as is by a stream cut mid-way (get_final_message), not wrapped by the SDK.
+        raise ModelUnavailableError(f"the model API connection broke: {redact(str(exc))}") from exc
     except anthropic.APIStatusError as exc:
         status = exc.status_code
         message = redact(getattr(exc, "message", None) or str(exc))

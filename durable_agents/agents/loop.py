@@ -225,6 +225,7 @@ class _AgentLoop:
             max_tokens=request.max_tokens,
             purpose=f"turn {self.turn_number}",
         )
+        self.ctx.ensure_lease()
         response = self.participant.respond(request)
         turn = _journal(self.ctx, self.next_index, request, response, self.participant.name)
         self.next_index += 1

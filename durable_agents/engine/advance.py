@@ -7,6 +7,7 @@ claim (1 UPDATE) → load (1 SELECT: step + run) → execute (heartbeat renews t
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -22,7 +23,7 @@ from durable_agents.conf import settings
 from durable_agents.engine import hotpath
 from durable_agents.engine.context import StepContext
 from durable_agents.engine.events import record_event
-from durable_agents.engine.lease import Claim, Heartbeat, as_uuid, claim_run, lease_seconds, worker_id
+from durable_agents.engine.lease import Claim, Heartbeat, as_uuid, claim_run, lease_seconds, renew_lease, worker_id
 from durable_agents.engine.payloads import StoredResult, store_result
 from durable_agents.engine.plans import (
     MAX_REPLANS_PER_STEP,
@@ -76,6 +77,7 @@ class Outcome(StrEnum):
 def advance(run_id: uuid.UUID | str) -> Outcome:
     """Advance one run by exactly one step. Safe to call any number of times, concurrently."""
     claimed = _claim_and_load(as_uuid(run_id))
+    claimed_at = time.monotonic()
     if claimed is None:
         # Most unclaimable deliveries are duplicates: a read, not a write, tells whether a cancel waits.
         if Run.objects.filter(pk=run_id, cancel_requested_at__isnull=False).exists():
@@ -103,6 +105,10 @@ def advance(run_id: uuid.UUID | str) -> Outcome:
     if guarded is not None:
         return guarded
 
+    # A worker paused between its claim and the step (SIGSTOP, a GC storm) may have been taken over:
+    # prove the lease again before running the step body, so a thawed zombie stops here.
+    if time.monotonic() - claimed_at > lease_seconds() / 3 and not renew_lease(claim):
+        return _rejected(claim, step)
     started_at = clock.now()
     log.debug("step start")
     with Heartbeat(claim) as beat:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Mapping
 from datetime import datetime
@@ -9,9 +10,10 @@ from typing import Any
 
 from durable_agents import clock
 from durable_agents.engine.effects import invoke_tool
+from durable_agents.engine.lease import renew_lease
 from durable_agents.engine.payloads import load_result
 from durable_agents.engine.waits import require_approval
-from durable_agents.errors import StepNotFoundError
+from durable_agents.errors import LeaseLostError, StepNotFoundError
 from durable_agents.models import Run, Step, StepKind, StepStatus
 from durable_agents.tools import Tool, tools
 
@@ -53,6 +55,16 @@ class StepContext:
     def lease_token(self) -> int | None:
         """The fencing token this execution holds; writes made mid-step (journals) must present it."""
         return self._heartbeat.claim.token if self._heartbeat else None
+
+    def ensure_lease(self) -> None:
+        """Before an expensive outside call (a model request): prove this execution still holds the run,
+        and extend its lease. A zombie stops here instead of asking the model for a turn already answered.
+        """
+        if self._heartbeat is None:
+            return
+        if not renew_lease(self._heartbeat.claim):
+            raise LeaseLostError(f"run {self.run.id} was taken over; this worker stops before the model call")
+        self._heartbeat.renewed_at = time.monotonic()
 
     @property
     def lease_lost(self) -> bool:

@@ -198,6 +198,8 @@ def fork_run(run_id: uuid.UUID | str, at_step: str, *, input: Any = None, actor:
     input_hash = check_input(new_input)
     if input is not None and not isinstance(input, dict | list):
         raise InvalidInputError("a fork's input must be a JSON object or list")
+    if input is not None:
+        registry.get(source.workflow, source.workflow_version).build_plan(new_input)  # the workflow's own checks
     steps = list(Step.objects.live().filter(run_id=source.id).order_by("position"))
     now = clock.now()
     with transaction.atomic():

@@ -21,6 +21,7 @@ from django.db.models import DateTimeField, ExpressionWrapper, F, Q, Value
 from durable_agents import clock
 from durable_agents.conf import settings
 from durable_agents.engine.events import record_event
+from durable_agents.engine.payloads import check_input
 from durable_agents.engine.saga import plan_compensation_txn
 from durable_agents.engine.wake import wake_on_commit
 from durable_agents.errors import InvalidTransitionError, UnknownWorkflowError, WaitClosedError, WaitNotFoundError
@@ -210,6 +211,7 @@ def send_signal(run_id: uuid.UUID | str, name: str, payload: Any = None, *, by: 
     """Deliver signal `name` to a run: it wakes a run waiting for it, or is kept until the run asks."""
     from durable_agents.engine.runs import get_run
 
+    check_input(payload)  # a signal's payload is input to the run: JSON and within the size limit
     run = get_run(run_id)
     if run.is_finished:
         raise InvalidTransitionError(f"run {run.id} is {run.status}; it takes no more signals")

@@ -19,6 +19,8 @@ class Command(DurableCommand):
         parser.add_argument("--as", dest="actor", default="cli", help="who is acting (recorded in the history)")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        for run_id in options["run_ids"]:
+            api.get(run_id)  # every id must exist before any run changes: a typo leaves nothing half-done
         results = [
             api.cancel(run_id, options["reason"], compensate=options["compensate"], actor=options["actor"])
             for run_id in options["run_ids"]

@@ -20,6 +20,8 @@ class Command(DurableCommand):
         parser.add_argument("--as", dest="actor", default="cli", help="who is acting (recorded in the history)")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        for run_id in options["run_ids"]:
+            api.get(run_id)  # every id must exist before any run changes: a typo leaves nothing half-done
         if options["from_step"] and len(options["run_ids"]) > 1:
             raise CommandError("--from-step takes exactly one RUN_ID", returncode=USER_MISTAKE)
         results = [api.resume(run_id, options["from_step"], actor=options["actor"]) for run_id in options["run_ids"]]

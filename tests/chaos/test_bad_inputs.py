@@ -1,0 +1,565 @@
+"""Bad inputs on every surface: each gets a clear error (what is wrong and what to do) and changes nothing.
+
+Surfaces: the `durable_*` commands (exit 2, one line on stderr, no traceback), the public API (a domain
+error), the admin's action forms, tool arguments the model produces (an is_error tool result the model reads;
+the run goes on), oversized payloads, and tampered or stale approval links. Every case snapshots the
+database before and after (row counts of every table the app and the examples write, the runs' and waits'
+states): nothing may be created, changed or half-applied.
+"""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+import anthropic
+import pytest
+from django.contrib.auth.models import Permission, User
+from django.contrib.contenttypes.models import ContentType
+from django.test import Client
+from django.test.utils import override_settings
+from django.urls import reverse
+
+from durable_agents import api
+from durable_agents.agents.claude import AnthropicParticipant
+from durable_agents.agents.participants import participants
+from durable_agents.errors import UnknownParticipantError
+from durable_agents.links import decision_path
+from durable_agents.models import Effect, EffectStatus, Event, Run, RunStatus, Step, Turn, Wait, WaitStatus
+from durable_agents.testing import drive
+from durable_agents.testing.fake_anthropic import FakeAnthropic, RecordedRequest, Reply, tool_use_block
+from project.refunds import script
+from project.refunds.models import Order, OutboundEmail, Refund
+from project.refunds.script import next_move
+from tests.chaos.fleet import ROOT
+from tests.chaos.workload import Case, make_cases, seed, timeout
+from tests.testapp.models import Execution, LedgerEntry
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, timeout()]
+
+MISSING_RUN = "00000000-0000-4000-8000-000000000000"
+
+
+@dataclass
+class World:
+    """A few runs in every state, and waits open and closed, for bad inputs to aim at."""
+
+    done: Run
+    pending: Run
+    failed: Run
+    waiting: Run
+    wait: Wait
+    closed: Wait
+    refund: Run
+
+
+@pytest.fixture
+def world(monkeypatch) -> World:
+    monkeypatch.setattr(script, "THINK_SECONDS", 0)
+    done = drive(api.start("noop", {"steps": 1}, idempotency_key="k-used").id)
+    pending = api.start("noop", {"steps": 2})
+    failed = drive(api.start("broken").id)
+    waiting = drive(api.start("approve_charge", {"order_id": "W-1"}).id)
+    decided = drive(api.start("approve_charge", {"order_id": "W-2"}).id)
+    closed = api.decide(Wait.objects.get(run=decided, status=WaitStatus.OPEN).pk, True, by="erin")
+    (case,) = make_cases(1, random.Random(3))
+    seed([case])
+    refund = api.start("refund_agent", case.run_input)
+    api.swap_participant(refund.id, "refund-script")  # offline whatever ANTHROPIC_API_KEY says
+    refund = drive(refund.id)
+    assert (done.status, failed.status, waiting.status, refund.status) == (
+        "completed",
+        "failed",
+        "waiting",
+        "completed",
+    )
+    return World(done, pending, failed, waiting, Wait.objects.get(run=waiting), closed, refund)
+
+
+def snapshot() -> dict[str, Any]:
+    """Every table the app, the examples and the tests write (row counts), and the state of runs and waits."""
+    state: dict[str, Any] = {
+        model.__name__: model.objects.count()
+        for model in (Run, Step, Effect, Wait, Event, Turn, Order, Refund, OutboundEmail, LedgerEntry, Execution)
+    }
+    state["runs"] = sorted(
+        map(
+            str,
+            Run.objects.values_list(
+                "id", "status", "cursor", "lease_token", "participant", "token_budget", "cost_budget_usd", "error"
+            ),
+        )
+    )
+    state["waits"] = sorted(map(str, Wait.objects.values_list("id", "status", "decided_by", "decision")))
+    return state
+
+
+# --- The commands ------------------------------------------------------------------------------------------------
+
+CLI_CASES = [
+    ("start-unknown-workflow", lambda w: ["durable_start", "no_such_flow"], "unknown workflow 'no_such_flow'"),
+    ("start-invalid-json", lambda w: ["durable_start", "noop", "--input", "{steps: 3"], "--input is not valid JSON"),
+    (
+        "start-input-refused-by-workflow",
+        lambda w: ["durable_start", "refund_agent", "--input", '{"order_id": "A-1"}'],
+        "refund_agent needs 'message', a non-empty string",
+    ),
+    (
+        "start-oversized-message",
+        lambda w: ["durable_start", "refund_agent", "--input", '{"order_id": "A-1", "message": "%s"}' % ("x" * 6000)],
+        "the customer message is over 5000 characters",
+    ),
+    (
+        "start-key-reused-with-other-input",
+        lambda w: ["durable_start", "noop", "--input", '{"steps": 2}', "--key", "k-used"],
+        "with a different input; use a new key",
+    ),
+    ("start-unknown-version", lambda w: ["durable_start", "noop", "--version", "9"], "has no version 9"),
+    ("show-not-a-uuid", lambda w: ["durable_show", "not-a-run"], "no run has id 'not-a-run'"),
+    ("show-unknown-run", lambda w: ["durable_show", MISSING_RUN], "no run has id"),
+    ("cancel-finished-run", lambda w: ["durable_cancel", str(w.done.id)], "is already completed; there is nothing"),
+    ("resume-completed-run", lambda w: ["durable_resume", str(w.done.id)], "only failed or cancelled runs resume"),
+    (
+        "resume-from-unknown-step",
+        lambda w: ["durable_resume", str(w.done.id), "--from-step", "nope"],
+        "has no step 'nope'",
+    ),
+    (
+        "resume-from-step-two-runs",
+        lambda w: ["durable_resume", str(w.done.id), str(w.failed.id), "--from-step", "first"],
+        "--from-step takes exactly one RUN_ID",
+    ),
+    ("decide-unknown-wait", lambda w: ["durable_decide", "424242", "--approve"], "no wait has id '424242'"),
+    ("decide-not-a-wait-id", lambda w: ["durable_decide", "abc", "--reject"], "no wait has id 'abc'"),
+    ("decide-closed-wait", lambda w: ["durable_decide", str(w.closed.pk), "--reject"], "is already approved by erin"),
+    (
+        "signal-invalid-json",
+        lambda w: ["durable_signal", str(w.pending.id), "paid", "--payload", "{nope"],
+        "--payload is not valid JSON",
+    ),
+    ("signal-finished-run", lambda w: ["durable_signal", str(w.done.id), "paid"], "it takes no more signals"),
+    (
+        "budget-negative-tokens",
+        lambda w: ["durable_budget", str(w.pending.id), "--tokens", "-5"],
+        "a token budget is a whole number >= 0",
+    ),
+    (
+        "budget-cost-not-a-number",
+        lambda w: ["durable_budget", str(w.pending.id), "--cost", "lots"],
+        "a cost budget is a decimal amount in USD",
+    ),
+    ("budget-nothing-given", lambda w: ["durable_budget", str(w.pending.id)], "give a token budget, a cost budget"),
+    (
+        "swap-unknown-participant",
+        lambda w: ["durable_swap", str(w.pending.id), "gpt-17"],
+        "unknown participant 'gpt-17'",
+    ),
+    ("swap-finished-run", lambda w: ["durable_swap", str(w.done.id), "anthropic"], "changes nothing"),
+    ("fork-unknown-step", lambda w: ["durable_fork", str(w.done.id), "--at-step", "nope"], "has no step 'nope'"),
+    (
+        "fork-invalid-json",
+        lambda w: ["durable_fork", str(w.done.id), "--at-step", "tick-1", "--input", "[1,"],
+        "--input is not valid JSON",
+    ),
+    ("migrate-unknown-version", lambda w: ["durable_migrate", str(w.pending.id), "--version", "7"], "has no version 7"),
+    ("migrate-finished-run", lambda w: ["durable_migrate", str(w.done.id), "--version", "1"], "nothing to migrate"),
+    ("runs-unknown-status", lambda w: ["durable_runs", "--status", "lost"], "unknown status 'lost'"),
+    ("runs-bad-duration", lambda w: ["durable_runs", "--older-than", "soon"], "invalid duration 'soon'"),
+]
+# Mistakes argparse catches before the command runs: exit 2 and its usage line, then the error line.
+ARGPARSE_CASES = [
+    ("budget-tokens-not-an-int", lambda w: ["durable_budget", str(w.pending.id), "--tokens", "many"], "--tokens"),
+    ("decide-neither-approve-nor-reject", lambda w: ["durable_decide", str(w.wait.pk)], "--approve"),
+    ("migrate-version-missing", lambda w: ["durable_migrate", str(w.pending.id)], "--version"),
+]
+
+
+@pytest.fixture
+def manage(worker_env) -> Callable[..., subprocess.CompletedProcess[str]]:
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "manage.py", *args], cwd=ROOT, env=worker_env, capture_output=True, text=True, timeout=120
+        )
+
+    return run
+
+
+@pytest.mark.parametrize(("args", "message"), [pytest.param(a, m, id=i) for i, a, m in CLI_CASES])
+def test_bad_input__command_exits_2_with_one_clear_line_and_changes_nothing(world, manage, args, message):
+    before = snapshot()
+    result = manage(*args(world))
+    assert result.returncode == 2, f"exit {result.returncode}; stderr: {result.stderr[-1500:]}"
+    assert "Traceback" not in result.stderr, result.stderr[-1500:]
+    assert len(result.stderr.strip().splitlines()) == 1, f"one line on stderr, got:\n{result.stderr}"
+    assert message in result.stderr, f"expected {message!r} in: {result.stderr}"
+    assert snapshot() == before, "a refused command changed the database"
+
+
+@pytest.mark.parametrize(("args", "message"), [pytest.param(a, m, id=i) for i, a, m in ARGPARSE_CASES])
+def test_bad_input__command_line_mistakes_exit_2_with_usage_and_change_nothing(world, manage, args, message):
+    before = snapshot()
+    result = manage(*args(world))
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-1500:]
+    assert lines[0].startswith("usage:") and "error:" in lines[-1] and message in lines[-1], result.stderr
+    assert snapshot() == before
+
+
+@pytest.mark.parametrize("command", ["durable_cancel", "durable_resume"])
+def test_bad_input__a_batch_with_an_unknown_run_changes_nothing(world, manage, command):
+    target = world.pending if command == "durable_cancel" else world.failed
+    before = snapshot()
+    result = manage(command, str(target.id), "not-a-run")
+    assert result.returncode == 2 and "no run has id 'not-a-run'" in result.stderr
+    assert snapshot() == before, (
+        f"{command} {target.id} not-a-run exited 2 with only the error, but changed {target.id}: "
+        f"{Run.objects.get(pk=target.id).status}"
+    )
+
+
+# --- The public API --------------------------------------------------------------------------------------------------
+
+API_CASES = [
+    ("start-unknown-workflow", lambda w: api.start("no_such_flow"), api.UnknownWorkflowError, "unknown workflow"),
+    (
+        "start-input-not-json",
+        lambda w: api.start("noop", {"steps": 1, "when": object()}),
+        api.InvalidInputError,
+        "must be JSON-serialisable",
+    ),
+    (
+        "start-input-over-the-limit",
+        lambda w: api.start("noop", {"steps": 1, "blob": "x" * (1024 * 1024 + 1)}),
+        api.InputTooLargeError,
+        "over the 1048576-byte limit (DURABLE_AGENTS['INPUT_MAX_BYTES']); pass a reference",
+    ),
+    ("start-empty-key", lambda w: api.start("noop", idempotency_key=" "), api.InvalidInputError, "non-empty string"),
+    ("start-long-key", lambda w: api.start("noop", idempotency_key="k" * 256), api.InvalidInputError, "at most 255"),
+    (
+        "start-key-reused",
+        lambda w: api.start("noop", {"steps": 3}, idempotency_key="k-used"),
+        api.IdempotencyKeyReusedError,
+        "use a new key for a new run",
+    ),
+    ("start-unknown-version", lambda w: api.start("noop", version=42), api.UnknownWorkflowError, "no version 42"),
+    (
+        "start-input-refused-by-workflow",
+        lambda w: api.start("refund_agent", ["A-1", "refund please"]),
+        api.InvalidInputError,
+        'refund_agent takes {"order_id"',
+    ),
+    (
+        "start-plan-refused",
+        lambda w: api.start("noop", {"steps": -1}),
+        api.InvalidInputError,
+        "an integer from 0 to",
+    ),
+    ("cancel-finished", lambda w: api.cancel(w.done.id), api.InvalidTransitionError, "nothing to cancel"),
+    ("cancel-unknown", lambda w: api.cancel(MISSING_RUN), api.RunNotFoundError, "durable_runs"),
+    ("resume-waiting", lambda w: api.resume(w.waiting.id), api.InvalidTransitionError, "decide its wait"),
+    ("resume-unknown-step", lambda w: api.resume(w.done.id, "nope"), api.StepNotFoundError, "durable_show"),
+    ("resume-not-a-uuid", lambda w: api.resume("42; drop table"), api.RunNotFoundError, "no run has id"),
+    ("decide-unknown", lambda w: api.decide(999_999, True, by="x"), api.WaitNotFoundError, "durable_runs"),
+    ("decide-closed", lambda w: api.decide(w.closed.pk, False, by="x"), api.WaitClosedError, "nothing changed"),
+    ("signal-finished", lambda w: api.send_signal(w.done.id, "paid"), api.InvalidTransitionError, "no more signals"),
+    ("signal-unknown-run", lambda w: api.send_signal(MISSING_RUN, "paid"), api.RunNotFoundError, "no run has id"),
+    ("budget-negative", lambda w: api.set_budget(w.pending.id, tokens=-1), api.InvalidInputError, ">= 0"),
+    ("budget-not-int", lambda w: api.set_budget(w.pending.id, tokens="many"), api.InvalidInputError, "whole number"),
+    ("budget-bad-cost", lambda w: api.set_budget(w.pending.id, cost_usd="abc"), api.InvalidInputError, "decimal"),
+    ("budget-negative-cost", lambda w: api.set_budget(w.pending.id, cost_usd="-1"), api.InvalidInputError, ">= 0"),
+    ("budget-nothing", lambda w: api.set_budget(w.pending.id), api.InvalidInputError, "or both"),
+    ("fork-unknown-step", lambda w: api.fork(w.done.id, "nope"), api.StepNotFoundError, "has no step 'nope'"),
+    ("fork-scalar-input", lambda w: api.fork(w.done.id, "tick-1", input="x"), api.InvalidInputError, "object or list"),
+    (
+        "fork-input-over-the-limit",
+        lambda w: api.fork(w.done.id, "tick-1", input={"blob": "x" * (1024 * 1024 + 1)}),
+        api.InputTooLargeError,
+        "INPUT_MAX_BYTES",
+    ),
+    ("migrate-unknown-version", lambda w: api.migrate(w.pending.id, 5), api.UnknownWorkflowError, "no version 5"),
+    ("migrate-finished", lambda w: api.migrate(w.done.id, 1), api.InvalidTransitionError, "nothing to migrate"),
+    (
+        "swap-unknown-participant",
+        lambda w: api.swap_participant(w.pending.id, "gpt-17"),
+        UnknownParticipantError,
+        "registered:",
+    ),
+    ("swap-finished", lambda w: api.swap_participant(w.done.id, "anthropic"), api.InvalidTransitionError, "nothing"),
+]
+
+
+@pytest.mark.parametrize(("call", "error", "message"), [pytest.param(c, e, m, id=i) for i, c, e, m in API_CASES])
+def test_bad_input__public_api_raises_a_clear_domain_error_and_changes_nothing(world, call, error, message):
+    before = snapshot()
+    with pytest.raises(error) as raised:
+        call(world)
+    assert message in str(raised.value), f"expected {message!r} in {raised.value!r}"
+    assert snapshot() == before, "a refused call changed the database"
+
+
+@pytest.mark.parametrize(
+    ("payload", "error"),
+    [({"blob": "x" * (4 * 1024 * 1024)}, api.InputTooLargeError), ({"when": object()}, api.InvalidInputError)],
+    ids=["oversized-signal-payload", "signal-payload-not-json"],
+)
+def test_bad_input__signal_payload_is_checked_like_a_run_input(world, payload, error):
+    before = snapshot()
+    with pytest.raises(error):
+        api.send_signal(world.pending.id, "paid", payload)
+    assert snapshot() == before
+
+
+def test_bad_input__fork_with_an_input_the_workflow_refuses_is_refused(world):
+    before = snapshot()
+    with pytest.raises(api.InvalidInputError, match="refund_agent needs 'message'"):
+        api.fork(world.refund.id, "resolve", input={"order_id": "A-1"})
+    assert snapshot() == before
+
+
+# --- The admin's action forms ----------------------------------------------------------------------------------------
+
+ACTION_PERMISSIONS = ("resume_run", "cancel_run", "retry_step", "set_budget", "swap_participant", "decide_wait")
+
+
+@pytest.fixture
+def operator() -> Client:
+    content_type = ContentType.objects.get_for_model(Run)
+    for codename in ACTION_PERMISSIONS:
+        Permission.objects.get_or_create(codename=codename, content_type=content_type, defaults={"name": codename})
+    user = User.objects.create_user("chaos-operator", password="pw", is_staff=True)
+    user.user_permissions.add(
+        *Permission.objects.filter(content_type=content_type, codename__in=["view_run", *ACTION_PERMISSIONS])
+    )
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def action_url(run_id: Any, slug: str) -> str:
+    return reverse("admin:durable_agents_run_action", args=[run_id, slug])
+
+
+ADMIN_CASES = [
+    ("budget-negative-tokens", "pending", "budget", {"tokens": "-5"}, 200, "greater than or equal to 0"),
+    ("budget-empty", "pending", "budget", {}, 200, "Give a token budget, a cost budget, or both."),
+    ("budget-cost-not-a-number", "pending", "budget", {"cost_usd": "lots"}, 200, "Enter a number."),
+    ("budget-cost-too-precise", "pending", "budget", {"cost_usd": "1.1234567"}, 200, "decimal places"),
+    ("swap-unknown-participant", "pending", "swap", {"participant": "gpt-17"}, 200, "Select a valid choice."),
+    ("cancel-reason-too-long", "pending", "cancel", {"reason": "x" * 1001}, 200, "at most 1000 characters"),
+    ("cancel-a-completed-run", "done", "cancel", {"reason": "x"}, 302, "Cancel does not apply to a completed run."),
+    ("retry-a-completed-run", "done", "retry", {}, 302, "does not apply to a completed run."),
+    ("unknown-action", "pending", "explode", {}, 404, ""),
+    ("unknown-run", None, "cancel", {"reason": "x"}, 404, ""),
+]
+
+
+@pytest.mark.parametrize(
+    ("target", "slug", "data", "status", "message"), [pytest.param(*c[1:], id=c[0]) for c in ADMIN_CASES]
+)
+def test_bad_input__admin_action_form_says_what_is_wrong_and_changes_nothing(
+    world, operator, target, slug, data, status, message
+):
+    run_id = getattr(world, target).id if target else MISSING_RUN
+    before = snapshot()
+    response = operator.post(action_url(run_id, slug), data)
+    assert response.status_code == status, response.content[:500]
+    if status == 302:
+        response = operator.get(response["Location"])
+    html = response.content.decode()
+    assert message in html, f"expected {message!r} in the page"
+    assert "Traceback" not in html
+    assert snapshot() == before, "a refused admin action changed the database"
+
+
+# --- Tool arguments the model produces --------------------------------------------------------------------------------
+
+TOOL_CASES = [
+    ("amount-not-a-number", "issue_refund", {"amount": "lots"}, "amount: must match the pattern"),
+    ("amount-negative", "issue_refund", {"amount": "-5.00"}, "amount: must match the pattern"),
+    ("amount-a-float", "issue_refund", {"amount": 5.5}, "amount: expected string, got number"),
+    ("reason-missing", "issue_refund", {"reason": None}, "reason"),
+    ("more-than-refundable", "issue_refund", {"amount": "49.99"}, "can be refunded at most"),
+    ("key-smuggled-in", "issue_refund", {"idempotency_key": "mine"}, "idempotency_key: unexpected property"),
+    ("order-id-an-int", "issue_refund", {"order_id": 1001}, "order_id: expected string"),
+    ("unknown-tool", "delete_all_orders", {}, "unknown tool 'delete_all_orders'"),
+    ("order-id-too-long", "lookup_order", {"order_id": "A-" + "9" * 40}, "order_id"),
+    ("lookup-no-such-order", "lookup_order", {"order_id": "Z-404"}, "there is no order 'Z-404'"),
+    ("email-body-oversized", "email_customer", {"body": "x" * 6000}, "body"),
+    ("email-extra-recipient", "email_customer", {"to": "attacker@example.com"}, "to: unexpected property"),
+]
+
+
+@pytest.fixture
+def model_server(monkeypatch):
+    """This process's "anthropic" participant talks to a fake Messages API through the real SDK."""
+    monkeypatch.setattr(script, "THINK_SECONDS", 0)
+    with FakeAnthropic() as server:
+        client = anthropic.Anthropic(api_key="test-key", base_url=server.url, max_retries=0, timeout=5.0)
+        previous = participants._participants.get("anthropic")
+        participants.register("anthropic", AnthropicParticipant(client=client))
+        yield server
+        participants._participants.pop("anthropic", None)
+        if previous is not None:
+            participants.register("anthropic", previous)
+
+
+def bad_call(case: Case, tool: str, changes: dict[str, Any]) -> dict[str, Any]:
+    base = {
+        "issue_refund": {"order_id": case.number, "amount": "5.00", "reason": "broken"},
+        "lookup_order": {"order_id": case.number},
+        "email_customer": {"order_id": case.number, "subject": "Your order", "body": "Dear customer"},
+    }.get(tool, {})
+    args = {**base, **changes}
+    return {k: v for k, v in args.items() if v is not None}
+
+
+@pytest.mark.parametrize(("tool", "changes", "message"), [pytest.param(*c[1:], id=c[0]) for c in TOOL_CASES])
+def test_bad_input__model_produced_tool_arguments_become_a_tool_error_and_apply_nothing(
+    model_server, tool, changes, message
+):
+    """After looking the order up, the model sends one bad call and reads an is_error result; then it goes on
+    as if it had not (the script, shown the conversation without the bad exchange): the run completes with
+    exactly the refund and the email its case expects, none of them from the bad call."""
+    paid = Decimal("20.00")
+    case = Case("C-777001", "refund", "My mug arrived broken. Could I get a refund, please?", paid, "delivered", paid)
+    seed([case])
+
+    def respond(request: RecordedRequest) -> Reply:
+        if request.conversation.endswith(":resolve") and request.turn == 1:
+            call = tool_use_block(tool, bad_call(case, tool, changes), id=BAD_ID)
+            return Reply(content=[call], stop_reason="tool_use")
+        blocks = next_move(_without_bad_call(request.messages), [t["name"] for t in request.body.get("tools") or []])
+        stop = "tool_use" if any(block["type"] == "tool_use" for block in blocks) else "end_turn"
+        return Reply(content=blocks, stop_reason=stop)
+
+    model_server.responder = respond
+    run = api.start("refund_agent", case.run_input)
+    api.swap_participant(run.id, "anthropic", actor="chaos")
+    run = drive(run.id)
+
+    result = Turn.objects.get(run=run, step__step_id="resolve", index=1).tool_results[0]
+    assert result["is_error"] is True and message in result["content"], result
+    assert run.status == RunStatus.COMPLETED, run.error
+    refunds = list(Refund.objects.filter(order__number=case.number).values_list("amount", "idempotency_key"))
+    assert [amount for amount, _ in refunds] == [paid] and not refunds[0][1].endswith(BAD_ID), refunds
+    assert OutboundEmail.objects.filter(order__number=case.number).count() == 1
+    bad = Effect.objects.filter(run=run, idempotency_key__endswith=f":{BAD_ID}")
+    assert all(e.status != EffectStatus.APPLIED for e in bad), "the bad call's effect was applied"
+    assert not Effect.objects.filter(run=run, status=EffectStatus.PENDING).exists(), "an effect was left half-applied"
+
+
+BAD_ID = "toolu_bad"
+
+
+def _without_bad_call(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The conversation minus the bad tool call and its result."""
+    kept, skip_result = [], False
+    for message in messages:
+        blocks = message.get("content") if isinstance(message.get("content"), list) else []
+        if message.get("role") == "assistant" and any(b.get("id") == BAD_ID for b in blocks):
+            skip_result = True
+            continue
+        if skip_result and message.get("role") == "user":
+            skip_result = False
+            continue
+        kept.append(message)
+    return kept
+
+
+# --- Tampered and stale approval links --------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def approver() -> Client:
+    user = User.objects.create_user("chaos-approver", password="pw", is_staff=True)
+    user.user_permissions.add(Permission.objects.get(codename="decide_wait"))
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def _tamper(path: str) -> str:
+    token = path.rstrip("/").rsplit("/", 1)[1]
+    return path.replace(token, token[:-3] + ("xyz" if not token.endswith("xyz") else "abc"))
+
+
+def _truncate(path: str) -> str:
+    token = path.rstrip("/").rsplit("/", 1)[1]
+    return path.replace(token, token[: len(token) // 2])
+
+
+def _other_wait(world: World) -> str:
+    other = drive(api.start("approve_charge", {"order_id": "W-3"}).id)
+    return decision_path(Wait.objects.get(run=other, status=WaitStatus.OPEN)).replace(
+        f"/waits/{Wait.objects.get(run=other, status=WaitStatus.OPEN).pk}/", f"/waits/{world.wait.pk}/"
+    )
+
+
+LINK_CASES = [
+    ("tampered-signature", lambda w: _tamper(decision_path(w.wait)), "get", {}, 400, "not valid"),
+    (
+        "tampered-signature-post",
+        lambda w: _tamper(decision_path(w.wait)),
+        "post",
+        {"decision": "approve"},
+        400,
+        "not valid",
+    ),
+    ("truncated-token", lambda w: _truncate(decision_path(w.wait)), "post", {"decision": "approve"}, 400, "not valid"),
+    ("token-of-another-wait", _other_wait, "post", {"decision": "approve"}, 400, "belongs to another request"),
+    (
+        "wait-id-that-does-not-exist",
+        lambda w: decision_path(w.wait).replace(f"/waits/{w.wait.pk}/", "/waits/99999999/"),
+        "post",
+        {"decision": "approve"},
+        400,
+        "belongs to another request",
+    ),
+    (
+        "decision-neither",
+        lambda w: decision_path(w.wait),
+        "post",
+        {"decision": "maybe"},
+        400,
+        "Choose approve or reject.",
+    ),
+    ("decision-missing", lambda w: decision_path(w.wait), "post", {}, 400, "Choose approve or reject."),
+    (
+        "link-of-a-closed-wait",
+        lambda w: decision_path(w.closed),
+        "post",
+        {"decision": "reject"},
+        409,
+        "already approved",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("link", "method", "data", "status", "message"), [pytest.param(*c[1:], id=c[0]) for c in LINK_CASES]
+)
+def test_bad_input__tampered_or_stale_approval_link_is_refused_and_decides_nothing(
+    world, approver, link, method, data, status, message
+):
+    path = link(world)
+    before = snapshot()
+    response = getattr(approver, method)(path, data)
+    assert response.status_code == status and message in response.content.decode(), response.content[:800]
+    assert snapshot() == before, "a refused link changed the database"
+    assert Wait.objects.get(pk=world.wait.pk).is_open
+
+
+def test_bad_input__an_expired_approval_link_is_refused_and_decides_nothing(world, approver):
+    path = decision_path(world.wait)
+    before = snapshot()
+    with override_settings(DURABLE_AGENTS={"LINK_MAX_AGE_SECONDS": 0}):
+        time.sleep(1.1)
+        response = approver.post(path, {"decision": "approve"})
+    assert response.status_code == 400 and "expired" in response.content.decode()
+    assert snapshot() == before and Wait.objects.get(pk=world.wait.pk).is_open
