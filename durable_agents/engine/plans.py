@@ -19,7 +19,7 @@ from django.db.models import F, Q
 from durable_agents import clock
 from durable_agents.engine.events import record_event
 from durable_agents.engine.payloads import check_input
-from durable_agents.engine.runs import get_run, plan_row, supersede_from_txn
+from durable_agents.engine.runs import fresh_copy, get_run, plan_row, supersede_from_txn
 from durable_agents.engine.waits import Park, WaitSpec
 from durable_agents.engine.wake import wake_on_commit
 from durable_agents.errors import InvalidInputError, InvalidTransitionError, StepNotFoundError, UnknownWorkflowError
@@ -216,31 +216,18 @@ def fork_run(run_id: uuid.UUID | str, at_step: str, *, input: Any = None, actor:
             created_at=now,
             updated_at=now,
         )
+        checkpointed = (
+            "status",
+            "result",
+            "result_ref",
+            "result_hash",
+            "observed_at",
+            "started_at",
+            "finished_at",
+            "attempts",
+        )
         Step.objects.bulk_create(
-            Step(
-                run=fork,
-                step_id=s.step_id,
-                name=s.name,
-                kind=s.kind,
-                position=s.position,
-                args=s.args,
-                depends_on=s.depends_on,
-                fresh_for=s.fresh_for,
-                **(
-                    {
-                        "status": s.status,
-                        "result": s.result,
-                        "result_ref": s.result_ref,
-                        "result_hash": s.result_hash,
-                        "observed_at": s.observed_at,
-                        "started_at": s.started_at,
-                        "finished_at": s.finished_at,
-                        "attempts": s.attempts,
-                    }
-                    if s.position < target.position
-                    else {}
-                ),
-            )
+            fresh_copy(s, fork.id, **({f: getattr(s, f) for f in checkpointed} if s.position < target.position else {}))
             for s in steps
         )
         record_event(

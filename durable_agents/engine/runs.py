@@ -271,20 +271,23 @@ def supersede_from_txn(run_id: Any, position: int, now: Any) -> list[str]:
     """
     later = list(Step.objects.live().filter(run_id=run_id, position__gte=position).order_by("position"))
     Step.objects.filter(pk__in=[s.pk for s in later]).update(status=StepStatus.SUPERSEDED, updated_at=now)
-    Step.objects.bulk_create(
-        Step(
-            run_id=run_id,
-            step_id=s.step_id,
-            name=s.name,
-            kind=s.kind,
-            position=s.position,
-            args=s.args,
-            depends_on=s.depends_on,
-            fresh_for=s.fresh_for,
-        )
-        for s in later
-    )
+    Step.objects.bulk_create(fresh_copy(s, run_id) for s in later)
     return [s.step_id for s in later]
+
+
+def fresh_copy(step: Step, run_id: Any, **checkpoint: Any) -> Step:
+    """An unsaved copy of a plan element for `run_id`: pending, or carrying `checkpoint` fields over."""
+    return Step(
+        run_id=run_id,
+        step_id=step.step_id,
+        name=step.name,
+        kind=step.kind,
+        position=step.position,
+        args=step.args,
+        depends_on=step.depends_on,
+        fresh_for=step.fresh_for,
+        **checkpoint,
+    )
 
 
 def _current_step_id(run: Run) -> str:
