@@ -6,6 +6,7 @@ import uuid
 
 from django.db import models
 from django.db.models import Q
+from django.db.models.functions import Now
 
 
 class RunStatus(models.TextChoices):
@@ -44,6 +45,8 @@ class EffectStatus(models.TextChoices):
     APPLIED = "applied"
     FAILED = "failed"
     COMPENSATED = "compensated"
+    # A notification not sent on purpose: its wait closed first, or it had no recipients.
+    SKIPPED = "skipped"
 
 
 class EffectKind(models.TextChoices):
@@ -106,9 +109,9 @@ class Run(models.Model):
     cache_read_tokens = models.BigIntegerField(default=0)
     cost_usd = models.DecimalField(max_digits=14, decimal_places=6, default=0)
 
-    created_at = models.DateTimeField(auto_now_add=True)
+    created_at = models.DateTimeField(db_default=Now())
     # Last progress or state change (not lease renewals): what "no progress for too long" measures.
-    updated_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(db_default=Now())
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
@@ -139,6 +142,7 @@ class Run(models.Model):
             ("swap_participant", "Can swap a run's participant"),
             ("decide_wait", "Can approve or reject waits"),
             ("replan_run", "Can re-plan runs"),
+            ("resolve_effect", "Can record the outcome of an effect"),
         ]
         constraints = [
             models.UniqueConstraint(
@@ -203,8 +207,8 @@ class Step(models.Model):
     output_tokens = models.BigIntegerField(default=0)
     cache_write_tokens = models.BigIntegerField(default=0)
     cache_read_tokens = models.BigIntegerField(default=0)
-    created_at = models.DateTimeField(auto_now_add=True)
-    updated_at = models.DateTimeField(auto_now=True)
+    created_at = models.DateTimeField(db_default=Now())
+    updated_at = models.DateTimeField(db_default=Now())
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 
@@ -230,6 +234,25 @@ class Step(models.Model):
         return f"{self.step_id} ({self.status})"
 
 
+class Payload(models.Model):
+    """A step result too large to keep inline, stored in Postgres beside the run (content-addressed by sha256).
+
+    Postgres is the only state: a later step on another machine, or after a redeploy, reads it from here.
+    """
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="payloads")
+    sha256 = models.CharField(max_length=64)
+    data = models.BinaryField()
+    size = models.PositiveBigIntegerField()
+    created_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["run", "sha256"], name="durable_payload_run_sha_uniq")]
+
+    def __str__(self) -> str:
+        return f"payload {self.sha256[:12]} ({self.size} bytes)"
+
+
 class Turn(models.Model):
     """One model request/response inside an agent step, journaled before any of its tool calls run."""
 
@@ -251,7 +274,7 @@ class Turn(models.Model):
     cache_write_tokens = models.BigIntegerField(default=0)
     cache_read_tokens = models.BigIntegerField(default=0)
     cost_usd = models.DecimalField(max_digits=14, decimal_places=6, default=0)
-    created_at = models.DateTimeField(auto_now_add=True)
+    created_at = models.DateTimeField(db_default=Now())
 
     class Meta:
         ordering = ["step", "index"]
@@ -278,11 +301,13 @@ class Effect(models.Model):
     attempts = models.PositiveIntegerField(default=0)
     # Set when the outcome cannot be known any more: an operator must decide (never retried forever).
     needs_attention = models.TextField(blank=True, default="")
+    # Notifications: not sent again before this time (backoff, and a lease against overlapping senders).
+    next_attempt_at = models.DateTimeField(null=True, blank=True)
     compensates = models.OneToOneField(
         "self", on_delete=models.CASCADE, null=True, blank=True, related_name="compensation"
     )
-    created_at = models.DateTimeField(auto_now_add=True)
-    updated_at = models.DateTimeField(auto_now=True)
+    created_at = models.DateTimeField(db_default=Now())
+    updated_at = models.DateTimeField(db_default=Now())
     applied_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
@@ -331,6 +356,10 @@ class Wait(models.Model):
     # The signal name, or the approval's name; for a tool approval, the effect key it guards.
     name = models.CharField(max_length=200, blank=True, default="")
     effect_key = models.CharField(max_length=300, blank=True, default="")
+    # A tool approval authorises exactly the call it showed: this hash of the tool and its checked arguments.
+    args_hash = models.CharField(max_length=64, blank=True, default="")
+    # A rejected or expired decision stops governing its step once an operator resumes or re-plans it.
+    retired = models.BooleanField(default=False)
     question = models.TextField(blank=True, default="")
     brief = models.TextField(blank=True, default="", help_text="why it matters, what happened, what each answer does")
     deadline = models.DateTimeField(null=True, blank=True)
@@ -348,8 +377,8 @@ class Wait(models.Model):
     decided_at = models.DateTimeField(null=True, blank=True)
     # A fresh nonce per wait: decision links of one wait never open another.
     link_nonce = models.CharField(max_length=32, blank=True, default="")
-    created_at = models.DateTimeField(auto_now_add=True)
-    updated_at = models.DateTimeField(auto_now=True)
+    created_at = models.DateTimeField(db_default=Now())
+    updated_at = models.DateTimeField(db_default=Now())
 
     objects = WaitQuerySet.as_manager()
 
@@ -381,7 +410,7 @@ class Event(models.Model):
     kind = models.CharField(max_length=64)
     detail = models.JSONField(default=dict, blank=True)
     actor = models.CharField(max_length=200, blank=True, default="")
-    created_at = models.DateTimeField(auto_now_add=True)
+    created_at = models.DateTimeField(db_default=Now())
 
     class Meta:
         ordering = ["run", "id"]
