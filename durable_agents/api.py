@@ -16,8 +16,10 @@ from typing import Any
 from durable_agents.agents.loop import agent
 from durable_agents.agents.participants import FunctionParticipant, ScriptedParticipant, participants
 from durable_agents.engine.context import StepContext
+from durable_agents.engine.effects import resolve_effect as _resolve_effect
 from durable_agents.engine.plans import fork_run, migrate_run
-from durable_agents.engine.runs import cancel_run, get_run, resume_run, set_budget, start_run, swap_participant
+from durable_agents.engine.records import get_run
+from durable_agents.engine.runs import cancel_run, resume_run, set_budget, set_participant, start_run
 from durable_agents.engine.waits import decide_wait
 from durable_agents.engine.waits import send_signal as _send_signal
 from durable_agents.errors import (
@@ -35,13 +37,14 @@ from durable_agents.errors import (
     RunNotFoundError,
     StepNotFoundError,
     ToolArgumentsError,
+    ToolFailedError,
     UnknownToolError,
     UnknownWorkflowError,
     WaitClosedError,
     WaitNotFoundError,
 )
 from durable_agents.judge import judge
-from durable_agents.models import Run, RunStatus, StepStatus
+from durable_agents.models import Effect, Run, RunStatus, StepStatus
 from durable_agents.planner import planner
 from durable_agents.tools import Field, Tool, tool
 from durable_agents.waits import approval, sleep, wait_for_signal
@@ -72,6 +75,7 @@ __all__ = [
     "StepStatus",
     "Tool",
     "ToolArgumentsError",
+    "ToolFailedError",
     "UnknownToolError",
     "UnknownWorkflowError",
     "WaitClosedError",
@@ -89,6 +93,7 @@ __all__ = [
     "participants",
     "planner",
     "registry",
+    "resolve_effect",
     "resume",
     "send_signal",
     "set_budget",
@@ -129,9 +134,15 @@ def resume(run_id: uuid.UUID | str, from_step: str | None = None, *, actor: str 
     return resume_run(run_id, from_step=from_step, actor=actor)
 
 
-def decide(wait_id: int | str, approved: bool, *, by: str, comment: str = "", via: str = "api") -> Any:
-    """Approve or reject an open wait and wake its run; a closed wait raises WaitClosedError."""
-    return decide_wait(wait_id, approved=approved, by=by, comment=comment, via=via)
+def decide(
+    wait_id: int | str, approved: bool, *, by: str, comment: str = "", via: str = "api", run_id: Any = None
+) -> Any:
+    """Approve or reject exactly the approval wait `wait_id` and wake its run.
+
+    A closed wait raises WaitClosedError (nothing changes); a signal or timer wait, InvalidTransitionError
+    (signals come through `send_signal`). `run_id` checks the wait belongs to that run.
+    """
+    return decide_wait(wait_id, approved=approved, by=by, comment=comment, via=via, run_id=run_id)
 
 
 def send_signal(run_id: uuid.UUID | str, name: str, payload: Any = None, *, by: str = "") -> Any:
@@ -142,6 +153,25 @@ def send_signal(run_id: uuid.UUID | str, name: str, payload: Any = None, *, by: 
 def fork(run_id: uuid.UUID | str, at_step: str, *, input: Any = None, actor: str = "") -> Run:  # noqa: A002
     """Start a new run that copies `run_id`'s checkpoints before `at_step`, optionally with new input."""
     return fork_run(run_id, at_step, input=input, actor=actor)
+
+
+def swap_participant(run_id: uuid.UUID | str, participant: str, *, actor: str = "") -> Run:
+    """Make `participant` answer this run's model turns from the next turn on; recorded as an operator action."""
+    participants.get(participant)  # unknown names are a clear error, before anything changes
+    return set_participant(run_id, participant, actor=actor)
+
+
+def resolve_effect(
+    key: str, applied: bool, *, result: Any = None, actor: str, reason: str = "", resume: bool = True
+) -> Effect:
+    """Record the outcome of an effect nobody could know (it `needs_attention`): `applied` (with the receiving
+    system's `result`), or not. With `resume`, a run that stopped on it (failed) then resumes from there:
+    an applied effect is not called again; one recorded as not applied is called again under its key.
+    """
+    effect = _resolve_effect(key, applied=applied, result=result, actor=actor, reason=reason)
+    if resume and Run.objects.filter(pk=effect.run_id, status=RunStatus.FAILED).exists():
+        resume_run(effect.run_id, actor=actor)
+    return effect
 
 
 def migrate(run_id: uuid.UUID | str, version: int, *, replan: bool = False, actor: str = "") -> Run:

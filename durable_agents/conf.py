@@ -30,6 +30,9 @@ DEFAULTS: dict[str, Any] = {
     "RETRY_MAX_ATTEMPTS": 5,
     "RETRY_BACKOFF_SECONDS": 0.5,
     "RETRY_BACKOFF_MAX_SECONDS": 60.0,
+    # The longest a service's `retry-after` (a 429, a 529) may delay a step; longer answers are capped.
+    # `durable_resume` wakes a run at once, clearing any backoff.
+    "RETRY_AFTER_MAX_SECONDS": 600.0,
     # A step claimed this many times without finishing (its worker keeps dying) fails as a crash loop.
     "MAX_CLAIMS_PER_STEP": 25,
     # An external effect invoked this many times without a recorded outcome goes to an operator.

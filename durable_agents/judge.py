@@ -13,22 +13,17 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
-from django.db import IntegrityError, transaction
-from django.db.models import F, Max
-
-from durable_agents import clock
-from durable_agents.agents.loop import count_unjournaled, create_turn, usage_counters
-from durable_agents.agents.participants import ModelRequest, ModelResponse, Participant, participants
-from durable_agents.agents.pricing import cost_usd
+from durable_agents.agents.journal import journal_call
+from durable_agents.agents.messages import ForcedToolRequest
+from durable_agents.agents.participants import Participant, participants
 from durable_agents.conf import settings
-from durable_agents.engine.plans import Rerun
-from durable_agents.engine.waits import Park, WaitSpec, latest_wait
-from durable_agents.errors import DefinitionError, LeaseLostError, PermanentError
-from durable_agents.models import Run, Step, StepKind, StepStatus, Turn, WaitKind, WaitStatus
+from durable_agents.engine.control import Park, Rerun, WaitSpec
+from durable_agents.engine.waits import latest_wait
+from durable_agents.errors import DefinitionError, PermanentError
+from durable_agents.models import Step, StepKind, StepStatus, Turn, WaitKind, WaitStatus
 from durable_agents.workflows import StepDef
 
 ROUTES = ("fail", "redo", "ask_human")
@@ -54,19 +49,6 @@ SYSTEM = (
 
 class JudgeFailedError(PermanentError):
     """The judge's verdict failed the subject."""
-
-
-@dataclass(frozen=True)
-class ForcedToolRequest(ModelRequest):
-    """A model request that forces one tool (the judge's verdict, a planner's plan)."""
-
-    tool_choice: Mapping[str, Any] | None = None
-
-    def as_kwargs(self) -> dict[str, Any]:
-        kwargs = super().as_kwargs()
-        if self.tool_choice:
-            kwargs["tool_choice"] = dict(self.tool_choice)
-        return kwargs
 
 
 def judge(
@@ -117,6 +99,7 @@ def _ask(ctx: Any, rubric: str, text: str, participant: Any, model: str | None, 
         messages=[{"role": "user", "content": f"Subject to review:\n\n{text}"}],
         metadata={"user_id": f"{ctx.run_id}:{ctx.step_id}"},
         tool_choice={"type": "tool", "name": "submit_verdict"},
+        step_key=str(ctx.step.pk),
     )
     ctx.ensure_lease()
     return journal_call(ctx, "judge", request, answerer.respond(request), answerer.name)
@@ -148,25 +131,3 @@ def _ask_human(ctx: Any, name: str, verdict: dict[str, Any]) -> dict[str, Any]:
     raise JudgeFailedError(
         f"{name} failed and {wait.decided_by or 'the deadline'} did not accept it: {verdict['reasons']}"
     )
-
-
-def journal_call(ctx: Any, purpose: str, request: ModelRequest, response: ModelResponse, participant: str) -> Turn:
-    """Journal a one-off model call of a step (judge, planner) with its usage, fenced by the lease token."""
-    cost = cost_usd(response.model, response.usage)
-    counters = usage_counters(response.usage)
-    last = Turn.objects.filter(step_id=ctx.step.pk).aggregate(last=Max("index"))["last"]
-    index = 0 if last is None else last + 1
-    try:
-        with transaction.atomic():
-            if not Run.objects.filter(pk=ctx.run_id, lease_token=ctx.lease_token).update(
-                cost_usd=F("cost_usd") + cost, updated_at=clock.now(), **counters
-            ):
-                raise LeaseLostError()
-            Step.objects.filter(pk=ctx.step.pk).update(cost_usd=F("cost_usd") + cost, **counters)
-            return create_turn(ctx, index, purpose, request, response, participant, cost)
-    except LeaseLostError:
-        count_unjournaled(ctx, index, response.usage, cost, "lease lost")
-        raise
-    except IntegrityError as exc:
-        count_unjournaled(ctx, index, response.usage, cost, "journaled by another worker")
-        raise LeaseLostError(f"{purpose} call of step {ctx.step_id} was journaled by another worker") from exc

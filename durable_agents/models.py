@@ -8,24 +8,15 @@ from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now
 
-
-class RunStatus(models.TextChoices):
-    PENDING = "pending"
-    RUNNING = "running"
-    WAITING = "waiting"
-    COMPLETED = "completed"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-
-
-class StepStatus(models.TextChoices):
-    PENDING = "pending"
-    RUNNING = "running"
-    DONE = "done"
-    FAILED = "failed"
-    SKIPPED = "skipped"
-    WAITING = "waiting"
-    SUPERSEDED = "superseded"
+from durable_agents.states import (
+    ACTIVE_RUN_STATUSES,
+    FINISHED_RUN_STATUSES,
+    RUNNABLE_RUN_STATUSES,
+    EffectStatus,
+    RunStatus,
+    StepStatus,
+    WaitStatus,
+)
 
 
 class StepKind(models.TextChoices):
@@ -40,24 +31,10 @@ class StepKind(models.TextChoices):
     COMPENSATE = "compensate"
 
 
-class EffectStatus(models.TextChoices):
-    PENDING = "pending"
-    APPLIED = "applied"
-    FAILED = "failed"
-    COMPENSATED = "compensated"
-    # A notification not sent on purpose: its wait closed first, or it had no recipients.
-    SKIPPED = "skipped"
-
-
 class EffectKind(models.TextChoices):
     EFFECT = "effect"
     COMPENSATION = "compensation"
     NOTIFICATION = "notification"
-
-
-ACTIVE_RUN_STATUSES = (RunStatus.PENDING, RunStatus.RUNNING, RunStatus.WAITING)
-RUNNABLE_RUN_STATUSES = (RunStatus.PENDING, RunStatus.RUNNING)
-FINISHED_RUN_STATUSES = (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED)
 
 
 class RunQuerySet(models.QuerySet["Run"]):
@@ -325,14 +302,6 @@ class WaitKind(models.TextChoices):
     APPROVAL = "approval"
     SIGNAL = "signal"
     TIMER = "timer"
-
-
-class WaitStatus(models.TextChoices):
-    OPEN = "open"
-    APPROVED = "approved"  # also: a signal arrived, a timer fired
-    REJECTED = "rejected"
-    EXPIRED = "expired"
-    CANCELLED = "cancelled"
 
 
 class DeadlinePolicy(models.TextChoices):

@@ -12,7 +12,7 @@ from django.db.models import QuerySet
 from durable_agents import clock
 from durable_agents.conf import settings
 from durable_agents.engine.plans import version_drift as drifted_runs
-from durable_agents.engine.runs import get_run
+from durable_agents.engine.records import get_run
 from durable_agents.errors import InvalidInputError
 from durable_agents.models import Run, RunStatus, Step
 

@@ -15,43 +15,23 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
 
+from durable_agents.agents.journal import journal_call
+from durable_agents.agents.messages import ForcedToolRequest
 from durable_agents.agents.participants import participants
 from durable_agents.conf import settings
-from durable_agents.engine.waits import require_approval
+from durable_agents.engine.control import ExtendPlan
+from durable_agents.engine.planned import PlannedCall, planned_rows
 from durable_agents.errors import DefinitionError, PermanentError, ToolArgumentsError
-from durable_agents.judge import ForcedToolRequest, journal_call
 from durable_agents.models import StepKind, Turn
 from durable_agents.tools import Tool
-from durable_agents.workflows import PlannedStep, StepDef
+from durable_agents.workflows import StepDef
 
 PLAN_TOOL = "submit_plan"
-TOOL_STEP_PREFIX = "tool:"
-
-
-@dataclass(frozen=True)
-class PlannedCall:
-    """One validated element of a model-made plan."""
-
-    step_id: str
-    tool: str
-    args: dict[str, Any]
-    fresh_for: timedelta | None
-    approval: bool
-
-
-class ExtendPlan(BaseException):  # noqa: N818 - control flow, like Park
-    """Raised by a planner step: checkpoint `result` and put `calls` right after this step in the plan."""
-
-    def __init__(self, calls: list[PlannedCall], result: dict[str, Any]) -> None:
-        super().__init__(len(calls))
-        self.calls = calls
-        self.result = result
 
 
 def _plan_tool(tools: Sequence[Tool[..., Any]]) -> dict[str, Any]:
@@ -110,7 +90,7 @@ def planner(
                 calls, errors, use_id = _read_plan(name, turn.content, allowed)
                 if not errors:
                     result = {"plan": [{"tool": c.tool, "args": c.args, "step_id": c.step_id} for c in calls]}
-                    raise ExtendPlan(calls, result)
+                    raise ExtendPlan(planned_rows(calls), result)
                 messages += [
                     {"role": "assistant", "content": turn.content},
                     {
@@ -135,6 +115,7 @@ def planner(
                 messages=list(messages),
                 metadata={"user_id": f"{ctx.run_id}:{ctx.step_id}"},
                 tool_choice={"type": "tool", "name": PLAN_TOOL},
+                step_key=str(ctx.step.pk),
             )
             ctx.ensure_lease()
             unread = [journal_call(ctx, "planner", request, answerer.respond(request), answerer.name)]
@@ -175,30 +156,3 @@ def _read_plan(name: str, content: Sequence[dict[str, Any]], allowed: dict[str, 
             )
         )
     return calls, errors, use["id"]
-
-
-def planned_step(tool: Tool[..., Any]) -> StepDef:
-    """How a planned call executes: its tool, keyed by tool and canonical arguments, approved if asked."""
-
-    def run(ctx: Any) -> Any:
-        args = ctx.args.get("args", {})
-        # Keyed by tool and canonical arguments, not by position: a re-plan proposing it again reuses it.
-        digest = tool.args_hash(tool.validate(args))[:32]
-        key = f"{ctx.run.effect_scope or ctx.run_id}:plan:{tool.name}:{digest}:{ctx.args.get('occurrence', 1)}"
-        if ctx.args.get("approval") and tool.effectful:
-            require_approval(ctx, tool, args, key, always=True)
-        return ctx.call_tool(tool, args, key=key)
-
-    return StepDef(name=f"{TOOL_STEP_PREFIX}{tool.name}", kind=StepKind.TOOL, fn=run)
-
-
-def as_planned_steps(calls: list[PlannedCall]) -> list[PlannedStep]:
-    """Plan rows for validated calls; the n-th identical call of a plan is its own effect (occurrence n)."""
-    seen: dict[tuple[str, str], int] = {}
-    steps = []
-    for c in calls:
-        same = (c.tool, json.dumps(c.args, sort_keys=True, cls=DjangoJSONEncoder))
-        seen[same] = seen.get(same, 0) + 1
-        args = {"args": c.args, "approval": c.approval, "occurrence": seen[same]}
-        steps.append(PlannedStep(c.step_id, f"{TOOL_STEP_PREFIX}{c.tool}", args))
-    return steps

@@ -8,7 +8,7 @@ from django.shortcuts import render
 from django.views.decorators.http import require_http_methods
 
 from durable_agents import api
-from durable_agents.engine.waits import get_wait
+from durable_agents.engine.records import get_wait
 from durable_agents.errors import DurableAgentsError
 from durable_agents.links import read_token
 

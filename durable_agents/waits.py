@@ -19,10 +19,16 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from durable_agents import clock
-from durable_agents.brief import participant_brief, template_brief
-from durable_agents.engine.waits import Park, WaitSpec, latest_wait, take_buffered_signal
+from durable_agents.agents.journal import journal_call
+from durable_agents.agents.messages import ModelRequest
+from durable_agents.agents.participants import participants
+from durable_agents.conf import settings
+from durable_agents.engine.control import Park, WaitSpec
+from durable_agents.engine.events import record_event
+from durable_agents.engine.notices import template_brief
+from durable_agents.engine.waits import latest_wait, take_buffered_signal
 from durable_agents.errors import ApprovalRejectedError, DefinitionError, WaitExpiredError
-from durable_agents.models import DeadlinePolicy, StepKind, WaitKind, WaitStatus
+from durable_agents.models import DeadlinePolicy, StepKind, Turn, WaitKind, WaitStatus
 from durable_agents.workflows import StepDef
 
 REJECT_ROUTES = ("fail", "continue")
@@ -147,3 +153,36 @@ def sleep(name: str, *, seconds: float | None = None, until: Callable[[Any], dat
         return {"fired_at": wait.decided_at.isoformat() if wait.decided_at else None}
 
     return StepDef(name=name, kind=StepKind.TIMER, fn=run)
+
+
+BRIEF_SYSTEM = (
+    "You write decision briefs for busy people who return to a request days later. From the record below, "
+    "write at most 150 words: why this decision matters, what happened so far, exactly what happens on "
+    "approve and on reject. Plain text, no preamble."
+)
+
+
+def participant_brief(ctx: Any, record: str) -> str:
+    """The brief written by the run's participant (journaled as a Turn, purpose "brief"); the template
+    `record` itself if the participant fails or says nothing. A re-executed step reuses the journaled one.
+    """
+    turn = Turn.objects.filter(step_id=ctx.step.pk, purpose="brief").order_by("-index").first()
+    if turn is None:
+        try:
+            answerer = participants.get(ctx.run.participant or settings.DEFAULT_PARTICIPANT)
+            request = ModelRequest(
+                model=settings.DEFAULT_MODEL,
+                max_tokens=400,
+                system=BRIEF_SYSTEM,
+                tools=[],
+                messages=[{"role": "user", "content": record}],
+                metadata={"user_id": f"{ctx.run_id}:{ctx.step_id}"},
+                step_key=str(ctx.step.pk),
+            )
+            ctx.ensure_lease()
+            turn = journal_call(ctx, "brief", request, answerer.respond(request), answerer.name)
+        except Exception as exc:  # noqa: BLE001 - a brief is a courtesy: never fail the run for it
+            record_event(ctx.run_id, "brief_fallback", step_id=ctx.step_id, error=str(exc)[:500])
+            return record
+    text = "".join(block.get("text", "") for block in turn.content if block.get("type") == "text").strip()
+    return f"{text}\n\n---\n{record}" if text else record

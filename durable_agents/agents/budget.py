@@ -28,7 +28,7 @@ from typing import Any
 
 from django.db.models import F
 
-from durable_agents.agents.participants import Usage, estimate_tokens
+from durable_agents.agents.messages import Usage, estimate_tokens
 from durable_agents.agents.pricing import cost_usd
 from durable_agents.errors import BudgetExceededError
 from durable_agents.models import Run

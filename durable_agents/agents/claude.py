@@ -22,7 +22,7 @@ from typing import Any
 import anthropic
 import httpx2 as httpx
 
-from durable_agents.agents.participants import ModelRequest, ModelResponse, Usage
+from durable_agents.agents.messages import ModelRequest, ModelResponse, Usage
 from durable_agents.conf import settings
 from durable_agents.errors import ModelRequestError, ModelUnavailableError
 

@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from durable_agents.agents.participants import ModelRequest, ModelResponse, text
+from durable_agents.agents.messages import ModelRequest, ModelResponse, text
 from durable_agents.conf import settings
 
 SUMMARY_OPEN = "<conversation_summary>"
@@ -188,6 +188,7 @@ class Conversation:
             metadata=base.metadata,
             purpose="compaction",
             turn_number=turn_number,
+            step_key=base.step_key,
         )
 
 

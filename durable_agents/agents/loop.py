@@ -21,14 +21,10 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from decimal import Decimal
 from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import IntegrityError, transaction
-from django.db.models import F
 
-from durable_agents import clock
 from durable_agents.agents.budget import Budget, PromptSize, estimate_prompt
 from durable_agents.agents.compaction import (
     COMPACTION_INSTRUCTION,
@@ -39,19 +35,10 @@ from durable_agents.agents.compaction import (
     summary_text,
     text_of,
 )
-from durable_agents.agents.participants import (
-    COMPACTION,
-    TURN,
-    ModelRequest,
-    ModelResponse,
-    Participant,
-    Usage,
-    estimate_tokens,
-    participants,
-)
-from durable_agents.agents.pricing import cost_usd
+from durable_agents.agents.journal import journal_turn
+from durable_agents.agents.messages import TURN, ModelRequest, estimate_tokens
+from durable_agents.agents.participants import Participant, participants
 from durable_agents.conf import settings
-from durable_agents.engine.events import record_event
 from durable_agents.errors import (
     AgentLimitError,
     ApprovalRejectedError,
@@ -64,7 +51,7 @@ from durable_agents.errors import (
     ToolArgumentsError,
     ToolFailedError,
 )
-from durable_agents.models import Run, Step, StepKind, Turn
+from durable_agents.models import Step, StepKind, Turn
 from durable_agents.tools import Tool
 from durable_agents.workflows import RetryPolicy, StepDef
 
@@ -172,6 +159,7 @@ class _AgentLoop:
             tools=cacheable_tools([t.anthropic_schema() for t in spec.tools]),
             messages=(),
             metadata={"user_id": f"{ctx.run_id}:{ctx.step_id}"},
+            step_key=str(ctx.step.pk),
         )
         # Read fresh: the step row the engine loaded does not carry the (possibly large) context.
         stored = Step.objects.filter(pk=ctx.step.pk).values_list("context", flat=True).first()
@@ -227,7 +215,7 @@ class _AgentLoop:
         )
         self.ctx.ensure_lease()
         response = self.participant.respond(request)
-        turn = _journal(self.ctx, self.next_index, request, response, self.participant.name)
+        turn = journal_turn(self.ctx, self.next_index, request, response, self.participant.name)
         self.next_index += 1
         return turn
 
@@ -279,6 +267,8 @@ class _AgentLoop:
             max_tokens=request.max_tokens,
             purpose=f"compaction before turn {self.turn_number}",
         )
+        # The largest prompt there is: a thawed zombie must stop before asking for it again.
+        self.ctx.ensure_lease()
         response = self.participant.respond(request)
         folded_errors = sum(n for index, n in self.errors_by_turn.items() if index < point.covers_until)
         compacted = Compacted(
@@ -289,7 +279,7 @@ class _AgentLoop:
             prompt_tokens_before=self.measured.tokens,
             tool_errors=(self.compacted.tool_errors if self.compacted else 0) + folded_errors,
         )
-        _journal(self.ctx, self.next_index, request, response, self.participant.name, compacted=compacted)
+        journal_turn(self.ctx, self.next_index, request, response, self.participant.name, compacted=compacted)
         self.conversation.fold(compacted, point)
         self.errors_by_turn = {i: n for i, n in self.errors_by_turn.items() if i >= point.covers_until}
         self.next_index += 1
@@ -307,104 +297,6 @@ def _prompt_tokens(turn: Turn) -> int:
     return turn.input_tokens + turn.cache_write_tokens + turn.cache_read_tokens
 
 
-def usage_counters(usage: Usage) -> dict[str, Any]:
-    """F-expression updates that add one call's usage to a Run's or Step's counters."""
-    return {
-        "input_tokens": F("input_tokens") + usage.input_tokens,
-        "output_tokens": F("output_tokens") + usage.output_tokens,
-        "cache_write_tokens": F("cache_write_tokens") + usage.cache_write_tokens,
-        "cache_read_tokens": F("cache_read_tokens") + usage.cache_read_tokens,
-    }
-
-
-def create_turn(
-    ctx: Any, index: int, purpose: str, request: ModelRequest, response: ModelResponse, participant: str, cost: Any
-) -> Turn:
-    """The Turn row of one answered model call (call inside the journaling transaction)."""
-    usage = response.usage
-    return Turn.objects.create(
-        run_id=ctx.run_id,
-        step_id=ctx.step.pk,
-        index=index,
-        purpose=purpose,
-        request_digest=request.digest(),
-        content=[dict(b) for b in response.content],
-        stop_reason=response.stop_reason,
-        model=response.model,
-        participant=participant,
-        request_id=response.request_id,
-        cost_usd=cost,
-        input_tokens=usage.input_tokens,
-        output_tokens=usage.output_tokens,
-        cache_write_tokens=usage.cache_write_tokens,
-        cache_read_tokens=usage.cache_read_tokens,
-    )
-
-
-def _journal(
-    ctx: Any,
-    index: int,
-    request: ModelRequest,
-    response: ModelResponse,
-    participant: str,
-    *,
-    compacted: Compacted | None = None,
-) -> Turn:
-    """Commit the response before acting on it: turn, usage on step and run, fenced by the lease token.
-
-    A compaction call commits the step's new context (and an event) in the same transaction, so a crash
-    leaves either the old summary and its turns, or the new summary.
-    """
-    usage = response.usage
-    cost = cost_usd(response.model, usage)
-    counters = usage_counters(usage)
-    step_changes: dict[str, Any] = {"context": compacted.as_json()} if compacted else {}
-    try:
-        with transaction.atomic():
-            # Progress resets the attempt count, so a long agent is not failed for retries spread over hours.
-            fenced = Run.objects.filter(pk=ctx.run_id, lease_token=ctx.lease_token).update(
-                attempt=1, updated_at=clock.now(), cost_usd=F("cost_usd") + cost, **counters
-            )
-            if not fenced:
-                raise LeaseLostError()
-            Step.objects.filter(pk=ctx.step.pk).update(cost_usd=F("cost_usd") + cost, **counters, **step_changes)
-            turn = create_turn(ctx, index, COMPACTION if compacted else TURN, request, response, participant, cost)
-            if compacted:
-                record_event(
-                    ctx.run_id,
-                    "compacted",
-                    step_id=ctx.step_id,
-                    turn=index,
-                    covers_until=compacted.covers_until,
-                    prompt_tokens_before=compacted.prompt_tokens_before,
-                    summary_tokens=usage.output_tokens,
-                )
-            return turn
-    except LeaseLostError:
-        count_unjournaled(ctx, index, usage, cost, "lease lost")
-        raise
-    except IntegrityError as exc:
-        count_unjournaled(ctx, index, usage, cost, "journaled by another worker")
-        raise LeaseLostError(f"turn {index} of step {ctx.step_id} was journaled by another worker") from exc
-
-
-def count_unjournaled(ctx: Any, index: int, usage: Usage, cost: Decimal, why: str) -> None:
-    """A zombie's answer is not journaled, but it was billed: the run's spend (and budget) must still see it."""
-    counters = usage_counters(usage)
-    with transaction.atomic():
-        Run.objects.filter(pk=ctx.run_id).update(cost_usd=F("cost_usd") + cost, **counters)
-        Step.objects.filter(pk=ctx.step.pk).update(cost_usd=F("cost_usd") + cost, **counters)
-        record_event(
-            ctx.run_id,
-            "unjournaled_usage",
-            step_id=ctx.step_id,
-            turn=index,
-            reason=why,
-            tokens=usage.total_tokens,
-            cost_usd=str(cost),
-        )
-
-
 def _run_tools(ctx: Any, turn: Turn, tools: dict[str, Tool[..., Any]]) -> list[dict[str, Any]]:
     """Run this turn's tool calls (effects keyed by tool_use_id) and store their results on the turn."""
     results = []
@@ -412,7 +304,12 @@ def _run_tools(ctx: Any, turn: Turn, tools: dict[str, Tool[..., Any]]) -> list[d
         if block.get("type") != "tool_use":
             continue
         results.append(_run_tool(ctx, block, tools))
-    Turn.objects.filter(pk=turn.pk, tool_results__isnull=True).update(tool_results=results)
+    # Fenced: a zombie (its run taken over) must not write the results the live worker will journal.
+    written = Turn.objects.filter(pk=turn.pk, tool_results__isnull=True, run__lease_token=ctx.lease_token).update(
+        tool_results=results
+    )
+    if not written:
+        raise LeaseLostError(f"run {ctx.run_id} was taken over; the results of turn {turn.index} were not written")
     return results
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from decimal import Decimal
 
-from durable_agents.agents.participants import Usage
+from durable_agents.agents.messages import Usage
 from durable_agents.conf import settings
 
 MILLION = Decimal(1_000_000)

@@ -1,46 +1,52 @@
 """advance(run_id): claim the run, execute exactly one step outside any transaction, commit it fenced.
 
-claim (1 UPDATE) → load (1 SELECT: step + run) → execute (heartbeat renews the lease)
-→ commit (1 short transaction: run cursor/lease fenced by token, step checkpoint) → wake next on commit
+claim (1 statement: lease + step) → guard → execute (heartbeat renews the lease) → one fenced
+transition (checkpoint, retry, failure, park, re-plan) → wake the next step on commit.
+
+Every exception path ends in a transition that releases the lease, or in a rejected zombie: a step whose
+result the database refuses, or a transition that itself fails, fails the step with that error instead
+of leaving the lease held (its body would re-run on every expiry). Only a database that cannot be
+reached at all leaves the lease to expire, and the sweep re-wakes the run.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
-from datetime import datetime, timedelta
+from datetime import timedelta
 from enum import StrEnum
 from typing import Any
 
-from django.db import transaction
+from django.db import InterfaceError, OperationalError, transaction
 from django.db.models import F
 
-from durable_agents import clock
+from durable_agents.clock import DbNow
 from durable_agents.conf import settings
-from durable_agents.engine import hotpath
+from durable_agents.engine import transitions
 from durable_agents.engine.context import StepContext
+from durable_agents.engine.control import ExtendPlan, Park, Rerun, WaitSpec
 from durable_agents.engine.events import record_event
-from durable_agents.engine.lease import Claim, Heartbeat, as_uuid, claim_run, lease_seconds, renew_lease, worker_id
-from durable_agents.engine.payloads import StoredResult, store_result
+from durable_agents.engine.lease import Claim, Heartbeat, as_uuid, lease_seconds, renew_lease
+from durable_agents.engine.payloads import store_result
+from durable_agents.engine.planned import is_planned, planned_step
 from durable_agents.engine.plans import (
     MAX_REPLANS_PER_STEP,
-    Rerun,
     StaleObservation,
     adopt_version_txn,
     find_stale,
     missing_version,
     park_for_version,
+    redo_target,
     redo_txn,
     replan_txn,
     replans_of,
 )
 from durable_agents.engine.retry import Failure, classify
 from durable_agents.engine.runs import settle_cancellation
-from durable_agents.engine.saga import COMPENSATION, plan_compensation_txn
-from durable_agents.engine.waits import Park, WaitSpec, park_txn
+from durable_agents.engine.saga import COMPENSATION
+from durable_agents.engine.waits import park_txn
 from durable_agents.engine.wake import wake, wake_on_commit
 from durable_agents.errors import (
     DefinitionError,
@@ -51,8 +57,8 @@ from durable_agents.errors import (
 )
 from durable_agents.logs import run_logger
 from durable_agents.models import Run, RunStatus, Step, StepKind, StepStatus
-from durable_agents.planner import TOOL_STEP_PREFIX, ExtendPlan, as_planned_steps, planned_step
 from durable_agents.signals import run_finished, send_on_commit, step_committed, step_failed, step_retried
+from durable_agents.states import StepOp
 from durable_agents.tools import tools
 from durable_agents.workflows import RetryPolicy, StepDef, Workflow, registry
 
@@ -76,7 +82,7 @@ class Outcome(StrEnum):
 
 def advance(run_id: uuid.UUID | str) -> Outcome:
     """Advance one run by exactly one step. Safe to call any number of times, concurrently."""
-    claimed = _claim_and_load(as_uuid(run_id))
+    claimed = transitions.claim_run(as_uuid(run_id))
     claimed_at = time.monotonic()
     if claimed is None:
         # Most unclaimable deliveries are duplicates: a read, not a write, tells whether a cancel waits.
@@ -87,7 +93,34 @@ def advance(run_id: uuid.UUID | str) -> Outcome:
     if claim.previous_owner:
         record_event(claim.run_id, "lease_takeover", previous_owner=claim.previous_owner, token=claim.token)
     if step is None:
-        return _finish_empty(claim)
+        return Outcome.COMPLETED if transitions.finish_empty(claim) else Outcome.LEASE_LOST
+    try:
+        return _advance(claim, step, claimed_at)
+    except LeaseLostError:
+        # Another worker holds the run now: this worker's work is discarded, never recorded as a failure.
+        return _rejected(claim, step)
+    except (OperationalError, InterfaceError):
+        raise  # the database cannot be reached: the lease expires and the sweep re-wakes the run
+    except Exception as exc:  # noqa: BLE001 - a transition failed: fail the step rather than hold the lease
+        return _fail_unrecorded(claim, step, exc)
+
+
+def _fail_unrecorded(claim: Claim, step: Step, exc: Exception) -> Outcome:
+    """The step's outcome could not be recorded (the database refused a value, or a bug): fail the step with
+    that error, so the lease is released and the body does not re-run on every expiry."""
+    logger.exception("run %s step %s: the step's outcome could not be recorded", claim.run_id, step.step_id)
+    failure = classify(
+        PermanentError(f"the step's outcome could not be recorded: {type(exc).__name__}: {exc}"),
+        RetryPolicy(),
+        step.step_id,
+    )
+    try:
+        return _fail(claim, step, failure, compensate=False)
+    except LeaseLostError:
+        return _rejected(claim, step)
+
+
+def _advance(claim: Claim, step: Step, claimed_at: float) -> Outcome:
     run = step.run
     log = run_logger("durable_agents.engine", run.id, step.step_id, claim.attempt)
     try:
@@ -109,7 +142,6 @@ def advance(run_id: uuid.UUID | str) -> Outcome:
     # prove the lease again before running the step body, so a thawed zombie stops here.
     if time.monotonic() - claimed_at > lease_seconds() / 3 and not renew_lease(claim):
         return _rejected(claim, step)
-    started_at = clock.now()
     log.debug("step start")
     with Heartbeat(claim) as beat:
         try:
@@ -118,25 +150,36 @@ def advance(run_id: uuid.UUID | str) -> Outcome:
         except Park as park:
             return _park(claim, step, park.spec)
         except Rerun as rerun:
-            return _redo(claim, step, rerun, started_at)
+            return _redo(claim, step, rerun)
         except ExtendPlan as extension:
-            return _extend(claim, step, extension, started_at)
+            return _extend(claim, step, extension)
+        except LeaseLostError:
+            raise
         except Exception as exc:  # noqa: BLE001 - every failure is classified and persisted below
             failure = classify(exc, policy, step.step_id)
-            log.warning("step error %s: %s", failure.type, failure.message)
+            log.warning("step error %s: %s", failure.type, failure.message, exc_info=not failure.transient)
             if failure.transient and claim.attempt < policy.attempts_allowed:
-                delay = max(policy.delay(claim.attempt), failure.retry_after or 0.0)
-                return _retry(claim, step, failure, delay, started_at)
-            return _fail(claim, step, failure, started_at, compensate=compensate)
-    return _commit(claim, step, stored, started_at)
+                return _retry(claim, step, failure, _delay(policy, claim.attempt, failure))
+            return _fail(claim, step, failure, compensate=compensate)
+    return _commit(claim, step, stored)
+
+
+def _delay(policy: RetryPolicy, attempt: int, failure: Failure) -> float:
+    """The backoff before the next attempt: the policy's, or longer if the service asked (`retry-after`),
+    capped so one answer cannot park a run for hours (RETRY_AFTER_MAX_SECONDS; resume clears it)."""
+    asked = failure.retry_after
+    cap = float(settings.RETRY_AFTER_MAX_SECONDS)
+    if asked is None or math.isnan(asked):
+        asked = 0.0
+    return max(policy.delay(attempt), min(max(asked, 0.0), cap))
 
 
 def _definition(definition_set: Workflow, step: Step) -> StepDef:
     """What executes this plan element: the workflow's definition, a planned tool call, or a compensation."""
     if step.kind == StepKind.COMPENSATE:
         return COMPENSATION
-    if step.name.startswith(TOOL_STEP_PREFIX):
-        return planned_step(tools.get(step.name.removeprefix(TOOL_STEP_PREFIX)))
+    if is_planned(step.name):
+        return planned_step(tools.get(step.name.split(":", 1)[1]))
     return definition_set.definition(step.name)
 
 
@@ -149,26 +192,12 @@ def _guard(claim: Claim, step: Step, policy: RetryPolicy, compensate: bool) -> O
             f"step was claimed {claim.attempt - 1} times without finishing; its worker keeps dying (OOM? SIGKILL?)",
             step.step_id,
         )
-        return _fail(claim, step, failure, clock.now(), compensate=compensate)
+        return _fail(claim, step, failure, compensate=compensate)
     if step.depends_on:
-        stale = find_stale(claim.run_id, step.depends_on, clock.now())
+        stale = find_stale(claim.run_id, step.depends_on, claim.claimed_at)
         if stale is not None:
             return _replan(claim, step, stale, compensate)
     return None
-
-
-def _claim_and_load(run_id: uuid.UUID) -> tuple[Claim, Step | None] | None:
-    if hotpath.is_available():
-        return hotpath.claim_and_load(run_id, worker_id(), clock.now(), timedelta(seconds=lease_seconds()))
-    claim = claim_run(run_id)
-    if claim is None:
-        return None
-    step = (
-        Step.objects.select_related("run").live().filter(run_id=run_id, position=claim.cursor).order_by().first()
-        if claim.cursor < claim.step_count
-        else None
-    )
-    return claim, step
 
 
 def _execute(definition_set: Workflow, definition: StepDef, ctx: StepContext) -> Any:
@@ -177,148 +206,93 @@ def _execute(definition_set: Workflow, definition: StepDef, ctx: StepContext) ->
     return definition.fn(ctx)
 
 
-def _fenced(claim: Claim) -> Any:
-    """The run row, only while this claim's token still holds it: 0 rows means a zombie."""
-    return Run.objects.filter(pk=claim.run_id, lease_token=claim.token, status=RunStatus.RUNNING)
-
-
-def _hold_txn(claim: Claim, **changes: Any) -> None:
-    """Inside a transaction: apply `changes` to the run only while this claim holds it, else LeaseLostError."""
-    if _fenced(claim).update(**changes) != 1:
-        raise LeaseLostError()
-
-
-@contextmanager
-def _holding(claim: Claim, **changes: Any) -> Iterator[None]:
-    """One short transaction that first proves this worker still holds the run (applying `changes`);
-    a zombie's raises LeaseLostError before writing anything else, and everything rolls back."""
-    with transaction.atomic():
-        _hold_txn(claim, **changes)
-        yield
-
-
-def _released(now: datetime) -> dict[str, Any]:
-    return {"lease_owner": "", "lease_expires_at": None, "updated_at": now}
-
-
-def _commit(claim: Claim, step: Step, stored: StoredResult, started_at: datetime) -> Outcome:
-    now = clock.now()
+def _commit(claim: Claim, step: Step, stored: Any) -> Outcome:
     last = claim.cursor + 1 >= claim.step_count
-    if hotpath.is_available():
-        if not hotpath.commit_checkpoint(claim, step, stored, started_at, now, final=last):
-            return _rejected(claim, step)
-        _committed(claim, step, last)
-        if last:
-            return Outcome.COMPLETED
-        wake(claim.run_id)
-        return Outcome.COMMITTED
-    changes = {"cursor": claim.cursor + 1, "attempt": 0, **_released(now)}
-    if last:
-        output = None if claim.finish_as else stored.public_value
-        changes.update(status=claim.finish_as or RunStatus.COMPLETED, output=output, finished_at=now)
-    try:
-        with _holding(claim, **changes):
-            Step.objects.filter(pk=step.pk).update(
-                status=StepStatus.DONE,
-                result=stored.inline,
-                result_ref=stored.ref,
-                result_hash=stored.sha256,
-                error=None,
-                attempts=claim.attempt,
-                started_at=started_at,
-                finished_at=now,
-                updated_at=now,
-                # An observation is as old as the moment the step started looking.
-                observed_at=started_at if step.fresh_for else None,
-            )
-            if not last:
-                wake_on_commit(claim.run_id)
-            _committed(claim, step, last)
-    except LeaseLostError:
-        return _rejected(claim, step)
-    return Outcome.COMPLETED if last else Outcome.COMMITTED
-
-
-def _committed(claim: Claim, step: Step, last: bool) -> None:
+    # On Postgres one autocommit statement: no BEGIN/COMMIT round trips on the hot path.
+    if not transitions.checkpoint(claim, step, stored, final=last):
+        raise LeaseLostError()
+    # Outside a transaction these are sent now, after the commit.
     send_on_commit(step_committed, run_id=claim.run_id, step_id=step.step_id, attempt=claim.attempt)
     if last:
         send_on_commit(run_finished, run_id=claim.run_id, status=claim.finish_as or RunStatus.COMPLETED, error=None)
+        return Outcome.COMPLETED
+    wake(claim.run_id)
+    return Outcome.COMMITTED
 
 
-def _retry(claim: Claim, step: Step, failure: Failure, delay: float, started_at: datetime) -> Outcome:
-    now = clock.now()
-    wake_at = now + timedelta(seconds=delay)
-    try:
-        with _holding(claim, wake_at=wake_at, **_released(now)):
-            Step.objects.filter(pk=step.pk).update(
-                error=failure.as_error(),
-                attempts=claim.attempt,
-                next_attempt_at=wake_at,
-                started_at=started_at,
-                updated_at=now,
-            )
-            record_event(
-                claim.run_id,
-                "step_retry",
-                step_id=step.step_id,
-                attempt=claim.attempt,
-                delay_seconds=round(delay, 3),
-                error=failure.as_error(),
-            )
-            send_on_commit(
-                step_retried,
-                run_id=claim.run_id,
-                step_id=step.step_id,
-                attempt=claim.attempt,
-                error=failure.as_error(),
-                delay_seconds=delay,
-            )
-            # Short backoffs ride a countdown; long ones are left to the sweep (no long broker ETAs).
-            if delay <= float(settings.MAX_COUNTDOWN_SECONDS):
-                wake_on_commit(claim.run_id, countdown=delay)
-    except LeaseLostError:
-        return _rejected(claim, step)
+def _retry(claim: Claim, step: Step, failure: Failure, delay: float) -> Outcome:
+    error = failure.as_error()
+    wake_at = DbNow(timedelta(seconds=delay))
+    with transaction.atomic():
+        transitions.hold_txn(claim, wake_at=wake_at, **transitions.RELEASED)
+        Step.objects.filter(pk=step.pk).update(
+            error=error,
+            attempts=claim.attempt,
+            next_attempt_at=wake_at,
+            started_at=claim.claimed_at,
+            updated_at=DbNow(),
+        )
+        record_event(
+            claim.run_id,
+            "step_retry",
+            step_id=step.step_id,
+            attempt=claim.attempt,
+            delay_seconds=round(delay, 3),
+            error=error,
+        )
+        send_on_commit(
+            step_retried,
+            run_id=claim.run_id,
+            step_id=step.step_id,
+            attempt=claim.attempt,
+            error=error,
+            delay_seconds=delay,
+        )
+        # Short backoffs ride a countdown; long ones are left to the sweep (no long broker ETAs).
+        if delay <= float(settings.MAX_COUNTDOWN_SECONDS):
+            wake_on_commit(claim.run_id, countdown=delay)
     return Outcome.RETRY
 
 
-def _fail(claim: Claim, step: Step, failure: Failure, started_at: datetime, *, compensate: bool = False) -> Outcome:
-    """Fail the step; the run fails too, or first compensates its applied effects if the workflow says so."""
-    now = clock.now()
+def _fail(claim: Claim, step: Step, failure: Failure, *, compensate: bool) -> Outcome:
+    """Fail the step; the run fails too, or first compensates its applied effects if the workflow says so.
+
+    A compensation step that fails stops the saga visibly: the run fails saying what is left to undo.
+    """
     error = failure.as_error()
-    try:
-        with _holding(claim, **_released(now)):
-            Step.objects.filter(pk=step.pk).update(
-                status=StepStatus.FAILED,
-                error=error,
-                attempts=claim.attempt,
-                started_at=started_at,
-                finished_at=now,
-                updated_at=now,
-            )
-            record_event(claim.run_id, "failed", step_id=step.step_id, attempt=claim.attempt, error=error)
-            send_on_commit(step_failed, run_id=claim.run_id, step_id=step.step_id, attempt=claim.attempt, error=error)
-            fields = {"error": error, "lease_token": F("lease_token") + 1}
-            # A spent budget stops the run resumable: undoing its effects would make "raise and resume" moot.
-            undo = compensate and not claim.finish_as and failure.type != "BudgetExceededError"
-            if undo and plan_compensation_txn(claim.run_id, finish_as=RunStatus.FAILED, now=now, fields=fields):
-                wake_on_commit(claim.run_id)
-                return Outcome.COMPENSATING
-            Run.objects.filter(pk=claim.run_id).update(status=RunStatus.FAILED, finished_at=now, **fields)
+    if claim.finish_as:
+        left = _left_to_undo(claim.run_id, step)
+        error = {
+            **error,
+            "message": f"{error['message']} — compensation stopped; left to undo: "
+            f"{', '.join(left) or 'nothing'} (resume the run once this is fixed)",
+            "left_to_undo": left,
+        }
+    # A spent budget stops the run resumable: undoing its effects would make "raise and resume" moot.
+    undo = compensate and not claim.finish_as and failure.type != "BudgetExceededError"
+    with transaction.atomic():
+        compensating = transitions.fail_txn(claim.run_id, step.pk, error, claim=claim, compensate=undo)
+        Step.objects.filter(pk=step.pk).update(attempts=claim.attempt, started_at=claim.claimed_at)
+        record_event(claim.run_id, "failed", step_id=step.step_id, attempt=claim.attempt, error=error)
+        send_on_commit(step_failed, run_id=claim.run_id, step_id=step.step_id, attempt=claim.attempt, error=error)
+        if compensating:
+            wake_on_commit(claim.run_id)
+        else:
             send_on_commit(run_finished, run_id=claim.run_id, status=RunStatus.FAILED, error=error)
-    except LeaseLostError:
-        return _rejected(claim, step)
-    return Outcome.FAILED
+    return Outcome.COMPENSATING if compensating else Outcome.FAILED
+
+
+def _left_to_undo(run_id: Any, failed: Step) -> list[str]:
+    """The effects a stopped saga did not undo: its compensation steps from the failed one on."""
+    steps = Step.objects.live().filter(run_id=run_id, kind=StepKind.COMPENSATE, position__gte=failed.position)
+    return [s.args.get("effect", "") for s in steps.exclude(status=StepStatus.DONE).order_by("position")]
 
 
 def _park(claim: Claim, step: Step, spec: WaitSpec) -> Outcome:
     """Release the run into `waiting` and open its wait, in one fenced transaction; nothing wakes it but
     a decision, a signal or the sweep."""
-    now = clock.now()
-    try:
-        with _holding(claim, status=RunStatus.WAITING, attempt=0, **_released(now)):
-            park_txn(claim.run_id, step, spec, now)
-    except LeaseLostError:
-        return _rejected(claim, step)
+    with transaction.atomic():
+        park_txn(claim, step, spec)
     return Outcome.WAITING
 
 
@@ -332,32 +306,20 @@ def _replan(claim: Claim, step: Step, stale: StaleObservation, compensate: bool)
             f"could run; its {stale.budget_seconds:.0f}s budget is shorter than the work after it",
             step.step_id,
         )
-        return _fail(claim, step, failure, clock.now(), compensate=compensate)
-    now = clock.now()
-    try:
-        with _holding(claim, **_released(now)):
-            replan_txn(claim.run_id, stale, because_of=step.step_id, now=now)
-    except LeaseLostError:
-        return _rejected(claim, step)
+        return _fail(claim, step, failure, compensate=compensate)
+    with transaction.atomic():
+        transitions.hold_txn(claim, cursor=stale.position, attempt=0, **transitions.RELEASED)
+        replan_txn(claim.run_id, stale, because_of=step.step_id)
     return Outcome.REPLANNED
 
 
-def _redo(claim: Claim, step: Step, rerun: Rerun, started_at: datetime) -> Outcome:
+def _redo(claim: Claim, step: Step, rerun: Rerun) -> Outcome:
     """Checkpoint the step that asked for a redo (its verdict stays as history), then go back."""
-    now = clock.now()
-    try:
-        with _holding(claim, **_released(now)):
-            Step.objects.filter(pk=step.pk).update(
-                status=StepStatus.DONE,
-                result=rerun.result,
-                attempts=claim.attempt,
-                started_at=started_at,
-                finished_at=now,
-                updated_at=now,
-            )
-            redo_txn(claim.run_id, rerun, from_step=step.step_id, now=now)
-    except LeaseLostError:
-        return _rejected(claim, step)
+    target = redo_target(claim.run_id, rerun)
+    with transaction.atomic():
+        transitions.hold_txn(claim, cursor=target.position, attempt=0, **transitions.RELEASED)
+        transitions.commit_step_txn(step.pk, result=rerun.result, attempts=claim.attempt, started_at=claim.claimed_at)
+        redo_txn(claim.run_id, rerun, target, from_step=step.step_id)
     return Outcome.REPLANNED
 
 
@@ -369,77 +331,58 @@ def _version_gone(claim: Claim, step: Step, run: Run) -> Outcome:
             raise park_for_version(run, newest)
     except Park as park:
         return _park(claim, step, park.spec)
-    now = clock.now()
-    try:
-        with _holding(claim, **_released(now)):
-            adopt_version_txn(claim.run_id, newest, replan=policy == "replan", actor="engine", now=now)
-            wake_on_commit(claim.run_id)
-    except LeaseLostError:
-        return _rejected(claim, step)
+    with transaction.atomic():
+        transitions.hold_txn(claim, **transitions.RELEASED)
+        adopt_version_txn(claim.run_id, newest, replan=policy == "replan", actor="engine")
+        wake_on_commit(claim.run_id)
     return Outcome.REPLANNED
 
 
-def _extend(claim: Claim, step: Step, extension: ExtendPlan, started_at: datetime) -> Outcome:
+def _extend(claim: Claim, step: Step, extension: ExtendPlan) -> Outcome:
     """Checkpoint a planner and put its validated plan right after it (replacing an earlier plan of it)."""
-    now = clock.now()
-    calls = extension.calls
-    try:
-        with transaction.atomic():
-            following = list(
-                Step.objects.live()
-                .filter(run_id=claim.run_id, position__gt=step.position)
-                .exclude(status=StepStatus.PENDING, step_id__startswith=f"{step.step_id}.")
-                .order_by("position")
+    rows = extension.rows
+    own = Step.objects.live().filter(
+        run_id=claim.run_id, status=StepStatus.PENDING, step_id__startswith=f"{step.step_id}."
+    )
+    with transaction.atomic():
+        following = list(
+            Step.objects.live()
+            .filter(run_id=claim.run_id, position__gt=step.position)
+            .exclude(pk__in=own.values("pk"))
+            .order_by("position")
+        )
+        end = step.position + 1 + len(rows) + len(following)
+        transitions.hold_txn(claim, cursor=step.position + 1, step_count=end, attempt=0, **transitions.RELEASED)
+        transitions.move_steps_txn(StepOp.SUPERSEDE, own, to=StepStatus.SUPERSEDED)
+        transitions.commit_step_txn(
+            step.pk, result=extension.result, attempts=claim.attempt, started_at=claim.claimed_at
+        )
+        # Two passes: positions are unique among live steps, so move the tail out of the way first.
+        Step.objects.filter(pk__in=[s.pk for s in following]).update(position=F("position") + 1_000_000)
+        for offset, later in enumerate(following):
+            Step.objects.filter(pk=later.pk).update(position=step.position + 1 + len(rows) + offset)
+        observations = list(
+            Step.objects.live()
+            .filter(run_id=claim.run_id, position__lt=step.position, status=StepStatus.DONE)
+            .exclude(fresh_for=None)
+            .values_list("step_id", flat=True)
+        )
+        Step.objects.bulk_create(
+            Step(
+                run_id=claim.run_id,
+                step_id=row.step_id,
+                name=row.name,
+                kind=StepKind.TOOL,
+                position=step.position + 1 + i,
+                args=dict(row.args),
+                depends_on=observations,
+                fresh_for=row.fresh_for,
             )
-            end = step.position + 1 + len(calls) + len(following)
-            _hold_txn(claim, cursor=step.position + 1, step_count=end, attempt=0, **_released(now))
-            Step.objects.live().filter(
-                run_id=claim.run_id, status=StepStatus.PENDING, step_id__startswith=f"{step.step_id}."
-            ).update(status=StepStatus.SUPERSEDED, updated_at=now)
-            Step.objects.filter(pk=step.pk).update(
-                status=StepStatus.DONE,
-                result=extension.result,
-                attempts=claim.attempt,
-                started_at=started_at,
-                finished_at=now,
-                updated_at=now,
-            )
-            # Two passes: positions are unique among live steps, so move the tail out of the way first.
-            Step.objects.filter(pk__in=[s.pk for s in following]).update(position=F("position") + 1_000_000)
-            for offset, later in enumerate(following):
-                Step.objects.filter(pk=later.pk).update(position=step.position + 1 + len(calls) + offset)
-            observations = list(
-                Step.objects.live()
-                .filter(run_id=claim.run_id, position__lt=step.position, status=StepStatus.DONE)
-                .exclude(fresh_for=None)
-                .values_list("step_id", flat=True)
-            )
-            Step.objects.bulk_create(
-                Step(
-                    run_id=claim.run_id,
-                    step_id=planned.step_id,
-                    name=planned.name,
-                    kind=StepKind.TOOL,
-                    position=step.position + 1 + i,
-                    args=dict(planned.args),
-                    depends_on=observations,
-                    fresh_for=call.fresh_for,
-                )
-                for i, (planned, call) in enumerate(zip(as_planned_steps(calls), calls, strict=True))
-            )
-            record_event(claim.run_id, "planned", step_id=step.step_id, steps=[c.step_id for c in calls])
-            wake_on_commit(claim.run_id)
-    except LeaseLostError:
-        return _rejected(claim, step)
+            for i, row in enumerate(rows)
+        )
+        record_event(claim.run_id, "planned", step_id=step.step_id, steps=[r.step_id for r in rows])
+        wake_on_commit(claim.run_id)
     return Outcome.COMMITTED
-
-
-def _finish_empty(claim: Claim) -> Outcome:
-    now = clock.now()
-    status = claim.finish_as or RunStatus.COMPLETED
-    if _fenced(claim).update(status=status, finished_at=now, attempt=0, **_released(now)) != 1:
-        return Outcome.LEASE_LOST
-    return Outcome.COMPLETED
 
 
 def _rejected(claim: Claim, step: Step) -> Outcome:

@@ -9,10 +9,10 @@ from datetime import datetime
 from typing import Any
 
 from durable_agents import clock
-from durable_agents.engine.effects import invoke_tool
+from durable_agents.engine.approvals import require_approval
+from durable_agents.engine.effects import effect_key, invoke_tool
 from durable_agents.engine.lease import renew_lease
 from durable_agents.engine.payloads import load_result
-from durable_agents.engine.waits import require_approval
 from durable_agents.errors import LeaseLostError, StepNotFoundError
 from durable_agents.models import Run, Step, StepKind, StepStatus
 from durable_agents.tools import Tool, tools
@@ -100,7 +100,7 @@ class StepContext:
         """
         resolved = tools.get(tool) if isinstance(tool, str) else tool
         self._tool_calls += 1
-        key = key or self.idempotency_key(resolved.name, str(self._tool_calls))
+        key = effect_key(key or self.idempotency_key(resolved.name, str(self._tool_calls)))
         if resolved.effectful and resolved.needs_approval:
             require_approval(self, resolved, args, key)
         return invoke_tool(

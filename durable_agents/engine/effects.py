@@ -1,16 +1,24 @@
 """Effects exactly once: the outbox row is committed before an effectful tool runs, keyed deterministically.
 
 * transactional tools (their effect lands in this database) run inside the transaction that marks the
-  Effect `applied`, under a row lock: a crash leaves both or neither, and a concurrent duplicate waits;
-* external tools are called outside any transaction with the key passed on (the receiver dedupes): a
-  crash between the call and the record calls again with the same key. Every invocation is counted
-  before it starts; past EFFECT_MAX_INVOCATIONS the outcome is unknowable and an operator decides;
+  Effect `applied`, under a row lock, after proving (in that transaction) that the executing worker still
+  holds the run: a crash leaves both or neither, a concurrent duplicate waits, a zombie applies nothing;
+* external tools are called outside any transaction with the key passed on (the receiver dedupes); the
+  executing worker proves its lease right before the call, so a zombie whose run was taken over (say,
+  cancelled and compensated) stops there. A crash between the call and the record calls again with the
+  same key. Every invocation is counted before it starts; past EFFECT_MAX_INVOCATIONS the outcome is
+  unknowable: the effect `needs_attention` and an operator records what happened (`resolve_effect`);
 * a key already `applied` returns its stored result without calling the tool; the same key with other
-  arguments is an IdempotencyKeyReusedError (Stripe semantics).
+  arguments is an IdempotencyKeyReusedError (Stripe semantics); a `compensated` key is refused: its
+  result no longer holds (fork the run to do the work again, under new keys).
+
+What no check can close: a worker paused between proving its lease and sending an external call may
+still send it once when it thaws. The receiver dedupes on the key, so the effect still lands once.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -18,22 +26,37 @@ from typing import Any
 from django.db import IntegrityError, transaction
 from django.db.models import F
 
-from durable_agents import clock
+from durable_agents.clock import DbNow
 from durable_agents.conf import settings
+from durable_agents.engine import transitions
 from durable_agents.engine.events import record_event
 from durable_agents.engine.retry import TRANSIENT_TYPES
 from durable_agents.errors import (
     EffectOutcomeUnknownError,
     IdempotencyKeyReusedError,
+    InvalidInputError,
+    InvalidTransitionError,
     LeaseLostError,
     PermanentError,
+    ToolFailedError,
 )
-from durable_agents.models import Effect, EffectKind, EffectStatus, Run
+from durable_agents.models import Effect, EffectKind, EffectStatus, Run, RunStatus
+from durable_agents.states import EffectOp
 from durable_agents.tools import Tool
 
 logger = logging.getLogger("durable_agents.effects")
 
 MAX_ERROR_CHARS = 2000
+# Receivers limit idempotency keys (Stripe: 255 characters); longer keys are shortened, deterministically.
+MAX_KEY_CHARS = 255
+
+
+def effect_key(key: str) -> str:
+    """`key` as stored and passed on: unchanged up to MAX_KEY_CHARS, else a prefix and the key's sha256."""
+    if len(key) <= MAX_KEY_CHARS:
+        return key
+    digest = hashlib.sha256(key.encode()).hexdigest()
+    return f"{key[: MAX_KEY_CHARS - len(digest) - 1]}~{digest}"
 
 
 def invoke_tool(
@@ -47,19 +70,20 @@ def invoke_tool(
     compensates: Effect | None = None,
     lease_token: int | None = None,
 ) -> Any:
-    """Invoke `tool` with `args` under idempotency `key`; read-only tools are simply called.
-
-    With `lease_token`, a transactional effect commits only while that token still holds the run.
+    """Invoke `tool` with `args` under idempotency `key` for the executing run `run_id`; read-only tools
+    are simply called. With `lease_token`, the effect lands only while that token still holds `run_id`.
     """
     checked = tool.validate(args)
     if not tool.effectful:
         return tool.invoke(checked, ctx=ctx)
-    effect = _record_pending(tool, checked, key=key, run_id=run_id, step_pk=step_pk, compensates=compensates)
-    if effect.status in (EffectStatus.APPLIED, EffectStatus.COMPENSATED):
+    effect = _record_pending(
+        tool, checked, key=effect_key(key), run_id=run_id, step_pk=step_pk, compensates=compensates
+    )
+    if effect.status == EffectStatus.APPLIED:
         return effect.result
     if tool.transactional:
-        return _apply_in_transaction(tool, checked, effect, ctx, lease_token)
-    return _apply_external(tool, checked, effect, ctx)
+        return _apply_in_transaction(tool, checked, effect, ctx, run_id, lease_token)
+    return _apply_external(tool, checked, effect, ctx, run_id, lease_token)
 
 
 def _record_pending(
@@ -93,49 +117,50 @@ def _record_pending(
             f"idempotency key {key!r} was used for {effect.tool}({effect.args}) and is now reused for "
             f"{tool.name}({args}); nothing was applied"
         )
+    if effect.status == EffectStatus.COMPENSATED:
+        raise PermanentError(
+            f"effect {key} ({tool.name}) was compensated: it was undone, so its result no longer holds and "
+            "the same key cannot apply it again; fork the run (`durable_fork`) to do this work anew"
+        )
     if effect.status == EffectStatus.FAILED:
         # A resumed run tries a permanently failed effect again, on purpose.
-        Effect.objects.filter(pk=effect.pk, status=EffectStatus.FAILED).update(
-            status=EffectStatus.PENDING, error=None, needs_attention=""
-        )
+        transitions.move_effect(EffectOp.RETRY, effect.pk, to=EffectStatus.PENDING, error=None, needs_attention="")
         effect.status = EffectStatus.PENDING
     return effect
 
 
 def _apply_in_transaction(
-    tool: Tool[..., Any], args: dict[str, Any], effect: Effect, ctx: Any, lease_token: int | None
+    tool: Tool[..., Any], args: dict[str, Any], effect: Effect, ctx: Any, run_id: Any, lease_token: int | None
 ) -> Any:
     try:
         with transaction.atomic():
             # A zombie must not apply an effect after the run was taken from it (say, cancelled with
-            # compensation, which lists the applied effects): lock the run row and check the token.
-            if lease_token is not None and not (
-                Run.objects.select_for_update().filter(pk=effect.run_id, lease_token=lease_token).exists()
-            ):
-                raise LeaseLostError(f"run {effect.run_id} was taken over; {tool.name} was not applied")
+            # compensation, which lists the applied effects): lock the executing run's row, check the token.
+            if lease_token is not None and not _holds(run_id, lease_token, lock=True):
+                raise LeaseLostError(f"run {run_id} was taken over; {tool.name} was not applied")
             # The row lock makes a concurrent duplicate wait here, then see `applied`.
             locked = Effect.objects.select_for_update().get(pk=effect.pk)
-            if locked.status in (EffectStatus.APPLIED, EffectStatus.COMPENSATED):
+            if locked.status == EffectStatus.APPLIED:
                 return locked.result
             result = tool.invoke(args, idempotency_key=effect.idempotency_key, ctx=ctx)
-            Effect.objects.filter(pk=effect.pk).update(
-                status=EffectStatus.APPLIED,
-                result=result,
-                error=None,
-                attempts=F("attempts") + 1,
-                applied_at=clock.now(),
-            )
-            _applied_txn(effect)
+            _applied_txn(effect, result, attempts=F("attempts") + 1)
             return result
     except Exception as exc:
         _record_failure(effect, exc)
         raise
 
 
-def _apply_external(tool: Tool[..., Any], args: dict[str, Any], effect: Effect, ctx: Any) -> Any:
+def _apply_external(
+    tool: Tool[..., Any], args: dict[str, Any], effect: Effect, ctx: Any, run_id: Any, lease_token: int | None
+) -> Any:
     limit = int(settings.EFFECT_MAX_INVOCATIONS)
+    # Right before the call: a zombie (its run taken over, maybe cancelled and compensated) stops here.
+    if ctx is not None:
+        ctx.ensure_lease()
+    elif lease_token is not None and not _holds(run_id, lease_token):
+        raise LeaseLostError(f"run {run_id} was taken over; {tool.name} was not called")
     started = Effect.objects.filter(pk=effect.pk, status=EffectStatus.PENDING, attempts__lt=limit).update(
-        attempts=F("attempts") + 1
+        attempts=F("attempts") + 1, updated_at=DbNow()
     )
     if not started:
         current = Effect.objects.get(pk=effect.pk)
@@ -143,31 +168,39 @@ def _apply_external(tool: Tool[..., Any], args: dict[str, Any], effect: Effect, 
             return current.result
         reason = (
             f"{tool.name} was invoked {current.attempts} times under key {effect.idempotency_key!r} without a "
-            "recorded outcome; check the receiving system, then mark the effect applied or failed"
+            "recorded outcome; check the receiving system, then record what happened with "
+            f"`manage.py durable_effect {effect.idempotency_key} --applied` or `--failed` (or the admin)"
         )
         Effect.objects.filter(pk=effect.pk).update(needs_attention=reason)
         raise EffectOutcomeUnknownError(reason)
     try:
         result = tool.invoke(args, idempotency_key=effect.idempotency_key, ctx=ctx)
     except Exception as exc:
-        _record_failure(effect, exc)
+        _record_failure(effect, exc, outcome_known=isinstance(exc, ToolFailedError))
         raise
     with transaction.atomic():
-        Effect.objects.filter(pk=effect.pk).update(
-            status=EffectStatus.APPLIED, result=result, error=None, applied_at=clock.now()
-        )
-        _applied_txn(effect)
+        _applied_txn(effect, result)
     return result
 
 
-def _applied_txn(effect: Effect) -> None:
+def _holds(run_id: Any, token: int, *, lock: bool = False) -> bool:
+    held = Run.objects.filter(pk=run_id, lease_token=token, status=RunStatus.RUNNING)
+    return (held.select_for_update() if lock else held).exists()
+
+
+def _applied_txn(effect: Effect, result: Any, **changes: Any) -> None:
+    transitions.move_effect(
+        EffectOp.APPLY, effect.pk, to=EffectStatus.APPLIED, result=result, error=None, applied_at=DbNow(), **changes
+    )
     if effect.compensates_id is not None:
-        Effect.objects.filter(pk=effect.compensates_id).update(status=EffectStatus.COMPENSATED)
+        transitions.move_effect(EffectOp.COMPENSATE, effect.compensates_id, to=EffectStatus.COMPENSATED)
         record_event(effect.run_id, "effect_compensated", key=effect.idempotency_key, tool=effect.tool)
 
 
-def _record_failure(effect: Effect, exc: BaseException) -> None:
-    """Transient errors leave the effect pending (it will be invoked again); others mark it failed.
+def _record_failure(effect: Effect, exc: BaseException, *, outcome_known: bool = True) -> None:
+    """A failed invocation. Known not applied (a rolled-back transactional tool, a ToolFailedError): the effect
+    is failed, unless the error is transient. Outcome unknown (an external call that raised): it stays
+    pending with its error, so a retry calls again under the same key and a saga learns the outcome.
 
     A zombie's refusal (LeaseLostError) says nothing about the effect: it stays as it was.
     """
@@ -175,6 +208,40 @@ def _record_failure(effect: Effect, exc: BaseException) -> None:
         return
     transient = isinstance(exc, TRANSIENT_TYPES) and not isinstance(exc, PermanentError)
     error = {"type": type(exc).__name__, "message": (str(exc) or type(exc).__name__)[:MAX_ERROR_CHARS]}
-    Effect.objects.filter(pk=effect.pk, status=EffectStatus.PENDING).update(
-        error=error, **({} if transient else {"status": EffectStatus.FAILED})
-    )
+    if transient or not outcome_known:
+        Effect.objects.filter(pk=effect.pk, status=EffectStatus.PENDING).update(error=error, updated_at=DbNow())
+    else:
+        transitions.move_effect(EffectOp.FAIL, effect.pk, to=EffectStatus.FAILED, error=error)
+
+
+def resolve_effect(key: str, *, applied: bool, result: Any = None, actor: str, reason: str = "") -> Effect:
+    """An operator records the outcome of an effect nobody could know (an external call in flight at a
+    crash, invoked too often without an answer): it was `applied` (with the receiver's `result`), or not.
+
+    Not applied: the effect is failed with its invocations reset, so a resumed run calls it again under
+    the same key. Recorded in the run's history with `actor`.
+    """
+    effect = Effect.objects.filter(idempotency_key=key).first()
+    if effect is None:
+        raise InvalidInputError(f"no effect has key {key!r}; see a run's effects with `durable_show RUN_ID`")
+    if effect.kind == EffectKind.NOTIFICATION:
+        raise InvalidTransitionError(f"effect {key} is a notification; its delivery is retried by the engine")
+    if effect.status not in (EffectStatus.PENDING, EffectStatus.FAILED):
+        raise InvalidTransitionError(f"effect {key} is already {effect.status}; there is nothing to record")
+    outcome = EffectStatus.APPLIED if applied else EffectStatus.FAILED
+    changes: dict[str, Any] = {"needs_attention": ""}
+    if applied:
+        changes.update(result=result, error=None, applied_at=DbNow())
+    else:
+        why = reason or f"recorded as not applied by {actor}"
+        changes.update(attempts=0, error={"type": "NotApplied", "message": why[:MAX_ERROR_CHARS]})
+    with transaction.atomic():
+        if not transitions.move_effect(EffectOp.RESOLVE, effect.pk, to=outcome, **changes):
+            raise InvalidTransitionError(f"effect {key} changed meanwhile; look at it again")
+        if applied and effect.compensates_id is not None:
+            transitions.move_effect(EffectOp.COMPENSATE, effect.compensates_id, to=EffectStatus.COMPENSATED)
+        record_event(
+            effect.run_id, "effect_resolved", actor=actor, key=key, tool=effect.tool, outcome=outcome, reason=reason
+        )
+    effect.refresh_from_db()
+    return effect

@@ -1,23 +1,27 @@
-"""The step loop's hot path as single Postgres statements: claim+load in one, checkpoint commit in one.
+"""The step loop's statements: the claim (with the step's load, on Postgres) and the checkpoint commit.
 
-Each is one round trip and, in autocommit, one transaction: no BEGIN/COMMIT trips and no ORM query
-compilation per step. Other databases take the ORM path in `advance.py`; both write the same rows.
+Only `transitions.py` calls this module: it is the fast implementation of two of its operations, built from
+the same rules (`states.RUN_RULES`). Each statement is one round trip and, in autocommit, one transaction:
+no BEGIN/COMMIT trips, no ORM query compilation per step. Time is the database's (`STATEMENT_TIMESTAMP()`,
+plus the tests' clock shift), never the worker's.
 """
 
 from __future__ import annotations
 
 import json
 import uuid
-from datetime import datetime, timedelta
+from datetime import timedelta
 from functools import cache
 from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import connection
 
+from durable_agents import clock
 from durable_agents.engine.lease import Claim
 from durable_agents.engine.payloads import StoredResult
-from durable_agents.models import Run, RunStatus, Step, StepStatus
+from durable_agents.models import Run, Step
+from durable_agents.states import RUN_RULES, STEP_RULES, RunOp, RunStatus, StepOp, StepStatus
 
 
 def _in_model_order(model: Any, names: set[str]) -> tuple[str, ...]:
@@ -30,43 +34,86 @@ RUN_FIELDS = _in_model_order(Run, {"id", "workflow", "workflow_version", "input"
 STEP_FIELDS = _in_model_order(
     Step, {"id", "run_id", "step_id", "name", "position", "kind", "status", "args", "depends_on", "fresh_for"}
 )
+CLAIM_RETURNS = "lease_token, cursor, step_count, attempt, previous_lease_owner, finish_as"
 
 
 def is_available() -> bool:
     return connection.vendor == "postgresql"
 
 
+def _claim_update_sql() -> str:
+    # Postgres: the database's time in the statement. SQLite (in this process): the time as parameters.
+    now, expires = (
+        ("(STATEMENT_TIMESTAMP() + %(shift)s)", "(STATEMENT_TIMESTAMP() + %(shift)s + %(lease)s)")
+        if is_available()
+        else ("%(now)s", "%(expires)s")
+    )
+    table = connection.ops.quote_name(Run._meta.db_table)
+    sources = ", ".join(f"'{s}'" for s in sorted(RUN_RULES[RunOp.CLAIM].sources))
+    return f"""
+        UPDATE {table}
+           SET status = %(running)s, previous_lease_owner = lease_owner, lease_owner = %(owner)s,
+               lease_token = lease_token + 1, lease_expires_at = {expires}, attempt = attempt + 1,
+               started_at = COALESCE(started_at, {now}), wake_at = NULL
+         WHERE id = %(id)s AND status IN ({sources}) AND cancel_requested_at IS NULL
+           AND (lease_expires_at IS NULL OR lease_expires_at < {now})
+           AND (wake_at IS NULL OR wake_at <= {now})
+    """
+
+
+def claim(run_id: uuid.UUID, owner: str, lease: timedelta) -> Claim | None:
+    """Claim the run (a new fencing token) on any database; None if it is not claimable now."""
+    params: dict[str, Any] = {"owner": owner, "running": RunStatus.RUNNING.value}
+    if is_available():
+        params.update(id=run_id, shift=clock.offset(), lease=lease)
+        claimed_at = "(STATEMENT_TIMESTAMP() + %(shift)s)"
+        now = None
+    else:
+        now = clock.now()
+        adapt = connection.ops.adapt_datetimefield_value
+        params.update(id=Run._meta.pk.get_db_prep_value(run_id, connection), now=adapt(now), expires=adapt(now + lease))
+        claimed_at = "NULL"
+    with connection.cursor() as cursor:
+        cursor.execute(f"{_claim_update_sql()} RETURNING {CLAIM_RETURNS}, {claimed_at}", params)
+        row = cursor.fetchone()
+    return None if row is None else _claim_of(run_id, owner, (*row[:-1], row[-1] or now))
+
+
+def _claim_of(run_id: uuid.UUID, owner: str, row: Any) -> Claim:
+    token, position, step_count, attempt, previous_owner, finish_as, claimed_at = row[:7]
+    return Claim(
+        run_id=run_id,
+        token=token,
+        owner=owner,
+        cursor=position,
+        step_count=step_count,
+        attempt=attempt,
+        previous_owner=previous_owner or "",
+        finish_as=finish_as or "",
+        claimed_at=claimed_at,
+    )
+
+
 @cache
 def _claim_and_load_sql() -> str:
-    run, step = Run._meta.db_table, Step._meta.db_table
+    step = Step._meta.db_table
     run_cols = ", ".join(f"c.{name}" for name in RUN_FIELDS[1:])
     step_cols = ", ".join(f"s.{name}" for name in STEP_FIELDS)
     return f"""
-        WITH c AS (
-            UPDATE {run}
-               SET status = %(running)s, previous_lease_owner = lease_owner, lease_owner = %(owner)s,
-                   lease_token = lease_token + 1, lease_expires_at = %(expires)s, attempt = attempt + 1,
-                   started_at = COALESCE(started_at, %(now)s), wake_at = NULL
-             WHERE id = %(id)s AND status IN (%(pending)s, %(running)s) AND cancel_requested_at IS NULL
-               AND (lease_expires_at IS NULL OR lease_expires_at < %(now)s)
-               AND (wake_at IS NULL OR wake_at <= %(now)s)
-         RETURNING *
-        )
-        SELECT c.lease_token, c.cursor, c.step_count, c.attempt, c.previous_lease_owner, c.finish_as,
-               {run_cols}, {step_cols}
+        WITH c AS ({_claim_update_sql()} RETURNING *, (STATEMENT_TIMESTAMP() + %(shift)s) AS claimed_at)
+        SELECT {", ".join(f"c.{col}" for col in CLAIM_RETURNS.split(", "))}, c.claimed_at, {run_cols}, {step_cols}
           FROM c LEFT JOIN {step} s ON s.run_id = c.id AND s.position = c.cursor AND s.status <> %(superseded)s
     """
 
 
-def claim_and_load(run_id: uuid.UUID, owner: str, now: datetime, lease: timedelta) -> tuple[Claim, Step | None] | None:
-    """Claim the run (new fencing token) and read its current step with the run's input, in one statement."""
+def claim_and_load(run_id: uuid.UUID, owner: str, lease: timedelta) -> tuple[Claim, Step | None] | None:
+    """Claim the run and read its current step with the run's input, in one statement (Postgres)."""
     params = {
         "id": run_id,
         "owner": owner,
-        "now": now,
-        "expires": now + lease,
         "running": RunStatus.RUNNING.value,
-        "pending": RunStatus.PENDING.value,
+        "shift": clock.offset(),
+        "lease": lease,
         "superseded": StepStatus.SUPERSEDED.value,
     }
     with connection.cursor() as cursor:
@@ -74,16 +121,16 @@ def claim_and_load(run_id: uuid.UUID, owner: str, now: datetime, lease: timedelt
         row = cursor.fetchone()
     if row is None:
         return None
-    token, position, step_count, attempt, previous_owner, finish_as = row[:6]
-    claim = Claim(run_id, token, owner, position, step_count, attempt, previous_owner or "", finish_as or "")
-    run_values = (run_id, *row[6 : 6 + len(RUN_FIELDS) - 1])
-    step_values = row[6 + len(RUN_FIELDS) - 1 :]
+    claimed = _claim_of(run_id, owner, row)
+    width = len(CLAIM_RETURNS.split(", ")) + 1
+    run_values = (run_id, *row[width : width + len(RUN_FIELDS) - 1])
+    step_values = row[width + len(RUN_FIELDS) - 1 :]
     if step_values[0] is None:
-        return claim, None
+        return claimed, None
     run = Run.from_db(connection.alias, RUN_FIELDS, _decode(Run, RUN_FIELDS, run_values))
     step = Step.from_db(connection.alias, STEP_FIELDS, _decode(Step, STEP_FIELDS, step_values))
     step.run = run
-    return claim, step
+    return claimed, step
 
 
 def _decode(model: Any, names: tuple[str, ...], values: tuple[Any, ...]) -> list[Any]:
@@ -96,41 +143,45 @@ def _decode(model: Any, names: tuple[str, ...], values: tuple[Any, ...]) -> list
 
 
 @cache
-def _commit_sql(final: bool) -> str:
+def _commit_sql(ending: bool) -> str:
     run, step = Run._meta.db_table, Step._meta.db_table
-    finish = ", status = %(final_status)s, output = %(output)s::jsonb, finished_at = %(now)s" if final else ""
+    now = "(STATEMENT_TIMESTAMP() + %(shift)s)"
+    finish = f", status = %(ending)s, output = %(output)s::jsonb, finished_at = {now}" if ending else ""
+    run_sources = RUN_RULES[RunOp.COMPLETE if ending else RunOp.CHECKPOINT].sources
+    step_sources = ", ".join(f"'{s}'" for s in sorted(STEP_RULES[StepOp.COMMIT].sources))
     return f"""
         WITH r AS (
             UPDATE {run}
                SET cursor = %(cursor)s, attempt = 0, lease_owner = '', lease_expires_at = NULL,
-                   updated_at = %(now)s{finish}
-             WHERE id = %(run_id)s AND lease_token = %(token)s AND status = %(running)s
+                   updated_at = {now}{finish}
+             WHERE id = %(run_id)s AND lease_token = %(token)s
+               AND status IN ({", ".join(f"'{s}'" for s in sorted(run_sources))})
          RETURNING id
         )
         UPDATE {step}
            SET status = %(done)s, result = %(result)s::jsonb, result_ref = %(ref)s, result_hash = %(sha)s,
-               error = NULL, attempts = %(attempts)s, started_at = %(started)s, finished_at = %(now)s,
-               updated_at = %(now)s, observed_at = CASE WHEN fresh_for IS NULL THEN NULL ELSE %(started)s END
-         WHERE id = %(step_pk)s AND EXISTS (SELECT 1 FROM r)
+               error = NULL, attempts = %(attempts)s, started_at = %(started)s, finished_at = {now},
+               updated_at = {now}, observed_at = CASE WHEN fresh_for IS NULL THEN NULL ELSE %(started)s END
+         WHERE id = %(step_pk)s AND status IN ({step_sources}) AND EXISTS (SELECT 1 FROM r)
      RETURNING id
     """
 
 
-def commit_checkpoint(
-    claim: Claim, step: Step, stored: StoredResult, started: datetime, now: datetime, *, final: bool
-) -> bool:
-    """Commit a step: checkpoint + cursor + lease release (+ completion if `final`), fenced by the token.
+def commit_checkpoint(claim: Claim, step: Step, stored: StoredResult, *, ending: str | None) -> bool:
+    """Commit a step: checkpoint + cursor + lease release (+ the run's end, `ending`), fenced by the token.
 
     False means the token no longer holds the run: this worker is a zombie and nothing was written.
     """
+    if ending is not None:
+        op = RunOp.COMPLETE if ending == RunStatus.COMPLETED else RunOp.FINISH
+        assert RUN_RULES[op].allows(ending), f"a run cannot end {ending!r}"
     params = {
         "run_id": claim.run_id,
         "token": claim.token,
         "cursor": claim.cursor + 1,
-        "now": now,
-        "running": RunStatus.RUNNING.value,
+        "shift": clock.offset(),
         "done": StepStatus.DONE.value,
-        "final_status": claim.finish_as or RunStatus.COMPLETED.value,
+        "ending": ending,
         "step_pk": step.pk,
         "result": _jsonb(stored.inline),
         # A run that compensated ends cancelled or failed: it has no output.
@@ -138,10 +189,10 @@ def commit_checkpoint(
         "ref": stored.ref,
         "sha": stored.sha256,
         "attempts": claim.attempt,
-        "started": started,
+        "started": claim.claimed_at,
     }
     with connection.cursor() as cursor:
-        cursor.execute(_commit_sql(final), params)
+        cursor.execute(_commit_sql(ending is not None), params)
         return cursor.fetchone() is not None
 
 

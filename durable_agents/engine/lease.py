@@ -1,7 +1,8 @@
-"""The lease: one conditional UPDATE claims a run with a fresh fencing token; a heartbeat renews it.
+"""The lease: a claim (transitions.claim_run) takes a run with a fresh fencing token; heartbeats renew it.
 
 The token fences zombie workers: every commit is `... WHERE lease_token = <token>`, so a worker that
-lost its lease (paused, partitioned, too slow) commits nothing.
+lost its lease (paused, partitioned, too slow) commits nothing. Expiries are on the database's clock.
+One renewer thread per process renews every lease the process holds in one statement per tick.
 """
 
 from __future__ import annotations
@@ -13,13 +14,14 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.db import connection, connections
 
 from durable_agents import clock
+from durable_agents.clock import DbNow
 from durable_agents.conf import settings
-from durable_agents.models import Run, RunStatus
+from durable_agents.models import Run
 
 logger = logging.getLogger("durable_agents.engine")
 
@@ -42,85 +44,72 @@ class Claim:
     previous_owner: str
     # Non-empty while a saga compensates: the run ends with this status instead of `completed`.
     finish_as: str = ""
-
-
-def lease_seconds() -> float:
-    return float(settings.LEASE_SECONDS)
-
-
-def _claim_sql() -> str:
-    table = connection.ops.quote_name(Run._meta.db_table)
-    return f"""
-        UPDATE {table}
-           SET status = %s,
-               previous_lease_owner = lease_owner,
-               lease_owner = %s,
-               lease_token = lease_token + 1,
-               lease_expires_at = %s,
-               attempt = attempt + 1,
-               started_at = COALESCE(started_at, %s),
-               wake_at = NULL
-         WHERE id = %s
-           AND status IN (%s, %s)
-           AND cancel_requested_at IS NULL
-           AND (lease_expires_at IS NULL OR lease_expires_at < %s)
-           AND (wake_at IS NULL OR wake_at <= %s)
-     RETURNING lease_token, cursor, step_count, attempt, previous_lease_owner, finish_as
-    """
+    # When the claim took the lease, on the database's clock: the step's start.
+    claimed_at: datetime | None = None
 
 
 def as_uuid(run_id: uuid.UUID | str) -> uuid.UUID:
     return run_id if isinstance(run_id, uuid.UUID) else uuid.UUID(str(run_id))
 
 
-def claim_run(run_id: uuid.UUID | str) -> Claim | None:
-    """Take the run's lease iff it is runnable and its lease is free or expired; None otherwise.
-
-    One statement, no transaction: a duplicate delivery of the same message matches 0 rows.
-    """
-    run_uuid = as_uuid(run_id)
-    now = clock.now()
-    owner = worker_id()
-    adapt = connection.ops.adapt_datetimefield_value
-    params = [
-        RunStatus.RUNNING.value,
-        owner,
-        adapt(now + timedelta(seconds=lease_seconds())),
-        adapt(now),
-        Run._meta.pk.get_db_prep_value(run_uuid, connection),
-        RunStatus.PENDING.value,
-        RunStatus.RUNNING.value,
-        adapt(now),
-        adapt(now),
-    ]
-    with connection.cursor() as cursor:
-        cursor.execute(_claim_sql(), params)
-        row = cursor.fetchone()
-    if row is None:
-        return None
-    token, position, step_count, attempt, previous_owner, finish_as = row
-    return Claim(
-        run_id=run_uuid,
-        token=token,
-        owner=owner,
-        cursor=position,
-        step_count=step_count,
-        attempt=attempt,
-        previous_owner=previous_owner or "",
-        finish_as=finish_as or "",
-    )
+def lease_seconds() -> float:
+    return float(settings.LEASE_SECONDS)
 
 
 def renew_lease(claim: Claim) -> bool:
-    """Push the lease expiry forward; False if the lease was lost (another worker took the run)."""
-    expires = clock.now() + timedelta(seconds=lease_seconds())
+    """Push the lease expiry forward on the database's clock; False if the lease was lost (another worker
+    took the run, or it was released)."""
     # Owner and a held lease too: a renewal racing the commit must not re-arm a lease just released.
     return (
         Run.objects.filter(
             pk=claim.run_id, lease_token=claim.token, lease_owner=claim.owner, lease_expires_at__isnull=False
-        ).update(lease_expires_at=expires)
+        ).update(lease_expires_at=DbNow(timedelta(seconds=lease_seconds())))
         == 1
     )
+
+
+def renew_leases(claims: list[Claim]) -> tuple[set[Claim], set[Claim]]:
+    """Renew many leases in one statement: (renewed, lost). Claims in neither were skipped this time because
+    another transaction held their row lock: one locked row must not delay every other heartbeat."""
+    if not claims:
+        return set(), set()
+    if connection.vendor != "postgresql":
+        renewed = {c for c in claims if renew_lease(c)}
+        return renewed, set(claims) - renewed
+    table = connection.ops.quote_name(Run._meta.db_table)
+    held = [(c.run_id, c.token, c.owner) for c in claims]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""
+            WITH held AS (
+                SELECT r.id FROM {table} r
+                  JOIN unnest(%(ids)s::uuid[], %(tokens)s::bigint[], %(owners)s::text[]) AS h(id, token, owner)
+                    ON r.id = h.id AND r.lease_token = h.token AND r.lease_owner = h.owner
+                 WHERE r.lease_expires_at IS NOT NULL
+                   FOR UPDATE OF r SKIP LOCKED
+            )
+            UPDATE {table} r SET lease_expires_at = STATEMENT_TIMESTAMP() + %(lease)s
+              FROM held WHERE r.id = held.id
+            RETURNING r.id
+            """,
+            {
+                "ids": [h[0] for h in held],
+                "tokens": [h[1] for h in held],
+                "owners": [h[2] for h in held],
+                "lease": clock.offset(timedelta(seconds=lease_seconds())),
+            },
+        )
+        renewed_ids = {row[0] for row in cursor.fetchall()}
+        rest = [c for c in claims if c.run_id not in renewed_ids]
+        # A plain read does not wait for row locks: it tells a lost lease from a locked row.
+        cursor.execute(
+            f"SELECT id, lease_token, lease_owner, lease_expires_at IS NOT NULL FROM {table} WHERE id = ANY(%s)",
+            [[c.run_id for c in rest]],
+        )
+        current = {row[0]: row[1:] for row in cursor.fetchall()}
+    renewed = {c for c in claims if c.run_id in renewed_ids}
+    lost = {c for c in rest if current.get(c.run_id) != (c.token, c.owner, True)}
+    return renewed, lost
 
 
 class Heartbeat:
@@ -174,26 +163,27 @@ class _Renewer:
             time.sleep(interval / 4)
             with self._lock:
                 due = [b for b in self._beats if time.monotonic() - b.renewed_at >= interval]
-            for beat in due:
-                self._renew(beat)
             if due:
+                self._renew(due)
                 # The thread's own connection: closed between rounds so an idle worker holds none.
                 connections.close_all()
 
-    def _renew(self, beat: Heartbeat) -> None:
+    def _renew(self, due: list[Heartbeat]) -> None:
         try:
-            renewed = renew_lease(beat.claim)
+            renewed, lost = renew_leases([b.claim for b in due])
         except Exception:
             # A failed renewal (a database blip) is tried again next round; the commit is fenced anyway.
-            logger.exception("lease renewal failed run=%s", beat.claim.run_id)
+            logger.exception("lease renewal failed for %d runs", len(due))
             return
-        if renewed:
-            beat.renewed_at = time.monotonic()
-            return
-        beat.lost = True
-        logger.warning("lease lost run=%s token=%s", beat.claim.run_id, beat.claim.token)
-        with self._lock:
-            self._beats.discard(beat)
+        now = time.monotonic()
+        for beat in due:
+            if beat.claim in renewed:
+                beat.renewed_at = now
+            elif beat.claim in lost:
+                beat.lost = True
+                logger.warning("lease lost run=%s token=%s", beat.claim.run_id, beat.claim.token)
+                with self._lock:
+                    self._beats.discard(beat)
 
 
 _the_renewer: _Renewer | None = None

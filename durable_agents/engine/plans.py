@@ -14,40 +14,32 @@ from datetime import datetime
 from typing import Any
 
 from django.db import transaction
-from django.db.models import F, Q
+from django.db.models import Q
 
-from durable_agents import clock
+from durable_agents.clock import DbNow
+from durable_agents.engine import transitions
+from durable_agents.engine.control import Park, Rerun, WaitSpec
 from durable_agents.engine.events import record_event
 from durable_agents.engine.payloads import check_input
-from durable_agents.engine.runs import fresh_copy, get_run, plan_row, supersede_from_txn
-from durable_agents.engine.waits import Park, WaitSpec
+from durable_agents.engine.records import get_run, plan_row
 from durable_agents.engine.wake import wake_on_commit
 from durable_agents.errors import InvalidInputError, InvalidTransitionError, StepNotFoundError, UnknownWorkflowError
 from durable_agents.models import (
     ACTIVE_RUN_STATUSES,
+    EffectStatus,
     Event,
     Run,
-    RunStatus,
     Step,
     StepStatus,
     Wait,
     WaitKind,
     WaitStatus,
 )
+from durable_agents.states import RunOp, StepOp, WaitOp
 from durable_agents.workflows import Workflow, registry
 
 MAX_REPLANS_PER_STEP = 3
 VERSION_WAIT = "version_migration"
-
-
-class Rerun(BaseException):  # noqa: N818 - control flow, like Park
-    """Raised by a step to send the run back to an earlier step (a judge's "redo"), keeping its own result."""
-
-    def __init__(self, step_id: str, reason: str, result: Any) -> None:
-        super().__init__(step_id, reason)
-        self.step_id = step_id
-        self.reason = reason
-        self.result = result
 
 
 @dataclass(frozen=True)
@@ -77,10 +69,11 @@ def replans_of(run_id: uuid.UUID, step_id: str) -> int:
     return Event.objects.filter(run_id=run_id, kind="replanned", step_id=step_id).count()
 
 
-def replan_txn(run_id: uuid.UUID, stale: StaleObservation, *, because_of: str, now: datetime) -> list[str]:
-    """Go back to the stale observation: re-observe it and re-run everything after it (re-planning too)."""
-    superseded = supersede_from_txn(run_id, stale.position, now)
-    Run.objects.filter(pk=run_id).update(cursor=stale.position, attempt=0, updated_at=now)
+def replan_txn(run_id: uuid.UUID, stale: StaleObservation, *, because_of: str) -> list[str]:
+    """Go back to the stale observation: re-observe it and re-run everything after it (re-planning too).
+
+    Inside the fenced transaction that released the run (the caller's `hold_txn` moved its cursor)."""
+    superseded = transitions.supersede_from_txn(run_id, stale.position)
     record_event(
         run_id,
         "replanned",
@@ -94,12 +87,17 @@ def replan_txn(run_id: uuid.UUID, stale: StaleObservation, *, because_of: str, n
     return superseded
 
 
-def redo_txn(run_id: uuid.UUID, rerun: Rerun, *, from_step: str, now: datetime) -> list[str]:
+def redo_target(run_id: uuid.UUID, rerun: Rerun) -> Step:
+    """The live step a redo goes back to."""
     target = Step.objects.live().filter(run_id=run_id, step_id=rerun.step_id).first()
     if target is None:
         raise StepNotFoundError(f"cannot redo from {rerun.step_id!r}: the run has no such step")
-    superseded = supersede_from_txn(run_id, target.position, now)
-    Run.objects.filter(pk=run_id).update(cursor=target.position, attempt=0, updated_at=now)
+    return target
+
+
+def redo_txn(run_id: uuid.UUID, rerun: Rerun, target: Step, *, from_step: str) -> list[str]:
+    """Supersede from `target` on (the caller's `hold_txn` moved the cursor there) and wake the run."""
+    superseded = transitions.supersede_from_txn(run_id, target.position)
     record_event(
         run_id, "redo_from_step", step_id=from_step, target=rerun.step_id, reason=rerun.reason, superseded=superseded
     )
@@ -129,16 +127,20 @@ def park_for_version(run: Run, newest: Workflow) -> Park:
     )
 
 
-def adopt_version_txn(run_id: uuid.UUID, newest: Workflow, *, replan: bool, actor: str = "", now: datetime) -> None:
-    """Move a run to `newest`; with `replan`, its not-yet-done steps become the new version's plan."""
+def adopt_version_txn(run_id: uuid.UUID, newest: Workflow, *, replan: bool, actor: str = "") -> None:
+    """Move a run to `newest`; with `replan`, its not-yet-done steps become the new version's plan.
+
+    Inside a transaction that fenced the run (a worker's hold, or an operator's take)."""
     run = Run.objects.select_for_update().get(pk=run_id)
     previous = run.workflow_version
-    changes: dict[str, Any] = {"workflow_version": newest.version, "updated_at": now}
+    changes: dict[str, Any] = {"workflow_version": newest.version, "updated_at": DbNow()}
     if replan:
         done = set(Step.objects.live().filter(run_id=run_id, status=StepStatus.DONE).values_list("step_id", flat=True))
         remaining = [e for e in newest.build_plan(run.input) if e.step_id not in done]
-        Step.objects.live().filter(run_id=run_id, position__gte=run.cursor).exclude(status=StepStatus.DONE).update(
-            status=StepStatus.SUPERSEDED, updated_at=now
+        transitions.move_steps_txn(
+            StepOp.SUPERSEDE,
+            Step.objects.live().filter(run_id=run_id, position__gte=run.cursor).exclude(status=StepStatus.DONE),
+            to=StepStatus.SUPERSEDED,
         )
         Step.objects.bulk_create(
             plan_row(run_id, newest, element, run.cursor + i) for i, element in enumerate(remaining)
@@ -154,19 +156,19 @@ def migrate_run(run_id: uuid.UUID | str, version: int, *, replan: bool = False, 
     if run.is_finished:
         raise InvalidTransitionError(f"run {run.id} is {run.status}; there is nothing to migrate")
     target = registry.get(run.workflow, version)
-    now = clock.now()
     with transaction.atomic():
         # Take the run from whoever might hold it: a worker mid-step must not commit into a changed plan.
-        if not Run.objects.filter(
-            Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now), pk=run.id, status__in=ACTIVE_RUN_STATUSES
-        ).update(lease_token=F("lease_token") + 1, lease_owner="", lease_expires_at=None):
+        if not transitions.take_txn(RunOp.TAKE, run.id):
             raise InvalidTransitionError(
                 f"run {run.id} is being advanced by {run.lease_owner}; migrate it when its step ends"
             )
-        adopt_version_txn(run.id, target, replan=replan, actor=actor, now=now)
+        adopt_version_txn(run.id, target, replan=replan, actor=actor)
         parked = Wait.objects.filter(run_id=run.id, kind=WaitKind.SIGNAL, name=VERSION_WAIT, status=WaitStatus.OPEN)
-        if parked.update(status=WaitStatus.APPROVED, decided_by=actor or "operator", decided_at=now):
-            Run.objects.filter(pk=run.id, status=RunStatus.WAITING).update(status=RunStatus.PENDING, attempt=0)
+        for wait_id in parked.values_list("pk", flat=True):
+            transitions.move_wait(
+                WaitOp.MIGRATE, wait_id, to=WaitStatus.APPROVED, decided_by=actor or "operator", decided_at=DbNow()
+            )
+        if transitions.wake_txn(run.id):
             wake_on_commit(run.id)
     run.refresh_from_db()
     return run
@@ -201,7 +203,10 @@ def fork_run(run_id: uuid.UUID | str, at_step: str, *, input: Any = None, actor:
     if input is not None:
         registry.get(source.workflow, source.workflow_version).build_plan(new_input)  # the workflow's own checks
     steps = list(Step.objects.live().filter(run_id=source.id).order_by("position"))
-    now = clock.now()
+    # With the source's input a fork shares its effect keys, so what the source applied is reused, not
+    # repeated. Not once the source compensated: an undone effect's result no longer holds.
+    compensated = source.effects.filter(status=EffectStatus.COMPENSATED).exists()
+    shared = input_hash == source.input_hash and not compensated
     with transaction.atomic():
         fork = Run.objects.create(
             workflow=source.workflow,
@@ -211,25 +216,10 @@ def fork_run(run_id: uuid.UUID | str, at_step: str, *, input: Any = None, actor:
             forked_from=source,
             cursor=target.position,
             step_count=len(steps),
-            effect_scope=(source.effect_scope or str(source.id)) if input_hash == source.input_hash else "",
+            effect_scope=(source.effect_scope or str(source.id)) if shared else "",
             participant=source.participant,
-            created_at=now,
-            updated_at=now,
         )
-        checkpointed = (
-            "status",
-            "result",
-            "result_ref",
-            "result_hash",
-            "observed_at",
-            "started_at",
-            "finished_at",
-            "attempts",
-        )
-        Step.objects.bulk_create(
-            fresh_copy(s, fork.id, **({f: getattr(s, f) for f in checkpointed} if s.position < target.position else {}))
-            for s in steps
-        )
+        transitions.copy_plan_txn(steps, fork.id, target.position)
         record_event(
             fork.id, "forked", step_id=at_step, actor=actor, source=str(source.id), new_input=input is not None
         )
@@ -238,4 +228,4 @@ def fork_run(run_id: uuid.UUID | str, at_step: str, *, input: Any = None, actor:
     return fork
 
 
-__all__ = ["Rerun", "find_stale", "fork_run", "migrate_run", "replan_txn", "version_drift"]
+__all__ = ["find_stale", "fork_run", "migrate_run", "replan_txn", "version_drift"]

@@ -45,11 +45,26 @@ class Failure:
 def classify(exc: BaseException, policy: RetryPolicy, step_id: str) -> Failure:
     """Decide whether `exc` is worth retrying: PermanentError never is; declared and I/O errors are."""
     transient = not isinstance(exc, PermanentError) and isinstance(exc, TRANSIENT_TYPES + policy.retry_on)
-    message = str(exc) or type(exc).__name__
+    message = storable_text(str(exc) or type(exc).__name__)
     return Failure(
         transient=transient,
         type=type(exc).__name__,
         message=message[:MAX_MESSAGE_CHARS],
         step=step_id,
-        retry_after=getattr(exc, "retry_after", None),
+        retry_after=_seconds(getattr(exc, "retry_after", None)),
     )
+
+
+def storable_text(text: str) -> str:
+    """`text` as Postgres can store it in jsonb: NUL characters and lone surrogates escaped, so an error
+    message can always be persisted (an unstorable error would leave the failure unrecorded)."""
+    return text.replace("\x00", "\\u0000").encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _seconds(value: Any) -> float | None:
+    """A service's `retry-after` as seconds; None if it is not a number (NaN included)."""
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return None if seconds != seconds else seconds

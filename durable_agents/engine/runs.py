@@ -1,7 +1,7 @@
-"""Run-level transitions: start, cancel, resume and rerun-from-step. Each is a compare-and-set UPDATE.
+"""Run-level operations: start, cancel, resume, rerun from a step, participant and budget changes.
 
-Transitions that take a run away from whoever holds it bump the lease token, so a worker still
-executing a step of that run commits nothing.
+Every status change goes through `transitions`; operations that take a run away from whoever holds it
+bump the lease token there, so a worker still executing a step of that run commits nothing.
 """
 
 from __future__ import annotations
@@ -10,41 +10,25 @@ import uuid
 from decimal import Decimal
 from typing import Any
 
-from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
-from django.db.models import F, Q, Value
-from django.db.models.functions import Coalesce
 
-from durable_agents import clock
+from durable_agents.engine import transitions
 from durable_agents.engine.events import record_event
 from durable_agents.engine.payloads import check_input
-from durable_agents.engine.saga import plan_compensation_txn
-from durable_agents.engine.waits import cancel_open_waits_txn
+from durable_agents.engine.records import current_step_id, get_run, plan_row
+from durable_agents.engine.transitions import Cancellation
 from durable_agents.engine.wake import wake_on_commit
 from durable_agents.errors import (
     IdempotencyKeyReusedError,
     InvalidInputError,
     InvalidTransitionError,
-    RunNotFoundError,
     StepNotFoundError,
 )
-from durable_agents.models import ACTIVE_RUN_STATUSES, Run, RunStatus, Step, StepStatus
+from durable_agents.models import Run, RunStatus, Step
 from durable_agents.signals import run_finished, send_on_commit
-from durable_agents.workflows import PlannedStep, Workflow, registry
+from durable_agents.workflows import registry
 
 IDEMPOTENCY_CONSTRAINT = "durable_run_idempotency_key_uniq"
-
-
-def get_run(run_id: uuid.UUID | str) -> Run:
-    """The run with that id, or RunNotFoundError (also for strings that are not UUIDs)."""
-    try:
-        return Run.objects.get(pk=run_id)
-    except (Run.DoesNotExist, ValidationError, ValueError):
-        raise RunNotFoundError(f"no run has id {run_id!r}; list runs with `manage.py durable_runs`") from None
-
-
-def _lease_is_free(now: Any) -> Q:
-    return Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now)
 
 
 def start_run(
@@ -65,7 +49,6 @@ def start_run(
         if existing is not None:
             return _same_run_or_error(existing, definition.name, input_hash)
     plan = definition.build_plan(run_input)
-    now = clock.now()
     run = Run(
         workflow=definition.name,
         workflow_version=definition.version,
@@ -73,8 +56,6 @@ def start_run(
         input_hash=input_hash,
         idempotency_key=idempotency_key,
         step_count=len(plan),
-        created_at=now,
-        updated_at=now,
     )
     try:
         with transaction.atomic():
@@ -92,21 +73,6 @@ def start_run(
     return run
 
 
-def plan_row(run_id: Any, definition: Workflow, element: PlannedStep, position: int) -> Step:
-    """A Step row for one plan element, carrying its definition's freshness budget and dependencies."""
-    step_def = definition.definition(element.name)
-    return Step(
-        run_id=run_id,
-        step_id=element.step_id,
-        name=element.name,
-        kind=step_def.kind,
-        position=position,
-        args=dict(element.args),
-        fresh_for=step_def.fresh_for,
-        depends_on=list(step_def.depends_on),
-    )
-
-
 def _same_run_or_error(existing: Run, workflow: str, input_hash: str, cause: Exception | None = None) -> Run:
     if existing.workflow != workflow or existing.input_hash != input_hash:
         raise IdempotencyKeyReusedError(
@@ -120,137 +86,128 @@ def cancel_run(run_id: uuid.UUID | str, *, reason: str = "", actor: str = "", co
     """Cancel a run. A run no worker holds stops now; a running step finishes first, then the run stops.
 
     With `compensate`, the run first undoes its applied effects, newest first, then ends `cancelled`.
+    A run already compensating goes on compensating: a saga is never cut short.
     """
     run = get_run(run_id)
-    now = clock.now()
     if run.is_finished:
         raise InvalidTransitionError(f"run {run.id} is already {run.status}; there is nothing to cancel")
+    step_id = current_step_id(run.id, run.cursor)
     with transaction.atomic():
-        if _take_txn(Q(pk=run.id, status__in=ACTIVE_RUN_STATUSES), now, cancel_reason=reason):
-            _stop_txn(run.id, now, compensate=compensate, actor=actor, reason=reason)
-        else:
-            requested = Run.objects.filter(
-                pk=run.id, status__in=ACTIVE_RUN_STATUSES, cancel_requested_at__isnull=True
-            ).update(cancel_requested_at=now, cancel_reason=reason, cancel_compensate=compensate)
-            if not requested and not Run.objects.filter(pk=run.id, status__in=ACTIVE_RUN_STATUSES).exists():
-                run.refresh_from_db()
-                raise InvalidTransitionError(f"run {run.id} is already {run.status}; there is nothing to cancel")
-            record_event(
-                run.id, "cancel_requested", actor=actor, reason=reason, holder=run.lease_owner, compensate=compensate
-            )
+        done = transitions.cancel_txn(run.id, reason=reason, compensate=compensate)
+        if not done:
+            run.refresh_from_db()
+            raise InvalidTransitionError(f"run {run.id} is already {run.status}; there is nothing to cancel")
+        _record_stop(
+            run.id, done, step_id=step_id, actor=actor, reason=reason, compensate=compensate, holder=run.lease_owner
+        )
     run.refresh_from_db()
     return run
 
 
 def settle_cancellation(run_id: uuid.UUID | str) -> bool:
     """Finish a requested cancellation once no worker holds the run; True if it stopped (or compensates) now."""
-    now = clock.now()
     with transaction.atomic():
-        taken = _take_txn(Q(pk=run_id, status__in=ACTIVE_RUN_STATUSES, cancel_requested_at__isnull=False), now)
-        if taken:
-            compensate = Run.objects.filter(pk=run_id, cancel_compensate=True).exists()
-            _stop_txn(run_id, now, compensate=compensate, reason="cancel requested while a step ran")
-    return bool(taken)
+        done = transitions.settle_cancellation_txn(run_id)
+        if done:
+            run = Run.objects.only("id", "cursor").get(pk=run_id)
+            _record_stop(
+                run.id, done, step_id=current_step_id(run.id, run.cursor), reason="cancel requested while a step ran"
+            )
+    return bool(done)
 
 
-def _take_txn(condition: Q, now: Any, **changes: Any) -> bool:
-    """Take a run no worker holds: bump the token (fencing any zombie) and release the lease."""
-    return bool(
-        Run.objects.filter(_lease_is_free(now), condition).update(
-            lease_token=F("lease_token") + 1,
-            lease_owner="",
-            lease_expires_at=None,
-            wake_at=None,
-            updated_at=now,
-            **changes,
-        )
-    )
-
-
-def _stop_txn(run_id: Any, now: Any, *, compensate: bool, reason: str, actor: str = "") -> None:
-    """Cancel a taken run, or turn it into a compensating run that ends cancelled."""
-    cancel_open_waits_txn(run_id)
-    step_id = _current_step_id(Run.objects.only("id", "cursor").get(pk=run_id))
-    already_compensating = Run.objects.filter(pk=run_id).exclude(finish_as="").exists()
-    fields = {"status": RunStatus.PENDING, "cancel_requested_at": None, "cancel_compensate": False}
-    if (
-        compensate
-        and not already_compensating
-        and plan_compensation_txn(run_id, finish_as=RunStatus.CANCELLED, now=now, fields=fields)
-    ):
+def _record_stop(
+    run_id: Any,
+    done: Cancellation,
+    *,
+    step_id: str,
+    reason: str,
+    actor: str = "",
+    compensate: bool = False,
+    holder: str = "",
+) -> None:
+    if done == Cancellation.REQUESTED:
+        record_event(run_id, "cancel_requested", actor=actor, reason=reason, holder=holder, compensate=compensate)
+    elif done == Cancellation.COMPENSATING:
         record_event(run_id, "cancel_compensating", step_id=step_id, actor=actor, reason=reason)
         wake_on_commit(run_id)
-        return
-    Run.objects.filter(pk=run_id).update(
-        status=RunStatus.CANCELLED, finished_at=now, cancel_requested_at=Coalesce("cancel_requested_at", Value(now))
-    )
-    record_event(run_id, "cancelled", step_id=step_id, actor=actor, reason=reason)
-    send_on_commit(run_finished, run_id=run_id, status=RunStatus.CANCELLED, error=None)
+    elif done == Cancellation.SAGA_GOES_ON:
+        finish_as = Run.objects.filter(pk=run_id).values_list("finish_as", flat=True).first()
+        record_event(
+            run_id,
+            "cancel_ignored",
+            step_id=step_id,
+            actor=actor,
+            reason=reason,
+            why=f"the run is compensating: its saga goes on and ends {finish_as}",
+        )
+    else:
+        record_event(run_id, "cancelled", step_id=step_id, actor=actor, reason=reason)
+        send_on_commit(run_finished, run_id=run_id, status=RunStatus.CANCELLED, error=None)
 
 
 def resume_run(run_id: uuid.UUID | str, *, from_step: str | None = None, actor: str = "") -> Run:
-    """Resume a failed or cancelled run at its current step, re-wake a runnable one, or rerun from a step."""
+    """Resume a failed or cancelled run at its current step, re-wake a runnable one, or rerun from a step.
+
+    A run that compensated (its effects undone) does not resume into that undone world: it is refused with
+    a pointer to `fork`. A saga that stopped half-way (say, on an effect that needs attention) resumes its
+    compensation from where it stopped.
+    """
     run = get_run(run_id)
     if from_step is not None:
         return _rerun_from_step(run, from_step, actor=actor)
-    now = clock.now()
     if run.status in (RunStatus.PENDING, RunStatus.RUNNING):
-        record_event(run.id, "woken", actor=actor, reason="resume of a runnable run")
         with transaction.atomic():
+            transitions.wake_up_txn(run.id)
+            record_event(
+                run.id, "woken", actor=actor, reason="resume of a runnable run", backoff_cleared=bool(run.wake_at)
+            )
             wake_on_commit(run.id)
+        run.refresh_from_db()
         return run
     if run.status not in (RunStatus.FAILED, RunStatus.CANCELLED):
         hint = "pass --from-step to run again from a step" if run.status == RunStatus.COMPLETED else "decide its wait"
         raise InvalidTransitionError(f"run {run.id} is {run.status}; only failed or cancelled runs resume ({hint})")
+    if run.finish_as and run.cursor >= run.step_count:
+        raise _compensated(run, "resume")
     with transaction.atomic():
-        resumed = Run.objects.filter(pk=run.id, status=run.status).update(**_restarted(now))
-        if not resumed:
+        if not transitions.resume_txn(run.id, from_status=run.status, cursor=run.cursor):
             raise InvalidTransitionError(f"run {run.id} changed while resuming; look at it again and retry")
-        Step.objects.filter(run_id=run.id, position=run.cursor, status=StepStatus.FAILED).update(
-            status=StepStatus.PENDING, error=None, attempts=0, next_attempt_at=None
+        record_event(
+            run.id,
+            "resumed",
+            step_id=current_step_id(run.id, run.cursor),
+            actor=actor,
+            previous_status=run.status,
+            compensating=bool(run.finish_as),
         )
-        record_event(run.id, "resumed", step_id=_current_step_id(run), actor=actor, previous_status=run.status)
         wake_on_commit(run.id)
     run.refresh_from_db()
     return run
 
 
-def _restarted(now: Any) -> dict[str, Any]:
-    """A run made runnable again by an operator: errors and cancellation cleared, any holder fenced off."""
-    return {
-        "status": RunStatus.PENDING,
-        "error": None,
-        "finished_at": None,
-        "cancel_requested_at": None,
-        "cancel_reason": "",
-        "attempt": 0,
-        "wake_at": None,
-        "updated_at": now,
-        "lease_token": F("lease_token") + 1,
-        "lease_owner": "",
-        "lease_expires_at": None,
-    }
+def _compensated(run: Run, what: str) -> InvalidTransitionError:
+    first = Step.objects.live().filter(run_id=run.id).order_by("position").values_list("step_id", flat=True).first()
+    return InvalidTransitionError(
+        f"run {run.id} was compensated: its effects were undone, so a {what} would go on from an undone world; "
+        f"start the work again as a new run with `manage.py durable_fork {run.id} --at {first or 'STEP'}`"
+    )
 
 
 def _rerun_from_step(run: Run, step_id: str, *, actor: str) -> Run:
-    now = clock.now()
     target = Step.objects.live().filter(run_id=run.id, step_id=step_id).first()
     if target is None:
         raise StepNotFoundError(f"run {run.id} has no step {step_id!r}; see its steps with `durable_show {run.id}`")
     if run.status == RunStatus.WAITING:
         raise InvalidTransitionError(f"run {run.id} is waiting; decide or cancel its wait first")
+    if run.finish_as:
+        raise _compensated(run, "rerun")
     with transaction.atomic():
-        taken = (
-            Run.objects.filter(_lease_is_free(now), pk=run.id)
-            .exclude(status=RunStatus.WAITING)
-            .update(cursor=target.position, output=None, **_restarted(now))
-        )
-        if not taken:
+        superseded = transitions.rerun_txn(run.id, target.position)
+        if superseded is None:
             raise InvalidTransitionError(
                 f"run {run.id} is being advanced or waiting; cancel it, decide its wait, or retry when its step ends"
             )
-        cancel_open_waits_txn(run.id)
-        superseded = supersede_from_txn(run.id, target.position, now)
         record_event(
             run.id,
             "rerun_from_step",
@@ -264,46 +221,9 @@ def _rerun_from_step(run: Run, step_id: str, *, actor: str) -> Run:
     return run
 
 
-def supersede_from_txn(run_id: Any, position: int, now: Any) -> list[str]:
-    """Mark the live steps from `position` on superseded (kept as history) and plan fresh copies of them.
-
-    Effects keep their keys (run scope, step id, call), so a re-executed step reuses what it applied.
-    """
-    later = list(Step.objects.live().filter(run_id=run_id, position__gte=position).order_by("position"))
-    Step.objects.filter(pk__in=[s.pk for s in later]).update(status=StepStatus.SUPERSEDED, updated_at=now)
-    Step.objects.bulk_create(fresh_copy(s, run_id) for s in later)
-    return [s.step_id for s in later]
-
-
-def fresh_copy(step: Step, run_id: Any, **checkpoint: Any) -> Step:
-    """An unsaved copy of a plan element for `run_id`: pending, or carrying `checkpoint` fields over."""
-    return Step(
-        run_id=run_id,
-        step_id=step.step_id,
-        name=step.name,
-        kind=step.kind,
-        position=step.position,
-        args=step.args,
-        depends_on=step.depends_on,
-        fresh_for=step.fresh_for,
-        **checkpoint,
-    )
-
-
-def _current_step_id(run: Run) -> str:
-    return (
-        Step.objects.live().filter(run_id=run.id, position=run.cursor).values_list("step_id", flat=True).first() or ""
-    )
-
-
-def swap_participant(run_id: uuid.UUID | str, participant: str, *, actor: str = "") -> Run:
-    """Make `participant` answer this run's model turns from now on; recorded as an operator action.
-
-    The next agent turn is asked of the new participant; earlier turns stay as journaled.
-    """
-    from durable_agents.agents.participants import participants
-
-    participants.get(participant)  # unknown names are a clear error, before anything changes
+def set_participant(run_id: uuid.UUID | str, participant: str, *, actor: str = "") -> Run:
+    """Make `participant` (a registered name, checked by the caller) answer this run's model turns from the
+    next turn on; recorded as an operator action. Earlier turns stay as journaled."""
     run = get_run(run_id)
     if run.is_finished:
         raise InvalidTransitionError(f"run {run.id} is {run.status}; swapping its participant changes nothing")

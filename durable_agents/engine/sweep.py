@@ -9,11 +9,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import Q
 
 from durable_agents import clock
 from durable_agents.conf import settings
+from durable_agents.engine.records import locked
 from durable_agents.engine.runs import settle_cancellation
 from durable_agents.engine.waits import sweep_waits
 from durable_agents.engine.wake import wake_on_commit
@@ -33,13 +34,6 @@ class SweepReport:
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
-
-
-def locked(queryset):  # type: ignore[no-untyped-def]
-    """SELECT ... FOR UPDATE SKIP LOCKED where the database has it (SQLite serialises writers anyway)."""
-    if connection.features.has_select_for_update_skip_locked:
-        return queryset.select_for_update(skip_locked=True)
-    return queryset
 
 
 def sweep() -> SweepReport:

@@ -1,112 +1,71 @@
 """Durable waits: a step parks its run on an approval, a signal or a timer; a decision or the sweep wakes it.
 
 Parking commits the Wait and releases the lease in one fenced transaction; the run is then `waiting`
-and holds no worker, transaction or socket — nothing polls it. A decision (admin, command, signed link),
-a signal, or the sweep (timers, deadlines) moves the run back to `pending` and wakes a worker; the step
-then re-executes and reads its closed wait. Notifications go through the outbox (Effect rows).
+and holds no worker, transaction or socket — nothing polls it. A decision (admin, command, signed link)
+closes an approval, `send_signal` a signal wait, the sweep a timer or a deadline; the run moves back to
+`pending` and a worker is woken; the step then re-executes and reads its closed wait. Only approvals
+are decided by people: a signal comes only through `send_signal`, a timer only from the clock.
+Notifications go through the outbox (Effect rows).
 """
 
 from __future__ import annotations
 
 import logging
-import secrets
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import IntegrityError, transaction
+from django.db import transaction
 from django.db.models import DateTimeField, ExpressionWrapper, F, Q, Value
 
 from durable_agents import clock
+from durable_agents.clock import DbNow
 from durable_agents.conf import settings
+from durable_agents.engine import transitions
+from durable_agents.engine.approvals import latest_wait
+from durable_agents.engine.control import WaitSpec
 from durable_agents.engine.events import record_event
+from durable_agents.engine.lease import Claim
+from durable_agents.engine.notices import notification_for
 from durable_agents.engine.payloads import check_input
-from durable_agents.engine.saga import plan_compensation_txn
+from durable_agents.engine.records import get_run, get_wait, locked
 from durable_agents.engine.wake import wake_on_commit
-from durable_agents.errors import InvalidTransitionError, UnknownWorkflowError, WaitClosedError, WaitNotFoundError
+from durable_agents.errors import InvalidTransitionError, UnknownWorkflowError, WaitClosedError
 from durable_agents.models import (
     DeadlinePolicy,
     Effect,
     EffectKind,
     EffectStatus,
     Run,
-    RunStatus,
     Step,
-    StepStatus,
     Wait,
     WaitKind,
     WaitStatus,
 )
+from durable_agents.notify import Notification, get_notifier
 from durable_agents.signals import run_finished, send_on_commit, wait_closed, wait_opened
+from durable_agents.states import EffectOp, RunStatus, WaitOp
+from durable_agents.workflows import registry
 
 logger = logging.getLogger("durable_agents.waits")
 
+take_buffered_signal = transitions.bind_buffered_signal
 
-@dataclass(frozen=True)
-class WaitSpec:
-    """What a parking step waits for, and how the wait behaves while open."""
-
-    kind: str
-    name: str = ""
-    effect_key: str = ""
-    question: str = ""
-    brief: str = ""
-    deadline: datetime | None = None
-    on_deadline: str = DeadlinePolicy.REJECT
-    escalate_to: str = ""
-    warn_before: timedelta | None = None
-    remind_every: timedelta | None = None
-    notify_to: tuple[str, ...] = field(default_factory=tuple)
+__all__ = ["decide_wait", "latest_wait", "park_txn", "send_signal", "sweep_waits", "take_buffered_signal"]
 
 
-class Park(BaseException):  # noqa: N818 - control flow, like GeneratorExit, not an error
-    """Raised by step code to park the run on a wait.
-
-    A BaseException on purpose: step and tool code that catches `Exception` must not swallow it.
-    """
-
-    def __init__(self, spec: WaitSpec) -> None:
-        super().__init__(spec.kind, spec.name)
-        self.spec = spec
-
-
-def park_txn(run_id: uuid.UUID, step: Step, spec: WaitSpec, now: datetime) -> Wait:
-    """Open the wait for a run whose lease this transaction just released; notify approvers after commit."""
-    existing = Wait.objects.open().filter(run_id=run_id).first()
-    if existing is not None:
-        return existing
-    if spec.kind == WaitKind.SIGNAL:
-        arrived = take_buffered_signal(step, spec.name)
-        if arrived is not None:
-            # It came while the step was parking: go on at once instead of waiting for it again.
-            _wake_txn(run_id, now)
-            return arrived
-    try:
-        with transaction.atomic():
-            wait = Wait.objects.create(
-                run_id=run_id,
-                step=step,
-                kind=spec.kind,
-                name=spec.name,
-                effect_key=spec.effect_key,
-                question=spec.question,
-                brief=spec.brief,
-                deadline=spec.deadline,
-                on_deadline=spec.on_deadline,
-                escalate_to=spec.escalate_to,
-                warn_before=spec.warn_before,
-                remind_every=spec.remind_every,
-                next_reminder_at=now + spec.remind_every if spec.remind_every else None,
-                notify_to=list(spec.notify_to) or list(settings.APPROVERS),
-                link_nonce=secrets.token_hex(8),
-            )
-    except IntegrityError:
-        return Wait.objects.open().get(run_id=run_id)
-    Step.objects.filter(pk=step.pk).update(status=StepStatus.WAITING, updated_at=now)
-    send_on_commit(wait_opened, run_id=run_id, wait_id=wait.pk, kind=spec.kind, name=spec.name)
+def park_txn(claim: Claim, step: Step, spec: WaitSpec) -> Wait:
+    """Release the run into `waiting` and open its wait (fenced by `claim`); notify approvers after commit."""
+    wait, opened = transitions.park_txn(claim, step, spec, notify_to=spec.notify_to or settings.APPROVERS)
+    if not opened:
+        if wait.status != WaitStatus.OPEN:
+            # A signal came while the step was parking: go on at once instead of waiting for it again.
+            wake_on_commit(claim.run_id)
+        return wait
+    send_on_commit(wait_opened, run_id=claim.run_id, wait_id=wait.pk, kind=spec.kind, name=spec.name)
     record_event(
-        run_id,
+        claim.run_id,
         "waiting",
         step_id=step.step_id,
         wait=wait.pk,
@@ -119,79 +78,25 @@ def park_txn(run_id: uuid.UUID, step: Step, spec: WaitSpec, now: datetime) -> Wa
     return wait
 
 
-def require_approval(ctx: Any, tool: Any, args: Any, key: str, *, always: bool = False) -> None:
-    """Gate an effectful tool call marked `needs_approval`: park for a human first, proceed once approved.
-
-    A rejection raises ApprovalRejectedError: an agent sees it as an is_error tool result (its reject
-    path); a plain step fails with it.
-    """
-    from durable_agents.brief import short, template_brief
-    from durable_agents.errors import ApprovalRejectedError
-
-    checked = tool.validate(args)
-    if not always and not tool.is_approval_required(checked):
-        return
-    if Effect.objects.filter(idempotency_key=key, status=EffectStatus.APPLIED).exists():
-        return
-    wait = latest_wait(ctx.step, kind=WaitKind.APPROVAL, effect_key=key)
-    if wait is None or wait.status == WaitStatus.CANCELLED:
-        question = f"Allow {tool.name}({short(checked, 200)})?"
-        raise Park(
-            WaitSpec(
-                kind=WaitKind.APPROVAL,
-                name=tool.name,
-                effect_key=key,
-                question=question,
-                brief=template_brief(
-                    ctx.run,
-                    question=question,
-                    context=f"Requested by step {ctx.step_id}: {tool.description}",
-                    on_approve=f"{tool.name} runs once with these arguments",
-                    on_reject=f"{tool.name} does not run",
-                ),
-                deadline=clock.now() + timedelta(seconds=settings.APPROVAL_DEADLINE_SECONDS)
-                if settings.APPROVAL_DEADLINE_SECONDS
-                else None,
-            )
-        )
-    if wait.status != WaitStatus.APPROVED:
-        comment = (wait.decision or {}).get("comment", "")
-        raise ApprovalRejectedError(f"{tool.name} was rejected by {wait.decided_by or 'the deadline'}: {comment}")
-
-
-def latest_wait(step: Step, *, kind: str, name: str = "", effect_key: str = "") -> Wait | None:
-    """The newest wait this step (or this tool call) opened."""
-    waits = Wait.objects.filter(run_id=step.run_id, kind=kind)
-    waits = waits.filter(effect_key=effect_key) if effect_key else waits.filter(step_id=step.pk, name=name)
-    return waits.order_by("-id").first()
-
-
-def get_wait(wait_id: int | str) -> Wait:
-    try:
-        return Wait.objects.select_related("run").get(pk=int(wait_id))
-    except (Wait.DoesNotExist, ValueError, TypeError):
-        raise WaitNotFoundError(
-            f"no wait has id {wait_id!r}; list open waits with `durable_runs --status waiting`"
-        ) from None
-
-
 def decide_wait(
-    wait_id: int | str, *, approved: bool, by: str, comment: str = "", via: str = "", payload: Any = None
+    wait_id: int | str, *, approved: bool, by: str, comment: str = "", via: str = "", run_id: Any = None
 ) -> Wait:
-    """Close an open wait with a decision and wake its run. Of two racing deciders exactly one wins."""
+    """Approve or reject exactly the approval wait `wait_id` and wake its run. Of two racing deciders one
+    wins; the other gets WaitClosedError saying who decided and when. `run_id` checks the wait is that run's.
+    """
     wait = get_wait(wait_id)
-    now = clock.now()
+    if run_id is not None and str(wait.run_id) != str(run_id):
+        raise InvalidTransitionError(f"wait {wait.pk} belongs to run {wait.run_id}, not to run {run_id}")
+    if wait.kind != WaitKind.APPROVAL:
+        raise InvalidTransitionError(
+            f"wait {wait.pk} is a {wait.kind} wait: only approvals are decided by people"
+            + (f"; deliver the signal with `durable_signal {wait.run_id} {wait.name}`" if wait.kind == "signal" else "")
+        )
     status = WaitStatus.APPROVED if approved else WaitStatus.REJECTED
-    decision = {"comment": comment, "via": via, **({"payload": payload} if payload is not None else {})}
+    decision = {"comment": comment, "via": via}
     with transaction.atomic():
-        if not Wait.objects.filter(pk=wait.pk, status=WaitStatus.OPEN).update(
-            status=status, decided_by=by, decided_at=now, decision=decision
-        ):
-            wait.refresh_from_db()
-            who = f" by {wait.decided_by}" if wait.decided_by else ""
-            when = f" at {wait.decided_at:%Y-%m-%d %H:%M:%S} UTC" if wait.decided_at else ""
-            raise WaitClosedError(f"wait {wait.pk} is already {wait.status}{who}{when}; nothing changed")
-        send_on_commit(wait_closed, run_id=wait.run_id, wait_id=wait.pk, status=status, decided_by=by)
+        if not _close_txn(wait, WaitOp.DECIDE, status, by=by, decision=decision):
+            raise _closed(wait)
         record_event(
             wait.run_id,
             "wait_decided",
@@ -202,63 +107,48 @@ def decide_wait(
             comment=comment,
             via=via,
         )
-        _wake_txn(wait.run_id, now)
     wait.refresh_from_db()
     return wait
 
 
+def _close_txn(wait: Wait, op: WaitOp, status: str, *, by: str, decision: dict[str, Any] | None = None) -> bool:
+    """Close an open wait and wake its run, in the caller's transaction; False if the wait was not open."""
+    if not transitions.move_wait(op, wait.pk, to=status, decided_by=by, decided_at=DbNow(), decision=decision):
+        return False
+    send_on_commit(wait_closed, run_id=wait.run_id, wait_id=wait.pk, status=status, decided_by=by)
+    if transitions.wake_txn(wait.run_id):
+        wake_on_commit(wait.run_id)
+    return True
+
+
+def _closed(wait: Wait) -> WaitClosedError:
+    wait.refresh_from_db()
+    who = f" by {wait.decided_by}" if wait.decided_by else ""
+    when = f" at {wait.decided_at:%Y-%m-%d %H:%M:%S} UTC" if wait.decided_at else ""
+    return WaitClosedError(f"wait {wait.pk} is already {wait.status}{who}{when}; nothing changed")
+
+
 def send_signal(run_id: uuid.UUID | str, name: str, payload: Any = None, *, by: str = "") -> Wait:
     """Deliver signal `name` to a run: it wakes a run waiting for it, or is kept until the run asks."""
-    from durable_agents.engine.runs import get_run
-
     check_input(payload)  # a signal's payload is input to the run: JSON and within the size limit
     run = get_run(run_id)
     if run.is_finished:
         raise InvalidTransitionError(f"run {run.id} is {run.status}; it takes no more signals")
+    by = by or "signal"
     with transaction.atomic():
         # The run's row lock orders this against a step parking on the same signal (its fenced UPDATE):
         # either we see its open wait, or it sees our buffered signal. Nothing arrives in between.
         Run.objects.select_for_update().filter(pk=run.id).first()
         waiting = Wait.objects.open().filter(run_id=run.id, kind=WaitKind.SIGNAL, name=name).first()
         if waiting is not None:
-            return decide_wait(waiting.pk, approved=True, by=by or "signal", via="signal", payload=payload)
-        return _buffer_signal_txn(run, name, payload, by)
-
-
-def _buffer_signal_txn(run: Run, name: str, payload: Any, by: str) -> Wait:
-    buffered = Wait.objects.create(
-        run_id=run.id,
-        kind=WaitKind.SIGNAL,
-        name=name,
-        status=WaitStatus.APPROVED,
-        decided_by=by or "signal",
-        decided_at=clock.now(),
-        decision={"payload": payload, "via": "signal"},
-    )
-    record_event(run.id, "signal_received", actor=by, name=name, wait=buffered.pk)
-    return buffered
-
-
-def take_buffered_signal(step: Step, name: str) -> Wait | None:
-    """A signal that arrived before the step asked for it, now bound to the step (once)."""
-    for wait in Wait.objects.filter(
-        run_id=step.run_id, kind=WaitKind.SIGNAL, name=name, step__isnull=True, status=WaitStatus.APPROVED
-    ).order_by("id"):
-        if Wait.objects.filter(pk=wait.pk, step__isnull=True).update(step=step):
-            wait.step = step
-            return wait
-    return None
-
-
-def cancel_open_waits_txn(run_id: Any) -> None:
-    Wait.objects.filter(run_id=run_id, status=WaitStatus.OPEN).update(status=WaitStatus.CANCELLED)
-
-
-def _wake_txn(run_id: Any, now: datetime) -> None:
-    if Run.objects.filter(pk=run_id, status=RunStatus.WAITING).update(
-        status=RunStatus.PENDING, updated_at=now, attempt=0
-    ):
-        wake_on_commit(run_id)
+            decision = {"payload": payload, "via": "signal"}
+            if _close_txn(waiting, WaitOp.SIGNAL, WaitStatus.APPROVED, by=by, decision=decision):
+                record_event(run.id, "signal_received", step_id=_step_id(waiting), actor=by, name=name, wait=waiting.pk)
+                waiting.refresh_from_db()
+                return waiting
+        buffered = transitions.buffer_signal_txn(run.id, name, payload, by)
+        record_event(run.id, "signal_received", actor=by, name=name, wait=buffered.pk)
+        return buffered
 
 
 def _step_id(wait: Wait) -> str:
@@ -289,8 +179,6 @@ def _due_ids(condition: Q, limit: int) -> list[int]:
 
 
 def _locked_open(wait_id: int) -> Wait | None:
-    from durable_agents.engine.sweep import locked
-
     return locked(Wait.objects.open().filter(pk=wait_id)).first()
 
 
@@ -300,9 +188,8 @@ def _apply_deadline(wait_id: int, now: datetime) -> str:
         if wait is None or wait.deadline is None or wait.deadline > now:
             return "skipped"
         if wait.kind == WaitKind.TIMER:
-            Wait.objects.filter(pk=wait.pk).update(status=WaitStatus.APPROVED, decided_by="timer", decided_at=now)
+            _close_txn(wait, WaitOp.FIRE, WaitStatus.APPROVED, by="timer")
             record_event(wait.run_id, "timer_fired", step_id=_step_id(wait), wait=wait.pk)
-            _wake_txn(wait.run_id, now)
             return "fired"
         policy = wait.on_deadline
         if policy == DeadlinePolicy.ESCALATE and wait.escalated_at is None:
@@ -320,46 +207,32 @@ def _apply_deadline(wait_id: int, now: datetime) -> str:
             notify_txn(wait, "escalation")
             return "escalated"
         if policy == DeadlinePolicy.FAIL:
-            _expire_and_fail_txn(wait, now)
+            _expire_and_fail_txn(wait)
         else:
-            Wait.objects.filter(pk=wait.pk).update(
-                status=WaitStatus.REJECTED,
-                decided_by="deadline",
-                decided_at=now,
-                decision={"comment": "the deadline passed", "via": "deadline"},
-            )
+            decision = {"comment": "the deadline passed", "via": "deadline"}
+            _close_txn(wait, WaitOp.EXPIRE, WaitStatus.REJECTED, by="deadline", decision=decision)
             record_event(wait.run_id, "wait_expired", step_id=_step_id(wait), wait=wait.pk, policy=policy)
-            _wake_txn(wait.run_id, now)
         notify_txn(wait, "expired")
         return "expired"
 
 
-def _expire_and_fail_txn(wait: Wait, now: datetime) -> None:
-    error = {
-        "type": "WaitExpiredError",
-        "message": f"{wait.kind} wait {wait.pk} passed its deadline",
-        "step": _step_id(wait),
-    }
-    Wait.objects.filter(pk=wait.pk).update(status=WaitStatus.EXPIRED, decided_by="deadline", decided_at=now)
-    record_event(wait.run_id, "wait_expired", step_id=error["step"], wait=wait.pk, policy=DeadlinePolicy.FAIL)
-    run = Run.objects.filter(pk=wait.run_id, status=RunStatus.WAITING).only("workflow", "workflow_version").first()
+def _expire_and_fail_txn(wait: Wait) -> None:
+    """The "fail" deadline policy: the wait expires and its step and run fail, as a failing step would
+    (a workflow that compensates on failure undoes its effects first)."""
+    step_id = _step_id(wait)
+    error = {"type": "WaitExpiredError", "message": f"{wait.kind} wait {wait.pk} passed its deadline", "step": step_id}
+    transitions.move_wait(WaitOp.EXPIRE, wait.pk, to=WaitStatus.EXPIRED, decided_by="deadline", decided_at=DbNow())
+    record_event(wait.run_id, "wait_expired", step_id=step_id, wait=wait.pk, policy=DeadlinePolicy.FAIL)
+    run = Run.objects.filter(pk=wait.run_id).only("workflow", "workflow_version").first()
     if run is None:
         return
-    Step.objects.filter(pk=wait.step_id).update(status=StepStatus.FAILED, error=error, finished_at=now)
-    fields = {"error": error}
-    # The same failure path as a failing step: a workflow that compensates undoes its effects first.
-    if _compensates_on_failure(run) and plan_compensation_txn(
-        run.id, finish_as=RunStatus.FAILED, now=now, fields={**fields, "status": RunStatus.PENDING}
-    ):
+    if transitions.fail_txn(run.id, wait.step_id, error, claim=None, compensate=_compensates_on_failure(run)):
         wake_on_commit(run.id)
-        return
-    Run.objects.filter(pk=run.id).update(status=RunStatus.FAILED, finished_at=now, updated_at=now, **fields)
-    send_on_commit(run_finished, run_id=run.id, status=RunStatus.FAILED, error=error)
+    elif Run.objects.filter(pk=run.id, status=RunStatus.FAILED).exists():
+        send_on_commit(run_finished, run_id=run.id, status=RunStatus.FAILED, error=error)
 
 
 def _compensates_on_failure(run: Run) -> bool:
-    from durable_agents.workflows import registry
-
     try:
         return registry.get(run.workflow, run.workflow_version).on_failure == "compensate"
     except UnknownWorkflowError:
@@ -400,8 +273,6 @@ def notify_txn(wait: Wait, kind: str, number: int = 1) -> None:
 
     A worker that dies right after the commit leaves the row pending, and the sweep delivers it.
     """
-    from durable_agents.brief import notification_for
-
     key = f"wait:{wait.pk}:{kind}:{number}"
     message = notification_for(wait, kind, number)
     effect, _ = Effect.objects.get_or_create(
@@ -418,8 +289,6 @@ def notify_txn(wait: Wait, kind: str, number: int = 1) -> None:
 
 
 def _deliver(effect: Effect) -> None:
-    from durable_agents.notify import Notification, get_notifier
-
     if effect.status != EffectStatus.PENDING:
         return
     args = dict(effect.args)
@@ -430,8 +299,8 @@ def _deliver(effect: Effect) -> None:
         logger.warning("notification %s failed: %s", effect.idempotency_key, exc)
         Effect.objects.filter(pk=effect.pk).update(error={"type": type(exc).__name__, "message": str(exc)[:500]})
         return
-    Effect.objects.filter(pk=effect.pk, status=EffectStatus.PENDING).update(
-        status=EffectStatus.APPLIED, applied_at=clock.now(), attempts=effect.attempts + 1
+    transitions.move_effect(
+        EffectOp.APPLY, effect.pk, to=EffectStatus.APPLIED, applied_at=DbNow(), attempts=effect.attempts + 1
     )
 
 
@@ -443,6 +312,3 @@ def redeliver_notifications(now: datetime) -> None:
     ).order_by("id")[: int(settings.SWEEP_BATCH)]
     for effect in stale:
         _deliver(effect)
-
-
-__all__ = ["Park", "WaitSpec", "decide_wait", "park_txn", "send_signal", "sweep_waits"]

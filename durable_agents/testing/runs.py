@@ -8,6 +8,8 @@ from typing import Any
 
 from durable_agents import clock
 from durable_agents.engine.advance import Outcome, advance
+from durable_agents.engine.lease import Claim
+from durable_agents.engine.transitions import claim_run
 from durable_agents.models import Run
 
 
@@ -30,3 +32,10 @@ def drive(run_id: uuid.UUID | str, *, max_advances: int = 10_000) -> Run:
         if outcomes[-1] is Outcome.SKIPPED and len(outcomes) > 1 and outcomes[-2] is Outcome.SKIPPED:
             raise AssertionError(f"run {run_id} is not claimable (lease held elsewhere?): {run.lease_owner}")
     raise AssertionError(f"run {run_id} did not finish within {max_advances} advances")
+
+
+def take_lease(run_id: uuid.UUID | str) -> Claim | None:
+    """Claim a run as a worker would at the start of a step, without executing it (a worker mid-step);
+    None if it is not claimable. For tests of races with a lease holder."""
+    claimed = claim_run(uuid.UUID(str(run_id)))
+    return claimed[0] if claimed else None

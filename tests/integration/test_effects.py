@@ -93,7 +93,7 @@ def test_effects__external_outcome_that_cannot_be_known_goes_to_an_operator():
     run = drive(api.start("notify", {"order_id": "A-6", "url": "http://127.0.0.1:9/unreachable"}).id)
     assert run.status == RunStatus.FAILED and run.error["type"] == "EffectOutcomeUnknownError"
     effect = Effect.objects.get()
-    assert effect.attempts == 2 and "mark the effect applied or failed" in effect.needs_attention
+    assert effect.attempts == 2 and f"durable_effect {effect.idempotency_key} --applied" in effect.needs_attention
 
 
 def test_saga__cancel_with_compensation_undoes_effects_newest_first_once(start_worker):

@@ -1,7 +1,7 @@
-"""Briefs for humans: why a decision matters, what happened so far, what each answer does, what changed.
+"""What humans are told: decision briefs built from a run's own records, and the notifications about waits.
 
-The deterministic template here is the fallback and the default; an approval step may ask its
-participant to write the brief instead (journaled as a Turn with purpose "brief").
+The template brief is deterministic (the default, and the fallback when a participant writes the brief);
+approval steps built above the engine may ask their participant for a richer one.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.utils.timesince import timesince
 
 from durable_agents import clock
+from durable_agents.links import decision_url
 from durable_agents.models import Effect, EffectStatus, Event, Run, Step, StepStatus, Wait
 from durable_agents.notify import Notification
 
@@ -45,44 +46,6 @@ def template_brief(run: Run, *, question: str, on_approve: str, on_reject: str, 
     return "\n".join(lines)
 
 
-BRIEF_SYSTEM = (
-    "You write decision briefs for busy people who return to a request days later. From the record below, "
-    "write at most 150 words: why this decision matters, what happened so far, exactly what happens on "
-    "approve and on reject. Plain text, no preamble."
-)
-
-
-def participant_brief(ctx: Any, record: str) -> str:
-    """The brief written by the run's participant (journaled as a Turn, purpose "brief"); the template
-    `record` itself if the participant fails or says nothing. A re-executed step reuses the journaled one.
-    """
-    from durable_agents.agents.participants import ModelRequest, participants
-    from durable_agents.conf import settings
-    from durable_agents.engine.events import record_event
-    from durable_agents.judge import journal_call
-    from durable_agents.models import Turn
-
-    turn = Turn.objects.filter(step_id=ctx.step.pk, purpose="brief").order_by("-index").first()
-    if turn is None:
-        try:
-            answerer = participants.get(ctx.run.participant or settings.DEFAULT_PARTICIPANT)
-            request = ModelRequest(
-                model=settings.DEFAULT_MODEL,
-                max_tokens=400,
-                system=BRIEF_SYSTEM,
-                tools=[],
-                messages=[{"role": "user", "content": record}],
-                metadata={"user_id": f"{ctx.run_id}:{ctx.step_id}"},
-            )
-            ctx.ensure_lease()
-            turn = journal_call(ctx, "brief", request, answerer.respond(request), answerer.name)
-        except Exception as exc:  # noqa: BLE001 - a brief is a courtesy: never fail the run for it
-            record_event(ctx.run_id, "brief_fallback", step_id=ctx.step_id, error=str(exc)[:500])
-            return record
-    text = "".join(block.get("text", "") for block in turn.content if block.get("type") == "text").strip()
-    return f"{text}\n\n---\n{record}" if text else record
-
-
 def changes_since(wait: Wait) -> str:
     """What happened to the run since the wait opened (for reminders)."""
     events = list(
@@ -106,8 +69,7 @@ SUBJECTS = {
 
 
 def notification_for(wait: Wait, kind: str, number: int = 1) -> Notification:
-    from durable_agents.links import decision_url
-
+    """The message of one notification about `wait`: the brief, what changed since, and the decision link."""
     name = wait.name or f"{wait.kind} {wait.pk}"
     body = wait.brief or wait.question
     if kind in ("reminder", "warning", "escalation"):

@@ -1,0 +1,143 @@
+"""The journal of model calls: every answer is committed, fenced by the lease token, before it is acted on.
+
+A turn of the agent loop, a compaction, a judge's verdict, a planner's plan and a participant-written brief
+are each one Turn row, written in one short transaction with the usage added to the step and the run. A
+zombie's answer (its lease lost, or the turn journaled by another worker) is not journaled, but it was
+billed: its usage is still counted, and an event says so.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.db.models import F, Max
+
+from durable_agents.agents.compaction import Compacted
+from durable_agents.agents.messages import COMPACTION, TURN, ModelRequest, ModelResponse, Usage
+from durable_agents.agents.pricing import cost_usd
+from durable_agents.clock import DbNow
+from durable_agents.engine.events import record_event
+from durable_agents.errors import LeaseLostError
+from durable_agents.models import Run, Step, Turn
+
+
+def usage_counters(usage: Usage) -> dict[str, Any]:
+    """F-expression updates that add one call's usage to a Run's or Step's counters."""
+    return {
+        "input_tokens": F("input_tokens") + usage.input_tokens,
+        "output_tokens": F("output_tokens") + usage.output_tokens,
+        "cache_write_tokens": F("cache_write_tokens") + usage.cache_write_tokens,
+        "cache_read_tokens": F("cache_read_tokens") + usage.cache_read_tokens,
+    }
+
+
+def create_turn(
+    ctx: Any, index: int, purpose: str, request: ModelRequest, response: ModelResponse, participant: str, cost: Any
+) -> Turn:
+    """The Turn row of one answered model call (call inside the journaling transaction)."""
+    usage = response.usage
+    return Turn.objects.create(
+        run_id=ctx.run_id,
+        step_id=ctx.step.pk,
+        index=index,
+        purpose=purpose,
+        request_digest=request.digest(),
+        content=[dict(b) for b in response.content],
+        stop_reason=response.stop_reason,
+        model=response.model,
+        participant=participant,
+        request_id=response.request_id,
+        cost_usd=cost,
+        input_tokens=usage.input_tokens,
+        output_tokens=usage.output_tokens,
+        cache_write_tokens=usage.cache_write_tokens,
+        cache_read_tokens=usage.cache_read_tokens,
+    )
+
+
+def journal_turn(
+    ctx: Any,
+    index: int,
+    request: ModelRequest,
+    response: ModelResponse,
+    participant: str,
+    *,
+    compacted: Compacted | None = None,
+) -> Turn:
+    """Commit the response before acting on it: turn, usage on step and run, fenced by the lease token.
+
+    A compaction call commits the step's new context (and an event) in the same transaction, so a crash
+    leaves either the old summary and its turns, or the new summary.
+    """
+    usage = response.usage
+    cost = cost_usd(response.model, usage)
+    counters = usage_counters(usage)
+    step_changes: dict[str, Any] = {"context": compacted.as_json()} if compacted else {}
+    try:
+        with transaction.atomic():
+            # Progress resets the attempt count, so a long agent is not failed for retries spread over hours.
+            fenced = Run.objects.filter(pk=ctx.run_id, lease_token=ctx.lease_token).update(
+                attempt=1, updated_at=DbNow(), cost_usd=F("cost_usd") + cost, **counters
+            )
+            if not fenced:
+                raise LeaseLostError()
+            Step.objects.filter(pk=ctx.step.pk).update(cost_usd=F("cost_usd") + cost, **counters, **step_changes)
+            turn = create_turn(ctx, index, COMPACTION if compacted else TURN, request, response, participant, cost)
+            if compacted:
+                record_event(
+                    ctx.run_id,
+                    "compacted",
+                    step_id=ctx.step_id,
+                    turn=index,
+                    covers_until=compacted.covers_until,
+                    prompt_tokens_before=compacted.prompt_tokens_before,
+                    summary_tokens=usage.output_tokens,
+                )
+            return turn
+    except LeaseLostError:
+        count_unjournaled(ctx, index, usage, cost, "lease lost")
+        raise
+    except IntegrityError as exc:
+        count_unjournaled(ctx, index, usage, cost, "journaled by another worker")
+        raise LeaseLostError(f"turn {index} of step {ctx.step_id} was journaled by another worker") from exc
+
+
+def count_unjournaled(ctx: Any, index: int, usage: Usage, cost: Decimal, why: str) -> None:
+    """A zombie's answer is not journaled, but it was billed: the run's spend (and budget) must still see it."""
+    counters = usage_counters(usage)
+    with transaction.atomic():
+        Run.objects.filter(pk=ctx.run_id).update(cost_usd=F("cost_usd") + cost, **counters)
+        Step.objects.filter(pk=ctx.step.pk).update(cost_usd=F("cost_usd") + cost, **counters)
+        record_event(
+            ctx.run_id,
+            "unjournaled_usage",
+            step_id=ctx.step_id,
+            turn=index,
+            reason=why,
+            tokens=usage.total_tokens,
+            cost_usd=str(cost),
+        )
+
+
+def journal_call(ctx: Any, purpose: str, request: ModelRequest, response: ModelResponse, participant: str) -> Turn:
+    """Journal a one-off model call of a step (judge, planner) with its usage, fenced by the lease token."""
+    cost = cost_usd(response.model, response.usage)
+    counters = usage_counters(response.usage)
+    last = Turn.objects.filter(step_id=ctx.step.pk).aggregate(last=Max("index"))["last"]
+    index = 0 if last is None else last + 1
+    try:
+        with transaction.atomic():
+            if not Run.objects.filter(pk=ctx.run_id, lease_token=ctx.lease_token).update(
+                cost_usd=F("cost_usd") + cost, updated_at=DbNow(), **counters
+            ):
+                raise LeaseLostError()
+            Step.objects.filter(pk=ctx.step.pk).update(cost_usd=F("cost_usd") + cost, **counters)
+            return create_turn(ctx, index, purpose, request, response, participant, cost)
+    except LeaseLostError:
+        count_unjournaled(ctx, index, response.usage, cost, "lease lost")
+        raise
+    except IntegrityError as exc:
+        count_unjournaled(ctx, index, response.usage, cost, "journaled by another worker")
+        raise LeaseLostError(f"{purpose} call of step {ctx.step_id} was journaled by another worker") from exc

@@ -1,0 +1,522 @@
+"""The only writer of statuses: every run, step, wait and effect changes status here, and only here.
+
+Each function performs operations of the tables in `durable_agents.states` as compare-and-set UPDATEs
+(`WHERE status IN <sources>`), fenced — by the lease token of the worker that holds the run, or by the
+lease being free (no worker holds it) — and timed on the database's clock (`clock.DbNow`). 0 rows is
+an answer, never ignored: LeaseLostError for a fenced write (the writer is a zombie), False otherwise.
+Functions ending in `_txn` run inside the caller's transaction (they check), so an operation's other
+writes (events, checkpoints, waits) commit with it or not at all.
+
+On Postgres the step loop's claim and checkpoint are single statements (`hotpath.py`), built from the
+same rules; other databases take the ORM path here. A test fails if any other module writes a status.
+"""
+
+from __future__ import annotations
+
+import secrets
+import uuid
+from collections.abc import Iterable
+from datetime import timedelta
+from enum import StrEnum
+from typing import Any
+
+from django.db import connection, transaction
+from django.db.models import F, Q, QuerySet
+
+from durable_agents import clock
+from durable_agents.clock import DbNow
+from durable_agents.engine import hotpath
+from durable_agents.engine.control import WaitSpec
+from durable_agents.engine.events import record_event
+from durable_agents.engine.lease import Claim, lease_seconds, worker_id
+from durable_agents.engine.payloads import StoredResult
+from durable_agents.errors import LeaseLostError, UnknownToolError
+from durable_agents.models import Effect, EffectKind, Run, Step, StepKind, Wait
+from durable_agents.states import (
+    EFFECT_RULES,
+    RUN_RULES,
+    SAGA_ENDINGS,
+    STEP_RULES,
+    WAIT_RULES,
+    EffectOp,
+    EffectStatus,
+    RunOp,
+    RunStatus,
+    StepOp,
+    StepStatus,
+    WaitOp,
+    WaitStatus,
+)
+from durable_agents.tools import tools
+
+COMPENSATE_STEP = "compensate"
+
+
+def _in_transaction() -> None:
+    assert connection.in_atomic_block, "a *_txn transition must run inside transaction.atomic()"
+
+
+def _target(rules: Any, op: Any, to: str | None) -> dict[str, Any]:
+    rule = rules[op]
+    if not rule.allows(to):
+        raise AssertionError(f"operation {op!r} may not leave status {to!r} (allowed: {sorted(rule.targets)})")
+    return {"status": to} if to is not None else {}
+
+
+def lease_free() -> Q:
+    """No worker holds the run: its lease is released or expired, on the database's clock."""
+    return Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=DbNow())
+
+
+RELEASED = {"lease_owner": "", "lease_expires_at": None}
+
+
+# --- Runs -------------------------------------------------------------------------------------------------
+
+
+def move_run(op: RunOp, run_id: Any, *, to: str | None = None, where: Q | None = None, **changes: Any) -> bool:
+    """One compare-and-set UPDATE of a run for `op`; True if it moved. `where` adds the fence."""
+    status = _target(RUN_RULES, op, to)
+    runs = Run.objects.filter(where or Q(), pk=run_id, status__in=RUN_RULES[op].sources)
+    return runs.update(**status, updated_at=DbNow(), **changes) == 1
+
+
+def hold_txn(claim: Claim, op: RunOp = RunOp.CHECKPOINT, *, to: str | None = None, **changes: Any) -> None:
+    """Inside a transaction: apply `op` to the run only while `claim` still holds it, else LeaseLostError.
+
+    The first write of every fenced transaction: a zombie's raises before writing anything else.
+    """
+    _in_transaction()
+    if not move_run(op, claim.run_id, to=to, where=Q(lease_token=claim.token), **changes):
+        raise LeaseLostError(f"run {claim.run_id} is no longer held by token {claim.token}")
+
+
+def take_txn(op: RunOp, run_id: Any, *, to: str | None = None, where: Q | None = None, **changes: Any) -> bool:
+    """Take a run no worker holds for an operator's `op`: bump the token (fencing any zombie), release the
+    lease, clear a pending wake-up. False if a worker holds it or its status does not allow `op`."""
+    _in_transaction()
+    fence = lease_free() & (where or Q())
+    bump = {"lease_token": F("lease_token") + 1, "wake_at": None, **RELEASED}
+    return move_run(op, run_id, to=to, where=fence, **bump, **changes)
+
+
+def claim_run(run_id: uuid.UUID) -> tuple[Claim, Step | None] | None:
+    """Take the run's lease (new fencing token) iff it is runnable, due, not being cancelled, and its lease is
+    free; with the step under its cursor. One statement on Postgres; None: a duplicate, or not claimable."""
+    lease = timedelta(seconds=lease_seconds())
+    if hotpath.is_available():
+        return hotpath.claim_and_load(run_id, worker_id(), lease)
+    claim = hotpath.claim(run_id, worker_id(), lease)
+    if claim is None:
+        return None
+    step = (
+        Step.objects.select_related("run").live().filter(run_id=run_id, position=claim.cursor).order_by().first()
+        if claim.cursor < claim.step_count
+        else None
+    )
+    return claim, step
+
+
+def checkpoint(claim: Claim, step: Step, stored: StoredResult, *, final: bool) -> bool:
+    """Commit a step: its checkpoint, the cursor, the lease released (and the run finished if `final`), in one
+    transaction fenced by the token. False: this worker is a zombie and nothing was written."""
+    ending = _ending(claim) if final else None
+    if hotpath.is_available():
+        return hotpath.commit_checkpoint(claim, step, stored, ending=ending)
+    op = RunOp.CHECKPOINT if ending is None else (RunOp.COMPLETE if ending == RunStatus.COMPLETED else RunOp.FINISH)
+    changes: dict[str, Any] = {"cursor": claim.cursor + 1, "attempt": 0, **RELEASED}
+    if ending is not None:
+        # A run that compensated ends cancelled or failed: it has no output.
+        changes.update(output=None if claim.finish_as else stored.public_value, finished_at=DbNow())
+    try:
+        with transaction.atomic():
+            hold_txn(claim, op, to=ending, **changes)
+            commit_step_txn(
+                step.pk,
+                result=stored.inline,
+                result_ref=stored.ref,
+                result_hash=stored.sha256,
+                error=None,
+                attempts=claim.attempt,
+                started_at=claim.claimed_at,
+                # An observation is as old as the moment the step started looking.
+                observed_at=claim.claimed_at if step.fresh_for else None,
+            )
+    except LeaseLostError:
+        return False
+    return True
+
+
+def _ending(claim: Claim) -> str:
+    return claim.finish_as or RunStatus.COMPLETED
+
+
+def finish_empty(claim: Claim) -> bool:
+    """A plan with nothing left: the run completes (or ends as its saga said), fenced by the token."""
+    ending = _ending(claim)
+    op = RunOp.COMPLETE if ending == RunStatus.COMPLETED else RunOp.FINISH
+    with transaction.atomic():
+        return move_run(
+            op, claim.run_id, to=ending, where=Q(lease_token=claim.token), attempt=0, finished_at=DbNow(), **RELEASED
+        )
+
+
+def park_txn(claim: Claim, step: Step, spec: WaitSpec, *, notify_to: Iterable[str]) -> tuple[Wait, bool]:
+    """Release the run into `waiting` and open its wait; (wait, opened). A signal that arrived while the
+    step was parking wakes the run at once instead (opened False)."""
+    hold_txn(claim, RunOp.PARK, to=RunStatus.WAITING, attempt=0, **RELEASED)
+    existing = Wait.objects.filter(run_id=claim.run_id, status=WaitStatus.OPEN).first()
+    if existing is not None:
+        return existing, False
+    if spec.kind == "signal":
+        arrived = bind_buffered_signal(step, spec.name)
+        if arrived is not None:
+            wake_txn(claim.run_id)
+            return arrived, False
+    wait = Wait.objects.create(
+        run_id=claim.run_id,
+        step=step,
+        kind=spec.kind,
+        name=spec.name,
+        effect_key=spec.effect_key,
+        args_hash=spec.args_hash,
+        question=spec.question,
+        brief=spec.brief,
+        deadline=spec.deadline,
+        on_deadline=spec.on_deadline,
+        escalate_to=spec.escalate_to,
+        warn_before=spec.warn_before,
+        remind_every=spec.remind_every,
+        next_reminder_at=clock.now() + spec.remind_every if spec.remind_every else None,
+        notify_to=list(notify_to),
+        link_nonce=secrets.token_hex(8),
+    )
+    move_steps_txn(StepOp.PARK, Step.objects.filter(pk=step.pk), to=StepStatus.WAITING)
+    return wait, True
+
+
+def wake_txn(run_id: Any) -> bool:
+    """A waiting run's wait closed: it becomes runnable (the caller wakes a worker on commit)."""
+    _in_transaction()
+    return move_run(RunOp.WAKE, run_id, to=RunStatus.PENDING, attempt=0)
+
+
+def fail_txn(run_id: Any, step_pk: int | None, error: dict[str, Any], *, claim: Claim | None, compensate: bool) -> bool:
+    """Fail a step and its run — fenced by `claim`, or (no claim) a waiting run whose deadline failed it.
+
+    With `compensate` (and effects to undo) the run compensates first and ends failed; returns True then.
+    LeaseLostError if the claim no longer holds the run; False if a waiting run is no longer waiting.
+    """
+    _in_transaction()
+    fence = Q(lease_token=claim.token) if claim else Q(status=RunStatus.WAITING)
+    if step_pk is not None:
+        move_steps_txn(
+            StepOp.FAIL, Step.objects.filter(pk=step_pk), to=StepStatus.FAILED, error=error, finished_at=DbNow()
+        )
+    fields = {"error": error, "lease_token": F("lease_token") + 1, "attempt": 0, **RELEASED}
+    if compensate and compensate_txn(run_id, finish_as=RunStatus.FAILED, where=fence, **fields):
+        return True
+    if not move_run(RunOp.FAIL, run_id, to=RunStatus.FAILED, where=fence, finished_at=DbNow(), **fields):
+        if claim is not None:
+            raise LeaseLostError(f"run {run_id} is no longer held by token {claim.token}")
+        return False
+    return False
+
+
+def compensate_txn(run_id: Any, *, finish_as: str, where: Q, **fields: Any) -> int:
+    """Start a saga: skip the run's remaining steps and append one compensation step per effect to undo,
+    newest first — applied effects, and external effects whose outcome is unknown (invoked, no outcome
+    recorded: the compensation step learns it first). Returns how many were planned (0: nothing changed).
+    """
+    _in_transaction()
+    assert finish_as in SAGA_ENDINGS, f"a saga ends {SAGA_ENDINGS}, not {finish_as!r}"
+    run = Run.objects.select_for_update().filter(where, pk=run_id).only("id", "cursor", "step_count").first()
+    if run is None:
+        return 0
+    keys = compensable_effect_keys(run_id)
+    if not keys:
+        return 0
+    move_steps_txn(
+        StepOp.SKIP,
+        Step.objects.live().filter(run_id=run_id, position__gte=run.cursor, status=StepStatus.PENDING),
+        to=StepStatus.SKIPPED,
+    )
+    Step.objects.bulk_create(
+        Step(
+            run_id=run_id,
+            step_id=f"compensate-{i}",
+            name=COMPENSATE_STEP,
+            kind=StepKind.COMPENSATE,
+            position=run.step_count + i - 1,
+            args={"effect": key},
+        )
+        for i, key in enumerate(keys, start=1)
+    )
+    moved = move_run(
+        RunOp.COMPENSATE,
+        run_id,
+        to=RunStatus.PENDING,
+        where=where,
+        cursor=run.step_count,
+        step_count=F("step_count") + len(keys),
+        finish_as=finish_as,
+        **{"attempt": 0, **fields},
+    )
+    assert moved, "the run row is locked by this transaction"
+    record_event(run_id, "compensation_planned", finish_as=finish_as, effects=keys)
+    return len(keys)
+
+
+def compensable_effect_keys(run_id: Any) -> list[str]:
+    """Effects a saga must undo, newest first: applied ones, and external ones invoked with no outcome."""
+    effects = (
+        Effect.objects.filter(run_id=run_id, kind=EffectKind.EFFECT)
+        .filter(Q(status=EffectStatus.APPLIED) | Q(status=EffectStatus.PENDING, attempts__gt=0))
+        .order_by(F("applied_at").desc(nulls_first=True), "-id")
+    )
+    return [e.idempotency_key for e in effects if compensator_name(e.tool)]
+
+
+def compensator_name(tool_name: str) -> str | None:
+    """The tool that undoes `tool_name`'s effect; None if it has none (or is no longer registered)."""
+    try:
+        return tools.get(tool_name).compensate
+    except UnknownToolError:
+        return None
+
+
+# --- Operators: cancel, resume, rerun, take --------------------------------------------------------------
+
+
+class Cancellation(StrEnum):
+    """What a cancel did."""
+
+    NONE = ""  # nothing: the run is finished
+    CANCELLED = "cancelled"  # stopped now
+    COMPENSATING = "compensating"  # a saga started now
+    SAGA_GOES_ON = "saga_goes_on"  # the run was compensating already: nothing changed
+    REQUESTED = "requested"  # a worker holds the run: it stops after its step
+
+
+def cancel_txn(run_id: Any, *, reason: str, compensate: bool) -> Cancellation:
+    """Cancel a run: stop it now if no worker holds it, or ask its holder to stop after the step.
+
+    A run that is compensating is never cut short: its saga goes on and ends as it said (a second cancel,
+    a double submit, a bulk cancel or a colleague's changes nothing). With `compensate`, a saga starts now.
+    """
+    _in_transaction()
+    row = Run.objects.select_for_update().filter(pk=run_id).values("status", "finish_as").first()
+    if row is None or row["status"] not in RUN_RULES[RunOp.CANCEL].sources:
+        return Cancellation.NONE
+    if row["finish_as"]:
+        return Cancellation.SAGA_GOES_ON
+    stop = {"cancel_reason": reason, "cancel_requested_at": None, "cancel_compensate": False}
+    if compensate and _start_saga_txn(run_id, RunStatus.CANCELLED, stop):
+        return Cancellation.COMPENSATING
+    if take_txn(RunOp.CANCEL, run_id, to=RunStatus.CANCELLED, where=Q(finish_as=""), finished_at=DbNow(), **stop):
+        cancel_open_waits_txn(run_id)
+        return Cancellation.CANCELLED
+    # A worker holds it: the step finishes and commits, then the cancellation is settled.
+    move_run(
+        RunOp.REQUEST_CANCEL,
+        run_id,
+        where=Q(finish_as=""),
+        cancel_requested_at=DbNow(),
+        cancel_reason=reason,
+        cancel_compensate=compensate,
+    )
+    return Cancellation.REQUESTED
+
+
+def settle_cancellation_txn(run_id: Any) -> Cancellation:
+    """Finish a requested cancellation once no worker holds the run."""
+    _in_transaction()
+    row = (
+        Run.objects.select_for_update()
+        .filter(lease_free(), pk=run_id, status__in=RUN_RULES[RunOp.CANCEL].sources)
+        .exclude(cancel_requested_at=None)
+        .values("cancel_compensate", "cancel_reason")
+        .first()
+    )
+    if row is None:
+        return Cancellation.NONE
+    stop = {"cancel_requested_at": None, "cancel_compensate": False}
+    if row["cancel_compensate"] and _start_saga_txn(run_id, RunStatus.CANCELLED, stop):
+        return Cancellation.COMPENSATING
+    if not take_txn(RunOp.CANCEL, run_id, to=RunStatus.CANCELLED, finished_at=DbNow(), **stop):
+        return Cancellation.NONE
+    cancel_open_waits_txn(run_id)
+    return Cancellation.CANCELLED
+
+
+def _start_saga_txn(run_id: Any, finish_as: str, fields: dict[str, Any]) -> int:
+    """Take a run no worker holds and turn it into a compensating run; 0 if there is nothing to undo."""
+    fence = lease_free() & Q(finish_as="")
+    planned = compensate_txn(
+        run_id, finish_as=finish_as, where=fence, lease_token=F("lease_token") + 1, wake_at=None, **RELEASED, **fields
+    )
+    if planned:
+        cancel_open_waits_txn(run_id)
+    return planned
+
+
+RESTARTED = {
+    "error": None,
+    "finished_at": None,
+    "cancel_requested_at": None,
+    "cancel_reason": "",
+    "attempt": 0,
+}
+
+
+def resume_txn(run_id: Any, *, from_status: str, cursor: int) -> bool:
+    """A failed or cancelled run continues at its cursor: the failed step there runs again from attempt 1,
+    and rejected or expired decisions of that step stop governing it (the step may ask again)."""
+    if not take_txn(RunOp.RESUME, run_id, to=RunStatus.PENDING, where=Q(status=from_status), **RESTARTED):
+        return False
+    step = Step.objects.live().filter(run_id=run_id, position=cursor).first()
+    if step is not None:
+        move_steps_txn(
+            StepOp.RESET,
+            Step.objects.filter(pk=step.pk),
+            to=StepStatus.PENDING,
+            error=None,
+            attempts=0,
+            next_attempt_at=None,
+        )
+        retire_decisions_txn(step.pk)
+    return True
+
+
+def rerun_txn(run_id: Any, position: int) -> list[str] | None:
+    """Run again from the live step at `position`: later checkpoints superseded (kept), fresh copies planned.
+    None if a worker holds the run or it waits (decide or cancel its wait first)."""
+    if not take_txn(RunOp.RERUN, run_id, to=RunStatus.PENDING, cursor=position, output=None, **RESTARTED):
+        return None
+    cancel_open_waits_txn(run_id)
+    return supersede_from_txn(run_id, position)
+
+
+def wake_up_txn(run_id: Any) -> bool:
+    """An operator wakes a runnable run now: any retry backoff (wake_at) is cleared."""
+    _in_transaction()
+    return move_run(RunOp.WAKE_UP, run_id, wake_at=None)
+
+
+# --- Steps ------------------------------------------------------------------------------------------------
+
+
+def move_steps_txn(op: StepOp, steps: QuerySet[Step], *, to: str | None = None, **changes: Any) -> int:
+    """Move the steps of `steps` allowed by `op`; how many moved."""
+    _in_transaction()
+    status = _target(STEP_RULES, op, to)
+    return steps.filter(status__in=STEP_RULES[op].sources).update(**status, updated_at=DbNow(), **changes)
+
+
+def commit_step_txn(step_pk: int, **changes: Any) -> None:
+    """A step's checkpoint (inside the transaction that fenced the run)."""
+    move_steps_txn(StepOp.COMMIT, Step.objects.filter(pk=step_pk), to=StepStatus.DONE, finished_at=DbNow(), **changes)
+
+
+def supersede_from_txn(run_id: Any, position: int) -> list[str]:
+    """Mark the live steps from `position` on superseded (kept as history) and plan fresh copies of them.
+
+    Effects keep their keys (run scope, step id, call), so a re-executed step reuses what it applied.
+    """
+    later = list(Step.objects.live().filter(run_id=run_id, position__gte=position).order_by("position"))
+    move_steps_txn(StepOp.SUPERSEDE, Step.objects.filter(pk__in=[s.pk for s in later]), to=StepStatus.SUPERSEDED)
+    Step.objects.bulk_create(fresh_copy(s, run_id) for s in later)
+    return [s.step_id for s in later]
+
+
+def fresh_copy(step: Step, run_id: Any, **checkpoint: Any) -> Step:
+    """An unsaved copy of a plan element for `run_id`: pending, or carrying `checkpoint` fields over (forks)."""
+    return Step(
+        run_id=run_id,
+        step_id=step.step_id,
+        name=step.name,
+        kind=step.kind,
+        position=step.position,
+        args=step.args,
+        depends_on=step.depends_on,
+        fresh_for=step.fresh_for,
+        **checkpoint,
+    )
+
+
+CHECKPOINT_FIELDS = (
+    "status",
+    "result",
+    "result_ref",
+    "result_hash",
+    "observed_at",
+    "started_at",
+    "finished_at",
+    "attempts",
+)
+
+
+def copy_plan_txn(steps: list[Step], fork_id: Any, before: int) -> None:
+    """A fork's plan: the source's checkpoints before position `before` as they are, the rest pending."""
+    _in_transaction()
+    Step.objects.bulk_create(
+        fresh_copy(s, fork_id, **({f: getattr(s, f) for f in CHECKPOINT_FIELDS} if s.position < before else {}))
+        for s in steps
+    )
+
+
+# --- Waits ------------------------------------------------------------------------------------------------
+
+
+def move_wait(op: WaitOp, wait_id: int, *, to: str, **changes: Any) -> bool:
+    """Close an open wait for `op` (decide, signal, fire, expire, migrate); False if it was not open."""
+    status = _target(WAIT_RULES, op, to)
+    moved = Wait.objects.filter(pk=wait_id, status__in=WAIT_RULES[op].sources)
+    return moved.update(**status, updated_at=DbNow(), **changes) == 1
+
+
+def cancel_open_waits_txn(run_id: Any) -> None:
+    _in_transaction()
+    Wait.objects.filter(run_id=run_id, status__in=WAIT_RULES[WaitOp.CANCEL].sources).update(
+        status=WaitStatus.CANCELLED, updated_at=DbNow()
+    )
+
+
+def retire_decisions_txn(step_pk: int) -> None:
+    """Rejected or expired decisions of a step stop governing it (kept as history): it may ask again."""
+    Wait.objects.filter(step_id=step_pk, status__in=(WaitStatus.REJECTED, WaitStatus.EXPIRED)).update(retired=True)
+
+
+def buffer_signal_txn(run_id: Any, name: str, payload: Any, by: str) -> Wait:
+    """A signal that arrived before its run waits for it: kept as an approved, unbound wait."""
+    _in_transaction()
+    return Wait.objects.create(
+        run_id=run_id,
+        kind="signal",
+        name=name,
+        status=WaitStatus.APPROVED,
+        decided_by=by,
+        decided_at=clock.now(),
+        decision={"payload": payload, "via": "signal"},
+    )
+
+
+def bind_buffered_signal(step: Step, name: str) -> Wait | None:
+    """A signal that arrived before the step asked for it, now bound to the step (once)."""
+    for wait in Wait.objects.filter(
+        run_id=step.run_id, kind="signal", name=name, step__isnull=True, status=WaitStatus.APPROVED
+    ).order_by("id"):
+        if Wait.objects.filter(pk=wait.pk, step__isnull=True).update(step=step):
+            wait.step = step
+            return wait
+    return None
+
+
+# --- Effects ----------------------------------------------------------------------------------------------
+
+
+def move_effect(op: EffectOp, effect_pk: int, *, to: str, where: Q | None = None, **changes: Any) -> bool:
+    """One compare-and-set UPDATE of an effect for `op`; True if it moved."""
+    status = _target(EFFECT_RULES, op, to)
+    effects = Effect.objects.filter(where or Q(), pk=effect_pk, status__in=EFFECT_RULES[op].sources)
+    return effects.update(**status, updated_at=DbNow(), **changes) == 1
