@@ -1,12 +1,16 @@
-"""The console's decisions: approve / reject a waiting run, the pending approvals queue, re-plan from a step."""
+"""The console's decisions: approve / reject a waiting run, the pending approvals queue, signed decision
+links, re-plan from a step. Every decision surface decides exactly the wait it showed (DESIGN §2.9)."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
+from django.contrib.messages import get_messages
 from django.urls import reverse
 
 from durable_agents import api
-from durable_agents.models import Event, RunStatus, Step, Wait, WaitStatus
+from durable_agents.models import Event, Run, RunStatus, Step, Wait, WaitStatus
 from durable_agents.testing import drive
 from tests.integration.test_admin import action_url, login, page_url
 from tests.testapp.models import LedgerEntry
@@ -15,10 +19,40 @@ pytestmark = pytest.mark.django_db(transaction=True)
 WAITS = reverse("admin:durable_agents_wait_changelist")
 
 
-def waiting_run():
-    run = drive(api.start("approve_charge", {"order_id": "AD-1"}).id)
+def waiting_run(order_id: str = "AD-1") -> Run:
+    run = drive(api.start("approve_charge", {"order_id": order_id}).id)
     assert run.status == RunStatus.WAITING
     return run
+
+
+def open_wait(run: Run) -> Wait:
+    return Wait.objects.get(run=run, status=WaitStatus.OPEN)
+
+
+def shown_wait_id(page) -> str:
+    """The wait id the decision form carries, read from its HTML as a browser would post it."""
+    found = re.search(r'<input type="hidden" name="wait" value="(\d+)"', page.content.decode())
+    assert found, "the decision form must carry the id of the wait it shows in a hidden field"
+    return found.group(1)
+
+
+def posted_form(page, **fields: str) -> dict[str, str]:
+    """What a browser posts back from a form page: its hidden inputs, plus the fields the operator fills in."""
+    hidden = re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)"', page.content.decode())
+    return {**{name: value for name, value in hidden if name != "csrfmiddlewaretoken"}, **fields}
+
+
+def messages_of(response) -> list[str]:
+    return [str(m) for m in get_messages(response.wsgi_request)]
+
+
+def two_refunds_on_the_small_one() -> tuple[Run, Wait]:
+    """A run asking for a 5.00 refund now and for a 5000.00 refund once that one is decided."""
+    run = drive(api.start("two_refunds", {}).id)
+    assert run.status == RunStatus.WAITING, run.error
+    small = open_wait(run)
+    assert small.question == "Refund 5.00 to order TR-1?"
+    return run, small
 
 
 def test_admin__approve_shows_the_brief_and_wakes_the_run():
@@ -26,7 +60,8 @@ def test_admin__approve_shows_the_brief_and_wakes_the_run():
     run = waiting_run()
     page = operator.get(action_url(run, "approve"))
     assert page.status_code == 200 and b"If you approve: the card is charged 40.00" in page.content
-    done = operator.post(action_url(run, "approve"), {"comment": "verified"})
+    assert shown_wait_id(page) == str(open_wait(run).pk)
+    done = operator.post(action_url(run, "approve"), {"wait": shown_wait_id(page), "comment": "verified"})
     assert done.status_code == 302
     wait = Wait.objects.get(run=run)
     assert (wait.status, wait.decided_by, wait.decision["via"]) == (WaitStatus.APPROVED, "operator", "admin")
@@ -41,7 +76,7 @@ def test_admin__reject_needs_confirmation_and_the_permission():
     operator = login("operator", codenames=("decide_wait",))
     confirm = operator.get(action_url(run, "reject"))
     assert confirm.status_code == 200 and b"Yes, reject" in confirm.content
-    operator.post(action_url(run, "reject"), {"comment": "fraud"})
+    operator.post(action_url(run, "reject"), {"wait": shown_wait_id(confirm), "comment": "fraud"})
     assert Wait.objects.get(run=run).status == WaitStatus.REJECTED
     assert Event.objects.get(run=run, kind="wait_decided").actor == "operator"
 
@@ -71,3 +106,72 @@ def test_admin__replan_from_a_step_reruns_it_without_repeating_effects():
     assert Step.objects.filter(run=run, step_id="charge").count() == 2
     assert Event.objects.get(run=run, kind="rerun_from_step").actor == "operator"
     assert operator.get(page_url(run)).status_code == 200
+
+
+# --- A decision means what the decider saw (issue 13, item 2) ---------------------------------------------
+
+
+def test_admin_decision__an_old_form_never_decides_the_request_opened_after_it():
+    operator = login("manager-1", codenames=("decide_wait",))
+    run, small = two_refunds_on_the_small_one()
+    form = operator.get(action_url(run, "approve"))
+    assert b"Refund 5.00 to order TR-1?" in form.content, "manager-1 is shown the 5.00 refund"
+
+    # While manager-1 reads, manager-2 decides the small refund elsewhere; the run parks on the large one.
+    api.decide(small.pk, True, by="manager-2", comment="fine", via="link")
+    large = open_wait(drive(run.id))
+    assert large.question == "Refund 5000.00 to order TR-1?"
+
+    response = operator.post(action_url(run, "approve"), posted_form(form, comment="ok, 5 euros"))
+
+    large.refresh_from_db()
+    assert large.is_open and large.decided_by == "", "manager-1's 'ok, 5 euros' must not approve the 5000.00 refund"
+    small.refresh_from_db()
+    assert (small.decided_by, small.decision["comment"]) == ("manager-2", "fine"), "the decided wait is untouched"
+    assert Event.objects.filter(run=run, kind="wait_decided").count() == 1, "nothing new is recorded"
+    assert response.status_code == 302, "a stale form sends the operator back to the run page"
+    said = " ".join(messages_of(response))
+    for expected in ("already approved by manager-2 at ", f"wait {large.pk}", "Refund 5000.00 to order TR-1?"):
+        assert expected in said, f"the error must say who decided, when, and what the run waits on now: {said!r}"
+
+
+def test_admin_decision__an_old_form_posted_before_the_run_moves_on_says_who_decided():
+    operator = login("manager-1", codenames=("decide_wait",))
+    run, small = two_refunds_on_the_small_one()
+    form = operator.get(action_url(run, "approve"))
+    api.decide(small.pk, True, by="manager-2", via="link")  # the run is pending, not yet parked on the next one
+
+    response = operator.post(action_url(run, "approve"), posted_form(form, comment="ok, 5 euros"))
+
+    said = " ".join(messages_of(response))
+    assert "already approved by manager-2" in said, f"'does not apply to a pending run' hides who decided: {said!r}"
+    assert Event.objects.filter(run=run, kind="wait_decided").count() == 1, "nothing new is recorded"
+
+
+def test_admin_decision__a_form_naming_another_runs_wait_or_none_decides_nothing():
+    operator = login("operator", codenames=("decide_wait",))
+    run, other = waiting_run("AD-1"), waiting_run("AD-2")
+    for data in ({"wait": str(open_wait(other).pk)}, {}, {"wait": "not-a-number"}):
+        response = operator.post(action_url(run, "approve"), {**data, "comment": "yes"})
+        assert response.status_code == 200 and b"This form names no request of this run" in response.content, (
+            f"a form posted with {data} must be refused with a form error, not decide the open wait"
+        )
+    assert set(Wait.objects.values_list("status", flat=True)) == {WaitStatus.OPEN}
+
+
+def test_admin_decision__the_run_page_race_loses_to_the_other_decider_with_a_message(monkeypatch):
+    """Decided between the form's check and the API's compare-and-set: the API refuses, the operator reads why."""
+    operator = login("operator", codenames=("decide_wait",))
+    run, small = two_refunds_on_the_small_one()
+    form = operator.get(action_url(run, "reject"))
+    real_decide = api.decide
+
+    def decided_by_someone_else_first(wait_id, approved, **kwargs):
+        real_decide(wait_id, True, by="manager-2")
+        return real_decide(wait_id, approved, **kwargs)
+
+    monkeypatch.setattr(api, "decide", decided_by_someone_else_first)
+    response = operator.post(action_url(run, "reject"), {"wait": shown_wait_id(form)}, follow=True)
+    html = response.content.decode()
+    assert "Reject failed: This request, wait" in html and "already approved by manager-2" in html, html[-2000:]
+    assert Wait.objects.get(pk=small.pk).status == WaitStatus.APPROVED
