@@ -4,12 +4,16 @@ links, re-plan from a step. Every decision surface decides exactly the wait it s
 from __future__ import annotations
 
 import re
+from urllib.parse import quote
 
 import pytest
+from django.contrib.auth.models import Permission, User
 from django.contrib.messages import get_messages
+from django.test import Client
 from django.urls import reverse
 
 from durable_agents import api
+from durable_agents.links import decision_path
 from durable_agents.models import Event, Run, RunStatus, Step, Wait, WaitStatus
 from durable_agents.testing import drive
 from tests.integration.test_admin import action_url, login, page_url
@@ -175,3 +179,65 @@ def test_admin_decision__the_run_page_race_loses_to_the_other_decider_with_a_mes
     html = response.content.decode()
     assert "Reject failed: This request, wait" in html and "already approved by manager-2" in html, html[-2000:]
     assert Wait.objects.get(pk=small.pk).status == WaitStatus.APPROVED
+
+
+# --- Signed decision links (issue 13, items 2 and 15) ------------------------------------------------------
+
+
+def signed_in(username: str, *, may_decide: bool) -> Client:
+    user = User.objects.create_user(username, password="pw", is_staff=True)
+    if may_decide:
+        user.user_permissions.add(Permission.objects.get(codename="decide_wait"))
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def test_link__a_user_without_the_permission_sees_nothing_of_the_wait():
+    run = waiting_run()
+    wait = open_wait(run)
+    path = decision_path(wait)
+    refused = signed_in("dave", may_decide=False)
+    for response in (refused.get(path), refused.post(path, {"decision": "approve"})):
+        html = response.content.decode()
+        assert response.status_code == 403 and "you may not decide approvals" in html
+        for secret in ("Charge the customer", "40.00", wait.brief.splitlines()[0], str(run.pk)):
+            assert secret not in html, f"the refusal page leaks {secret!r} of the wait to a user who may not decide"
+    bad_token = refused.get(path.rstrip("/") + "x/")
+    assert bad_token.status_code == 403, "without the permission, even a broken link says only that"
+    assert Wait.objects.get(pk=wait.pk).is_open
+
+
+def test_link__anonymous_signs_in_at_login_url_and_comes_back_to_the_decision():
+    wait = open_wait(waiting_run())
+    path = decision_path(wait)
+    client = Client()
+    anonymous = client.get(path)
+    assert anonymous.status_code == 302 and anonymous["Location"] == f"{reverse('admin:login')}?next={quote(path)}", (
+        f"LOGIN_URL = 'admin:login' must send the approver to the admin's login and back: {anonymous['Location']}"
+    )
+    assert b"Charge the customer" not in anonymous.content
+    user = User.objects.create_user("carol", password="pw", is_staff=True)
+    user.user_permissions.add(Permission.objects.get(codename="decide_wait"))
+    login_page = client.get(anonymous["Location"])
+    assert login_page.status_code == 200
+    signed = client.post(anonymous["Location"], {"username": "carol", "password": "pw", "next": path})
+    assert signed.status_code == 302 and signed["Location"] == path, "after signing in, the approver is back"
+    assert b"Charge the customer 40.00?" in client.get(path).content
+
+
+def test_link__a_spent_link_names_the_request_the_run_waits_on_now_and_decides_nothing():
+    run, small = two_refunds_on_the_small_one()
+    path = decision_path(small)
+    approver = signed_in("carol", may_decide=True)
+    assert b"Refund 5.00 to order TR-1?" in approver.get(path).content
+    api.decide(small.pk, True, by="manager-2", via="admin")
+    large = open_wait(drive(run.id))
+
+    for response in (approver.post(path, {"decision": "approve", "comment": "ok, 5 euros"}), approver.get(path)):
+        html = response.content.decode()
+        assert response.status_code == 409 and "already approved by manager-2" in html
+        assert f"wait {large.pk}" in html and "Refund 5000.00 to order TR-1?" in html, (
+            "the page must name the request the run waits on now, so the approver knows this yes did not reach it"
+        )
+    assert Wait.objects.get(pk=large.pk).is_open and Wait.objects.get(pk=small.pk).decided_by == "manager-2"
