@@ -93,8 +93,11 @@ def test_admin__pending_approvals_queue_sorted_by_deadline_and_decided_in_bulk()
     assert queue.status_code == 200
     listed = [w.run_id for w in queue.context["cl"].result_list]
     assert listed == [late.id, plain.id], "waits with a deadline come first"
+    selected = [str(w.pk) for w in Wait.objects.all()]
+    confirm = operator.post(WAITS, {"action": "approve_selected", "index": 0, "_selected_action": selected})
+    assert confirm.status_code == 200 and b"Approve 2 waits?" in confirm.content
     response = operator.post(
-        WAITS, {"action": "approve_selected", "_selected_action": [str(w.pk) for w in Wait.objects.all()]}
+        WAITS, {"action": "approve_selected", "index": 0, "_selected_action": selected, "confirm": "yes"}
     )
     assert response.status_code == 302
     assert set(Wait.objects.values_list("status", flat=True)) == {WaitStatus.APPROVED}
@@ -179,6 +182,71 @@ def test_admin_decision__the_run_page_race_loses_to_the_other_decider_with_a_mes
     html = response.content.decode()
     assert "Reject failed: This request, wait" in html and "already approved by manager-2" in html, html[-2000:]
     assert Wait.objects.get(pk=small.pk).status == WaitStatus.APPROVED
+
+
+# --- The pending approvals queue decides exactly the waits it listed -----------------------------------------
+
+
+def test_wait_queue__bulk_approve_confirms_the_listed_waits_with_a_comment_and_reports_closed_ones():
+    operator = login("operator", codenames=("decide_wait",))
+    first, second, unselected = waiting_run("AD-1"), waiting_run("AD-2"), waiting_run("AD-3")
+    picked = [open_wait(first), open_wait(second)]
+    selected = [str(w.pk) for w in picked]
+
+    confirm = operator.post(WAITS, {"action": "approve_selected", "index": 0, "_selected_action": selected})
+    html = confirm.content.decode()
+    assert confirm.status_code == 200 and "Approve 2 waits?" in html and 'name="comment"' in html
+    for wait in picked:
+        assert f'name="_selected_action" value="{wait.pk}"' in html and str(wait.run_id)[:8] in html
+    assert str(unselected.pk)[:8] not in html, "only the selected waits are listed"
+    assert "Charge the customer 40.00?" in html, "each listed wait shows its question"
+    assert set(Wait.objects.values_list("status", flat=True)) == {WaitStatus.OPEN}, "the confirmation decides nothing"
+
+    api.decide(picked[1].pk, False, by="manager-2", comment="fraud")  # decided elsewhere while the page is read
+    response = operator.post(
+        WAITS,
+        {"action": "approve_selected", "index": 0, "_selected_action": selected, "confirm": "yes", "comment": "batch"},
+    )
+
+    assert response.status_code == 302
+    decided = Wait.objects.get(pk=picked[0].pk)
+    assert (decided.status, decided.decided_by, decided.decision["comment"]) == ("approved", "operator", "batch")
+    closed = Wait.objects.get(pk=picked[1].pk)
+    assert (closed.status, closed.decided_by) == ("rejected", "manager-2"), "a wait closed meanwhile stays as decided"
+    assert open_wait(unselected), "an unselected wait stays open"
+    said = " ".join(messages_of(response))
+    assert "Approved 1 wait" in said and f"wait {picked[1].pk}" in said and "already rejected by manager-2" in said, (
+        f"a closed wait is reported, not silently dropped by the 'pending' filter: {said!r}"
+    )
+
+
+def test_wait_queue__select_all_decides_only_the_waits_the_confirmation_listed():
+    operator = login("operator", codenames=("decide_wait",))
+    listed = waiting_run("AD-1")
+    confirm = operator.post(
+        WAITS,
+        {"action": "reject_selected", "index": 0, "select_across": "1", "_selected_action": [open_wait(listed).pk]},
+    )
+    html = confirm.content.decode()
+    assert "Reject 1 wait?" in html and 'name="select_across" value="0"' in html, "confirming never re-selects all"
+
+    late = waiting_run("AD-2")  # opened after the confirmation page was shown
+    ids = re.findall(r'name="_selected_action" value="(\d+)"', html)
+    operator.post(WAITS, {"action": "reject_selected", "index": 0, "_selected_action": ids, "confirm": "yes"})
+
+    assert Wait.objects.get(run=listed).status == WaitStatus.REJECTED
+    assert open_wait(late), "a wait opened after the confirmation page must not be decided by it"
+
+
+def test_wait_queue__ticked_waits_closed_before_the_confirmation_are_reported():
+    operator = login("operator", codenames=("decide_wait",))
+    run = waiting_run()
+    wait = open_wait(run)
+    api.decide(wait.pk, True, by="manager-2")
+    response = operator.post(WAITS, {"action": "approve_selected", "index": 0, "_selected_action": [wait.pk]})
+    assert response.status_code == 302
+    said = " ".join(messages_of(response))
+    assert "already approved by manager-2" in said and "None of the selected waits is open" in said, said
 
 
 # --- Signed decision links (issue 13, items 2 and 15) ------------------------------------------------------
