@@ -1,4 +1,10 @@
-"""The decision page behind a signed link: a logged-in approver confirms approve or reject."""
+"""The decision page behind a signed link: a logged-in approver confirms approve or reject of that one wait.
+
+Who may see what: anyone not signed in goes to `LOGIN_URL` (and back); a signed-in user without the
+permission `durable_agents.decide_wait` sees a refusal and nothing of the wait — a forwarded link must not
+leak the question, the brief or the amounts. The link decides exactly its own wait; if that wait closed,
+the page says who closed it and which request the run waits on now, and decides nothing.
+"""
 
 from __future__ import annotations
 
@@ -8,29 +14,43 @@ from django.shortcuts import render
 from django.views.decorators.http import require_http_methods
 
 from durable_agents import api
-from durable_agents.engine.records import get_wait
-from durable_agents.errors import DurableAgentsError
+from durable_agents.decisions import describe_closed
+from durable_agents.errors import DurableAgentsError, WaitClosedError
 from durable_agents.links import read_token
+from durable_agents.models import Wait
+
+TEMPLATE = "durable_agents/wait_decision.html"
+PERMISSION = "durable_agents.decide_wait"
 
 
 @login_required
 @require_http_methods(["GET", "POST"])
 def decide_wait(request: HttpRequest, wait_id: int, token: str) -> HttpResponse:
     """GET shows the brief and the choice; POST records the decision (CSRF-protected, permission-checked)."""
+    # The permission before the token or the wait is read: a refused user learns nothing of the wait,
+    # not even whether the link is still good.
+    if not request.user.has_perm(PERMISSION):
+        message = (
+            f"You are signed in, but you may not decide approvals (permission {PERMISSION}). "
+            "Ask an administrator for it, or sign in as someone who may."
+        )
+        return render(request, TEMPLATE, {"error": message}, status=403)
     try:
         read_token(wait_id, token)
-        wait = get_wait(wait_id)
     except DurableAgentsError as exc:
-        return render(request, "durable_agents/wait_decision.html", {"error": str(exc)}, status=400)
-    if not request.user.has_perm("durable_agents.decide_wait"):
-        message = "You are signed in, but you may not decide approvals (permission durable_agents.decide_wait)."
-        return render(request, "durable_agents/wait_decision.html", {"error": message, "wait": wait}, status=403)
-    context = {"wait": wait}
+        return render(request, TEMPLATE, {"error": str(exc)}, status=400)
+    wait = Wait.objects.select_related("run").filter(pk=wait_id).first()
+    if wait is None:
+        return render(request, TEMPLATE, {"error": "this request no longer exists"}, status=400)
+    context: dict[str, object] = {"wait": wait}
+    if not wait.is_open:
+        context["error"] = describe_closed(wait)
+        return render(request, TEMPLATE, context, status=409)
     if request.method == "POST":
         choice = request.POST.get("decision")
         if choice not in ("approve", "reject"):
             context["error"] = "Choose approve or reject."
-            return render(request, "durable_agents/wait_decision.html", context, status=400)
+            return render(request, TEMPLATE, context, status=400)
         try:
             wait = api.decide(
                 wait.pk,
@@ -39,13 +59,12 @@ def decide_wait(request: HttpRequest, wait_id: int, token: str) -> HttpResponse:
                 comment=request.POST.get("comment", "")[:2000],
                 via="link",
             )
+        except WaitClosedError:
+            # Decided elsewhere between this page's check and the decision: the API's compare-and-set won.
+            context["error"] = describe_closed(wait)
+            return render(request, TEMPLATE, context, status=409)
         except DurableAgentsError as exc:
             context["error"] = str(exc)
-            return render(request, "durable_agents/wait_decision.html", context, status=409)
+            return render(request, TEMPLATE, context, status=409)
         context.update(wait=wait, decided=True)
-    elif not wait.is_open:
-        context["error"] = f"This request is already {wait.status}" + (
-            f" by {wait.decided_by}." if wait.decided_by else "."
-        )
-        return render(request, "durable_agents/wait_decision.html", context, status=409)
-    return render(request, "durable_agents/wait_decision.html", context)
+    return render(request, TEMPLATE, context)

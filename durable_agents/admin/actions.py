@@ -24,7 +24,8 @@ from django.urls import reverse
 
 from durable_agents import api
 from durable_agents.agents.participants import participants
-from durable_agents.errors import DurableAgentsError, WaitNotFoundError
+from durable_agents.decisions import describe_closed, wait_label
+from durable_agents.errors import DurableAgentsError, WaitClosedError
 from durable_agents.models import ACTIVE_RUN_STATUSES, Run, RunStatus, Step, Wait
 
 # Bulk actions act on at most this many runs at once; select fewer (filter first) for more.
@@ -37,6 +38,10 @@ class RunActionForm(forms.Form):
     def __init__(self, *args: Any, run: Run | None = None, **kwargs: Any) -> None:
         self.run = run
         super().__init__(*args, **kwargs)
+
+    def stale_reason(self) -> str | None:
+        """Why what this form showed no longer holds (then nothing is done), or None."""
+        return None
 
 
 class CancelForm(RunActionForm):
@@ -76,6 +81,14 @@ class SwapForm(RunActionForm):
 
 
 class DecisionForm(RunActionForm):
+    """Approve or reject the one wait this form showed; its id travels with the form.
+
+    The form is bound to a wait, never to "whatever is open when it is posted": a run can close the wait
+    shown and open another (a larger refund, say) while the operator reads, and a decision must not land
+    on a request its decider never saw.
+    """
+
+    wait = forms.IntegerField(required=False, widget=forms.HiddenInput)
     comment = forms.CharField(
         required=False,
         max_length=2000,
@@ -85,17 +98,36 @@ class DecisionForm(RunActionForm):
 
     def __init__(self, *args: Any, run: Run, **kwargs: Any) -> None:
         super().__init__(*args, run=run, **kwargs)
-        wait = Wait.objects.open().filter(run=run).first()
-        self.wait = wait
-        if wait is not None:
+        if self.is_bound:
+            # Only a wait of this run: a form edited to name another run's wait decides nothing.
+            posted = str(self.data.get("wait", ""))
+            self.shown_wait = Wait.objects.filter(run=run, pk=int(posted)).first() if posted.isdigit() else None
+        else:
+            self.shown_wait = Wait.objects.open().filter(run=run).first()
+            self.fields["wait"].initial = self.shown_wait.pk if self.shown_wait else None
+        if self.shown_wait is not None:
             self.fields["brief"] = forms.CharField(
                 required=False,
                 disabled=True,
-                initial=wait.brief or wait.question,
-                label=wait.question[:80],
+                initial=self.shown_wait.brief or self.shown_wait.question,
+                label=self.shown_wait.question[:80] or wait_label(self.shown_wait),
                 widget=forms.Textarea(attrs={"rows": 14, "cols": 90}),
             )
-            self.order_fields(["brief", "comment"])
+            self.order_fields(["wait", "brief", "comment"])
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        if self.shown_wait is None:
+            raise forms.ValidationError(
+                "This form names no request of this run; open the run page again and choose the action there."
+            )
+        data["wait"] = self.shown_wait
+        return data
+
+    def stale_reason(self) -> str | None:
+        if self.shown_wait is not None and not self.shown_wait.is_open:
+            return describe_closed(self.shown_wait)
+        return None
 
 
 class ReplanForm(RunActionForm):
@@ -108,10 +140,12 @@ class ReplanForm(RunActionForm):
 
 
 def _decide(run: Run, approved: bool, data: dict[str, Any], actor: str) -> Run:
-    wait = Wait.objects.open().filter(run=run).first()
-    if wait is None:
-        raise WaitNotFoundError(f"run {run.pk} has no open wait; it may have been decided a moment ago")
-    api.decide(wait.pk, approved, by=actor, comment=data.get("comment", ""), via="admin")
+    wait: Wait = data["wait"]  # the wait the form showed, checked to belong to `run`
+    try:
+        api.decide(wait.pk, approved, by=actor, comment=data.get("comment", ""), via="admin")
+    except WaitClosedError as exc:
+        # Closed between the form's check and the decision (the API's compare-and-set is the referee).
+        raise WaitClosedError(describe_closed(wait)) from exc
     return run
 
 
@@ -212,7 +246,8 @@ ACTIONS: dict[str, RunAction] = {
             "Approve",
             "decide_wait",
             (RunStatus.WAITING,),
-            "The run's open wait is approved with your name and comment; the run wakes and takes the approve path.",
+            "The request shown below is approved with your name and comment; the run wakes and takes the "
+            "approve path. If the run has moved on to another request meanwhile, nothing is decided.",
             lambda run, data, actor: _decide(run, True, data, actor),
             DecisionForm,
         ),
@@ -221,7 +256,8 @@ ACTIONS: dict[str, RunAction] = {
             "Reject",
             "decide_wait",
             (RunStatus.WAITING,),
-            "The run's open wait is rejected with your name and comment; the run wakes and takes the reject path.",
+            "The request shown below is rejected with your name and comment; the run wakes and takes the "
+            "reject path. If the run has moved on to another request meanwhile, nothing is decided.",
             lambda run, data, actor: _decide(run, False, data, actor),
             DecisionForm,
             destructive=True,
@@ -257,10 +293,15 @@ def run_action_view(model_admin: admin.ModelAdmin, request: HttpRequest, object_
     if not model_admin.has_view_permission(request, run) or not action.is_allowed(request.user):
         raise PermissionDenied(f"{action.label} needs the permission {action.permission}")
     run_url = reverse("admin:durable_agents_run_change", args=[run.pk])
+    form = action.form_class(request.POST if request.method == "POST" else None, run=run)
+    # Before the status check: "the request you saw was decided by X" says more than "the run is pending".
+    stale = form.stale_reason()
+    if stale:
+        messages.error(request, f"{action.label}: {stale}")
+        return HttpResponseRedirect(run_url)
     if not action.applies(run):
         messages.error(request, f"{action.label} does not apply to a {run.status} run.")
         return HttpResponseRedirect(run_url)
-    form = action.form_class(request.POST if request.method == "POST" else None, run=run)
     if request.method == "POST" and form.is_valid():
         try:
             action.perform(run, form.cleaned_data, request.user.get_username())

@@ -1,17 +1,24 @@
-"""Pending approvals: open waits sorted by deadline, with their briefs, approved or rejected in bulk."""
+"""Pending approvals: open waits sorted by deadline, with their briefs, approved or rejected in bulk after a
+confirmation page that lists exactly the waits decided."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.db.models import F, QuerySet
 from django.http import HttpRequest
+from django.template.defaultfilters import pluralize
+from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.html import format_html
 
 from durable_agents import api
-from durable_agents.errors import DurableAgentsError
+from durable_agents.admin.actions import BULK_LIMIT
+from durable_agents.decisions import describe_closed, wait_label
+from durable_agents.errors import DurableAgentsError, WaitClosedError
 from durable_agents.models import Wait, WaitKind, WaitStatus
 
 
@@ -41,29 +48,105 @@ class OpenApprovalFilter(admin.SimpleListFilter):
         return pending
 
 
-def _decide_selected(request: HttpRequest, queryset: QuerySet[Wait], approved: bool) -> None:
-    done, failures = 0, []
-    for wait in queryset.filter(status=WaitStatus.OPEN)[:500]:
-        try:
-            api.decide(wait.pk, approved, by=request.user.get_username(), via="admin")
-            done += 1
-        except DurableAgentsError as exc:
-            failures.append(str(exc))
-    verb = "Approved" if approved else "Rejected"
-    if done:
-        messages.success(request, f"{verb} {done} wait{'s' if done != 1 else ''}; the runs resume.")
+class BulkDecisionForm(forms.Form):
+    """The confirmation's one input: a comment recorded with every wait it decides."""
+
+    comment = forms.CharField(
+        required=False,
+        max_length=2000,
+        widget=forms.Textarea(attrs={"rows": 3, "cols": 70}),
+        help_text="Recorded with each decision, with your name.",
+    )
+
+
+def _decide_selected(
+    model_admin: Any, request: HttpRequest, queryset: QuerySet[Wait], approved: bool
+) -> TemplateResponse | None:
+    """A confirmation page listing exactly the selected open waits; confirmed, each listed wait is decided.
+
+    The confirmation posts back the ids it listed (never "select all" again), so a wait opened after the
+    page was shown is not decided; a listed wait closed meanwhile is reported, not decided.
+    """
+    verb = "Approve" if approved else "Reject"
+    form = BulkDecisionForm(request.POST if request.POST.get("confirm") == "yes" else None)
+    if request.POST.get("confirm") == "yes" and form.is_valid():
+        # All of the listed waits, the closed ones too: the changelist's "pending" filter would drop those silently.
+        listed = _posted_ids(request)
+        if len(listed) > BULK_LIMIT:
+            messages.error(request, f"Decide at most {BULK_LIMIT} waits at once (filter the list first).")
+            return None
+        waits = {w.pk: w for w in model_admin.get_queryset(request).filter(pk__in=listed)}
+        done, failures = 0, []
+        for pk in listed:
+            wait = waits.get(pk)
+            if wait is None:
+                failures.append(f"Wait {pk} no longer exists; nothing was decided.")
+                continue
+            try:
+                api.decide(
+                    pk, approved, by=request.user.get_username(), comment=form.cleaned_data["comment"], via="admin"
+                )
+            except WaitClosedError:
+                failures.append(describe_closed(wait))
+            except DurableAgentsError as exc:
+                failures.append(f"{wait_label(wait)}: {exc}")
+            else:
+                done += 1
+        if done:
+            done_verb = "Approved" if approved else "Rejected"
+            messages.success(
+                request, f"{done_verb} {done} wait{pluralize(done)}; the runs resume, each recorded in its events."
+            )
+        _report_failures(request, failures)
+        return None
+
+    if request.POST.get("select_across") == "1":
+        selection, closed = queryset, []
+    else:
+        # The ticked ids, not the filtered queryset: a ticked wait that closed meanwhile is reported, not dropped.
+        selection = model_admin.get_queryset(request).filter(pk__in=_posted_ids(request))
+        closed = list(selection.exclude(status=WaitStatus.OPEN).order_by("pk")[:20])
+    waits = list(selection.filter(status=WaitStatus.OPEN).select_related("run").order_by("pk")[: BULK_LIMIT + 1])
+    if len(waits) > BULK_LIMIT:
+        messages.error(request, f"Select at most {BULK_LIMIT} waits at once (filter the list first).")
+        return None
+    _report_failures(request, [describe_closed(wait) for wait in closed])
+    if not waits:
+        messages.error(request, "None of the selected waits is open; nothing was decided.")
+        return None
+    context = {
+        **model_admin.admin_site.each_context(request),
+        "title": f"{verb} {len(waits)} wait{pluralize(len(waits))}?",
+        "opts": Wait._meta,
+        "waits": waits,
+        "form": form,
+        "approved": approved,
+        "verb": verb,
+        "action_name": "approve_selected" if approved else "reject_selected",
+        "action_checkbox_name": ACTION_CHECKBOX_NAME,
+    }
+    return TemplateResponse(request, "admin/durable_agents/wait/bulk_decide.html", context)
+
+
+def _posted_ids(request: HttpRequest) -> list[int]:
+    return [int(pk) for pk in request.POST.getlist(ACTION_CHECKBOX_NAME) if pk.isdigit()][: BULK_LIMIT + 1]
+
+
+def _report_failures(request: HttpRequest, failures: list[str]) -> None:
     for failure in failures[:10]:
         messages.error(request, failure)
+    if len(failures) > 10:
+        messages.error(request, f"… and {len(failures) - 10} more waits were not decided.")
 
 
-@admin.action(description="Approve selected", permissions=["decide"])
-def approve_selected(model_admin: Any, request: HttpRequest, queryset: QuerySet[Wait]) -> None:
-    _decide_selected(request, queryset, True)
+@admin.action(description="Approve selected…", permissions=["decide"])
+def approve_selected(model_admin: Any, request: HttpRequest, queryset: QuerySet[Wait]) -> TemplateResponse | None:
+    return _decide_selected(model_admin, request, queryset, True)
 
 
-@admin.action(description="Reject selected", permissions=["decide"])
-def reject_selected(model_admin: Any, request: HttpRequest, queryset: QuerySet[Wait]) -> None:
-    _decide_selected(request, queryset, False)
+@admin.action(description="Reject selected…", permissions=["decide"])
+def reject_selected(model_admin: Any, request: HttpRequest, queryset: QuerySet[Wait]) -> TemplateResponse | None:
+    return _decide_selected(model_admin, request, queryset, False)
 
 
 @admin.register(Wait)

@@ -1,23 +1,28 @@
-"""The on-call operator's journey in a real browser (Debian's headless Chromium through Playwright):
-log in, filter the stuck runs, open one, read its timeline, resume it. Screenshots are test artifacts.
+"""Operators' journeys in a real browser (Debian's headless Chromium through Playwright): the on-call
+operator logs in, filters the stuck runs, reads a timeline, resumes; the approver decides exactly what they
+were shown. Screenshots are test artifacts.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.contrib.auth.models import Permission, User
 from django.contrib.contenttypes.models import ContentType
+from django.db import connections
 
 from durable_agents import api, clock
 from durable_agents.engine.advance import advance
-from durable_agents.models import Event, Run, RunStatus
+from durable_agents.links import decision_path
+from durable_agents.models import Event, Run, RunStatus, Wait, WaitStatus
 from durable_agents.testing import drive
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -130,3 +135,93 @@ def test_operator_journey__login_filter_stuck_open_timeline_resume(live_server, 
 
     woken = Event.objects.filter(run=stuck, kind="woken")
     assert [e.actor for e in woken] == ["oncall"], "the resume is in the run's history with the operator's name"
+
+
+def approver(username: str, *, may_decide: bool = True) -> User:
+    user = User.objects.create_user(username, password="correct horse battery", is_staff=True)
+    content_type = ContentType.objects.get_for_model(Run)
+    for codename in ("view_run", "decide_wait") if may_decide else ("view_run",):
+        permission, _ = Permission.objects.get_or_create(
+            codename=codename, content_type=content_type, defaults={"name": codename.replace("_", " ")}
+        )
+        user.user_permissions.add(permission)
+    return user
+
+
+def in_own_thread(work: Callable[[], object]) -> None:
+    """ORM work in the middle of a browser session, on a connection of its own that is closed afterwards
+    (see `chromium_page`: the Playwright block must not touch the test's connection)."""
+
+    def target() -> None:
+        try:
+            work()
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    thread.join(timeout=30)
+
+
+def sign_in(page: Any, base: str, username: str) -> None:
+    page.context.clear_cookies()
+    page.goto(f"{base}/admin/login/")
+    page.fill("#id_username", username)
+    page.fill("#id_password", "correct horse battery")
+    page.click("input[type=submit]")
+    page.wait_for_selector("#user-tools")
+
+
+def test_approver_journey__stale_form_refused_spent_link_explained_bulk_approve_confirmed(live_server, artifacts):
+    if not CHROMIUM.exists():
+        pytest.fail("Debian's chromium is missing: `apt-get install -y chromium` (scripts/test installs it)")
+    approver("manager-1")
+    approver("dave", may_decide=False)
+    run = drive(api.start("two_refunds", {}).id)
+    small = Wait.objects.get(run=run, status=WaitStatus.OPEN)
+    charge = drive(api.start("approve_charge", {"order_id": "BR-1"}).id)
+    small_link, charge_link = decision_path(small), decision_path(Wait.objects.get(run=charge))
+    base = live_server.url
+
+    with chromium_page() as page:
+        sign_in(page, base, "manager-1")
+        page.goto(f"{base}/admin/durable_agents/run/{run.pk}/actions/approve/")
+        assert "Refund 5.00 to order TR-1?" in page.locator("#decided-wait").inner_text()
+        page.fill("#id_comment", "ok, 5 euros")
+        page.screenshot(path=str(artifacts / "05-decision-form.png"), full_page=True)
+
+        # manager-2 decides the small refund elsewhere; the run moves on to the large one.
+        in_own_thread(lambda: (api.decide(small.pk, True, by="manager-2", via="link"), drive(run.id)))
+        page.click("#confirm")
+        page.wait_for_selector(".messagelist .error")
+        refused = page.locator(".messagelist").inner_text()
+        assert "already approved by manager-2" in refused and "Refund 5000.00 to order TR-1?" in refused, refused
+        page.screenshot(path=str(artifacts / "06-stale-form-refused.png"), full_page=True)
+
+        page.goto(f"{base}{small_link}")
+        assert "Refund 5000.00 to order TR-1?" in page.locator(".errornote").inner_text()
+        page.screenshot(path=str(artifacts / "07-spent-link.png"), full_page=True)
+
+        page.goto(f"{base}/admin/durable_agents/wait/")
+        page.check("#action-toggle")
+        page.select_option("select[name=action]", "approve_selected")
+        page.click("button[name=index]")
+        page.wait_for_selector("#bulk-waits")
+        listed = page.locator("#bulk-waits tbody").inner_text()
+        assert "Refund 5000.00 to order TR-1?" in listed and "Charge the customer 40.00?" in listed, listed
+        page.fill("#id_comment", "both verified")
+        page.screenshot(path=str(artifacts / "08-bulk-approve-confirmation.png"), full_page=True)
+        page.click("#confirm")
+        page.wait_for_selector(".messagelist .success")
+        assert "Approved 2 waits" in page.locator(".messagelist").inner_text()
+        page.screenshot(path=str(artifacts / "09-bulk-approved.png"), full_page=True)
+
+        sign_in(page, base, "dave")
+        page.goto(f"{base}{charge_link}")
+        refusal = page.locator("#content-main").inner_text()
+        assert "may not decide approvals" in refusal and "Charge" not in refusal, refusal
+        page.screenshot(path=str(artifacts / "10-link-refused.png"), full_page=True)
+
+    decided = Wait.objects.filter(decided_by="manager-1").order_by("pk")
+    assert [(w.status, w.decision["comment"]) for w in decided] == [("approved", "both verified")] * 2
+    assert Wait.objects.get(pk=small.pk).decided_by == "manager-2", "the stale form decided nothing"

@@ -274,6 +274,29 @@ for _policy in ("reject", "fail", "escalate"):
     )
 
 
+# Two requests in a row on one run: a decision meant for the small one must never land on the large one.
+workflow(
+    "two_refunds",
+    steps=[
+        approval(
+            "small_refund",
+            question="Refund 5.00 to order TR-1?",
+            on_approve="5.00 is refunded",
+            on_reject="nothing is refunded",
+            reject="continue",
+        ),
+        approval(
+            "large_refund",
+            question="Refund 5000.00 to order TR-1?",
+            on_approve="5000.00 is refunded",
+            on_reject="nothing is refunded",
+            reject="continue",
+        ),
+        call("after", _record_step),
+    ],
+)
+
+
 def _payload(ctx: StepContext) -> dict[str, Any]:
     return {"got": ctx.result("paid")["payload"]}
 
