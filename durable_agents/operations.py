@@ -1,5 +1,6 @@
 """What operators can ask and do, shared by the management commands and the admin: list, show, sweep."""
 
+
 from __future__ import annotations
 
 import re
@@ -13,6 +14,8 @@ from durable_agents import clock
 from durable_agents.conf import settings
 from durable_agents.engine.plans import version_drift as drifted_runs
 from durable_agents.engine.records import get_run
+from durable_agents.engine.sweep import SweepReport
+from durable_agents.engine.sweep import sweep as _sweep
 from durable_agents.errors import InvalidInputError
 from durable_agents.models import Run, RunStatus, Step
 
@@ -170,3 +173,8 @@ def _ms(step: Step) -> float | None:
     if step.started_at and step.finished_at:
         return round((step.finished_at - step.started_at).total_seconds() * 1000, 3)
     return None
+
+
+def sweep() -> SweepReport:
+    """One sweep pass, as celery beat runs it: wake lost runs, settle cancellations, apply wait deadlines."""
+    return _sweep()

@@ -17,6 +17,7 @@ from durable_agents import clock
 from durable_agents.admin.timeline import human_duration
 from durable_agents.conf import settings
 from durable_agents.models import ACTIVE_RUN_STATUSES, RUNNABLE_RUN_STATUSES, Run, RunStatus, WaitStatus
+from durable_agents.operations import drifted_runs
 from durable_agents.workflows import registry
 
 AGING = {
@@ -142,6 +143,4 @@ class VersionDriftFilter(admin.SimpleListFilter):
     def queryset(self, request: HttpRequest, queryset: QuerySet[Run]) -> QuerySet[Run]:
         if self.value() != "yes":
             return queryset
-        from durable_agents.engine.plans import version_drift
-
-        return queryset.filter(pk__in=version_drift().values("pk"))
+        return queryset.filter(pk__in=drifted_runs().values("pk"))

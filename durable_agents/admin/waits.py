@@ -17,6 +17,7 @@ from django.utils.html import format_html
 
 from durable_agents import api
 from durable_agents.admin.actions import BULK_LIMIT
+from durable_agents.clock import DbNow
 from durable_agents.decisions import describe_closed, wait_label
 from durable_agents.errors import DurableAgentsError, WaitClosedError
 from durable_agents.models import Wait, WaitKind, WaitStatus
@@ -42,9 +43,7 @@ class OpenApprovalFilter(admin.SimpleListFilter):
             return queryset
         pending = queryset.filter(status=WaitStatus.OPEN, kind=WaitKind.APPROVAL)
         if value == "overdue":
-            from durable_agents import clock
-
-            return pending.filter(deadline__lt=clock.now())
+            return pending.filter(deadline__lt=DbNow())
         return pending
 
 

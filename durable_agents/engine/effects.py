@@ -125,7 +125,7 @@ def _record_pending(
     if effect.status == EffectStatus.FAILED:
         # A resumed run tries a permanently failed effect again, on purpose.
         transitions.move_effect(EffectOp.RETRY, effect.pk, to=EffectStatus.PENDING, error=None, needs_attention="")
-        effect.status = EffectStatus.PENDING
+        effect.refresh_from_db()
     return effect
 
 

@@ -12,6 +12,8 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
+from durable_agents.models import FINISHED_RUN_STATUSES, Run
+
 T = TypeVar("T")
 
 
@@ -29,8 +31,6 @@ def wait_for(predicate: Callable[[], T], *, timeout: float = 30.0, interval: flo
 
 def wait_for_run(run_id: uuid.UUID | str, statuses: str | Iterable[str] = "completed", *, timeout: float = 60.0) -> Any:
     """Wait until the run reaches one of `statuses`; returns the Run. Fails fast if it ends elsewhere."""
-    from durable_agents.models import FINISHED_RUN_STATUSES, Run
-
     wanted = {statuses} if isinstance(statuses, str) else set(statuses)
 
     def reached() -> Any:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from durable_agents.engine.sweep import sweep
 from durable_agents.management.commands._base import DurableCommand
+from durable_agents.operations import sweep
 
 
 class Command(DurableCommand):
