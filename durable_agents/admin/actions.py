@@ -17,7 +17,7 @@ from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.core.exceptions import PermissionDenied
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
@@ -26,7 +26,7 @@ from durable_agents import api
 from durable_agents.agents.participants import participants
 from durable_agents.decisions import describe_closed, wait_label
 from durable_agents.errors import DurableAgentsError, WaitClosedError
-from durable_agents.models import ACTIVE_RUN_STATUSES, Run, RunStatus, Step, Wait
+from durable_agents.models import ACTIVE_RUN_STATUSES, EffectKind, EffectStatus, Run, RunStatus, Step, Wait
 
 # Bulk actions act on at most this many runs at once; select fewer (filter first) for more.
 BULK_LIMIT = 500
@@ -78,6 +78,56 @@ class SwapForm(RunActionForm):
         super().__init__(*args, run=run, **kwargs)
         self.fields["participant"].choices = [(name, name) for name in participants.names()]
         self.fields["participant"].initial = run.participant or None
+
+
+def _compensated(run: Run) -> bool:
+    """A saga that ran to its end: its effects were undone, so it neither resumes nor retries (fork it)."""
+    return bool(run.finish_as) and run.cursor >= run.step_count
+
+
+def unresolved_effects(run: Run) -> Any:
+    """The run's effects whose outcome nobody knows: external calls invoked without a recorded outcome."""
+    return (
+        run.effects.filter(kind=EffectKind.EFFECT)
+        .filter(Q(status=EffectStatus.PENDING, attempts__gt=0) | ~Q(needs_attention=""))
+        .exclude(status__in=(EffectStatus.APPLIED, EffectStatus.COMPENSATED))
+    )
+
+
+class ResolveEffectForm(RunActionForm):
+    effect = forms.ChoiceField(label="Effect", help_text="Invoked with no recorded outcome.")
+    outcome = forms.ChoiceField(
+        choices=[("applied", "It was applied (the receiving system did it)"), ("failed", "It was not applied")],
+        widget=forms.RadioSelect,
+    )
+    result = forms.JSONField(
+        required=False, label="Result (JSON)", help_text="If applied: what the receiving system returned."
+    )
+    reason = forms.CharField(
+        max_length=1000,
+        widget=forms.Textarea(attrs={"rows": 3, "cols": 70}),
+        help_text="How you know (for example: checked in the payment provider's dashboard). Recorded with your name.",
+    )
+
+    def __init__(self, *args: Any, run: Run, **kwargs: Any) -> None:
+        super().__init__(*args, run=run, **kwargs)
+        self.fields["effect"].choices = [
+            (e.idempotency_key, f"{e.tool}({e.args}) — key {e.idempotency_key}, {e.attempts} invocation(s)")
+            for e in unresolved_effects(run)
+        ]
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        if data.get("outcome") == "failed" and data.get("result") not in (None, ""):
+            raise forms.ValidationError("An effect that was not applied has no result: leave Result empty.")
+        return data
+
+
+def _resolve(run: Run, data: dict[str, Any], actor: str) -> Run:
+    api.resolve_effect(
+        data["effect"], data["outcome"] == "applied", result=data.get("result"), actor=actor, reason=data["reason"]
+    )
+    return run
 
 
 class DecisionForm(RunActionForm):
@@ -161,6 +211,8 @@ class RunAction:
     perform: Callable[[Run, dict[str, Any], str], Run]
     form_class: type[RunActionForm] = RunActionForm
     destructive: bool = False
+    # A further condition on the run, beyond its status (one query at most, run page only).
+    when: Callable[[Run], bool] | None = None
 
     @property
     def permission(self) -> str:
@@ -175,7 +227,7 @@ class RunAction:
         return user.has_perm(self.permission)
 
     def applies(self, run: Run) -> bool:
-        return run.status in self.applies_to
+        return run.status in self.applies_to and (self.when is None or self.when(run))
 
 
 NOT_COMPLETED = tuple(s for s in RunStatus.values if s != RunStatus.COMPLETED)
@@ -191,6 +243,7 @@ ACTIONS: dict[str, RunAction] = {
             "A cancelled run continues at the step it stopped on; a pending or running run is woken again "
             "(safe if its worker is alive: the lease lets only one of them commit).",
             lambda run, data, actor: api.resume(run.pk, actor=actor),
+            when=lambda run: not _compensated(run),
         ),
         RunAction(
             "retry",
@@ -199,6 +252,7 @@ ACTIONS: dict[str, RunAction] = {
             (RunStatus.FAILED,),
             "The failed step runs again from attempt 1; committed steps are not repeated.",
             lambda run, data, actor: api.resume(run.pk, actor=actor),
+            when=lambda run: not _compensated(run),
         ),
         RunAction(
             "cancel",
@@ -272,6 +326,20 @@ ACTIONS: dict[str, RunAction] = {
             lambda run, data, actor: api.resume(run.pk, data["step_id"], actor=actor),
             ReplanForm,
             destructive=True,
+        ),
+        RunAction(
+            "resolve",
+            "Record an effect's outcome",
+            "resolve_effect",
+            (RunStatus.FAILED, RunStatus.PENDING, RunStatus.RUNNING, RunStatus.CANCELLED),
+            "An external call was made but its outcome was never recorded (a crash mid-call, or too many "
+            "unanswered tries). Check the receiving system, then record what happened: applied effects are not "
+            "called again (and a saga undoes them); effects that did not happen are called again under the same "
+            "key. A run that stopped on it resumes from there.",
+            _resolve,
+            ResolveEffectForm,
+            destructive=True,
+            when=lambda run: unresolved_effects(run).exists(),
         ),
     ]
 }

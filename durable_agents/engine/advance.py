@@ -157,7 +157,7 @@ def _advance(claim: Claim, step: Step, claimed_at: float) -> Outcome:
             raise
         except Exception as exc:  # noqa: BLE001 - every failure is classified and persisted below
             failure = classify(exc, policy, step.step_id)
-            log.warning("step error %s: %s", failure.type, failure.message, exc_info=not failure.transient)
+            log.warning("step error %s: %s", failure.type, failure.message)
             if failure.transient and claim.attempt < policy.attempts_allowed:
                 return _retry(claim, step, failure, _delay(policy, claim.attempt, failure))
             return _fail(claim, step, failure, compensate=compensate)

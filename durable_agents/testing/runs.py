@@ -26,8 +26,9 @@ def drive(run_id: uuid.UUID | str, *, max_advances: int = 10_000) -> Run:
         run: Any = Run.objects.get(pk=run_id)
         if run.status not in ("pending", "running"):
             return run
-        if run.wake_at is not None and run.wake_at > clock.now():
-            time.sleep((run.wake_at - clock.now()).total_seconds())
+        wait = (run.wake_at - clock.now()).total_seconds() if run.wake_at is not None else 0
+        if wait > 0:
+            time.sleep(wait)
         outcomes.append(advance(run_id))
         if outcomes[-1] is Outcome.SKIPPED and len(outcomes) > 1 and outcomes[-2] is Outcome.SKIPPED:
             raise AssertionError(f"run {run_id} is not claimable (lease held elsewhere?): {run.lease_owner}")

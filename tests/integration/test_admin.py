@@ -36,6 +36,7 @@ ACTION_PERMISSIONS = {
     "swap_participant": "Can swap a run's participant",
     "decide_wait": "Can approve or reject waits",
     "replan_run": "Can re-plan runs",
+    "resolve_effect": "Can record the outcome of an effect",
 }
 LIST = reverse("admin:durable_agents_run_changelist")
 

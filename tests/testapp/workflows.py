@@ -353,4 +353,4 @@ TICKER = agent(
 workflow("agent_ticks", steps=[TICKER])
 workflow("agent_ticks_capped", steps=[TICKER], token_budget=12_000)
 
-from tests.testapp import plans  # noqa: E402,F401  (registers the plan test workflows)
+from tests.testapp import plans, trust  # noqa: E402,F401  (register the plan and trust tests' workflows)
