@@ -20,7 +20,7 @@ from durable_agents.testing import wait_for, wait_for_run
 from tests.testapp.models import Execution
 
 pytestmark = pytest.mark.django_db(transaction=True)
-LIBFAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
+LIBFAKETIME = next(Path("/usr/lib").glob("*/faketime/libfaketime.so.1"), Path("/usr/lib/faketime/libfaketime.so.1"))
 AHEAD = {
     "LD_PRELOAD": str(LIBFAKETIME),
     "FAKETIME": "+20s",
