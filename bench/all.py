@@ -1,4 +1,4 @@
-"""Every benchmark, one command: step cost, engine at scale, tokens, the console at a million runs.
+"""Every benchmark, one command: step cost, engine at scale, tokens, the console at a million runs, the zombie window.
 
     python bench/all.py            # the full figures (about 10 minutes on 2 cores)
     python bench/all.py --quick    # smaller counts, for a first look
@@ -22,12 +22,14 @@ FULL = [
     ["engine_scale.py", "--kills", "20", "--waiting", "10000", "--sweep-runs", "100000"],
     ["tokens.py"],
     ["admin_scale.py", "--runs", "1000000"],
+    ["zombie_window.py", "--runs", "50"],
 ]
 QUICK = [
     ["steps.py", "--steps", "200", "--runs", "200"],
     ["engine_scale.py", "--kills", "5", "--waiting", "2000", "--sweep-runs", "20000"],
     ["tokens.py"],
     ["admin_scale.py", "--runs", "100000"],
+    ["zombie_window.py", "--runs", "10"],
 ]
 
 

@@ -33,15 +33,13 @@ from durable_agents.models import Effect, EffectStatus, Event, Run, RunStatus, S
 from durable_agents.testing.fake_anthropic import FakeAnthropic, Fault, RecordedRequest, Reply
 from project.refunds.models import Order, OrderStatus, OutboundEmail, Refund
 from project.refunds.script import next_move
-from tests.chaos.apps import COMMIT_PREFIX
+from tests.chaos.apps import ASK_PREFIX, COMMIT_PREFIX
 from tests.testapp.models import Execution
 
 WORKFLOW = "refund_agent"
 STEPS = ("load_order", "resolve", "review_email")
 # Events after which a step executes again, so a turn that never got journaled may be asked again.
 INTERRUPTIONS = ("lease_takeover", "step_retry", "zombie_commit_rejected")
-# Events of a zombie that woke up and hit the fence.
-FENCED_ZOMBIE = ("zombie_commit_rejected", "unjournaled_usage")
 MESSAGES_PATH = "/v1/messages"
 
 
@@ -203,6 +201,7 @@ class Report:
     executions: int = 0
     commits: int = 0
     zombie_asks: int = 0
+    zombie_executions: int = 0
     problems: list[str] = field(default_factory=list)
 
     def fail(self, message: str) -> None:
@@ -229,7 +228,7 @@ def check(
     using: str = "default",
     expect: str = RunStatus.COMPLETED,
     strict_turns: bool = False,
-    zombies: bool = False,
+    zombies: Sequence[Frozen] = (),
 ) -> Report:
     """Check the chaos invariants over `runs` (run id → its case):
 
@@ -243,9 +242,14 @@ def check(
        "<run>:<step>", turn t), no request for (conversation, t) reached the fake after the Turn row was
        written, and the requests before it number at most 1 + the interruptions of that run in between
        (lease takeovers, retries, rejected zombie commits: the only ways a step executes again). With
-       `strict_turns` (no kills, no faults) every journaled turn was requested exactly once. With `zombies`
-       (SIGSTOP tests), a request after the journal is counted in `zombie_asks` instead of failing when the
-       run records a fenced zombie after it (a rejected commit or an unjournaled answer).
+       `strict_turns` (no kills, no faults) every journaled turn was requested exactly once.
+
+    With `zombies` (the SIGSTOP episodes of a test) the one thing no check-then-act can close is allowed, and
+    only that: a worker frozen between proving its lease and acting may, once it thaws, still start the step
+    body it was about to start or send the model request it was about to send — at most one such act per
+    episode, by the frozen process, after its freeze. Its request is never journaled and its usage is counted
+    (an `unjournaled_usage` event); its commit is rejected (3. still holds). Counted in `zombie_executions` and
+    `zombie_asks`; anything else after a commit or a journal still fails.
     """
     report = Report(runs=len(runs))
     ids = list(runs)
@@ -258,10 +262,44 @@ def check(
             report.fail(
                 f"run {run_id} ({case.number}, {case.kind}) is {status}, expected {expect}: {run and run.error}"
             )
+    acts = _ZombieActs(report, zombies)
     _check_effects(report, runs, using)
-    _check_steps(report, runs, using)
-    _check_turns(report, runs, fake, using, strict=strict_turns, zombies=zombies)
+    _check_steps(report, runs, using, acts)
+    _check_turns(report, runs, fake, using, strict=strict_turns, acts=acts)
+    acts.check()
     return report
+
+
+@dataclass(frozen=True)
+class Frozen:
+    """One SIGSTOP episode: process `pid` frozen at `frozen_at`, thawed at `thawed_at` (epoch seconds)."""
+
+    pid: int
+    frozen_at: float
+    thawed_at: float
+
+
+class _ZombieActs:
+    """Acts of thawed zombies (a step body started after its commit, a request after its turn's journal):
+    each must be by a process frozen before it, at most one per episode."""
+
+    def __init__(self, report: Report, episodes: Sequence[Frozen]) -> None:
+        self.report = report
+        self.episodes = sorted(episodes, key=lambda e: e.frozen_at)
+        self.acts: dict[Frozen, list[str]] = defaultdict(list)
+
+    def allow(self, pid: int, at: float, what: str) -> bool:
+        """True if `what` (by `pid` at `at`) is a thawed zombie's act; it is then counted against its episode."""
+        mine = [e for e in self.episodes if e.pid == pid and e.frozen_at <= at]
+        if not mine:
+            return False
+        self.acts[mine[-1]].append(what)
+        return True
+
+    def check(self) -> None:
+        for episode, acts in self.acts.items():
+            if len(acts) > 1:
+                self.report.fail(f"process {episode.pid} acted {len(acts)} times after one freeze: {acts}")
 
 
 def _check_effects(report: Report, runs: dict[uuid.UUID, Case], using: str) -> None:
@@ -299,14 +337,21 @@ def _check_effects(report: Report, runs: dict[uuid.UUID, Case], using: str) -> N
                 report.fail(f"{case.number}: {type(row).__name__} {row.pk} has no applied effect of run {run_id}")
 
 
-def _check_steps(report: Report, runs: dict[uuid.UUID, Case], using: str) -> None:
-    executions = list(Execution.objects.using(using).filter(run_id__in=list(runs)))
+def _check_steps(report: Report, runs: dict[uuid.UUID, Case], using: str, acts: _ZombieActs) -> None:
+    executions = list(
+        Execution.objects.using(using).filter(run_id__in=list(runs)).exclude(step_id__startswith=ASK_PREFIX)
+    )
     commits = Counter((e.run_id, e.step_id) for e in executions if e.step_id.startswith(COMMIT_PREFIX))
     report.executions = sum(1 for e in executions if not e.step_id.startswith(COMMIT_PREFIX))
     report.commits = sum(commits.values())
     for execution in executions:
-        if execution.after_commit:
-            report.fail(f"run {execution.run_id}: step {execution.step_id} executed again after its commit")
+        if not execution.after_commit:
+            continue
+        what = f"run {execution.run_id}: step {execution.step_id} executed again after its commit"
+        if acts.allow(execution.pid, execution.at.timestamp(), what):
+            report.zombie_executions += 1
+        else:
+            report.fail(what)
     for (run_id, step_id), n in commits.items():
         if n > 1:
             report.fail(f"run {run_id}: step {step_id.removeprefix(COMMIT_PREFIX)} committed {n} times")
@@ -319,19 +364,24 @@ def _check_steps(report: Report, runs: dict[uuid.UUID, Case], using: str) -> Non
 
 
 def _check_turns(
-    report: Report, runs: dict[uuid.UUID, Case], fake: FakeAnthropic, using: str, *, strict: bool, zombies: bool
+    report: Report, runs: dict[uuid.UUID, Case], fake: FakeAnthropic, using: str, *, strict: bool, acts: _ZombieActs
 ) -> None:
     requests: dict[tuple[str, int], list[float]] = defaultdict(list)
     for request in fake.requests:
         if request.path == MESSAGES_PATH:
             requests[(request.conversation, request.turn)].append(request.time)
-    fenced: dict[uuid.UUID, list[float]] = defaultdict(list)
+    unjournaled: dict[uuid.UUID, list[float]] = defaultdict(list)
     for run_id, at in (
         Event.objects.using(using)
-        .filter(run_id__in=list(runs), kind__in=FENCED_ZOMBIE)
+        .filter(run_id__in=list(runs), kind="unjournaled_usage")
         .values_list("run_id", "created_at")
     ):
-        fenced[run_id].append(at.timestamp())
+        unjournaled[run_id].append(at.timestamp())
+    # Who asked: the instrumented participant's rows (tests/chaos/apps.py), by (conversation, turn).
+    askers: dict[tuple[str, int], list[tuple[float, int]]] = defaultdict(list)
+    for row in Execution.objects.using(using).filter(run_id__in=list(runs), step_id__startswith=ASK_PREFIX):
+        step_id, _, turn = row.step_id.removeprefix(ASK_PREFIX).rpartition(":")
+        askers[(f"{row.run_id}:{step_id}", int(turn))].append((row.at.timestamp(), row.pid))
     interruptions: dict[uuid.UUID, list[float]] = defaultdict(list)
     for run_id, at in (
         Event.objects.using(using)
@@ -349,11 +399,17 @@ def _check_turns(
         asked = sorted(requests.get(key, []))
         written = turn.created_at.timestamp()
         late = [t for t in asked if t > written]
-        if late and zombies and any(t >= min(late) for t in fenced[turn.run_id]):
-            report.zombie_asks += len(late)
-            asked = [t for t in asked if t <= written]
-        elif late:
-            report.fail(f"{key[0]} turn {key[1]} was requested {len(late)} more time(s) after it was journaled")
+        if late:
+            what = f"{key[0]} turn {key[1]} was requested {len(late)} more time(s) after it was journaled"
+            senders = [(at, pid) for at, pid in askers[key] if at > written]
+            if len(senders) >= len(late) and all(acts.allow(pid, at, what) for at, pid in senders):
+                report.zombie_asks += len(late)
+                counted = [t for t in unjournaled[turn.run_id] if t >= min(late)]
+                if len(counted) < len(late):
+                    report.fail(f"{what}, by a thawed zombie, but its usage was not counted (unjournaled_usage)")
+                asked = [t for t in asked if t <= written]
+            else:
+                report.fail(what)
         if not asked:
             report.fail(f"{key[0]} turn {key[1]} is journaled but the model was never asked for it")
             continue
