@@ -18,7 +18,7 @@ from django.db.models import F, Q
 
 from durable_agents import clock
 from durable_agents.engine.events import record_event
-from durable_agents.engine.payloads import check_input
+from durable_agents.engine.payloads import check_input, copy_payloads
 from durable_agents.engine.runs import fresh_copy, get_run, plan_row, supersede_from_txn
 from durable_agents.engine.waits import Park, WaitSpec
 from durable_agents.engine.wake import wake_on_commit
@@ -230,6 +230,8 @@ def fork_run(run_id: uuid.UUID | str, at_step: str, *, input: Any = None, actor:
             fresh_copy(s, fork.id, **({f: getattr(s, f) for f in checkpointed} if s.position < target.position else {}))
             for s in steps
         )
+        # Out-of-row results are rows of their run: the fork gets its own, which outlive the source.
+        copy_payloads(source.id, fork.id, [s.result_ref for s in steps if s.position < target.position])
         record_event(
             fork.id, "forked", step_id=at_step, actor=actor, source=str(source.id), new_input=input is not None
         )

@@ -88,6 +88,26 @@ workflow("flaky", steps=[call("flaky", _flaky, retry=RetryPolicy(max_attempts=4)
 workflow("broken", steps=[call("first", _record_step), call("broken", _permanent), call("never", _record_step)])
 workflow("slow", steps=[call("slow", _slow), call("after", _record_step)])
 workflow("big", steps=[call("big", _big), call("reads_big", _reads_big)])
+# The big result is written by one worker; after the signal, another worker (another machine) reads it.
+workflow("big_handoff", steps=[call("big", _big), wait_for_signal("go"), call("reads_big", _reads_big)])
+
+# Values Postgres cannot store (jsonb refuses \u0000, lone surrogates, NaN and Infinity), by input["kind"].
+UNSTORABLE = {
+    "nul": {"items": [{"name": "ok"}, {"name": "a\x00b"}]},
+    "surrogate": {"text": "caf\udce9"},
+    "nan": {"scores": [1.0, float("nan")]},
+    "infinity": {"total": float("inf")},
+    "nul-key": {"labels": {"a\x00": 1}},
+}
+
+
+def _unstorable(ctx: StepContext) -> Any:
+    record_execution(ctx)
+    value = UNSTORABLE[ctx.input["kind"]]
+    return {**value, "padding": "x" * ctx.input.get("padding", 0)}
+
+
+workflow("unstorable", steps=[call("bad", _unstorable), call("after", _record_step)])
 
 
 # --- Effects: a transactional ledger tool with its compensator, and an external HTTP tool ------------------
