@@ -48,6 +48,16 @@ def text_problem(text: str, where: str) -> str | None:
     return None
 
 
+def storable_text(text: str) -> str:
+    """`text` with what Postgres cannot store escaped (\\u0000, \\udcxx): for messages the app writes itself,
+    such as an exception's, which must be recorded whatever they contain."""
+    if "\x00" in text:
+        text = text.replace("\x00", "\\u0000")
+    if text.isascii():
+        return text
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def json_problem(value: Any, root: str) -> str | None:
     """Why Postgres jsonb cannot store `value` (the first bad spot, named by its path from `root`), or None.
 

@@ -13,6 +13,7 @@ from typing import Any
 from django.db import InterfaceError, OperationalError
 
 from durable_agents.errors import PermanentError, RetryableError
+from durable_agents.storable import storable_text
 from durable_agents.workflows import RetryPolicy
 
 TRANSIENT_TYPES: tuple[type[BaseException], ...] = (
@@ -45,7 +46,8 @@ class Failure:
 def classify(exc: BaseException, policy: RetryPolicy, step_id: str) -> Failure:
     """Decide whether `exc` is worth retrying: PermanentError never is; declared and I/O errors are."""
     transient = not isinstance(exc, PermanentError) and isinstance(exc, TRANSIENT_TYPES + policy.retry_on)
-    message = str(exc) or type(exc).__name__
+    # The message is persisted (error fields, events): whatever the exception says must store.
+    message = storable_text(str(exc) or type(exc).__name__)
     return Failure(
         transient=transient,
         type=type(exc).__name__,

@@ -153,3 +153,10 @@ def test_results__an_unstorable_result_fails_on_a_real_worker_without_holding_th
     run = wait_for_run(api.start("unstorable", {"kind": "nul"}).id, "failed")
     assert "contains \\u0000" in run.error["message"] and run.lease_owner == "", run.error
     assert Execution.objects.filter(run_id=run.id, step_id="bad").count() == 1
+
+
+def test_failure__an_error_message_postgres_cannot_store_is_recorded_escaped():
+    run = drive(api.start("raises_unstorable").id)
+    assert run.status == RunStatus.FAILED and run.lease_owner == "", "recording the error must not crash"
+    assert run.error["message"] == "bad row a\\u0000b in caf\\udce9.csv", run.error
+    assert Execution.objects.filter(run_id=run.id, step_id="bad").count() == 1

@@ -110,6 +110,14 @@ def _unstorable(ctx: StepContext) -> Any:
 workflow("unstorable", steps=[call("bad", _unstorable), call("after", _record_step)])
 
 
+def _raises_unstorable(ctx: StepContext) -> Any:
+    record_execution(ctx)
+    raise ValueError(f"bad row {UNSTORABLE['nul']['items'][1]['name']!s} in caf\udce9.csv")
+
+
+workflow("raises_unstorable", steps=[call("bad", _raises_unstorable)])
+
+
 # --- Effects: a transactional ledger tool with its compensator, and an external HTTP tool ------------------
 
 
