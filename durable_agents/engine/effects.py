@@ -29,6 +29,7 @@ from durable_agents.errors import (
     PermanentError,
 )
 from durable_agents.models import Effect, EffectKind, EffectStatus, Run
+from durable_agents.storable import check_json
 from durable_agents.tools import Tool
 
 logger = logging.getLogger("durable_agents.effects")
@@ -118,6 +119,8 @@ def _apply_in_transaction(
             if locked.status in (EffectStatus.APPLIED, EffectStatus.COMPENSATED):
                 return locked.result
             result = tool.invoke(args, idempotency_key=effect.idempotency_key, ctx=ctx)
+            # An unstorable result rolls the tool's own writes back with it: applied without a record is no option.
+            _check_result(tool, result)
             Effect.objects.filter(pk=effect.pk).update(
                 status=EffectStatus.APPLIED,
                 result=result,
@@ -152,12 +155,20 @@ def _apply_external(tool: Tool[..., Any], args: dict[str, Any], effect: Effect, 
     except Exception as exc:
         _record_failure(effect, exc)
         raise
+    # The receiver applied it, but its answer cannot be recorded: the effect stays pending (a resume calls
+    # again under the same key, which the receiver dedupes) and the step fails saying why.
+    _check_result(tool, result)
     with transaction.atomic():
         Effect.objects.filter(pk=effect.pk).update(
             status=EffectStatus.APPLIED, result=result, error=None, applied_at=clock.now()
         )
         _applied_txn(effect)
     return result
+
+
+def _check_result(tool: Tool[..., Any], result: Any) -> None:
+    """PermanentError naming the spot, if the Effect.result column (jsonb) cannot store what the tool returned."""
+    check_json(result, f"the result of tool {tool.name!r}", PermanentError)
 
 
 def _applied_txn(effect: Effect) -> None:

@@ -21,9 +21,9 @@ from django.test.utils import override_settings
 from durable_agents import api
 from durable_agents.engine.payloads import load_result, store_result
 from durable_agents.errors import PermanentError
-from durable_agents.models import Payload, Run, RunStatus, Step
+from durable_agents.models import Effect, EffectStatus, Payload, Run, RunStatus, Step
 from durable_agents.testing import drive, wait_for_run
-from tests.testapp.models import Execution
+from tests.testapp.models import Execution, LedgerEntry
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -160,3 +160,11 @@ def test_failure__an_error_message_postgres_cannot_store_is_recorded_escaped():
     assert run.status == RunStatus.FAILED and run.lease_owner == "", "recording the error must not crash"
     assert run.error["message"] == "bad row a\\u0000b in caf\\udce9.csv", run.error
     assert Execution.objects.filter(run_id=run.id, step_id="bad").count() == 1
+
+
+def test_effects__an_unstorable_tool_result_rolls_the_effect_back_and_fails_the_step_saying_where():
+    run = drive(api.start("charge_nan_receipt", {"order_id": "N-1"}).id)
+    assert run.status == RunStatus.FAILED and run.lease_owner == "", run.error
+    assert """the result of tool 'charge_with_a_nan_receipt'["receipt"]["fee"] is NaN""" in run.error["message"]
+    assert Effect.objects.get(run=run).status == EffectStatus.FAILED
+    assert not LedgerEntry.objects.filter(order_id="N-1").exists(), "the charge stayed applied without a record"

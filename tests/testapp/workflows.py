@@ -206,6 +206,19 @@ def _hold(ctx: StepContext) -> dict[str, Any]:
 
 
 workflow("charge", steps=[call("charge", _charge_step), call("after", _record_step)])
+
+
+@tool(effectful=True, transactional=True)
+def charge_with_a_nan_receipt(order_id: str, *, idempotency_key: str) -> dict[str, Any]:
+    """Charge an order and answer with a receipt jsonb cannot store (a NaN fee)."""
+    LedgerEntry.objects.create(idempotency_key=idempotency_key, order_id=order_id, amount=Decimal(1), kind="charge")
+    return {"receipt": {"fee": float("nan")}}
+
+
+workflow(
+    "charge_nan_receipt",
+    steps=[call("charge", lambda ctx: ctx.call_tool(charge_with_a_nan_receipt, {"order_id": ctx.input["order_id"]}))],
+)
 workflow("notify", steps=[call("notify", _notify_step), call("after", _record_step)])
 workflow(
     "two_charges",
