@@ -15,17 +15,23 @@ from durable_agents.engine.plans import version_drift as drifted_runs
 from durable_agents.engine.runs import get_run
 from durable_agents.errors import InvalidInputError
 from durable_agents.models import Run, RunStatus, Step
+from durable_agents.storable import check_text, shown, whole_number
 
-DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
+DURATION_RE = re.compile(r"^\s*(\d{1,12}(?:\.\d{1,9})?)\s*([smhdw])\s*$")
 DURATION_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+# Longer ago than this is before any run; it also keeps `now - duration` inside datetime's range.
+MAX_DURATION = timedelta(days=100 * 365)
 
 
 def parse_duration(text: str) -> timedelta:
     """'90s', '30m', '2h', '3d', '1w' → timedelta; anything else is a clear InvalidInputError."""
-    match = DURATION_RE.match(text or "")
+    match = DURATION_RE.match(text or "") if isinstance(text, str) else None
     if not match:
-        raise InvalidInputError(f"invalid duration {text!r}: use a number and a unit, e.g. 90s, 30m, 2h, 3d, 1w")
-    return timedelta(**{DURATION_UNITS[match.group(2)]: float(match.group(1))})
+        raise InvalidInputError(f"invalid duration {shown(text)}: use a number and a unit, e.g. 90s, 30m, 2h, 3d, 1w")
+    amount, unit = float(match.group(1)), DURATION_UNITS[match.group(2)]
+    if amount > MAX_DURATION / timedelta(**{unit: 1}):
+        raise InvalidInputError(f"duration {text.strip()!r} is longer than 100 years; give a shorter one, e.g. 52w")
+    return timedelta(**{unit: amount})
 
 
 def list_runs(
@@ -35,9 +41,12 @@ def list_runs(
     stuck: bool = False,
     older_than: timedelta | None = None,
     version_drift: bool = False,
-    limit: int = 100,
+    limit: int | str = 100,
 ) -> QuerySet[Run]:
-    """Runs, newest first, filtered as an operator asks."""
+    """Runs, newest first, filtered as an operator asks. `limit` is 1 or more (a count, not an index)."""
+    limit = whole_number(limit, "--limit (how many runs to list)", low=1)
+    if workflow:
+        check_text(workflow, "--workflow")
     runs = drifted_runs() if version_drift else Run.objects.all()
     if status:
         if status not in RunStatus.values:

@@ -9,7 +9,7 @@ from django.views.decorators.http import require_http_methods
 
 from durable_agents import api
 from durable_agents.engine.waits import get_wait
-from durable_agents.errors import DurableAgentsError
+from durable_agents.errors import DurableAgentsError, InvalidInputError
 from durable_agents.links import read_token
 
 
@@ -41,7 +41,9 @@ def decide_wait(request: HttpRequest, wait_id: int, token: str) -> HttpResponse:
             )
         except DurableAgentsError as exc:
             context["error"] = str(exc)
-            return render(request, "durable_agents/wait_decision.html", context, status=409)
+            # A bad comment is the sender's to fix (400); a wait decided meanwhile is a conflict (409).
+            status = 400 if isinstance(exc, InvalidInputError) else 409
+            return render(request, "durable_agents/wait_decision.html", context, status=status)
         context.update(wait=wait, decided=True)
     elif not wait.is_open:
         context["error"] = f"This request is already {wait.status}" + (
