@@ -1,20 +1,22 @@
-"""What operators can ask and do, shared by the management commands and the admin: list, show, sweep."""
+"""What operators can ask and do, shared by the management commands and the admin: list, show, act on batches."""
 
 from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import Callable, Iterable
 from datetime import timedelta
 from typing import Any
 
+from django.db import transaction
 from django.db.models import QuerySet
 
-from durable_agents import clock
+from durable_agents import api, clock
 from durable_agents.conf import settings
 from durable_agents.engine.plans import version_drift as drifted_runs
 from durable_agents.engine.runs import get_run
-from durable_agents.errors import InvalidInputError
-from durable_agents.models import Run, RunStatus, Step
+from durable_agents.errors import BatchRefusedError, DurableAgentsError, InvalidInputError
+from durable_agents.models import ACTIVE_RUN_STATUSES, Run, RunStatus, Step
 from durable_agents.storable import check_text, shown, whole_number
 
 DURATION_RE = re.compile(r"^\s*(\d{1,12}(?:\.\d{1,9})?)\s*([smhdw])\s*$")
@@ -179,3 +181,85 @@ def _ms(step: Step) -> float | None:
     if step.started_at and step.finished_at:
         return round((step.finished_at - step.started_at).total_seconds() * 1000, 3)
     return None
+
+
+# --- Batches: all or nothing ---------------------------------------------------------------------------------
+
+# The states each batch operation accepts; the engine enforces them again, atomically, for each run.
+CANCELLABLE = ACTIVE_RUN_STATUSES
+RESUMABLE = (RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.PENDING, RunStatus.RUNNING)
+
+
+def cancel_runs(
+    run_ids: Iterable[uuid.UUID | str], *, reason: str = "", compensate: bool = False, actor: str = ""
+) -> list[Run]:
+    """Cancel every run of the batch, or none: see `act_on_all`."""
+
+    def refusal(run: Run) -> str | None:
+        if run.status in CANCELLABLE:
+            return None
+        return f"run {run.id} is already {run.status}; there is nothing to cancel"
+
+    return act_on_all(
+        run_ids, "cancel", refusal, lambda run: api.cancel(run.id, reason, compensate=compensate, actor=actor)
+    )
+
+
+def resume_runs(run_ids: Iterable[uuid.UUID | str], *, actor: str = "") -> list[Run]:
+    """Resume (or re-wake) every run of the batch, or none: see `act_on_all`."""
+
+    def refusal(run: Run) -> str | None:
+        if run.status in RESUMABLE:
+            return None
+        hint = "pass --from-step to run again from a step" if run.status == RunStatus.COMPLETED else "decide its wait"
+        return f"run {run.id} is {run.status}; only failed or cancelled runs resume ({hint})"
+
+    return act_on_all(run_ids, "resume", refusal, lambda run: api.resume(run.id, actor=actor))
+
+
+def act_on_all(
+    run_ids: Iterable[uuid.UUID | str],
+    verb: str,
+    refusal: Callable[[Run], str | None],
+    act: Callable[[Run], Run],
+) -> list[Run]:
+    """Check every run first (it exists, its state allows `verb`), then act on all in one transaction.
+
+    A batch with bad ids changes nothing and names each bad id with its reason. A run that changes between
+    the check and the action (a race with a worker or another operator) rolls the whole batch back: the
+    error names that run and says that none of the others changed either. A batch of one is simply the
+    operation, with its own error.
+    """
+    given = list(run_ids)
+    if len(given) == 1:
+        return [act(get_run(given[0]))]
+    runs: dict[uuid.UUID, Run] = {}
+    problems: list[str] = []
+    for run_id in given:
+        try:
+            run = get_run(run_id)
+        except DurableAgentsError as exc:
+            problems.append(str(exc))
+            continue
+        why = refusal(run)
+        if why:
+            problems.append(why)
+        runs.setdefault(run.id, run)  # the same run named twice is acted on once
+    if problems:
+        raise BatchRefusedError(f"nothing changed: {'; '.join(problems)}", problems=problems)
+    done: list[Run] = []
+    with transaction.atomic():
+        for run in runs.values():
+            try:
+                done.append(act(run))
+            except DurableAgentsError as exc:
+                raise _raced(verb, run, exc, [r for r in runs.values() if r.id != run.id]) from exc
+    return done
+
+
+def _raced(verb: str, run: Run, exc: DurableAgentsError, others: list[Run]) -> BatchRefusedError:
+    left = f"; the other runs ({', '.join(str(r.id) for r in others)}) were not changed either" if others else ""
+    return BatchRefusedError(
+        f"nothing changed: run {run.id} changed between the check and the {verb}: {exc}{left}; look and retry",
+        problems=[str(exc)],
+    )

@@ -394,6 +394,41 @@ def test_bad_input__a_batch_with_an_unknown_run_changes_nothing(world, manage, c
     )
 
 
+BATCH_CASES = [
+    ("cancel-with-a-finished-run", "durable_cancel", ["pending", "done"], ["done"]),
+    ("cancel-with-two-bad-runs-and-a-typo", "durable_cancel", ["pending", "done", "missing", "failed"], None),
+    ("resume-with-a-waiting-run", "durable_resume", ["failed", "waiting"], ["waiting"]),
+    ("resume-with-a-completed-and-a-missing-run", "durable_resume", ["failed", "done", "missing"], None),
+]
+BATCH_REASONS = {
+    ("durable_cancel", "done"): "is already completed; there is nothing to cancel",
+    ("durable_cancel", "failed"): "is already failed; there is nothing to cancel",
+    ("durable_resume", "waiting"): "is waiting; only failed or cancelled runs resume (decide its wait)",
+    ("durable_resume", "done"): "is completed; only failed or cancelled runs resume",
+}
+
+
+@pytest.mark.parametrize(("command", "targets", "bad"), [pytest.param(*c[1:], id=c[0]) for c in BATCH_CASES])
+def test_bad_input__a_batch_with_a_run_that_cannot_take_it_changes_nothing_and_names_each(
+    world, manage, command, targets, bad
+):
+    """Issue 13 item 18: `durable_cancel A B` with B finished used to cancel A, then exit 2 about B only."""
+    ids = {t: MISSING_RUN if t == "missing" else str(getattr(world, t).id) for t in targets}
+    before = snapshot()
+    result = manage(command, *ids.values())
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-1500:]
+    assert len(result.stderr.strip().splitlines()) == 1, f"one line on stderr, got:\n{result.stderr}"
+    assert "nothing changed" in result.stderr, result.stderr
+    for target in bad or [t for t in targets if (command, t) in BATCH_REASONS or t == "missing"]:
+        why = (
+            f"no run has id '{MISSING_RUN}'"
+            if target == "missing"
+            else f"run {ids[target]} " + BATCH_REASONS[(command, target)]
+        )
+        assert why in result.stderr, f"the error should name {target} and why ({why!r}): {result.stderr}"
+    assert snapshot() == before, f"{command} refused the batch but changed runs of it"
+
+
 # --- The public API --------------------------------------------------------------------------------------------------
 
 API_CASES = [
