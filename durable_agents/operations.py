@@ -15,7 +15,13 @@ from durable_agents import api, clock
 from durable_agents.conf import settings
 from durable_agents.engine.plans import version_drift as drifted_runs
 from durable_agents.engine.runs import get_run
-from durable_agents.errors import BatchRefusedError, DurableAgentsError, InvalidInputError
+from durable_agents.errors import (
+    BatchRefusedError,
+    DurableAgentsError,
+    InvalidInputError,
+    InvalidTransitionError,
+    RunNotFoundError,
+)
 from durable_agents.models import ACTIVE_RUN_STATUSES, Run, RunStatus, Step
 from durable_agents.storable import check_text, shown, whole_number
 
@@ -250,9 +256,11 @@ def act_on_all(
     done: list[Run] = []
     with transaction.atomic():
         for run in runs.values():
+            # A state error now means the run changed since its check (a race). Other domain errors (a bad
+            # --as or --reason) are about the arguments: they roll the batch back too, and say so as they are.
             try:
                 done.append(act(run))
-            except DurableAgentsError as exc:
+            except (InvalidTransitionError, RunNotFoundError) as exc:
                 raise _raced(verb, run, exc, [r for r in runs.values() if r.id != run.id]) from exc
     return done
 

@@ -285,6 +285,11 @@ CLI_CASES = [
     ("budget-as-too-long", lambda w: ["durable_budget", str(w.pending.id), "--tokens", "5", *LONG_AS], "200"),
     ("cancel-as-too-long", lambda w: ["durable_cancel", str(w.pending.id), *LONG_AS], "at most 200 fit"),
     (
+        "cancel-batch-as-too-long",
+        lambda w: ["durable_cancel", str(w.pending.id), str(w.waiting.id), *LONG_AS],
+        "the actor (who is acting, --as) is 201 characters long; at most 200 fit",
+    ),
+    (
         "cancel-reason-undecodable",
         lambda w: ["durable_cancel", str(w.pending.id), "--reason", BAD_BYTE],
         "the reason contains a lone surrogate",
