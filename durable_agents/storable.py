@@ -110,8 +110,21 @@ def _quoted(key: Any) -> str:
     return text.replace("{", "{{").replace("}", "}}")
 
 
-def check_json(value: Any, root: str, error: type[DurableAgentsError] = InvalidInputError) -> None:
-    """Raise `error` naming the first spot of `value` that Postgres jsonb cannot store."""
+# What an unstorable value leaves in json.dumps output (ensure_ascii): NaN/Infinity tokens, the NUL escape,
+# surrogate escapes (\\udXXX, also the pairs of valid characters such as emoji, and Hangul: the walk decides).
+SUSPECT_TOKENS = (b"NaN", b"Infinity", b"\\u0000", b"\\ud")
+
+
+def check_json(
+    value: Any, root: str, error: type[DurableAgentsError] = InvalidInputError, *, raw: bytes | None = None
+) -> None:
+    """Raise `error` naming the first spot of `value` that Postgres jsonb cannot store.
+
+    With `raw` (`value` as json.dumps wrote it, ASCII-escaped), clean values skip the walk: a byte scan is
+    cheaper than visiting every leaf of a large result.
+    """
+    if raw is not None and not any(token in raw for token in SUSPECT_TOKENS):
+        return
     problem = json_problem(value, root)
     if problem:
         raise error(problem)

@@ -52,7 +52,7 @@ def check_input(run_input: Any, what: str = "input") -> str:
         raw = json.dumps(run_input, sort_keys=True, separators=(",", ":")).encode()
     except (TypeError, ValueError, RecursionError) as exc:
         raise InvalidInputError(f"{what} must be JSON-serialisable: {exc}") from exc
-    check_json(run_input, what, InvalidInputError)
+    check_json(run_input, what, InvalidInputError, raw=raw)
     limit = int(settings.INPUT_MAX_BYTES)
     if len(raw) > limit:
         raise InputTooLargeError(
@@ -86,7 +86,7 @@ def store_result(run_id: uuid.UUID | str, step_id: str, value: Any) -> StoredRes
     # What the JSON column would hold; checked before the commit, where a DataError would leave the
     # lease held and the step re-running on every expiry.
     stored = value if _is_plain(value) else json.loads(raw)
-    check_json(stored, "result", PermanentError)
+    check_json(stored, "result", PermanentError, raw=raw)
     if len(raw) <= int(settings.RESULT_INLINE_MAX_BYTES):
         return StoredResult(inline=stored)
     sha = hashlib.sha256(raw).hexdigest()
