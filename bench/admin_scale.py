@@ -26,6 +26,7 @@ sys.path.insert(0, str(ROOT))
 DB_NAME = "durable_bench_admin"
 os.environ.update(
     DJANGO_SETTINGS_MODULE="project.settings",
+    DJANGO_LOCAL_SECRET_KEY="1",  # a random key for this machine (project/settings.py)
     DATABASE_URL=f"postgres://postgres@127.0.0.1:5432/{DB_NAME}",
     DURABLE_LOG_LEVEL="ERROR",
 )

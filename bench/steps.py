@@ -23,6 +23,7 @@ DB_NAME = "durable_bench"
 BROKER = os.environ.get("BENCH_BROKER_URL", "redis://127.0.0.1:6379/14")
 os.environ.update(
     DJANGO_SETTINGS_MODULE="project.settings",
+    DJANGO_LOCAL_SECRET_KEY="1",  # a random key for this machine (project/settings.py)
     DATABASE_URL=f"postgres://postgres@127.0.0.1:5432/{DB_NAME}",
     CELERY_BROKER_URL=BROKER,
     DURABLE_LOG_LEVEL="ERROR",

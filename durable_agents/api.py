@@ -11,6 +11,7 @@ Example::
 from __future__ import annotations
 
 import uuid
+from decimal import Decimal
 from typing import Any
 
 from durable_agents.agents.loop import agent
@@ -19,7 +20,8 @@ from durable_agents.engine.context import StepContext
 from durable_agents.engine.effects import resolve_effect as _resolve_effect
 from durable_agents.engine.plans import fork_run, migrate_run
 from durable_agents.engine.records import get_run
-from durable_agents.engine.runs import cancel_run, resume_run, set_budget, set_participant, start_run
+from durable_agents.engine.runs import cancel_run, resume_run, set_participant, start_run
+from durable_agents.engine.runs import set_budget as _set_budget
 from durable_agents.engine.waits import decide_wait
 from durable_agents.engine.waits import send_signal as _send_signal
 from durable_agents.errors import (
@@ -46,6 +48,7 @@ from durable_agents.errors import (
 from durable_agents.judge import judge
 from durable_agents.models import Effect, Run, RunStatus, StepStatus
 from durable_agents.planner import planner
+from durable_agents.storable import check_json, check_text, whole_number
 from durable_agents.tools import Field, Tool, tool
 from durable_agents.waits import approval, sleep, wait_for_signal
 from durable_agents.workflows import PlannedStep, RetryPolicy, Workflow, call, registry, tool_step, workflow
@@ -107,12 +110,23 @@ __all__ = [
 ]
 
 
+# Text arguments are checked before anything is written: the column widths they are stored in
+# (Run.idempotency_key, Run.participant), or bounds for free text kept in every event (the admin forms' own).
+KEY_MAX_CHARS = 255
+PARTICIPANT_MAX_CHARS = 100
+REASON_MAX_CHARS = 1000
+COMMENT_MAX_CHARS = 2000
+
+
 def start(workflow: str, input: Any = None, *, idempotency_key: str | None = None, version: int | None = None) -> Run:
     """Start a run of `workflow` (latest version unless `version`); the same key returns the same run.
 
     Reusing a key with a different input raises IdempotencyKeyReusedError (Stripe semantics).
     """
-    return start_run(workflow, input, idempotency_key=idempotency_key, version=version)
+    check_text(workflow, "a workflow name")
+    if idempotency_key is not None:
+        check_text(idempotency_key, "the idempotency key", max_chars=KEY_MAX_CHARS)
+    return start_run(workflow, input, idempotency_key=idempotency_key, version=_version(version, optional=True))
 
 
 def get(run_id: uuid.UUID | str) -> Run:
@@ -126,12 +140,15 @@ def cancel(run_id: uuid.UUID | str, reason: str = "", *, compensate: bool = Fals
     With `compensate=True` the run first undoes its applied effects (newest first) through each tool's
     compensating tool, each exactly once, then ends `cancelled`.
     """
-    return cancel_run(run_id, reason=reason, actor=actor, compensate=compensate)
+    check_text(reason, "the reason", max_chars=REASON_MAX_CHARS)
+    return cancel_run(run_id, reason=reason, actor=_actor(actor), compensate=compensate)
 
 
 def resume(run_id: uuid.UUID | str, from_step: str | None = None, *, actor: str = "") -> Run:
     """Resume a failed or cancelled run, re-wake a stalled one, or run again from `from_step`."""
-    return resume_run(run_id, from_step=from_step, actor=actor)
+    if from_step is not None:
+        check_text(from_step, "the step id (--from-step)")
+    return resume_run(run_id, from_step=from_step, actor=_actor(actor))
 
 
 def decide(
@@ -142,23 +159,27 @@ def decide(
     A closed wait raises WaitClosedError (nothing changes); a signal or timer wait, InvalidTransitionError
     (signals come through `send_signal`). `run_id` checks the wait belongs to that run.
     """
+    if not isinstance(approved, bool):
+        raise InvalidInputError(f"approved is True or False, got {approved!r}")
+    if isinstance(wait_id, bool) or not isinstance(wait_id, int | str):
+        raise WaitNotFoundError(f"no wait has id {wait_id!r}; wait ids are whole numbers")
+    check_text(comment, "the comment", max_chars=COMMENT_MAX_CHARS)
+    check_text(via, "via")
+    by = _actor(by, "the decider (by, --as)")
     return decide_wait(wait_id, approved=approved, by=by, comment=comment, via=via, run_id=run_id)
 
 
 def send_signal(run_id: uuid.UUID | str, name: str, payload: Any = None, *, by: str = "") -> Any:
     """Deliver signal `name` (with a JSON payload) to a run; kept until the run waits for it."""
-    return _send_signal(run_id, name, payload, by=by)
+    if not check_text(name, "the signal name").strip():
+        raise InvalidInputError("the signal name is empty; give the name the run waits for")
+    return _send_signal(run_id, name, payload, by=_actor(by, "the sender (by, --as)"))
 
 
 def fork(run_id: uuid.UUID | str, at_step: str, *, input: Any = None, actor: str = "") -> Run:  # noqa: A002
     """Start a new run that copies `run_id`'s checkpoints before `at_step`, optionally with new input."""
-    return fork_run(run_id, at_step, input=input, actor=actor)
-
-
-def swap_participant(run_id: uuid.UUID | str, participant: str, *, actor: str = "") -> Run:
-    """Make `participant` answer this run's model turns from the next turn on; recorded as an operator action."""
-    participants.get(participant)  # unknown names are a clear error, before anything changes
-    return set_participant(run_id, participant, actor=actor)
+    check_text(at_step, "the step id (--at-step)")
+    return fork_run(run_id, at_step, input=input, actor=_actor(actor))
 
 
 def resolve_effect(
@@ -168,6 +189,12 @@ def resolve_effect(
     system's `result`), or not. With `resume`, a run that stopped on it (failed) then resumes from there:
     an applied effect is not called again; one recorded as not applied is called again under its key.
     """
+    if not isinstance(applied, bool):
+        raise InvalidInputError(f"applied is True or False, got {applied!r}")
+    check_text(key, "the effect key", max_chars=300)
+    check_text(reason, "the reason", max_chars=REASON_MAX_CHARS)
+    check_json(result, "the result")
+    actor = _actor(actor)
     effect = _resolve_effect(key, applied=applied, result=result, actor=actor, reason=reason)
     if resume and Run.objects.filter(pk=effect.run_id, status=RunStatus.FAILED).exists():
         resume_run(effect.run_id, actor=actor)
@@ -176,4 +203,36 @@ def resolve_effect(
 
 def migrate(run_id: uuid.UUID | str, version: int, *, replan: bool = False, actor: str = "") -> Run:
     """Move a run to another registered version of its workflow (recorded); wakes a run parked on drift."""
-    return migrate_run(run_id, version, replan=replan, actor=actor)
+    return migrate_run(run_id, _version(version), replan=replan, actor=_actor(actor))
+
+
+def set_budget(
+    run_id: uuid.UUID | str,
+    *,
+    tokens: int | None = None,
+    cost_usd: Decimal | str | None = None,
+    actor: str = "",
+) -> Run:
+    """Set a run's token and/or cost budget (e.g. raise it after BudgetExceededError, then resume).
+
+    `tokens` is a whole number that fits a bigint; `cost_usd` a finite amount >= 0 with at most 6 decimals.
+    """
+    return _set_budget(run_id, tokens=tokens, cost_usd=cost_usd, actor=_actor(actor))
+
+
+def swap_participant(run_id: uuid.UUID | str, participant: str, *, actor: str = "") -> Run:
+    """Make `participant` answer this run's model turns from the next turn on; recorded as an operator action."""
+    check_text(participant, "the participant name", max_chars=PARTICIPANT_MAX_CHARS)
+    participants.get(participant)  # unknown names are a clear error, before anything changes
+    return set_participant(run_id, participant, actor=_actor(actor))
+
+
+def _actor(actor: str, what: str = "the actor (who is acting, --as)") -> str:
+    """Who acts is kept in 200-character columns (Event.actor, Wait.decided_by): refuse what would not fit."""
+    return check_text(actor, what)
+
+
+def _version(version: Any, *, optional: bool = False) -> int | None:
+    if version is None and optional:
+        return None
+    return whole_number(version, "a workflow version", low=1, high=2**31 - 1)

@@ -20,8 +20,15 @@ DEFAULTS: dict[str, Any] = {
     "SWEEP_BATCH": 1000,
     # A running run with no progress for this long is flagged stuck in the console.
     "STUCK_AFTER_SECONDS": 600.0,
-    # Step results larger than this (JSON bytes) are stored out of row in Django storage.
+    # Step results larger than this (JSON bytes) are stored out of row, content-addressed by sha256, and
+    # read back with their hash verified.
     "RESULT_INLINE_MAX_BYTES": 64 * 1024,
+    # Where out-of-row results live. None: the Payload table in Postgres, beside their run (deleted with it).
+    # Or the alias of a Django STORAGES entry shared by every worker (e.g. S3), for results too big for the
+    # database:  STORAGES = {..., "durable_results": {"BACKEND": "storages.backends.s3.S3Storage", ...}}
+    #             DURABLE_AGENTS = {"RESULT_STORAGE": "durable_results"}
+    # Never a worker's local disk: a next step on another machine, or after a redeploy, must read it.
+    "RESULT_STORAGE": None,
     # Run inputs larger than this are refused.
     "INPUT_MAX_BYTES": 1024 * 1024,
     # Retries in-process with a countdown up to this long; longer waits are left to the sweep.

@@ -12,7 +12,8 @@ DurableAgentsError
  ├── RunNotFoundError             no run has that id
  ├── StepNotFoundError            the run has no step with that id
  ├── InvalidTransitionError       the run is not in a state that allows the operation
- │    └── WaitClosedError         the wait was already decided, expired or cancelled
+ │    ├── WaitClosedError         the wait was already decided, expired or cancelled
+ │    └── BatchRefusedError       some runs of a batch cannot take the operation (`problems` lists each)
  ├── WaitNotFoundError            no wait has that id
  ├── ApprovalRejectedError        a human (or a deadline) rejected the action
  ├── ToolFailedError              a tool refused and changed nothing: the model is told
@@ -74,6 +75,15 @@ class StepNotFoundError(DurableAgentsError):
 
 class InvalidTransitionError(DurableAgentsError):
     """The run is not in a state that allows this operation."""
+
+
+class BatchRefusedError(InvalidTransitionError):
+    """Some runs of the batch cannot take the operation; nothing changed."""
+
+    def __init__(self, message: str | None = None, *, problems: Iterable[str] = ()) -> None:
+        # One entry per refused run (its id and why), so an operator fixes the whole batch at once.
+        self.problems: list[str] = list(problems)
+        super().__init__(message)
 
 
 class LeaseLostError(DurableAgentsError):

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from django.conf import settings as django_settings
 from django.core import signing
+from django.core.exceptions import ImproperlyConfigured
 from django.urls import reverse
 
 from durable_agents.conf import settings
@@ -16,6 +18,9 @@ from durable_agents.errors import InvalidInputError
 from durable_agents.models import Wait
 
 SALT = "durable_agents.wait-decision"
+# Keys published in this repository (the example settings' former fallback): anyone can sign with them, so a
+# link signed with one proves nothing. Links are neither made nor accepted under them, nor as fallbacks.
+PUBLIC_SECRET_KEYS = frozenset({"django-insecure-demo-key-set-DJANGO_SECRET_KEY-in-production"})
 
 
 @dataclass(frozen=True)
@@ -26,7 +31,23 @@ class LinkClaim:
 
 
 def make_token(wait: Wait) -> str:
-    return signing.dumps({"w": wait.pk, "r": str(wait.run_id), "n": wait.link_nonce}, salt=SALT, compress=True)
+    return signing.dumps(
+        {"w": wait.pk, "r": str(wait.run_id), "n": wait.link_nonce}, key=_signing_key(), salt=SALT, compress=True
+    )
+
+
+def _signing_key() -> str:
+    key = str(django_settings.SECRET_KEY)
+    if key in PUBLIC_SECRET_KEYS:
+        raise ImproperlyConfigured(
+            "SECRET_KEY is a published key, so decision links signed with it could be forged; "
+            "set DJANGO_SECRET_KEY (settings.SECRET_KEY) to a long random value of your own"
+        )
+    return key
+
+
+def _fallback_keys() -> list[str]:
+    return [str(k) for k in getattr(django_settings, "SECRET_KEY_FALLBACKS", []) if str(k) not in PUBLIC_SECRET_KEYS]
 
 
 def decision_path(wait: Wait) -> str:
@@ -40,7 +61,16 @@ def decision_url(wait: Wait) -> str:
 def read_token(wait_id: int, token: str) -> LinkClaim:
     """The link's claim, or InvalidInputError saying why the link cannot be used."""
     try:
-        data = signing.loads(token, salt=SALT, max_age=float(settings.LINK_MAX_AGE_SECONDS))
+        key = _signing_key()
+    except ImproperlyConfigured:
+        raise InvalidInputError(
+            "decision links are disabled: this site's SECRET_KEY is a published one; decide in the admin, "
+            "and ask its administrator to set DJANGO_SECRET_KEY"
+        ) from None
+    try:
+        data = signing.loads(
+            token, key=key, fallback_keys=_fallback_keys(), salt=SALT, max_age=float(settings.LINK_MAX_AGE_SECONDS)
+        )
     except signing.SignatureExpired:
         raise InvalidInputError("this decision link has expired; ask for a new one or decide in the admin") from None
     except signing.BadSignature:

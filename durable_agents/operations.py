@@ -1,34 +1,47 @@
-"""What operators can ask and do, shared by the management commands and the admin: list, show, sweep."""
-
+"""What operators can ask and do, shared by the management commands and the admin: list, show, act on batches."""
 
 from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import Callable, Iterable
 from datetime import timedelta
 from typing import Any
 
+from django.db import transaction
 from django.db.models import QuerySet
 
-from durable_agents import clock
+from durable_agents import api, clock
 from durable_agents.conf import settings
 from durable_agents.engine.plans import version_drift as drifted_runs
 from durable_agents.engine.records import get_run
 from durable_agents.engine.sweep import SweepReport
 from durable_agents.engine.sweep import sweep as _sweep
-from durable_agents.errors import InvalidInputError
-from durable_agents.models import Run, RunStatus, Step
+from durable_agents.errors import (
+    BatchRefusedError,
+    DurableAgentsError,
+    InvalidInputError,
+    InvalidTransitionError,
+    RunNotFoundError,
+)
+from durable_agents.models import ACTIVE_RUN_STATUSES, Run, RunStatus, Step
+from durable_agents.storable import check_text, shown, whole_number
 
-DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
+DURATION_RE = re.compile(r"^\s*(\d{1,12}(?:\.\d{1,9})?)\s*([smhdw])\s*$")
 DURATION_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+# Longer ago than this is before any run; it also keeps `now - duration` inside datetime's range.
+MAX_DURATION = timedelta(days=100 * 365)
 
 
 def parse_duration(text: str) -> timedelta:
     """'90s', '30m', '2h', '3d', '1w' → timedelta; anything else is a clear InvalidInputError."""
-    match = DURATION_RE.match(text or "")
+    match = DURATION_RE.match(text or "") if isinstance(text, str) else None
     if not match:
-        raise InvalidInputError(f"invalid duration {text!r}: use a number and a unit, e.g. 90s, 30m, 2h, 3d, 1w")
-    return timedelta(**{DURATION_UNITS[match.group(2)]: float(match.group(1))})
+        raise InvalidInputError(f"invalid duration {shown(text)}: use a number and a unit, e.g. 90s, 30m, 2h, 3d, 1w")
+    amount, unit = float(match.group(1)), DURATION_UNITS[match.group(2)]
+    if amount > MAX_DURATION / timedelta(**{unit: 1}):
+        raise InvalidInputError(f"duration {text.strip()!r} is longer than 100 years; give a shorter one, e.g. 52w")
+    return timedelta(**{unit: amount})
 
 
 def list_runs(
@@ -38,9 +51,12 @@ def list_runs(
     stuck: bool = False,
     older_than: timedelta | None = None,
     version_drift: bool = False,
-    limit: int = 100,
+    limit: int | str = 100,
 ) -> QuerySet[Run]:
-    """Runs, newest first, filtered as an operator asks."""
+    """Runs, newest first, filtered as an operator asks. `limit` is 1 or more (a count, not an index)."""
+    limit = whole_number(limit, "--limit (how many runs to list)", low=1)
+    if workflow:
+        check_text(workflow, "--workflow")
     runs = drifted_runs() if version_drift else Run.objects.all()
     if status:
         if status not in RunStatus.values:
@@ -178,3 +194,87 @@ def _ms(step: Step) -> float | None:
 def sweep() -> SweepReport:
     """One sweep pass, as celery beat runs it: wake lost runs, settle cancellations, apply wait deadlines."""
     return _sweep()
+
+
+# --- Batches: all or nothing ---------------------------------------------------------------------------------
+
+# The states each batch operation accepts; the engine enforces them again, atomically, for each run.
+CANCELLABLE = ACTIVE_RUN_STATUSES
+RESUMABLE = (RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.PENDING, RunStatus.RUNNING)
+
+
+def cancel_runs(
+    run_ids: Iterable[uuid.UUID | str], *, reason: str = "", compensate: bool = False, actor: str = ""
+) -> list[Run]:
+    """Cancel every run of the batch, or none: see `act_on_all`."""
+
+    def refusal(run: Run) -> str | None:
+        if run.status in CANCELLABLE:
+            return None
+        return f"run {run.id} is already {run.status}; there is nothing to cancel"
+
+    return act_on_all(
+        run_ids, "cancel", refusal, lambda run: api.cancel(run.id, reason, compensate=compensate, actor=actor)
+    )
+
+
+def resume_runs(run_ids: Iterable[uuid.UUID | str], *, actor: str = "") -> list[Run]:
+    """Resume (or re-wake) every run of the batch, or none: see `act_on_all`."""
+
+    def refusal(run: Run) -> str | None:
+        if run.status in RESUMABLE:
+            return None
+        hint = "pass --from-step to run again from a step" if run.status == RunStatus.COMPLETED else "decide its wait"
+        return f"run {run.id} is {run.status}; only failed or cancelled runs resume ({hint})"
+
+    return act_on_all(run_ids, "resume", refusal, lambda run: api.resume(run.id, actor=actor))
+
+
+def act_on_all(
+    run_ids: Iterable[uuid.UUID | str],
+    verb: str,
+    refusal: Callable[[Run], str | None],
+    act: Callable[[Run], Run],
+) -> list[Run]:
+    """Check every run first (it exists, its state allows `verb`), then act on all in one transaction.
+
+    A batch with bad ids changes nothing and names each bad id with its reason. A run that changes between
+    the check and the action (a race with a worker or another operator) rolls the whole batch back: the
+    error names that run and says that none of the others changed either. A batch of one is simply the
+    operation, with its own error.
+    """
+    given = list(run_ids)
+    if len(given) == 1:
+        return [act(get_run(given[0]))]
+    runs: dict[uuid.UUID, Run] = {}
+    problems: list[str] = []
+    for run_id in given:
+        try:
+            run = get_run(run_id)
+        except DurableAgentsError as exc:
+            problems.append(str(exc))
+            continue
+        why = refusal(run)
+        if why:
+            problems.append(why)
+        runs.setdefault(run.id, run)  # the same run named twice is acted on once
+    if problems:
+        raise BatchRefusedError(f"nothing changed: {'; '.join(problems)}", problems=problems)
+    done: list[Run] = []
+    with transaction.atomic():
+        for run in runs.values():
+            # A state error now means the run changed since its check (a race). Other domain errors (a bad
+            # --as or --reason) are about the arguments: they roll the batch back too, and say so as they are.
+            try:
+                done.append(act(run))
+            except (InvalidTransitionError, RunNotFoundError) as exc:
+                raise _raced(verb, run, exc, [r for r in runs.values() if r.id != run.id]) from exc
+    return done
+
+
+def _raced(verb: str, run: Run, exc: DurableAgentsError, others: list[Run]) -> BatchRefusedError:
+    left = f"; the other runs ({', '.join(str(r.id) for r in others)}) were not changed either" if others else ""
+    return BatchRefusedError(
+        f"nothing changed: run {run.id} changed between the check and the {verb}: {exc}{left}; look and retry",
+        problems=[str(exc)],
+    )

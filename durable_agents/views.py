@@ -15,7 +15,7 @@ from django.views.decorators.http import require_http_methods
 
 from durable_agents import api
 from durable_agents.decisions import describe_closed
-from durable_agents.errors import DurableAgentsError, WaitClosedError
+from durable_agents.errors import DurableAgentsError, InvalidInputError, WaitClosedError
 from durable_agents.links import read_token
 from durable_agents.models import Wait
 
@@ -65,6 +65,7 @@ def decide_wait(request: HttpRequest, wait_id: int, token: str) -> HttpResponse:
             return render(request, TEMPLATE, context, status=409)
         except DurableAgentsError as exc:
             context["error"] = str(exc)
-            return render(request, TEMPLATE, context, status=409)
+            # A bad comment is the sender's to fix (400); a wait decided meanwhile is a conflict (409).
+            return render(request, TEMPLATE, context, status=400 if isinstance(exc, InvalidInputError) else 409)
         context.update(wait=wait, decided=True)
     return render(request, TEMPLATE, context)

@@ -1,9 +1,12 @@
 """Django settings, twelve-factor: everything that differs between machines comes from the environment.
 
-DATABASE_URL       default: a SQLite file under var/ (the embedded default)
-CELERY_BROKER_URL  default: redis://127.0.0.1:6379/0
-DJANGO_SECRET_KEY  required when DJANGO_DEBUG is off
-DJANGO_DEBUG       "1" turns debug on
+DATABASE_URL             default: a SQLite file under var/ (the embedded default)
+CELERY_BROKER_URL        default: redis://127.0.0.1:6379/0
+DJANGO_SECRET_KEY        required, unless DJANGO_DEBUG or DJANGO_LOCAL_SECRET_KEY is "1"
+DJANGO_LOCAL_SECRET_KEY  "1": without DJANGO_SECRET_KEY, use a random key made once for this machine and kept
+                         in var/secret_key (the demo and the tests set it; every process sharing the var dir
+                         shares the key)
+DJANGO_DEBUG             "1" turns debug on (and allows the local key)
 """
 
 from __future__ import annotations
@@ -13,14 +16,50 @@ from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+from django.core.management.utils import get_random_secret_key
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("DURABLE_VAR_DIR", BASE_DIR / "var"))
 VAR_DIR.mkdir(parents=True, exist_ok=True)
 
 DEBUG = os.environ.get("DJANGO_DEBUG", "0") == "1"
-# The fallback key is for the demo and tests only; `manage.py check --deploy` flags it in production.
-SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "django-insecure-demo-key-set-DJANGO_SECRET_KEY-in-production")
+
+
+def local_secret_key(var_dir: Path) -> str:
+    """This machine's key: random, made once and kept in `var_dir`/secret_key (mode 0600), never a constant.
+
+    Processes starting together (the demo's workers) must agree on it: the file is written aside and linked
+    into place, so the first one wins and the others read its key.
+    """
+    path = var_dir / "secret_key"
+    if not path.exists():
+        draft = var_dir / f".secret_key.{os.getpid()}"
+        descriptor = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(descriptor, "w") as handle:
+            handle.write(get_random_secret_key())
+        try:
+            os.link(draft, path)
+        except FileExistsError:
+            pass
+        finally:
+            draft.unlink()
+    return path.read_text().strip()
+
+
+# The key signs sessions and the approval links a decision goes by: a key anyone can read in this repository
+# would let anyone forge them. So there is no fallback constant; without a key of its own, only a local
+# (debug, demo, test) run starts, with a random key kept under the var dir.
+if os.environ.get("DJANGO_SECRET_KEY"):
+    SECRET_KEY = os.environ["DJANGO_SECRET_KEY"]
+elif DEBUG or os.environ.get("DJANGO_LOCAL_SECRET_KEY") == "1":
+    SECRET_KEY = local_secret_key(VAR_DIR)
+else:
+    raise ImproperlyConfigured(
+        "DJANGO_SECRET_KEY is not set. Set it to a long random value shared by every web and worker process, "
+        "e.g. DJANGO_SECRET_KEY=$(python -c 'import secrets; print(secrets.token_urlsafe(50))'); "
+        "for a local run on this machine only, set DJANGO_LOCAL_SECRET_KEY=1 (or DJANGO_DEBUG=1) instead"
+    )
 ALLOWED_HOSTS = [h for h in os.environ.get("DJANGO_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]").split(",") if h]
 
 INSTALLED_APPS = [

@@ -46,8 +46,9 @@ def worker_env(transactional_db: Any, broker_url: str) -> dict[str, str]:
 def start_worker(
     worker_env: dict[str, str], tmp_path: Path, request: pytest.FixtureRequest
 ) -> Iterator[Callable[..., WorkerProcess]]:
-    """Factory: start_worker(beat=False, pool="solo", concurrency=1, env_extra={...}) → a running WorkerProcess.
+    """Factory: start_worker(beat=False, pool="solo", concurrency=1, env={...}) → a running WorkerProcess.
 
+    `env` adds to the worker environment (e.g. DURABLE_VAR_DIR: a machine with a disk of its own).
     Every worker is SIGKILLed at teardown, before the database is flushed.
     """
     started: list[WorkerProcess] = []
@@ -58,9 +59,10 @@ def start_worker(
     )
     artifacts.mkdir(parents=True, exist_ok=True)
 
-    def start(env_extra: dict[str, str] | None = None, **kwargs: Any) -> WorkerProcess:
-        env = {**worker_env, **(env_extra or {})}
-        worker = WorkerProcess(env=env, cwd=ROOT, log_path=artifacts / f"worker-{len(started)}.log", **kwargs)
+    def start(*, env: dict[str, str] | None = None, **kwargs: Any) -> WorkerProcess:
+        worker = WorkerProcess(
+            env={**worker_env, **(env or {})}, cwd=ROOT, log_path=artifacts / f"worker-{len(started)}.log", **kwargs
+        )
         started.append(worker.start())
         return worker
 

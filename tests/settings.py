@@ -7,6 +7,8 @@ os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/durabl
 os.environ.setdefault("CELERY_BROKER_URL", "redis://127.0.0.1:6379/15")
 os.environ.setdefault("DURABLE_SWEEP_SECONDS", "0.5")
 os.environ.setdefault("DURABLE_VAR_DIR", tempfile.mkdtemp(prefix="durable-tests-"))
+# No DJANGO_SECRET_KEY in tests: a random key kept in the var dir, shared by the worker subprocesses.
+os.environ.setdefault("DJANGO_LOCAL_SECRET_KEY", "1")
 
 from project.settings import *  # noqa: E402,F403
 from project.settings import INSTALLED_APPS, VAR_DIR  # noqa: E402

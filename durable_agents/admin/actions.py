@@ -27,6 +27,7 @@ from durable_agents.agents.participants import participants
 from durable_agents.decisions import describe_closed, wait_label
 from durable_agents.errors import DurableAgentsError, WaitClosedError
 from durable_agents.models import ACTIVE_RUN_STATUSES, EffectKind, EffectStatus, Run, RunStatus, Step, Wait
+from durable_agents.storable import BIGINT_MAX
 
 # Bulk actions act on at most this many runs at once; select fewer (filter first) for more.
 BULK_LIMIT = 500
@@ -54,7 +55,9 @@ class CancelForm(RunActionForm):
 
 
 class BudgetForm(RunActionForm):
-    tokens = forms.IntegerField(required=False, min_value=0, label="Token budget", help_text="Leave empty to keep.")
+    tokens = forms.IntegerField(
+        required=False, min_value=0, max_value=BIGINT_MAX, label="Token budget", help_text="Leave empty to keep."
+    )
     cost_usd = forms.DecimalField(
         required=False, min_value=0, max_digits=14, decimal_places=6, label="Cost budget (USD)"
     )

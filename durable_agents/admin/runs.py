@@ -83,9 +83,7 @@ class RunChangeList(ChangeList):
         current_step = Step.objects.live().filter(run=OuterRef("pk"), position=OuterRef("cursor")).values("step_id")
         # Input and output can be up to a megabyte each and the list never shows them. Each row carries the
         # database's time, so ages and "stuck" are on the engine's clock without a query per row.
-        return queryset.defer("input", "output").annotate(
-            current_step_id=Subquery(current_step[:1]), db_now=DbNow()
-        )
+        return queryset.defer("input", "output").annotate(current_step_id=Subquery(current_step[:1]), db_now=DbNow())
 
     def date_links(self) -> dict[str, Any]:
         """The date hierarchy's links, from the URL and the table's first and last dates (two index probes).

@@ -118,4 +118,4 @@ class StepContext:
         if row is None:
             raise StepNotFoundError(f"run {self.run.id} has no completed step {step_id!r}")
         result, ref, sha = row
-        return load_result(ref, sha) if ref else result
+        return load_result(ref, sha, run_id=self.run.id) if ref else result

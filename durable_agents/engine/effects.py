@@ -42,6 +42,7 @@ from durable_agents.errors import (
 )
 from durable_agents.models import Effect, EffectKind, EffectStatus, Run, RunStatus
 from durable_agents.states import EffectOp
+from durable_agents.storable import check_json
 from durable_agents.tools import Tool
 
 logger = logging.getLogger("durable_agents.effects")
@@ -143,6 +144,8 @@ def _apply_in_transaction(
             if locked.status == EffectStatus.APPLIED:
                 return locked.result
             result = tool.invoke(args, idempotency_key=effect.idempotency_key, ctx=ctx)
+            # An unstorable result rolls the tool's own writes back with it: applied without a record is no option.
+            _check_result(tool, result)
             _applied_txn(effect, result, attempts=F("attempts") + 1)
             return result
     except Exception as exc:
@@ -178,6 +181,9 @@ def _apply_external(
     except Exception as exc:
         _record_failure(effect, exc, outcome_known=isinstance(exc, ToolFailedError))
         raise
+    # The receiver applied it, but its answer cannot be recorded: the effect stays pending (a resume calls
+    # again under the same key, which the receiver dedupes) and the step fails saying why.
+    _check_result(tool, result)
     with transaction.atomic():
         _applied_txn(effect, result)
     return result
@@ -186,6 +192,11 @@ def _apply_external(
 def _holds(run_id: Any, token: int, *, lock: bool = False) -> bool:
     held = Run.objects.filter(pk=run_id, lease_token=token, status=RunStatus.RUNNING)
     return (held.select_for_update() if lock else held).exists()
+
+
+def _check_result(tool: Tool[..., Any], result: Any) -> None:
+    """PermanentError naming the spot, if the Effect.result column (jsonb) cannot store what the tool returned."""
+    check_json(result, f"the result of tool {tool.name!r}", PermanentError)
 
 
 def _applied_txn(effect: Effect, result: Any, **changes: Any) -> None:

@@ -20,7 +20,7 @@ from durable_agents.clock import DbNow
 from durable_agents.engine import transitions
 from durable_agents.engine.control import Park, Rerun, WaitSpec
 from durable_agents.engine.events import record_event
-from durable_agents.engine.payloads import check_input
+from durable_agents.engine.payloads import check_input, copy_payloads
 from durable_agents.engine.records import get_run, plan_row
 from durable_agents.engine.wake import wake_on_commit
 from durable_agents.errors import InvalidInputError, InvalidTransitionError, StepNotFoundError, UnknownWorkflowError
@@ -220,6 +220,8 @@ def fork_run(run_id: uuid.UUID | str, at_step: str, *, input: Any = None, actor:
             participant=source.participant,
         )
         transitions.copy_plan_txn(steps, fork.id, target.position)
+        # Out-of-row results are rows of their run: the fork gets its own, which outlive the source.
+        copy_payloads(source.id, fork.id, [s.result_ref for s in steps if s.position < target.position])
         record_event(
             fork.id, "forked", step_id=at_step, actor=actor, source=str(source.id), new_input=input is not None
         )

@@ -51,9 +51,7 @@ def plan_row(run_id: Any, definition: Workflow, element: PlannedStep, position: 
 
 def current_step_id(run_id: Any, cursor: int) -> str:
     """The id of the live step at `cursor` ("" past the end of the plan)."""
-    return (
-        Step.objects.live().filter(run_id=run_id, position=cursor).values_list("step_id", flat=True).first() or ""
-    )
+    return Step.objects.live().filter(run_id=run_id, position=cursor).values_list("step_id", flat=True).first() or ""
 
 
 def locked(queryset: QuerySet[M]) -> QuerySet[M]:

@@ -13,6 +13,7 @@ from typing import Any
 from django.db import InterfaceError, OperationalError
 
 from durable_agents.errors import PermanentError, RetryableError
+from durable_agents.storable import storable_text
 from durable_agents.workflows import RetryPolicy
 
 TRANSIENT_TYPES: tuple[type[BaseException], ...] = (
@@ -45,6 +46,7 @@ class Failure:
 def classify(exc: BaseException, policy: RetryPolicy, step_id: str) -> Failure:
     """Decide whether `exc` is worth retrying: PermanentError never is; declared and I/O errors are."""
     transient = not isinstance(exc, PermanentError) and isinstance(exc, TRANSIENT_TYPES + policy.retry_on)
+    # The message is persisted (error fields, events): whatever the exception says must store.
     message = storable_text(str(exc) or type(exc).__name__)
     return Failure(
         transient=transient,
@@ -53,12 +55,6 @@ def classify(exc: BaseException, policy: RetryPolicy, step_id: str) -> Failure:
         step=step_id,
         retry_after=_seconds(getattr(exc, "retry_after", None)),
     )
-
-
-def storable_text(text: str) -> str:
-    """`text` as Postgres can store it in jsonb: NUL characters and lone surrogates escaped, so an error
-    message can always be persisted (an unstorable error would leave the failure unrecorded)."""
-    return text.replace("\x00", "\\u0000").encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _seconds(value: Any) -> float | None:

@@ -26,9 +26,11 @@ from durable_agents.errors import (
 )
 from durable_agents.models import Run, RunStatus, Step
 from durable_agents.signals import run_finished, send_on_commit
+from durable_agents.storable import decimal_amount, whole_number
 from durable_agents.workflows import registry
 
 IDEMPOTENCY_CONSTRAINT = "durable_run_idempotency_key_uniq"
+COST_COLUMN = {"max_digits": 14, "decimal_places": 6}  # Run.cost_budget_usd
 
 
 def start_run(
@@ -244,14 +246,10 @@ def set_budget(
     """Set a run's token and/or cost budget (e.g. raise it after BudgetExceededError, then resume)."""
     if tokens is None and cost_usd is None:
         raise InvalidInputError("give a token budget, a cost budget, or both")
-    if tokens is not None and (not isinstance(tokens, int) or tokens < 0):
-        raise InvalidInputError(f"a token budget is a whole number >= 0, got {tokens!r}")
-    try:
-        cost = Decimal(str(cost_usd)) if cost_usd is not None else None
-    except ArithmeticError:
-        raise InvalidInputError(f"a cost budget is a decimal amount in USD, got {cost_usd!r}") from None
-    if cost is not None and cost < 0:
-        raise InvalidInputError(f"a cost budget is >= 0, got {cost}")
+    # Both must fit their columns (bigint; numeric(14, 6)): a DataError at the UPDATE would be a traceback.
+    if tokens is not None:
+        tokens = whole_number(tokens, "a token budget")
+    cost = None if cost_usd is None else decimal_amount(cost_usd, "a cost budget", unit="USD", **COST_COLUMN)
     run = get_run(run_id)
     changes: dict[str, Any] = {}
     if tokens is not None:

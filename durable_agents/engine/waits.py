@@ -130,7 +130,7 @@ def _closed(wait: Wait) -> WaitClosedError:
 
 def send_signal(run_id: uuid.UUID | str, name: str, payload: Any = None, *, by: str = "") -> Wait:
     """Deliver signal `name` to a run: it wakes a run waiting for it, or is kept until the run asks."""
-    check_input(payload)  # a signal's payload is input to the run: JSON and within the size limit
+    check_input(payload, "payload")  # a signal's payload is input to the run: storable JSON within the size limit
     run = get_run(run_id)
     if run.is_finished:
         raise InvalidTransitionError(f"run {run.id} is {run.status}; it takes no more signals")

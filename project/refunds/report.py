@@ -151,7 +151,9 @@ def _spend(write: Callable[[str], None], rows: list[Row]) -> None:
 
 def _how_to_look(write: Callable[[str], None], rows: list[Row], outcome: Outcome) -> None:
     env = " ".join(
-        f"{name}={os.environ[name]}" for name in ("DURABLE_VAR_DIR", "CELERY_BROKER_URL") if name in os.environ
+        f"{name}={os.environ[name]}"
+        for name in ("DURABLE_VAR_DIR", "CELERY_BROKER_URL", "DJANGO_LOCAL_SECRET_KEY")
+        if name in os.environ
     )
     database = ", with the same DATABASE_URL" if "DATABASE_URL" in os.environ else ""
     victim = str(outcome.kill.run_id) if outcome.kill else str(rows[0].run.id)

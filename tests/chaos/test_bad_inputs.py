@@ -9,6 +9,7 @@ states): nothing may be created, changed or half-applied.
 
 from __future__ import annotations
 
+import os
 import random
 import subprocess
 import sys
@@ -44,6 +45,9 @@ from tests.testapp.models import Execution, LedgerEntry
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, timeout()]
 
 MISSING_RUN = "00000000-0000-4000-8000-000000000000"
+# A byte that is not UTF-8 (é in Latin-1) reaches Python's argv as a lone surrogate.
+BAD_BYTE = os.fsdecode(b"\xe9")
+LONG_AS = ["--as", "a" * 201]
 
 
 @dataclass
@@ -171,10 +175,182 @@ CLI_CASES = [
     ("migrate-finished-run", lambda w: ["durable_migrate", str(w.done.id), "--version", "1"], "nothing to migrate"),
     ("runs-unknown-status", lambda w: ["durable_runs", "--status", "lost"], "unknown status 'lost'"),
     ("runs-bad-duration", lambda w: ["durable_runs", "--older-than", "soon"], "invalid duration 'soon'"),
+    # Issue 13 item 17: values Postgres or Python cannot hold, numbers past their columns, over-long names.
+    ("start-input-nan", lambda w: ["durable_start", "noop", "--input", '{"x": NaN}'], "NaN is not a JSON"),
+    (
+        "start-input-infinity",
+        lambda w: ["durable_start", "noop", "--input", '{"x": Infinity}'],
+        "Infinity is not a JSON number",
+    ),
+    (
+        "start-input-minus-infinity",
+        lambda w: ["durable_start", "noop", "--input", "[-Infinity]"],
+        "-Infinity is not a JSON number",
+    ),
+    (
+        "start-input-nul",
+        lambda w: ["durable_start", "noop", "--input", '{"steps": 1, "note": "a\\u0000b"}'],
+        'input["note"] contains \\u0000, which Postgres cannot store',
+    ),
+    (
+        "start-input-lone-surrogate-escape",
+        lambda w: ["durable_start", "noop", "--input", '{"steps": 1, "note": "\\ud800"}'],
+        'input["note"] contains a lone surrogate (\\ud800)',
+    ),
+    (
+        "start-input-undecodable-bytes",
+        lambda w: ["durable_start", "noop", "--input", f'{{"steps": 1, "note": "caf{BAD_BYTE}"}}'],
+        'input["note"] contains a lone surrogate (\\udce9)',
+    ),
+    ("start-workflow-undecodable", lambda w: ["durable_start", BAD_BYTE], "a workflow name contains a lone"),
+    ("start-key-undecodable", lambda w: ["durable_start", "noop", "--key", BAD_BYTE], "idempotency key con"),
+    ("start-key-too-long", lambda w: ["durable_start", "noop", "--key", "k" * 256], "at most 255 fit"),
+    (
+        "start-version-huge",
+        lambda w: ["durable_start", "noop", "--version", "9" * 25],
+        "a workflow version is a whole number >= 1",
+    ),
+    (
+        "signal-payload-nan",
+        lambda w: ["durable_signal", str(w.pending.id), "paid", "--payload", "NaN"],
+        "--payload is not valid JSON: NaN is not a JSON number",
+    ),
+    (
+        "signal-payload-nul",
+        lambda w: ["durable_signal", str(w.pending.id), "paid", "--payload", '{"note": "\\u0000"}'],
+        'payload["note"] contains \\u0000',
+    ),
+    (
+        "signal-name-too-long",
+        lambda w: ["durable_signal", str(w.pending.id), "n" * 201],
+        "the signal name is 201 characters long; at most 200 fit",
+    ),
+    (
+        "signal-name-undecodable",
+        lambda w: ["durable_signal", str(w.pending.id), BAD_BYTE],
+        "the signal name contains a lone surrogate",
+    ),
+    ("signal-as-too-long", lambda w: ["durable_signal", str(w.pending.id), "paid", *LONG_AS], "at most 200"),
+    ("runs-limit-negative", lambda w: ["durable_runs", "--limit", "-1"], "--limit (how many runs to list) is"),
+    ("runs-limit-zero", lambda w: ["durable_runs", "--limit", "0"], "is a whole number >= 1"),
+    ("runs-limit-not-a-number", lambda w: ["durable_runs", "--limit", "ten"], "got 'ten'"),
+    ("runs-limit-past-bigint", lambda w: ["durable_runs", "--limit", "9" * 20], "at most 9223372036854775807"),
+    (
+        "runs-older-than-overflow",
+        lambda w: ["durable_runs", "--older-than", "999999w"],
+        "duration '999999w' is longer than 100 years",
+    ),
+    ("runs-older-than-400-digits", lambda w: ["durable_runs", "--older-than", "9" * 400 + "s"], "invalid dur"),
+    ("runs-workflow-undecodable", lambda w: ["durable_runs", "--workflow", BAD_BYTE], "--workflow contains"),
+    (
+        "budget-tokens-1e20",
+        lambda w: ["durable_budget", str(w.pending.id), "--tokens", "1e20"],
+        "a token budget is a whole number >= 0, at most 9223372036854775807; got '1e20'",
+    ),
+    (
+        "budget-tokens-past-bigint",
+        lambda w: ["durable_budget", str(w.pending.id), "--tokens", "9223372036854775808"],
+        "a token budget is a whole number >= 0",
+    ),
+    (
+        "budget-tokens-not-an-int",
+        lambda w: ["durable_budget", str(w.pending.id), "--tokens", "many"],
+        "a token budget is a whole number",
+    ),
+    (
+        "budget-cost-nan",
+        lambda w: ["durable_budget", str(w.pending.id), "--cost", "NaN"],
+        "a cost budget is a decimal amount in USD and finite",
+    ),
+    (
+        "budget-cost-infinity",
+        lambda w: ["durable_budget", str(w.pending.id), "--cost", "Infinity"],
+        "and finite",
+    ),
+    (
+        "budget-cost-minus-infinity",
+        lambda w: ["durable_budget", str(w.pending.id), "--cost=-Infinity"],
+        "and finite",
+    ),
+    (
+        "budget-cost-1e20",
+        lambda w: ["durable_budget", str(w.pending.id), "--cost", "1e20"],
+        "a cost budget is at most 99999999.999999",
+    ),
+    (
+        "budget-cost-too-precise",
+        lambda w: ["durable_budget", str(w.pending.id), "--cost", "1.1234567"],
+        "at most 6 decimal places",
+    ),
+    ("budget-as-too-long", lambda w: ["durable_budget", str(w.pending.id), "--tokens", "5", *LONG_AS], "200"),
+    ("cancel-as-too-long", lambda w: ["durable_cancel", str(w.pending.id), *LONG_AS], "at most 200 fit"),
+    (
+        "cancel-batch-as-too-long",
+        lambda w: ["durable_cancel", str(w.pending.id), str(w.waiting.id), *LONG_AS],
+        "the actor (who is acting, --as) is 201 characters long; at most 200 fit",
+    ),
+    (
+        "cancel-reason-undecodable",
+        lambda w: ["durable_cancel", str(w.pending.id), "--reason", BAD_BYTE],
+        "the reason contains a lone surrogate",
+    ),
+    (
+        "cancel-reason-too-long",
+        lambda w: ["durable_cancel", str(w.pending.id), "--reason", "r" * 1001],
+        "at most 1000 fit",
+    ),
+    ("resume-as-too-long", lambda w: ["durable_resume", str(w.failed.id), *LONG_AS], "at most 200 fit"),
+    (
+        "resume-from-step-undecodable",
+        lambda w: ["durable_resume", str(w.done.id), "--from-step", BAD_BYTE],
+        "the step id (--from-step) contains a lone surrogate",
+    ),
+    ("decide-as-too-long", lambda w: ["durable_decide", str(w.wait.pk), "--approve", *LONG_AS], "200 fit"),
+    (
+        "decide-comment-undecodable",
+        lambda w: ["durable_decide", str(w.wait.pk), "--approve", "--comment", BAD_BYTE],
+        "the comment contains a lone surrogate",
+    ),
+    (
+        "decide-comment-too-long",
+        lambda w: ["durable_decide", str(w.wait.pk), "--reject", "--comment", "c" * 2001],
+        "at most 2000 fit",
+    ),
+    (
+        "fork-input-nan",
+        lambda w: ["durable_fork", str(w.done.id), "--at-step", "tick-1", "--input", '{"x": NaN}'],
+        "--input is not valid JSON: NaN",
+    ),
+    (
+        "fork-at-step-undecodable",
+        lambda w: ["durable_fork", str(w.done.id), "--at-step", BAD_BYTE],
+        "the step id (--at-step) contains",
+    ),
+    (
+        "fork-as-too-long",
+        lambda w: ["durable_fork", str(w.done.id), "--at-step", "tick-1", *LONG_AS],
+        "at most 200 fit",
+    ),
+    (
+        "migrate-version-huge",
+        lambda w: ["durable_migrate", str(w.pending.id), "--version", "9" * 25],
+        "a workflow version is a whole number",
+    ),
+    (
+        "migrate-as-too-long",
+        lambda w: ["durable_migrate", str(w.pending.id), "--version", "1", *LONG_AS],
+        "at most 200 fit",
+    ),
+    (
+        "swap-participant-undecodable",
+        lambda w: ["durable_swap", str(w.pending.id), BAD_BYTE],
+        "the participant name contains",
+    ),
+    ("swap-as-too-long", lambda w: ["durable_swap", str(w.pending.id), "anthropic", *LONG_AS], "200 fit"),
 ]
 # Mistakes argparse catches before the command runs: exit 2 and its usage line, then the error line.
 ARGPARSE_CASES = [
-    ("budget-tokens-not-an-int", lambda w: ["durable_budget", str(w.pending.id), "--tokens", "many"], "--tokens"),
+    ("start-version-not-an-int", lambda w: ["durable_start", "noop", "--version", "one"], "--version"),
     ("decide-neither-approve-nor-reject", lambda w: ["durable_decide", str(w.wait.pk)], "--approve"),
     ("migrate-version-missing", lambda w: ["durable_migrate", str(w.pending.id)], "--version"),
 ]
@@ -221,6 +397,41 @@ def test_bad_input__a_batch_with_an_unknown_run_changes_nothing(world, manage, c
         f"{command} {target.id} not-a-run exited 2 with only the error, but changed {target.id}: "
         f"{Run.objects.get(pk=target.id).status}"
     )
+
+
+BATCH_CASES = [
+    ("cancel-with-a-finished-run", "durable_cancel", ["pending", "done"], ["done"]),
+    ("cancel-with-two-bad-runs-and-a-typo", "durable_cancel", ["pending", "done", "missing", "failed"], None),
+    ("resume-with-a-waiting-run", "durable_resume", ["failed", "waiting"], ["waiting"]),
+    ("resume-with-a-completed-and-a-missing-run", "durable_resume", ["failed", "done", "missing"], None),
+]
+BATCH_REASONS = {
+    ("durable_cancel", "done"): "is already completed; there is nothing to cancel",
+    ("durable_cancel", "failed"): "is already failed; there is nothing to cancel",
+    ("durable_resume", "waiting"): "is waiting; only failed or cancelled runs resume (decide its wait)",
+    ("durable_resume", "done"): "is completed; only failed or cancelled runs resume",
+}
+
+
+@pytest.mark.parametrize(("command", "targets", "bad"), [pytest.param(*c[1:], id=c[0]) for c in BATCH_CASES])
+def test_bad_input__a_batch_with_a_run_that_cannot_take_it_changes_nothing_and_names_each(
+    world, manage, command, targets, bad
+):
+    """Issue 13 item 18: `durable_cancel A B` with B finished used to cancel A, then exit 2 about B only."""
+    ids = {t: MISSING_RUN if t == "missing" else str(getattr(world, t).id) for t in targets}
+    before = snapshot()
+    result = manage(command, *ids.values())
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-1500:]
+    assert len(result.stderr.strip().splitlines()) == 1, f"one line on stderr, got:\n{result.stderr}"
+    assert "nothing changed" in result.stderr, result.stderr
+    for target in bad or [t for t in targets if (command, t) in BATCH_REASONS or t == "missing"]:
+        why = (
+            f"no run has id '{MISSING_RUN}'"
+            if target == "missing"
+            else f"run {ids[target]} " + BATCH_REASONS[(command, target)]
+        )
+        assert why in result.stderr, f"the error should name {target} and why ({why!r}): {result.stderr}"
+    assert snapshot() == before, f"{command} refused the batch but changed runs of it"
 
 
 # --- The public API --------------------------------------------------------------------------------------------------
@@ -291,7 +502,112 @@ API_CASES = [
         "registered:",
     ),
     ("swap-finished", lambda w: api.swap_participant(w.done.id, "anthropic"), api.InvalidTransitionError, "nothing"),
+    # Issue 13 item 17: JSON Postgres cannot store, text it cannot store or that does not fit, numbers past columns.
+    ("start-input-nan", lambda w: api.start("noop", {"x": NAN}), api.InvalidInputError, 'input["x"] is NaN'),
+    ("start-input-infinity", lambda w: api.start("noop", [INF]), api.InvalidInputError, "input[0] is Infinity"),
+    (
+        "start-input-nul",
+        lambda w: api.start("noop", {"steps": 1, "note": "a\x00"}),
+        api.InvalidInputError,
+        'input["note"] contains \\u0000, which Postgres cannot store; remove it or encode the text',
+    ),
+    (
+        "start-input-lone-surrogate",
+        lambda w: api.start("noop", {"steps": 1, "notes": ["ok", "\ud800"]}),
+        api.InvalidInputError,
+        'input["notes"][1] contains a lone surrogate (\\ud800)',
+    ),
+    (
+        "start-input-nul-in-a-key",
+        lambda w: api.start("noop", {"steps": 1, "a\x00": 1}),
+        api.InvalidInputError,
+        'a key of input ("a\\u0000") contains \\u0000',
+    ),
+    (
+        "start-input-nested-too-deeply",
+        lambda w: api.start("noop", _nested(50_000)),
+        api.InvalidInputError,
+        "must be JSON-serialisable",
+    ),
+    ("start-key-nul", lambda w: api.start("noop", idempotency_key="k\x00"), api.InvalidInputError, "key contains"),
+    ("start-key-surrogate", lambda w: api.start("noop", idempotency_key="\udcff"), api.InvalidInputError, "lone"),
+    ("start-key-not-text", lambda w: api.start("noop", idempotency_key=42), api.InvalidInputError, "must be a string"),
+    ("start-workflow-a-list", lambda w: api.start(["noop"]), api.InvalidInputError, "a workflow name must be a str"),
+    ("start-version-text", lambda w: api.start("noop", version="one"), api.InvalidInputError, "a workflow version"),
+    ("start-version-bool", lambda w: api.start("noop", version=True), api.InvalidInputError, "a workflow version"),
+    ("cancel-reason-nul", lambda w: api.cancel(w.pending.id, "a\x00"), api.InvalidInputError, "reason contains"),
+    ("cancel-reason-long", lambda w: api.cancel(w.pending.id, "r" * 1001), api.InvalidInputError, "at most 1000"),
+    ("cancel-actor-long", lambda w: api.cancel(w.pending.id, actor="a" * 201), api.InvalidInputError, "at most 200"),
+    ("cancel-actor-none", lambda w: api.cancel(w.pending.id, actor=None), api.InvalidInputError, "must be a string"),
+    ("resume-step-nul", lambda w: api.resume(w.done.id, "s\x00"), api.InvalidInputError, "(--from-step) contains"),
+    ("resume-actor-long", lambda w: api.resume(w.failed.id, actor="a" * 201), api.InvalidInputError, "at most 200"),
+    ("decide-by-long", lambda w: api.decide(w.wait.pk, True, by="b" * 201), api.InvalidInputError, "at most 200"),
+    (
+        "decide-comment-nul",
+        lambda w: api.decide(w.wait.pk, True, by="x", comment="\x00"),
+        api.InvalidInputError,
+        "the comment contains \\u0000",
+    ),
+    ("decide-approved-text", lambda w: api.decide(w.wait.pk, "no", by="x"), api.InvalidInputError, "True or False"),
+    ("decide-wait-id-float", lambda w: api.decide(1.5, True, by="x"), api.WaitNotFoundError, "whole numbers"),
+    (
+        "signal-payload-nan",
+        lambda w: api.send_signal(w.pending.id, "paid", {"amount": NAN}),
+        api.InvalidInputError,
+        'payload["amount"] is NaN, which JSON and Postgres cannot store',
+    ),
+    (
+        "signal-payload-nul",
+        lambda w: api.send_signal(w.pending.id, "paid", ["\x00"]),
+        api.InvalidInputError,
+        "payload[0] contains \\u0000",
+    ),
+    ("signal-name-nul", lambda w: api.send_signal(w.pending.id, "p\x00"), api.InvalidInputError, "name contains"),
+    ("signal-name-long", lambda w: api.send_signal(w.pending.id, "n" * 201), api.InvalidInputError, "at most 200"),
+    ("signal-name-empty", lambda w: api.send_signal(w.pending.id, " "), api.InvalidInputError, "signal name is empty"),
+    ("signal-by-long", lambda w: api.send_signal(w.pending.id, "p", by="b" * 201), api.InvalidInputError, "200"),
+    ("budget-tokens-past-bigint", lambda w: api.set_budget(w.pending.id, tokens=2**63), api.InvalidInputError, "most"),
+    ("budget-tokens-bool", lambda w: api.set_budget(w.pending.id, tokens=True), api.InvalidInputError, "whole number"),
+    ("budget-tokens-float", lambda w: api.set_budget(w.pending.id, tokens=1e20), api.InvalidInputError, "whole num"),
+    ("budget-cost-nan", lambda w: api.set_budget(w.pending.id, cost_usd="NaN"), api.InvalidInputError, "finite"),
+    ("budget-cost-float-nan", lambda w: api.set_budget(w.pending.id, cost_usd=NAN), api.InvalidInputError, "finite"),
+    (
+        "budget-cost-decimal-nan",
+        lambda w: api.set_budget(w.pending.id, cost_usd=Decimal("NaN")),
+        api.InvalidInputError,
+        "finite",
+    ),
+    ("budget-cost-infinity", lambda w: api.set_budget(w.pending.id, cost_usd=INF), api.InvalidInputError, "finite"),
+    ("budget-cost-1e20", lambda w: api.set_budget(w.pending.id, cost_usd="1e20"), api.InvalidInputError, "at most"),
+    (
+        "budget-cost-too-precise",
+        lambda w: api.set_budget(w.pending.id, cost_usd="0.0000001"),
+        api.InvalidInputError,
+        "at most 6 decimal places",
+    ),
+    ("budget-actor-long", lambda w: api.set_budget(w.pending.id, tokens=1, actor="a" * 201), api.InvalidInputError, ""),
+    ("fork-input-nan", lambda w: api.fork(w.done.id, "tick-1", input=[NAN]), api.InvalidInputError, "input[0] is NaN"),
+    ("fork-step-nul", lambda w: api.fork(w.done.id, "t\x00"), api.InvalidInputError, "(--at-step) contains"),
+    ("fork-actor-long", lambda w: api.fork(w.done.id, "tick-1", actor="a" * 201), api.InvalidInputError, "200"),
+    ("migrate-version-none", lambda w: api.migrate(w.pending.id, None), api.InvalidInputError, "a workflow version"),
+    ("migrate-version-list", lambda w: api.migrate(w.pending.id, [1]), api.InvalidInputError, "a workflow version"),
+    ("migrate-actor-long", lambda w: api.migrate(w.pending.id, 1, actor="a" * 201), api.InvalidInputError, "200"),
+    ("swap-participant-list", lambda w: api.swap_participant(w.pending.id, ["x"]), api.InvalidInputError, "a string"),
+    (
+        "swap-actor-long",
+        lambda w: api.swap_participant(w.pending.id, "anthropic", actor="a" * 201),
+        api.InvalidInputError,
+        "at most 200",
+    ),
 ]
+NAN, INF = float("nan"), float("inf")
+
+
+def _nested(depth: int) -> list[Any]:
+    value: list[Any] = []
+    for _ in range(depth):
+        value = [value]
+    return value
 
 
 @pytest.mark.parametrize(("call", "error", "message"), [pytest.param(c, e, m, id=i) for i, c, e, m in API_CASES])
@@ -530,6 +846,14 @@ LINK_CASES = [
         "Choose approve or reject.",
     ),
     ("decision-missing", lambda w: decision_path(w.wait), "post", {}, 400, "Choose approve or reject."),
+    (
+        "comment-with-nul",
+        lambda w: decision_path(w.wait),
+        "post",
+        {"decision": "approve", "comment": "ok\x00"},
+        400,
+        "the comment contains \\u0000",
+    ),
     (
         "link-of-a-closed-wait",
         lambda w: decision_path(w.closed),

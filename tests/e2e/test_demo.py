@@ -25,12 +25,13 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture
 def demo_env(tmp_path: Path) -> dict[str, str]:
     """The environment scripts/demo gives the command, and nothing of the test suite's own."""
-    dropped = ("DATABASE_URL", "CELERY_BROKER_URL", "ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL")
+    dropped = ("DATABASE_URL", "CELERY_BROKER_URL", "ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "DJANGO_SECRET_KEY")
     env = {k: v for k, v in os.environ.items() if k not in dropped and not k.startswith("DURABLE_")}
     env.update(
         DJANGO_SETTINGS_MODULE="project.settings",
         DURABLE_VAR_DIR=str(tmp_path),
         CELERY_BROKER_URL="filesystem://",
+        DJANGO_LOCAL_SECRET_KEY="1",
         DURABLE_LEASE_SECONDS="3",
         DURABLE_SWEEP_SECONDS="1",
         PYTHONUNBUFFERED="1",

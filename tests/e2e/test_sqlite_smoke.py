@@ -17,7 +17,10 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_sqlite__noop_run_completes_on_embedded_defaults(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "CELERY_BROKER_URL")}
     env.update(
-        DJANGO_SETTINGS_MODULE="project.settings", DURABLE_VAR_DIR=str(tmp_path), CELERY_BROKER_URL="filesystem://"
+        DJANGO_SETTINGS_MODULE="project.settings",
+        DURABLE_VAR_DIR=str(tmp_path),
+        CELERY_BROKER_URL="filesystem://",
+        DJANGO_LOCAL_SECRET_KEY="1",
     )
 
     def manage(*args: str) -> str:

@@ -43,10 +43,10 @@ def test_lease__a_worker_20s_ahead_never_takes_over_a_live_lease(start_worker, w
     skew = _clock_of(skewed_env) - time.time()
     assert 15 < skew < 30, f"the skewed worker's clock is {skew:.1f}s off, expected about +20s"
 
-    start_worker(env_extra=LEASE)
+    start_worker(env=LEASE)
     run = api.start("slow", {"seconds": 5})
     wait_for(lambda: Execution.objects.filter(run_id=run.id, step_id="slow").exists(), what="the honest worker")
-    skewed = start_worker(env_extra={**AHEAD, **LEASE}, extra_args=["--loglevel", "INFO"])
+    skewed = start_worker(env={**AHEAD, **LEASE}, extra_args=["--loglevel", "INFO"])
     deliveries = 0
     while not Execution.objects.filter(run_id=run.id, step_id="after").exists() and deliveries < 40:
         wake(str(run.id))  # duplicate deliveries: the honest worker is busy, so the skewed one takes them

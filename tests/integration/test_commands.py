@@ -8,9 +8,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
 
-from durable_agents import api
-from durable_agents.models import Run, RunStatus
+from durable_agents import api, operations
+from durable_agents.models import Event, Run, RunStatus
 from durable_agents.testing import drive
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -109,3 +111,34 @@ def test_commands__sweep_reports_what_it_did(manage):
         "warned": 0,
         "reminded": 0,
     }
+
+
+def test_commands__cancel_of_several_runs_cancels_each_once(manage):
+    first, second = api.start("noop", {"steps": 1}), api.start("noop", {"steps": 1})
+    result = manage("durable_cancel", str(first.id), str(second.id), str(first.id), "--json")
+    assert result.returncode == 0, result.stderr
+    assert sorted(row["id"] for row in json.loads(result.stdout)) == sorted([str(first.id), str(second.id)])
+    assert set(Run.objects.values_list("status", flat=True)) == {RunStatus.CANCELLED}
+    assert Event.objects.filter(kind="cancelled").count() == 2, "a run named twice must be cancelled once"
+
+
+def test_commands__a_run_finishing_between_the_check_and_the_cancel_rolls_the_batch_back(monkeypatch):
+    """The check passes for both runs, then a worker finishes the second before the cancel reaches it."""
+    first, second = api.start("noop", {"steps": 1}), api.start("noop", {"steps": 1})
+    checked = operations.get_run
+
+    def check_then_a_worker_finishes_it(run_id):
+        run = checked(run_id)
+        if run.id == second.id:
+            drive(second.id)
+        return run
+
+    monkeypatch.setattr(operations, "get_run", check_then_a_worker_finishes_it)
+    with pytest.raises(CommandError) as raised:
+        call_command("durable_cancel", str(first.id), str(second.id), "--as", "op")
+    message = str(raised.value)
+    assert raised.value.returncode == 2 and "\n" not in message, message
+    assert f"nothing changed: run {second.id} changed between the check and the cancel" in message, message
+    assert "is already completed" in message and f"({first.id}) were not changed either" in message, message
+    assert Run.objects.get(pk=first.id).status == RunStatus.PENDING, "the batch cancelled a run, then refused"
+    assert not Event.objects.filter(run_id=first.id).exists(), "a rolled-back cancel left its event"

@@ -12,10 +12,10 @@ from durable_agents.agents.participants import participants, text, tool_use
 from durable_agents.api import agent, call, tool, wait_for_signal, workflow
 from durable_agents.engine.advance import advance
 from durable_agents.engine.lease import renew_lease
-from durable_agents.testing.runs import take_lease as claim_run
 from durable_agents.engine.sweep import sweep
 from durable_agents.models import Effect, Run, RunStatus, Wait, WaitStatus
 from durable_agents.testing import drive
+from durable_agents.testing.runs import take_lease as claim_run
 from durable_agents.workflows import registry
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -88,6 +88,34 @@ workflow("flaky", steps=[call("flaky", _flaky, retry=RetryPolicy(max_attempts=4)
 workflow("broken", steps=[call("first", _record_step), call("broken", _permanent), call("never", _record_step)])
 workflow("slow", steps=[call("slow", _slow), call("after", _record_step)])
 workflow("big", steps=[call("big", _big), call("reads_big", _reads_big)])
+# The big result is written by one worker; after the signal, another worker (another machine) reads it.
+workflow("big_handoff", steps=[call("big", _big), wait_for_signal("go"), call("reads_big", _reads_big)])
+
+# Values Postgres cannot store (jsonb refuses \u0000, lone surrogates, NaN and Infinity), by input["kind"].
+UNSTORABLE = {
+    "nul": {"items": [{"name": "ok"}, {"name": "a\x00b"}]},
+    "surrogate": {"text": "caf\udce9"},
+    "nan": {"scores": [1.0, float("nan")]},
+    "infinity": {"total": float("inf")},
+    "nul-key": {"labels": {"a\x00": 1}},
+}
+
+
+def _unstorable(ctx: StepContext) -> Any:
+    record_execution(ctx)
+    value = UNSTORABLE[ctx.input["kind"]]
+    return {**value, "padding": "x" * ctx.input.get("padding", 0)}
+
+
+workflow("unstorable", steps=[call("bad", _unstorable), call("after", _record_step)])
+
+
+def _raises_unstorable(ctx: StepContext) -> Any:
+    record_execution(ctx)
+    raise ValueError(f"bad row {UNSTORABLE['nul']['items'][1]['name']!s} in caf\udce9.csv")
+
+
+workflow("raises_unstorable", steps=[call("bad", _raises_unstorable)])
 
 
 # --- Effects: a transactional ledger tool with its compensator, and an external HTTP tool ------------------
@@ -178,6 +206,19 @@ def _hold(ctx: StepContext) -> dict[str, Any]:
 
 
 workflow("charge", steps=[call("charge", _charge_step), call("after", _record_step)])
+
+
+@tool(effectful=True, transactional=True)
+def charge_with_a_nan_receipt(order_id: str, *, idempotency_key: str) -> dict[str, Any]:
+    """Charge an order and answer with a receipt jsonb cannot store (a NaN fee)."""
+    LedgerEntry.objects.create(idempotency_key=idempotency_key, order_id=order_id, amount=Decimal(1), kind="charge")
+    return {"receipt": {"fee": float("nan")}}
+
+
+workflow(
+    "charge_nan_receipt",
+    steps=[call("charge", lambda ctx: ctx.call_tool(charge_with_a_nan_receipt, {"order_id": ctx.input["order_id"]}))],
+)
 workflow("notify", steps=[call("notify", _notify_step), call("after", _record_step)])
 workflow(
     "two_charges",

@@ -33,12 +33,26 @@ class DurableCommand(BaseCommand):
 
 
 def parse_json_option(text: str | None, what: str) -> Any:
+    """The option's JSON value; invalid JSON, and the NaN/Infinity that json.loads accepts, are exit code 2."""
     if text is None:
         return None
     try:
-        return json.loads(text)
+        return json.loads(text, parse_constant=_refuse_constant)
     except json.JSONDecodeError as exc:
         raise CommandError(
             f"{what} is not valid JSON ({exc.msg} at character {exc.pos}); e.g. --input '{{\"steps\": 3}}'",
             returncode=USER_MISTAKE,
         ) from exc
+    except _NotJSONError as exc:
+        raise CommandError(
+            f"{what} is not valid JSON: {exc} is not a JSON number; use null, a finite number or a string",
+            returncode=USER_MISTAKE,
+        ) from None
+
+
+class _NotJSONError(ValueError):
+    """json.loads met NaN, Infinity or -Infinity (Python extensions to JSON that Postgres refuses)."""
+
+
+def _refuse_constant(name: str) -> Any:
+    raise _NotJSONError(name)

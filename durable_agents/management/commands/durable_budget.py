@@ -14,7 +14,8 @@ class Command(DurableCommand):
     def add_arguments(self, parser: Any) -> None:
         super().add_arguments(parser)
         parser.add_argument("run_id")
-        parser.add_argument("--tokens", type=int, help="total tokens the run may spend, across resumes")
+        # Parsed by set_budget, not argparse: "1e20" or a number past the column gets its own one-line error.
+        parser.add_argument("--tokens", help="total tokens the run may spend, across resumes (a whole number)")
         parser.add_argument("--cost", help="total USD the run may spend, e.g. 2.50")
         parser.add_argument("--as", dest="actor", default="cli", help="who is acting (recorded in the history)")
 

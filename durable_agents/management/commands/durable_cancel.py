@@ -1,10 +1,10 @@
-"""durable_cancel RUN_ID... [--reason TEXT] [--as USER]: cancel runs."""
+"""durable_cancel RUN_ID... [--reason TEXT] [--as USER]: cancel runs, all or none."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from durable_agents import api
+from durable_agents import operations
 from durable_agents.management.commands._base import DurableCommand
 
 
@@ -19,12 +19,10 @@ class Command(DurableCommand):
         parser.add_argument("--as", dest="actor", default="cli", help="who is acting (recorded in the history)")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        for run_id in options["run_ids"]:
-            api.get(run_id)  # every id must exist before any run changes: a typo leaves nothing half-done
-        results = [
-            api.cancel(run_id, options["reason"], compensate=options["compensate"], actor=options["actor"])
-            for run_id in options["run_ids"]
-        ]
+        # All or nothing: every id must exist and be cancellable before any run changes.
+        results = operations.cancel_runs(
+            options["run_ids"], reason=options["reason"], compensate=options["compensate"], actor=options["actor"]
+        )
         if options["json"]:
             self.emit_json([{"id": str(run.id), "status": run.status} for run in results])
         else:

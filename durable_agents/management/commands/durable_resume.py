@@ -1,4 +1,4 @@
-"""durable_resume RUN_ID... [--from-step STEP_ID] [--as USER]: resume runs, or rerun one from a step."""
+"""durable_resume RUN_ID... [--from-step STEP_ID] [--as USER]: resume runs (all or none), or rerun one from a step."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any
 
 from django.core.management.base import CommandError
 
-from durable_agents import api
+from durable_agents import api, operations
 from durable_agents.management.commands._base import USER_MISTAKE, DurableCommand
 
 
@@ -20,11 +20,13 @@ class Command(DurableCommand):
         parser.add_argument("--as", dest="actor", default="cli", help="who is acting (recorded in the history)")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        for run_id in options["run_ids"]:
-            api.get(run_id)  # every id must exist before any run changes: a typo leaves nothing half-done
-        if options["from_step"] and len(options["run_ids"]) > 1:
-            raise CommandError("--from-step takes exactly one RUN_ID", returncode=USER_MISTAKE)
-        results = [api.resume(run_id, options["from_step"], actor=options["actor"]) for run_id in options["run_ids"]]
+        if options["from_step"] is not None:
+            if len(options["run_ids"]) > 1:
+                raise CommandError("--from-step takes exactly one RUN_ID", returncode=USER_MISTAKE)
+            results = [api.resume(options["run_ids"][0], options["from_step"], actor=options["actor"])]
+        else:
+            # All or nothing: every id must exist and be resumable before any run changes.
+            results = operations.resume_runs(options["run_ids"], actor=options["actor"])
         if options["json"]:
             self.emit_json([{"id": str(run.id), "status": run.status} for run in results])
         else:

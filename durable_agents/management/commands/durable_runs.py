@@ -20,7 +20,8 @@ class Command(DurableCommand):
         parser.add_argument(
             "--version-drift", action="store_true", help="active runs pinned to a workflow version no longer registered"
         )
-        parser.add_argument("--limit", type=int, default=100)
+        # Checked by list_runs (1 or more, a bigint), so "-1" or "abc" is one line saying what to give.
+        parser.add_argument("--limit", default="100", help="list at most this many runs (100)")
 
     def handle(self, *args: Any, **options: Any) -> None:
         older = operations.parse_duration(options["older_than"]) if options["older_than"] else None
