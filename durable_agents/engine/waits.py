@@ -3,7 +3,7 @@
 Parking commits the Wait and releases the lease in one fenced transaction; the run is then `waiting`
 and holds no worker, transaction or socket — nothing polls it. A decision (admin, command, signed link),
 a signal, or the sweep (timers, deadlines) moves the run back to `pending` and wakes a worker; the step
-then re-executes and reads its closed wait. Notifications go through the outbox (Effect rows).
+then re-executes and reads its closed wait. Notifications go through the outbox (engine/outbox.py).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import secrets
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -21,6 +21,7 @@ from django.db.models import DateTimeField, ExpressionWrapper, F, Q, Value
 from durable_agents import clock
 from durable_agents.conf import settings
 from durable_agents.engine.events import record_event
+from durable_agents.engine.outbox import notify_txn
 from durable_agents.engine.payloads import check_input
 from durable_agents.engine.saga import plan_compensation_txn
 from durable_agents.engine.wake import wake_on_commit
@@ -28,7 +29,6 @@ from durable_agents.errors import InvalidTransitionError, UnknownWorkflowError, 
 from durable_agents.models import (
     DeadlinePolicy,
     Effect,
-    EffectKind,
     EffectStatus,
     Run,
     RunStatus,
@@ -269,7 +269,7 @@ def _step_id(wait: Wait) -> str:
 
 
 def sweep_waits(now: datetime | None = None, *, batch: int | None = None) -> dict[str, int]:
-    """Fire due timers, apply deadline policies, send warnings and reminders. Safe to run concurrently."""
+    """Fire due timers, apply deadline policies, queue warnings and reminders. Safe to run concurrently."""
     now = now or clock.now()
     limit = batch or int(settings.SWEEP_BATCH)
     counts = {"fired": 0, "expired": 0, "warned": 0, "reminded": 0}
@@ -280,7 +280,6 @@ def sweep_waits(now: datetime | None = None, *, batch: int | None = None) -> dic
         counts["warned"] += _warn(wait_id, now)
     for wait_id in _due_ids(Q(next_reminder_at__lte=now), limit):
         counts["reminded"] += _remind(wait_id, now)
-    redeliver_notifications(now)
     return counts
 
 
@@ -390,59 +389,6 @@ def _remind(wait_id: int, now: datetime) -> int:
         record_event(wait.run_id, "wait_reminder", step_id=_step_id(wait), wait=wait.pk, number=number)
         notify_txn(wait, "reminder", number)
     return 1
-
-
-# --- Notifications through the outbox ---------------------------------------------------------------------
-
-
-def notify_txn(wait: Wait, kind: str, number: int = 1) -> None:
-    """Write the notification's outbox row in the current transaction; deliver it after commit.
-
-    A worker that dies right after the commit leaves the row pending, and the sweep delivers it.
-    """
-    from durable_agents.brief import notification_for
-
-    key = f"wait:{wait.pk}:{kind}:{number}"
-    message = notification_for(wait, kind, number)
-    effect, _ = Effect.objects.get_or_create(
-        idempotency_key=key,
-        defaults={
-            "run_id": wait.run_id,
-            "tool": f"notify.{kind}",
-            "kind": EffectKind.NOTIFICATION,
-            "args": asdict(message),
-            "args_hash": key,
-        },
-    )
-    transaction.on_commit(lambda: _deliver(Effect.objects.get(pk=effect.pk)))
-
-
-def _deliver(effect: Effect) -> None:
-    from durable_agents.notify import Notification, get_notifier
-
-    if effect.status != EffectStatus.PENDING:
-        return
-    args = dict(effect.args)
-    args["recipients"] = tuple(args.get("recipients", ()))
-    try:
-        get_notifier().send(Notification(**args), idempotency_key=effect.idempotency_key)
-    except Exception as exc:  # noqa: BLE001 - a failed send stays pending; the sweep tries again
-        logger.warning("notification %s failed: %s", effect.idempotency_key, exc)
-        Effect.objects.filter(pk=effect.pk).update(error={"type": type(exc).__name__, "message": str(exc)[:500]})
-        return
-    Effect.objects.filter(pk=effect.pk, status=EffectStatus.PENDING).update(
-        status=EffectStatus.APPLIED, applied_at=clock.now(), attempts=effect.attempts + 1
-    )
-
-
-def redeliver_notifications(now: datetime) -> None:
-    stale = Effect.objects.filter(
-        kind=EffectKind.NOTIFICATION,
-        status=EffectStatus.PENDING,
-        created_at__lt=now - timedelta(seconds=float(settings.NOTIFY_RETRY_SECONDS)),
-    ).order_by("id")[: int(settings.SWEEP_BATCH)]
-    for effect in stale:
-        _deliver(effect)
 
 
 __all__ = ["Park", "WaitSpec", "decide_wait", "park_txn", "send_signal", "sweep_waits"]

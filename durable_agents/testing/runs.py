@@ -1,4 +1,4 @@
-"""Driving runs in-process, without a broker or worker: for unit tests of workflows."""
+"""Driving runs and notifications in-process, without a broker or worker: for unit tests of workflows."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from typing import Any
 
 from durable_agents import clock
 from durable_agents.engine.advance import Outcome, advance
-from durable_agents.models import Run
+from durable_agents.engine.outbox import Delivery, deliver
+from durable_agents.models import Effect, EffectKind, EffectStatus, Run
 
 
 def drive(run_id: uuid.UUID | str, *, max_advances: int = 10_000) -> Run:
@@ -30,3 +31,16 @@ def drive(run_id: uuid.UUID | str, *, max_advances: int = 10_000) -> Run:
         if outcomes[-1] is Outcome.SKIPPED and len(outcomes) > 1 and outcomes[-2] is Outcome.SKIPPED:
             raise AssertionError(f"run {run_id} is not claimable (lease held elsewhere?): {run.lease_owner}")
     raise AssertionError(f"run {run_id} did not finish within {max_advances} advances")
+
+
+def deliver_notifications() -> list[Delivery]:
+    """Deliver every pending notification in this process, as `durable_agents.deliver_notification` would.
+
+    Rows backing off are left alone (their outcome is NOT_DUE). Example::
+
+        sweep()
+        deliver_notifications()
+        assert mail.outbox[-1].subject.startswith("Reminder 1")
+    """
+    pending = Effect.objects.filter(kind=EffectKind.NOTIFICATION, status=EffectStatus.PENDING).order_by("id")
+    return [deliver(effect_id) for effect_id in pending.values_list("id", flat=True)]
