@@ -108,4 +108,5 @@ def test_commands__sweep_reports_what_it_did(manage):
         "expired": 0,
         "warned": 0,
         "reminded": 0,
+        "notifications": 0,
     }
