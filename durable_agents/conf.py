@@ -61,12 +61,24 @@ DEFAULTS: dict[str, Any] = {
     "WEBHOOK_URL": "",
     "BASE_URL": "http://127.0.0.1:8000",
     "LINK_MAX_AGE_SECONDS": 7 * 24 * 3600,
-    # A notification still undelivered after this long is sent again by the sweep (same outbox key).
+    # Notifications are sent by their own task (`durable_agents.deliver_notification`), never by the sweep.
+    # A notification no task picked up this long after it was written or enqueued (its message was lost)
+    # is enqueued again by the sweep.
     "NOTIFY_RETRY_SECONDS": 30.0,
+    # Attempts in all before a notification is given up: status `failed`, `needs_attention` set, an event.
+    "NOTIFY_MAX_ATTEMPTS": 10,
+    # Backoff between attempts (exponential from the base, capped, with jitter), in seconds.
+    "NOTIFY_BACKOFF_SECONDS": 10.0,
+    "NOTIFY_BACKOFF_MAX_SECONDS": 3600.0,
+    # The longest one send may take; the built-in notifiers time out after it, and a custom one must too
+    # (a send is held against other senders for this long plus the backoff).
+    "NOTIFY_SEND_TIMEOUT_SECONDS": 10.0,
     # Deadline for approvals of tools marked needs_approval (None: no deadline); policy "reject".
     "APPROVAL_DEADLINE_SECONDS": None,
     # Callable path that wakes a run: the engine never imports Celery itself.
     "WAKER": "durable_agents.tasks.wake",
+    # Callable path that hands a notification's outbox row id to a worker (the Celery task by default).
+    "NOTIFICATION_ENQUEUER": "durable_agents.tasks.enqueue_notification",
     # Bearer token Prometheus sends to /metrics (Authorization: Bearer ...); None: only staff logins may read it.
     "METRICS_TOKEN": None,
     # Step latency and retry metrics cover steps finished (retries scheduled) in the last this-many seconds.

@@ -19,6 +19,7 @@ DurableAgentsError
  ├── ToolFailedError              a tool refused and changed nothing: the model is told
  ├── LeaseLostError               another worker holds the run now (this worker is a zombie)
  ├── UnknownParticipantError      no participant (model, script, function) by that name
+ ├── NotificationFailedError      a notifier could not send (retried with backoff, then given up)
  └── StepError                    raised by step code to control retries
       ├── RetryableError          transient: retry with backoff
       │    ├── EffectConflictError          the same effect is being applied elsewhere
@@ -161,6 +162,10 @@ class AgentLimitError(PermanentError):
 
 class UnknownParticipantError(DurableAgentsError):
     """No participant is registered under that name."""
+
+
+class NotificationFailedError(DurableAgentsError):
+    """A notification could not be sent; it is tried again with backoff, then given up visibly."""
 
 
 class BudgetExceededError(PermanentError):

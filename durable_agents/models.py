@@ -292,7 +292,15 @@ class Effect(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["idempotency_key"], name="durable_effect_key_uniq"),
         ]
-        indexes = [models.Index(fields=["run", "status"], name="durable_effect_run_status")]
+        indexes = [
+            models.Index(fields=["run", "status"], name="durable_effect_run_status"),
+            # The sweep looks for due notifications on every pass: only pending ones are indexed.
+            models.Index(
+                fields=["next_attempt_at"],
+                condition=Q(kind="notification", status="pending"),
+                name="durable_effect_notify_pending",
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{self.tool} {self.idempotency_key} ({self.status})"

@@ -2,7 +2,8 @@
 
 The notifier is pluggable (DURABLE_AGENTS['NOTIFIER'], a dotted path): the default sends Django email;
 WebhookNotifier posts JSON with an Idempotency-Key. Every send goes through the outbox (an Effect row
-keyed per wait, kind and number) so a crash between sending and recording never notifies twice.
+keyed per wait, kind and number), sent by its own task with bounded, backed-off retries
+(engine/outbox.py); a notifier only sends, within NOTIFY_SEND_TIMEOUT_SECONDS, or raises.
 
 Example::
 
@@ -12,20 +13,17 @@ Example::
 from __future__ import annotations
 
 import json
-import logging
 import urllib.error
 import urllib.request
 from dataclasses import asdict, dataclass
 from functools import cache
 from typing import Protocol
 
-from django.core.mail import send_mail
+from django.core.mail import get_connection, send_mail
 from django.utils.module_loading import import_string
 
 from durable_agents.conf import settings
-from durable_agents.errors import RetryableError
-
-logger = logging.getLogger("durable_agents.notify")
+from durable_agents.errors import NotificationFailedError
 
 
 @dataclass(frozen=True)
@@ -42,22 +40,36 @@ class Notification:
 
 
 class Notifier(Protocol):
+    """Sends one notification or raises; any exception is a failed attempt, retried with backoff.
+
+    `send` must give up within DURABLE_AGENTS['NOTIFY_SEND_TIMEOUT_SECONDS']. A notifier that addresses
+    people sets `needs_recipients = True` (the default when absent): a notification with no recipients is
+    then not sent but marked `skipped`.
+    """
+
+    needs_recipients: bool
+
     def send(self, notification: Notification, *, idempotency_key: str) -> None: ...
 
 
 class EmailNotifier:
     """Django's email backend; recipients are the wait's `notify_to` (or DURABLE_AGENTS['APPROVERS'])."""
 
+    needs_recipients = True
+
     def send(self, notification: Notification, *, idempotency_key: str) -> None:
         if not notification.recipients:
-            logger.warning("no recipients for %s of wait %s", notification.kind, notification.wait_id)
-            return
+            raise NotificationFailedError(f"no recipients for {notification.kind} of wait {notification.wait_id}")
         body = f"{notification.body}\n\n{notification.link}".strip()
-        send_mail(notification.subject, body, None, list(notification.recipients))
+        connection = get_connection(timeout=float(settings.NOTIFY_SEND_TIMEOUT_SECONDS))
+        send_mail(notification.subject, body, None, list(notification.recipients), connection=connection)
 
 
 class WebhookNotifier:
     """POSTs the notification as JSON to DURABLE_AGENTS['WEBHOOK_URL'], passing the outbox key on."""
+
+    # The endpoint decides who hears of it (a channel, a pager): an empty recipient list is fine.
+    needs_recipients = False
 
     def send(self, notification: Notification, *, idempotency_key: str) -> None:
         request = urllib.request.Request(
@@ -67,10 +79,10 @@ class WebhookNotifier:
             headers={"Content-Type": "application/json", "Idempotency-Key": idempotency_key},
         )
         try:
-            with urllib.request.urlopen(request, timeout=10):
+            with urllib.request.urlopen(request, timeout=float(settings.NOTIFY_SEND_TIMEOUT_SECONDS)):
                 pass
         except (urllib.error.URLError, TimeoutError) as exc:
-            raise RetryableError(f"webhook notification failed: {exc}") from exc
+            raise NotificationFailedError(f"webhook notification failed: {exc}") from exc
 
 
 @cache

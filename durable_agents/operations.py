@@ -24,7 +24,7 @@ from durable_agents.errors import (
     InvalidTransitionError,
     RunNotFoundError,
 )
-from durable_agents.models import ACTIVE_RUN_STATUSES, Run, RunStatus, Step
+from durable_agents.models import ACTIVE_RUN_STATUSES, Effect, EffectStatus, Run, RunStatus, Step
 from durable_agents.storable import check_text, shown, whole_number
 
 DURATION_RE = re.compile(r"^\s*(\d{1,12}(?:\.\d{1,9})?)\s*([smhdw])\s*$")
@@ -147,8 +147,10 @@ def describe_run(run_id: uuid.UUID | str, *, events: int = 200) -> dict[str, Any
                 "step_id": e.step.step_id if e.step else None,
                 "compensates": e.compensates.idempotency_key if e.compensates else None,
                 "applied_at": _iso(e.applied_at),
+                "next_attempt_at": _iso(e.next_attempt_at),
                 "error": e.error,
                 "needs_attention": e.needs_attention,
+                "skipped": skip_reason(e),
             }
             for e in run.effects.select_related("step", "compensates").order_by("id")
         ],
@@ -179,6 +181,13 @@ def describe_run(run_id: uuid.UUID | str, *, events: int = 200) -> dict[str, Any
             for e in history
         ],
     }
+
+
+def skip_reason(effect: Effect) -> str | None:
+    """Why a `skipped` notification was not sent ("no recipients", "wait 7 is already approved"), else None."""
+    if effect.status != EffectStatus.SKIPPED:
+        return None
+    return (effect.result or {}).get("skipped") if isinstance(effect.result, dict) else None
 
 
 def _iso(value: Any) -> str | None:

@@ -1,7 +1,9 @@
 """Celery tasks: thin wrappers that take ids only. Celery wakes workers; the engine owns the state.
 
 Delivery is at-least-once (acks_late, reject_on_worker_lost, prefetch 1); the claim makes duplicates
-harmless. Celery never retries `advance`: the engine owns retries and persists every attempt.
+harmless. Celery never retries `advance` or `deliver_notification`: the engine owns retries and persists
+every attempt. Route `durable_agents.deliver_notification` to a queue of its own (CELERY_TASK_ROUTES) so a
+slow notification receiver never holds a worker slot a step is waiting for.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from celery import shared_task
 from django.db import InterfaceError, OperationalError, connections
 
 from durable_agents.engine import advance as engine_advance
+from durable_agents.engine import outbox as engine_outbox
 from durable_agents.engine import sweep as engine_sweep
 
 T = TypeVar("T")
@@ -44,6 +47,19 @@ def sweep() -> dict[str, int]:
     return _dropping_dead_connections(lambda: engine_sweep.sweep().as_dict())
 
 
+# Not reject_on_worker_lost: a worker lost mid-send left the row claimed, so a redelivered message would
+# find it not due. The sweep enqueues it again once the claim's hold has passed.
+@shared_task(name="durable_agents.deliver_notification", acks_late=True, ignore_result=True)
+def deliver_notification(effect_id: int) -> str:
+    """Send one notification (an outbox row of kind "notification") if it is due, and record the outcome."""
+    return _dropping_dead_connections(lambda: engine_outbox.deliver(effect_id).value)
+
+
 def wake(run_id: str, countdown: float | None = None) -> None:
     """The default DURABLE_AGENTS['WAKER']: send `durable_agents.advance` for the run."""
     advance.apply_async((run_id,), countdown=countdown or None)
+
+
+def enqueue_notification(effect_id: int) -> None:
+    """The default DURABLE_AGENTS['NOTIFICATION_ENQUEUER']: send `durable_agents.deliver_notification`."""
+    deliver_notification.apply_async((effect_id,))

@@ -1,5 +1,6 @@
 """Settings for the test suite and the worker subprocesses it starts: real Postgres and Redis, short leases."""
 
+import json
 import os
 import tempfile
 
@@ -27,3 +28,9 @@ DURABLE_AGENTS = {
     "STUCK_AFTER_SECONDS": 60.0,
     "NOTIFY_RETRY_SECONDS": 1.0,
 }
+
+# Per-test settings for worker subprocesses, which cannot see a test's override_settings: a JSON object
+# merged into DURABLE_AGENTS, and a queue of their own for notification deliveries (as the README advises).
+DURABLE_AGENTS.update(json.loads(os.environ.get("DURABLE_TEST_SETTINGS", "{}")))
+if os.environ.get("DURABLE_NOTIFY_QUEUE"):
+    CELERY_TASK_ROUTES = {"durable_agents.deliver_notification": {"queue": os.environ["DURABLE_NOTIFY_QUEUE"]}}

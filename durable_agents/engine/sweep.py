@@ -1,5 +1,8 @@
 """The sweep: re-wakes runs whose lease expired or whose message was lost, settles cancellations, runs waits.
 
+It also enqueues due notifications (engine/outbox.py) but never sends one: a slow receiver must not hold
+the sweep, nor the worker slot it runs in.
+
 Safe to run concurrently and repeatedly: rows are picked with SKIP LOCKED, each run is re-woken at most
 once per IDLE_RESWEEP_SECONDS, and a duplicate wake-up is harmless (the claim lets one worker in).
 """
@@ -14,6 +17,7 @@ from django.db.models import Q
 
 from durable_agents import clock
 from durable_agents.conf import settings
+from durable_agents.engine.outbox import enqueue_due as enqueue_due_notifications
 from durable_agents.engine.records import locked
 from durable_agents.engine.runs import settle_cancellation
 from durable_agents.engine.waits import sweep_waits
@@ -31,6 +35,7 @@ class SweepReport:
     expired: int = 0
     warned: int = 0
     reminded: int = 0
+    notifications: int = 0  # due notifications handed to their delivery task
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -70,4 +75,5 @@ def sweep() -> SweepReport:
     ).values_list("id", flat=True)[: int(settings.SWEEP_BATCH)]
     cancelled = sum(settle_cancellation(run_id) for run_id in list(pending_cancels))
     waits = sweep_waits(now)
-    return SweepReport(woken=len(ids), cancelled=cancelled, **waits)
+    notifications = enqueue_due_notifications()
+    return SweepReport(woken=len(ids), cancelled=cancelled, notifications=notifications, **waits)

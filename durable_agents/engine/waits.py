@@ -5,14 +5,13 @@ and holds no worker, transaction or socket — nothing polls it. A decision (adm
 closes an approval, `send_signal` a signal wait, the sweep a timer or a deadline; the run moves back to
 `pending` and a worker is woken; the step then re-executes and reads its closed wait. Only approvals
 are decided by people: a signal comes only through `send_signal`, a timer only from the clock.
-Notifications go through the outbox (Effect rows).
+Notifications go through the outbox (engine/outbox.py).
 """
 
 from __future__ import annotations
 
 import logging
 import uuid
-from dataclasses import asdict
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -27,25 +26,21 @@ from durable_agents.engine.approvals import latest_wait
 from durable_agents.engine.control import WaitSpec
 from durable_agents.engine.events import record_event
 from durable_agents.engine.lease import Claim
-from durable_agents.engine.notices import notification_for
+from durable_agents.engine.outbox import notify_txn
 from durable_agents.engine.payloads import check_input
 from durable_agents.engine.records import get_run, get_wait, locked
 from durable_agents.engine.wake import wake_on_commit
 from durable_agents.errors import InvalidTransitionError, UnknownWorkflowError, WaitClosedError
 from durable_agents.models import (
     DeadlinePolicy,
-    Effect,
-    EffectKind,
-    EffectStatus,
     Run,
     Step,
     Wait,
     WaitKind,
     WaitStatus,
 )
-from durable_agents.notify import Notification, get_notifier
 from durable_agents.signals import run_finished, send_on_commit, wait_closed, wait_opened
-from durable_agents.states import EffectOp, RunStatus, WaitOp
+from durable_agents.states import RunStatus, WaitOp
 from durable_agents.workflows import registry
 
 logger = logging.getLogger("durable_agents.waits")
@@ -159,7 +154,7 @@ def _step_id(wait: Wait) -> str:
 
 
 def sweep_waits(now: datetime | None = None, *, batch: int | None = None) -> dict[str, int]:
-    """Fire due timers, apply deadline policies, send warnings and reminders. Safe to run concurrently."""
+    """Fire due timers, apply deadline policies, queue warnings and reminders. Safe to run concurrently."""
     now = now or clock.now()
     limit = batch or int(settings.SWEEP_BATCH)
     counts = {"fired": 0, "expired": 0, "warned": 0, "reminded": 0}
@@ -170,7 +165,6 @@ def sweep_waits(now: datetime | None = None, *, batch: int | None = None) -> dic
         counts["warned"] += _warn(wait_id, now)
     for wait_id in _due_ids(Q(next_reminder_at__lte=now), limit):
         counts["reminded"] += _remind(wait_id, now)
-    redeliver_notifications(now)
     return counts
 
 
@@ -263,52 +257,3 @@ def _remind(wait_id: int, now: datetime) -> int:
         record_event(wait.run_id, "wait_reminder", step_id=_step_id(wait), wait=wait.pk, number=number)
         notify_txn(wait, "reminder", number)
     return 1
-
-
-# --- Notifications through the outbox ---------------------------------------------------------------------
-
-
-def notify_txn(wait: Wait, kind: str, number: int = 1) -> None:
-    """Write the notification's outbox row in the current transaction; deliver it after commit.
-
-    A worker that dies right after the commit leaves the row pending, and the sweep delivers it.
-    """
-    key = f"wait:{wait.pk}:{kind}:{number}"
-    message = notification_for(wait, kind, number)
-    effect, _ = Effect.objects.get_or_create(
-        idempotency_key=key,
-        defaults={
-            "run_id": wait.run_id,
-            "tool": f"notify.{kind}",
-            "kind": EffectKind.NOTIFICATION,
-            "args": asdict(message),
-            "args_hash": key,
-        },
-    )
-    transaction.on_commit(lambda: _deliver(Effect.objects.get(pk=effect.pk)))
-
-
-def _deliver(effect: Effect) -> None:
-    if effect.status != EffectStatus.PENDING:
-        return
-    args = dict(effect.args)
-    args["recipients"] = tuple(args.get("recipients", ()))
-    try:
-        get_notifier().send(Notification(**args), idempotency_key=effect.idempotency_key)
-    except Exception as exc:  # noqa: BLE001 - a failed send stays pending; the sweep tries again
-        logger.warning("notification %s failed: %s", effect.idempotency_key, exc)
-        Effect.objects.filter(pk=effect.pk).update(error={"type": type(exc).__name__, "message": str(exc)[:500]})
-        return
-    transitions.move_effect(
-        EffectOp.APPLY, effect.pk, to=EffectStatus.APPLIED, applied_at=DbNow(), attempts=effect.attempts + 1
-    )
-
-
-def redeliver_notifications(now: datetime) -> None:
-    stale = Effect.objects.filter(
-        kind=EffectKind.NOTIFICATION,
-        status=EffectStatus.PENDING,
-        created_at__lt=now - timedelta(seconds=float(settings.NOTIFY_RETRY_SECONDS)),
-    ).order_by("id")[: int(settings.SWEEP_BATCH)]
-    for effect in stale:
-        _deliver(effect)

@@ -9,7 +9,7 @@ Example::
         wait_for_run(run.id, "completed")
 """
 
-from durable_agents.testing.runs import drive
+from durable_agents.testing.runs import deliver_notifications, drive
 from durable_agents.testing.workers import WorkerProcess, wait_for, wait_for_run
 
-__all__ = ["WorkerProcess", "drive", "wait_for", "wait_for_run"]
+__all__ = ["WorkerProcess", "deliver_notifications", "drive", "wait_for", "wait_for_run"]

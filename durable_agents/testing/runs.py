@@ -1,4 +1,4 @@
-"""Driving runs in-process, without a broker or worker: for unit tests of workflows."""
+"""Driving runs and notifications in-process, without a broker or worker: for unit tests of workflows."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ from typing import Any
 from durable_agents import clock
 from durable_agents.engine.advance import Outcome, advance
 from durable_agents.engine.lease import Claim
+from durable_agents.engine.outbox import Delivery, deliver
 from durable_agents.engine.transitions import claim_run
-from durable_agents.models import Run
+from durable_agents.models import Effect, EffectKind, EffectStatus, Run
 
 
 def drive(run_id: uuid.UUID | str, *, max_advances: int = 10_000) -> Run:
@@ -40,3 +41,16 @@ def take_lease(run_id: uuid.UUID | str) -> Claim | None:
     None if it is not claimable. For tests of races with a lease holder."""
     claimed = claim_run(uuid.UUID(str(run_id)))
     return claimed[0] if claimed else None
+
+
+def deliver_notifications() -> list[Delivery]:
+    """Deliver every pending notification in this process, as `durable_agents.deliver_notification` would.
+
+    Rows backing off are left alone (their outcome is NOT_DUE). Example::
+
+        sweep()
+        deliver_notifications()
+        assert mail.outbox[-1].subject.startswith("Reminder 1")
+    """
+    pending = Effect.objects.filter(kind=EffectKind.NOTIFICATION, status=EffectStatus.PENDING).order_by("id")
+    return [deliver(effect_id) for effect_id in pending.values_list("id", flat=True)]

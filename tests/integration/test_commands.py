@@ -110,6 +110,7 @@ def test_commands__sweep_reports_what_it_did(manage):
         "expired": 0,
         "warned": 0,
         "reminded": 0,
+        "notifications": 0,
     }
 
 

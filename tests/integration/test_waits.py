@@ -17,7 +17,7 @@ from durable_agents import api, clock
 from durable_agents.engine.sweep import sweep
 from durable_agents.links import decision_path
 from durable_agents.models import Effect, Event, Run, RunStatus, Wait, WaitStatus
-from durable_agents.testing import drive, wait_for, wait_for_run
+from durable_agents.testing import deliver_notifications, drive, wait_for, wait_for_run
 from project.celery import app as celery_app
 from tests.testapp.models import Execution, LedgerEntry
 
@@ -106,16 +106,19 @@ def test_approval__racing_approvers_exactly_one_wins():
 
 def test_deadline__reject_policy_with_warning_and_reminders():
     run, wait = park("deadline_reject")
+    deliver_notifications()  # the approval request: the sweep only enqueues, so deliver in-process
     mail.outbox.clear()
     for minutes, reminders, warned in [(21, 1, False), (41, 2, False), (52, 2, True)]:
         clock.reset()
         clock.advance(timedelta(minutes=minutes))
         sweep()
+        deliver_notifications()
         wait.refresh_from_db()
         assert (wait.reminders_sent, bool(wait.warned_at)) == (reminders, warned), f"at +{minutes} min"
     clock.reset()
     clock.advance(timedelta(minutes=61))
     assert sweep().expired == 1
+    deliver_notifications()
     wait.refresh_from_db()
     assert wait.status == WaitStatus.REJECTED and wait.decided_by == "deadline"
     run = drive(run.id)
@@ -142,6 +145,7 @@ def test_deadline__escalate_notifies_and_extends_once_then_rejects():
     mail.outbox.clear()
     clock.advance(timedelta(minutes=61))
     sweep()
+    deliver_notifications()
     wait.refresh_from_db()
     assert wait.status == WaitStatus.OPEN and wait.escalated_at and wait.deadline > clock.now()
     escalation = [m for m in mail.outbox if m.subject.startswith("Escalated")]
@@ -271,7 +275,8 @@ def test_waiting__a_thousand_waiting_runs_hold_no_worker_slot(start_worker, brok
         advance(run_id)
         advance(run_id)
     assert Run.objects.filter(status=RunStatus.WAITING).count() == 1000
-    redis.Redis.from_url(broker_url).flushdb()  # the wake-ups sent while parking them in-process
+    deliver_notifications()  # their approval requests: sent once, not a cost of waiting
+    redis.Redis.from_url(broker_url).flushdb()  # the wake-ups (and deliveries) sent while parking in-process
     worker = start_worker(beat=True)
     wait_for(lambda: celery_app.control.inspect(timeout=1).ping(), timeout=30, what="the worker to answer")
     time.sleep(2)  # several sweeps pass over the waiting runs

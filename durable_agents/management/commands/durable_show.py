@@ -42,7 +42,8 @@ class Command(DurableCommand):
             write("effects:")
         for e in data["effects"]:
             attention = f"  NEEDS ATTENTION: {e['needs_attention']}" if e["needs_attention"] else ""
-            write(f"  {e['tool']:<20} {e['status']:<12} attempts {e['attempts']}  key {e['key']}{attention}")
+            skipped = f"  (skipped: {e['skipped']})" if e["skipped"] else ""
+            write(f"  {e['tool']:<20} {e['status']:<12} attempts {e['attempts']}  key {e['key']}{skipped}{attention}")
         for w in data["waits"]:
             who = f" by {w['decided_by']}" if w["decided_by"] else ""
             write(f"wait {w['id']}: {w['kind']} {w['name']} {w['status']}{who}  deadline {w['deadline'] or '-'}")

@@ -16,4 +16,6 @@ class Command(DurableCommand):
         if options["json"]:
             self.emit_json(report.as_dict())
         else:
-            self.stdout.write(f"woken {report.woken}, cancelled {report.cancelled}")
+            self.stdout.write(
+                f"woken {report.woken}, cancelled {report.cancelled}, notifications enqueued {report.notifications}"
+            )
