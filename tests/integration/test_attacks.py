@@ -7,6 +7,7 @@ is to refuse the operator's action, the test accepts that refusal (InvalidTransi
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from datetime import timedelta
 from decimal import Decimal
@@ -19,13 +20,15 @@ from django.utils import timezone
 import durable_agents.waits as step_waits
 from durable_agents import api, clock
 from durable_agents.api import PlannedStep, StepContext, call, tool, workflow
+from durable_agents.engine import advance as advance_module
 from durable_agents.engine import transitions
 from durable_agents.engine.advance import Outcome, advance
+from durable_agents.engine.waits import sweep_waits
 from durable_agents.errors import InvalidTransitionError
 from durable_agents.models import Effect, EffectStatus, Run, RunStatus, Step, StepStatus, Wait, WaitStatus
 from durable_agents.testing import drive
 from durable_agents.testing.receiver import IdempotentReceiver
-from durable_agents.testing.runs import take_lease
+from durable_agents.workflows import registry
 from tests.testapp.models import LedgerEntry
 from tests.testapp.trust import HOOKS, hook
 from tests.testapp.workflows import _charge_step
@@ -80,8 +83,24 @@ workflow(
     replace=True,
 )
 # Two versions: v2 replaces the tail step with another (a different step id).
-workflow("atk_versions", version=1, steps=[call("charge", _charge_step), call("hold", _hooked)], replace=True)
-workflow("atk_versions", version=2, steps=[call("charge", _charge_step), call("ship_later", _hooked)], replace=True)
+V1 = workflow("atk_versions", version=1, steps=[call("charge", _charge_step), call("hold", _hooked)], replace=True)
+workflow(
+    "atk_versions",
+    version=2,
+    steps=[call("charge", _charge_step), call("ship_later", _hooked)],
+    on_missing_version="replan",
+    replace=True,
+)
+workflow(
+    "atk_charge_then_break_compensating",
+    steps=[call("charge", _charge_step), call("work", _hooked)],
+    plan=lambda inp: [
+        PlannedStep("charge", "charge", {"amount": "10.00"}),
+        PlannedStep("work", "work", {"fail": True}),
+    ],
+    on_failure="compensate",
+    replace=True,
+)
 workflow(
     "atk_charge_then_work",
     steps=[call("charge", _charge_step), call("work", _hooked)],
@@ -317,10 +336,8 @@ def test_migrate__an_undecided_approval_counts_as_a_rejection():
     'succeeds' with no effect."""
     run = api.start("approve_charge", {"order_id": "MA-1"})
     assert advance(run.id) is Outcome.COMMITTED and advance(run.id) is Outcome.WAITING
-    try:
+    with contextlib.suppress(InvalidTransitionError):
         api.migrate(run.id, 1, actor="ops")
-    except InvalidTransitionError:
-        pass
     run = drive(run.id)
     wait = Wait.objects.get(run=run, kind="approval")
     approve = Step.objects.live().get(run=run, step_id="approve")
@@ -354,3 +371,142 @@ def test_signal__a_zombie_consumes_a_buffered_signal_of_a_re_run_step():
         "guarantee 4 (a zombie never applies an effect): a zombie consumed the delivered signal; the live step "
         f"waits for it forever (run {run.status})"
     )
+
+
+# --- Sagas cut short by the engine itself -------------------------------------------------------------------
+
+
+def test_cancel__a_request_recorded_before_an_on_failure_saga_cuts_that_saga_short():
+    """A bulk cancel hits a run while its step runs: `requested` (cancel_requested_at set). The step then fails
+    and the workflow compensates on failure: fail_txn plans the saga but leaves cancel_requested_at set. The
+    claim refuses runs with a pending cancel, so the next advance *settles* it: take_txn(CANCEL) has no
+    finish_as fence and ends the run `cancelled` with its compensation step still pending."""
+    run = api.start("atk_charge_then_break_compensating", {"order_id": "CS-1"})
+    assert advance(run.id) is Outcome.COMMITTED
+    HOOKS["atk:work"] = lambda ctx: api.cancel(ctx.run_id, "bulk cancel", actor="ops")
+    assert advance(run.id) is Outcome.COMPENSATING
+    run = drive(run.id)
+    pending = list(
+        Step.objects.live()
+        .filter(run=run, kind="compensate")
+        .exclude(status=StepStatus.DONE)
+        .values_list("step_id", "status")
+    )
+    assert not pending, (
+        f"guarantee 9 (a saga is never cut short): the run ended {run.status} with compensation steps {pending} "
+        f"not done; ledger {_ledger('CS-1')}"
+    )
+    assert _net("CS-1") == 0, f"the charge was never refunded: {_ledger('CS-1')}"
+
+
+def test_version_gone__the_replan_policy_throws_a_running_saga_away():
+    """A deploy drops v1 while a v1 run compensates; v2 says on_missing_version="replan". The compensation
+    step's claim finds no v1, _version_gone adopts v2 *with replan*: the compensation step is superseded and
+    v2's remaining forward step planned. The run executes forward work and ends `cancelled`, charge intact."""
+    run = api.start("atk_versions", {"order_id": "VG-1"}, version=1)
+    assert advance(run.id) is Outcome.COMMITTED
+    api.cancel(run.id, "customer cancelled", compensate=True)
+    registry.unregister("atk_versions", 1)  # the deploy removed v1
+    try:
+        run = drive(run.id)
+    finally:
+        registry.register(V1, replace=True)
+    assert _net("VG-1") == 0, (
+        f"guarantee 9 (a saga, once started, finishes or stops visibly): the run ended {run.status} after a "
+        f"version re-plan replaced its compensation with forward steps: {_ledger('VG-1')}"
+    )
+
+
+# --- Forks and shared effect scopes -------------------------------------------------------------------------
+
+
+def test_fork__of_a_compensating_source_copies_its_compensation_steps_and_completes_having_refunded():
+    """fork_run copies the source's live plan. Forking a source whose saga is planned (no effect compensated
+    yet, so the scope is shared) copies the compensation steps as pending steps of a forward run (finish_as is
+    not copied): the fork runs hold/after, then refunds both charges, and ends `completed`."""
+    run = api.start("two_charges", {"order_id": "FC-1"})
+    assert advance(run.id) is Outcome.COMMITTED and advance(run.id) is Outcome.COMMITTED
+    api.cancel(run.id, "customer cancelled", compensate=True)
+    try:
+        fork = api.fork(run.id, "hold", actor="ops")
+    except InvalidTransitionError:
+        return  # refusing to fork a compensating run is a fix
+    fork = drive(fork.id)
+    kinds = list(Step.objects.live().filter(run=fork, kind="compensate").values_list("step_id", "status"))
+    assert not (fork.status == RunStatus.COMPLETED and kinds), (
+        "guarantee 9/2: a forked forward run executed the source's compensation steps "
+        f"{kinds} and ended completed; ledger {_ledger('FC-1')}"
+    )
+
+
+def test_fork__its_saga_undoes_a_charge_the_completed_source_reused():
+    """A fork of an active source (same input: shared scope) runs charge-b first; its Effect row has run_id =
+    fork. The source then reaches charge-b, finds the key applied and reuses it, and completes. Cancelling the
+    fork with compensation refunds charge-b: the completed source's charge is undone by another run's saga."""
+    source = _charged_once("FS-1")
+    fork = api.fork(source.id, "charge-b", actor="ops")
+    assert advance(fork.id) is Outcome.COMMITTED  # the fork charges 20.00 under the shared key
+    source = drive(source.id)
+    assert source.status == RunStatus.COMPLETED
+    assert _ledger("FS-1") == [("charge", 10), ("charge", 20)], "the source reused the fork's charge"
+    api.cancel(fork.id, "fork abandoned", compensate=True)
+    drive(fork.id)
+    assert _net("FS-1") == 30, (
+        f"guarantee 2/9: the fork's saga refunded a charge the completed source run relies on: {_ledger('FS-1')}"
+    )
+
+
+def test_fork__the_sources_saga_undoes_charges_a_completed_fork_relies_on():
+    """The reverse order of the fork check: fork_run refuses to share the scope of a source that compensated,
+    but nothing stops the source compensating after the fork. The fork copies charge-a/-b as checkpoints and
+    completes; then the source is cancelled with compensation and refunds both: the completed fork's
+    checkpoints now describe charges that no longer exist."""
+    run = api.start("two_charges", {"order_id": "FR-1"})
+    assert advance(run.id) is Outcome.COMMITTED and advance(run.id) is Outcome.COMMITTED
+    fork = drive(api.fork(run.id, "hold", actor="ops").id)
+    assert fork.status == RunStatus.COMPLETED
+    api.cancel(run.id, "source abandoned", compensate=True)
+    drive(run.id)
+    assert _net("FR-1") == 30, (
+        f"guarantee 2/9: the source's saga refunded the charges the completed fork was built on: {_ledger('FR-1')}"
+    )
+
+
+# --- The fenced checkpoint ----------------------------------------------------------------------------------
+
+
+def test_checkpoint__moves_the_run_past_a_step_it_did_not_write():
+    """Two defects chained (reached through the migrate hole above, which leaves an approval open on a running
+    run):
+    1. the "fail" deadline policy (fail_txn with claim=None) marks the step FAILED *before* its fence on the
+       run (status=waiting) fails, and keeps that write (returns False, the transaction commits);
+    2. hotpath.commit_checkpoint's run UPDATE is a data-modifying CTE: it moves the cursor and releases the
+       lease even when the step UPDATE matches 0 rows (the step is no longer live). The worker is told
+       LEASE_LOST ("nothing was written") though it held the lease, and the run then completes past a FAILED
+       step whose deadline policy said to fail the run."""
+    run = api.start("deadline_fail", {})
+    assert advance(run.id) is Outcome.WAITING
+    try:
+        api.migrate(run.id, 1, actor="ops")
+    except InvalidTransitionError:
+        return  # the precondition (an open wait on a running run) is gone
+    original = advance_module.store_result
+
+    def deadline_passes_meanwhile(*args, **kwargs):
+        clock.advance(timedelta(hours=2))
+        _in_another_connection(sweep_waits)  # the sweep applies the "fail" policy while the step runs
+        return original(*args, **kwargs)
+
+    advance_module.store_result = deadline_passes_meanwhile
+    try:
+        outcome = advance(run.id)
+    finally:
+        advance_module.store_result = original
+    run = Run.objects.get(pk=run.id)
+    approve = Step.objects.live().get(run=run, step_id="approve")
+    assert not (run.cursor == 1 and approve.status != StepStatus.DONE), (
+        f"guarantee 1/4: the fenced checkpoint (outcome {outcome}) moved the cursor past step 'approve' and "
+        f"released the lease without writing its checkpoint (step {approve.status})"
+    )
+    run = drive(run.id)
+    assert run.status != RunStatus.COMPLETED, "a run completed past a FAILED step whose deadline policy was 'fail'"
