@@ -8,6 +8,8 @@ is to refuse the operator's action, the test accepts that refusal (InvalidTransi
 from __future__ import annotations
 
 import contextlib
+import subprocess
+import sys
 import threading
 from datetime import timedelta
 from decimal import Decimal
@@ -15,6 +17,7 @@ from typing import Any
 
 import pytest
 from django.db import connections
+from django.test import override_settings
 from django.utils import timezone
 
 import durable_agents.waits as step_waits
@@ -28,10 +31,12 @@ from durable_agents.errors import InvalidTransitionError
 from durable_agents.models import Effect, EffectStatus, Run, RunStatus, Step, StepStatus, Wait, WaitStatus
 from durable_agents.testing import drive
 from durable_agents.testing.receiver import IdempotentReceiver
+from durable_agents.tools import tools
 from durable_agents.workflows import registry
+from tests.conftest import ROOT
 from tests.testapp.models import LedgerEntry
 from tests.testapp.trust import HOOKS, hook
-from tests.testapp.workflows import _charge_step
+from tests.testapp.workflows import _charge_step, charge
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -506,3 +511,100 @@ def test_checkpoint__moves_the_run_past_a_step_it_did_not_write():
     )
     run = drive(run.id)
     assert run.status != RunStatus.COMPLETED, "a run completed past a FAILED step whose deadline policy was 'fail'"
+
+
+# --- Zombies and the saga's view of an effect ----------------------------------------------------------------
+
+
+def test_effects__a_zombie_thawed_after_its_lease_proof_ships_after_the_saga_decided_there_was_nothing_to_undo(
+    carrier,
+):
+    """_apply_external proves the lease, *then* counts the invocation (attempts+1) in a separate statement. A
+    worker paused between the two leaves attempts=0; cancel(compensate) treats `pending, attempts=0` as never
+    invoked and plans nothing; the run ends cancelled. The zombie thaws, counts, ships (the receiver has never
+    seen the key, so it lands), records `applied`: a cancelled run with an applied shipment nobody undoes or
+    flags. Counting the invocation in the same statement as the lease proof would let the saga see it."""
+    original = StepContext.ensure_lease
+    state = {"paused": False}
+
+    def proves_then_pauses(self):
+        original(self)
+        if not state["paused"]:
+            state["paused"] = True
+            _expire_lease(self.run_id)  # paused right after the proof: the lease runs out
+            _in_another_connection(
+                lambda: (api.cancel(self.run_id, "customer cancelled", compensate=True), drive(self.run_id))
+            )
+
+    StepContext.ensure_lease = proves_then_pauses
+    try:
+        run = api.start("ship_then_hold", {"order_id": "ZS-1", "url": carrier.url})
+        advance(run.id)
+    finally:
+        StepContext.ensure_lease = original
+    run = Run.objects.get(pk=run.id)
+    effect = Effect.objects.get(run=run, tool="ship")
+    paths = [r.path for r in carrier.requests]
+    assert run.status == RunStatus.CANCELLED
+    assert not ("/ship" in paths and "/unship" not in paths and not effect.needs_attention), (
+        "guarantee 4/9 (a zombie never applies an effect; a saga is never silently half-done): the zombie shipped "
+        f"after the run was cancelled with compensation; effect {effect.status}, carrier saw {paths}"
+    )
+
+
+def test_saga__an_effect_whose_tool_was_renamed_is_silently_left_undone():
+    """compensable_effect_keys drops effects whose tool is no longer registered (compensator_name → None). After
+    a deploy that renamed the tool, cancel(compensate) finds nothing to undo and ends `cancelled` as if the
+    saga had run; nothing in the run says the charges were left in place."""
+    run = api.start("two_charges", {"order_id": "TR-9"})
+    assert advance(run.id) is Outcome.COMMITTED and advance(run.id) is Outcome.COMMITTED
+    tools.unregister("charge")  # the deploy renamed it
+    try:
+        run = api.cancel(run.id, "customer cancelled", compensate=True)
+        run = drive(run.id)
+    finally:
+        tools.register(charge)
+    left = (run.error or {}).get("left_to_undo") or []
+    assert _net("TR-9") == 0 or (run.status == RunStatus.FAILED and left), (
+        "guarantee 9 (a saga finishes or stops visibly with what is left to undo): the run ended "
+        f"{run.status} with its charges in place and nothing left to undo on record: {_ledger('TR-9')}"
+    )
+
+
+# --- Hostile input to durable_effect -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["--applied", "--result", "NaN"],
+        ["--applied", "--result", '"\\u0000"'],
+        ["--applied", "--as", "x" * 300],
+    ],
+    ids=["nan-result", "nul-in-result", "long-actor"],
+)
+def test_durable_effect__hostile_input_is_a_one_line_error_not_a_traceback(worker_env, carrier, extra):
+    """The command's domain errors are one line and exit 2. Values Postgres refuses (NaN or \\u0000 in jsonb, an
+    actor longer than the column) escape as a DataError traceback instead."""
+
+    def broken(ctx):
+        raise ConnectionResetError("connection reset")
+
+    HOOKS["before_post"] = broken
+    with override_settings(DURABLE_AGENTS={"EFFECT_MAX_INVOCATIONS": 1}):
+        run = drive(api.start("ship_then_hold", {"order_id": "HI-1", "url": carrier.url}).id)
+    HOOKS.clear()
+    effect = Effect.objects.get(run=run)
+    done = subprocess.run(
+        [sys.executable, "manage.py", "durable_effect", effect.idempotency_key, *extra],
+        cwd=ROOT,
+        env={**worker_env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, (
+        "guarantee 8 (nothing fails silently; errors with a hint): durable_effect crashed on hostile input "
+        f"(exit {done.returncode}): {done.stderr.strip().splitlines()[-1:]}"
+    )
+    assert Effect.objects.get(pk=effect.pk).status == EffectStatus.PENDING
