@@ -22,7 +22,7 @@ from django.utils import timezone
 
 import durable_agents.waits as step_waits
 from durable_agents import api, clock
-from durable_agents.api import PlannedStep, StepContext, call, tool, workflow
+from durable_agents.api import PlannedStep, StepContext, approval, call, tool, workflow
 from durable_agents.engine import advance as advance_module
 from durable_agents.engine import transitions
 from durable_agents.engine.advance import Outcome, advance
@@ -94,6 +94,31 @@ workflow(
     version=2,
     steps=[call("charge", _charge_step), call("ship_later", _hooked)],
     on_missing_version="replan",
+    replace=True,
+)
+DEADLINE_SAGA_STEPS = [
+    call("charge", _charge_step),
+    approval("ok", question="Ship?", deadline=timedelta(hours=1), on_deadline="fail"),
+]
+ATK_DEADLINE_V1 = workflow(
+    "atk_deadline_saga",
+    version=1,
+    steps=[
+        call("charge", _charge_step),
+        approval("ok", question="Ship?", deadline=timedelta(hours=1), on_deadline="fail"),
+    ],
+    on_failure="compensate",
+    replace=True,
+)
+workflow(
+    "atk_deadline_saga",
+    version=2,
+    steps=[
+        call("charge", _charge_step),
+        approval("ok", question="Ship?", deadline=timedelta(hours=1), on_deadline="fail"),
+    ],
+    on_failure="compensate",
+    on_missing_version="continue",
     replace=True,
 )
 workflow(
@@ -608,3 +633,62 @@ def test_durable_effect__hostile_input_is_a_one_line_error_not_a_traceback(worke
         f"(exit {done.returncode}): {done.stderr.strip().splitlines()[-1:]}"
     )
     assert Effect.objects.get(pk=effect.pk).status == EffectStatus.PENDING
+
+
+# --- Deadlines ---------------------------------------------------------------------------------------------
+
+
+def test_deadline__fail_policy_skips_the_saga_once_the_runs_version_is_gone():
+    """The sweep's "fail" policy asks `_compensates_on_failure(run)`, which reads the run's *pinned* version
+    and answers False when that version is no longer registered. After a deploy that dropped v1 (v2 says
+    "continue", and compensates on failure too), the deadline fails the run without undoing its charge, and
+    nothing says what was left."""
+    run = api.start("atk_deadline_saga", {"order_id": "DS-1"}, version=1)
+    assert advance(run.id) is Outcome.COMMITTED and advance(run.id) is Outcome.WAITING
+    registry.unregister("atk_deadline_saga", 1)
+    try:
+        clock.advance(timedelta(hours=2))
+        sweep_waits()
+        run = drive(run.id)
+    finally:
+        registry.register(ATK_DEADLINE_V1, replace=True)
+    assert run.status == RunStatus.FAILED
+    left = (run.error or {}).get("left_to_undo") or []
+    assert _net("DS-1") == 0 or left, (
+        "guarantee 9 (a saga finishes or stops visibly): the deadline failed a compensate-on-failure run "
+        f"without compensating because its version was unregistered: {_ledger('DS-1')}"
+    )
+
+
+def test_decide__an_approval_after_its_deadline_passed_is_accepted_if_the_sweep_is_late():
+    """decide_wait checks only that the wait is open, never its deadline (on the database clock). Until the
+    sweep gets to it, an approval past a "fail" deadline is accepted and the run goes on: the declared
+    deadline policy depends on the sweep's timing."""
+    run = api.start("deadline_fail", {})
+    assert advance(run.id) is Outcome.WAITING
+    wait = Wait.objects.get(run=run)
+    clock.advance(timedelta(hours=2))  # an hour past the deadline; the sweep has not run yet
+    with contextlib.suppress(InvalidTransitionError):  # refusing a decision past the deadline is a fix
+        api.decide(wait.pk, True, by="late-approver")
+    run = drive(run.id)
+    assert run.status != RunStatus.COMPLETED, (
+        "guarantee 4/9 (deadlines on the database's clock; a deadline applies its declared policy): an approval "
+        "an hour past a 'fail' deadline was accepted and the run completed"
+    )
+
+
+# --- Forks past the source's cursor ---------------------------------------------------------------------------
+
+
+def test_fork__at_a_step_past_the_sources_cursor_completes_without_running_the_steps_in_between():
+    """fork_run copies every step before `at_step` *with its status* and puts the cursor on `at_step`. Forking at
+    a step beyond the source's cursor copies charge-b as `pending` behind the cursor: the fork never executes
+    it and ends `completed` with a plan step that never ran (the order is never charged 20.00)."""
+    source = _charged_once("FP-1")  # cursor on charge-b
+    fork = drive(api.fork(source.id, "hold", actor="ops").id)
+    skipped = list(
+        Step.objects.live().filter(run=fork).exclude(status=StepStatus.DONE).values_list("step_id", "status")
+    )
+    assert not (fork.status == RunStatus.COMPLETED and skipped), (
+        f"guarantee 1/8: the fork completed with steps that never ran {skipped}; ledger {_ledger('FP-1')}"
+    )
