@@ -306,6 +306,22 @@ class Effect(models.Model):
         return f"{self.tool} {self.idempotency_key} ({self.status})"
 
 
+class Reliance(models.Model):
+    """A run that relies on an effect another run applied: a fork built on a checkpoint that recorded it, or a
+    run that found it already applied under a key it shares. A saga undoes an effect only once no run that
+    relies on it still stands."""
+
+    effect = models.ForeignKey(Effect, on_delete=models.CASCADE, related_name="reliances")
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="reliances")
+    created_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["effect", "run"], name="durable_reliance_effect_run_uniq")]
+
+    def __str__(self) -> str:
+        return f"run {self.run_id} relies on effect {self.effect_id}"
+
+
 class WaitKind(models.TextChoices):
     APPROVAL = "approval"
     SIGNAL = "signal"

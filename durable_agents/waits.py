@@ -112,7 +112,7 @@ def wait_for_signal(
 
     def run(ctx: Any) -> dict[str, Any]:
         wait = latest_wait(ctx.step, kind=WaitKind.SIGNAL, name=signal_name) or take_buffered_signal(
-            ctx.step, signal_name
+            ctx.step, signal_name, token=ctx.lease_token
         )
         if wait is None or wait.status == WaitStatus.CANCELLED:
             raise Park(

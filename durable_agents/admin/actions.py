@@ -230,7 +230,8 @@ class RunAction:
         return user.has_perm(self.permission)
 
     def applies(self, run: Run) -> bool:
-        return run.status in self.applies_to and (self.when is None or self.when(run))
+        # `when` first: the run page then reads the same number of rows whatever the run's status.
+        return (self.when is None or self.when(run)) and run.status in self.applies_to
 
 
 NOT_COMPLETED = tuple(s for s in RunStatus.values if s != RunStatus.COMPLETED)

@@ -124,16 +124,24 @@ def _advance(claim: Claim, step: Step, claimed_at: float) -> Outcome:
     run = step.run
     log = run_logger("durable_agents.engine", run.id, step.step_id, claim.attempt)
     try:
-        definition_set = registry.get(run.workflow, run.workflow_version)
+        definition_set: Workflow | None = registry.get(run.workflow, run.workflow_version)
     except UnknownWorkflowError:
-        return _version_gone(claim, step, run)
-    try:
-        definition = _definition(definition_set, step)
-    except (DefinitionError, UnknownToolError):
-        # A plan element this version cannot execute (e.g. after a migration): an operator decides.
-        return _park(claim, step, park_for_version(run, definition_set).spec)
-    policy = definition_set.retry_policy(definition)
-    compensate = definition_set.on_failure == "compensate"
+        definition_set = None
+    if step.kind == StepKind.COMPENSATE:
+        # A saga needs no workflow definition: it undoes effects through their tools, whatever was deployed.
+        definition = COMPENSATION
+        policy = definition_set.retry_policy(definition) if definition_set else RetryPolicy()
+        compensate = False
+    else:
+        if definition_set is None:
+            return _version_gone(claim, step, run)
+        try:
+            definition = _definition(definition_set, step)
+        except (DefinitionError, UnknownToolError):
+            # A plan element this version cannot execute (e.g. after a migration): an operator decides.
+            return _park(claim, step, park_for_version(run, definition_set).spec)
+        policy = definition_set.retry_policy(definition)
+        compensate = definition_set.on_failure == "compensate"
     guarded = _guard(claim, step, policy, compensate)
     if guarded is not None:
         return guarded
@@ -145,7 +153,7 @@ def _advance(claim: Claim, step: Step, claimed_at: float) -> Outcome:
     log.debug("step start")
     with Heartbeat(claim) as beat:
         try:
-            value = _execute(definition_set, definition, StepContext(run, step, claim.attempt, beat))
+            value = _execute(definition, StepContext(run, step, claim.attempt, beat))
             stored = store_result(run.id, step.step_id, value)
         except Park as park:
             return _park(claim, step, park.spec)
@@ -175,9 +183,7 @@ def _delay(policy: RetryPolicy, attempt: int, failure: Failure) -> float:
 
 
 def _definition(definition_set: Workflow, step: Step) -> StepDef:
-    """What executes this plan element: the workflow's definition, a planned tool call, or a compensation."""
-    if step.kind == StepKind.COMPENSATE:
-        return COMPENSATION
+    """What executes this plan element: the workflow's definition, or a planned tool call."""
     if is_planned(step.name):
         return planned_step(tools.get(step.name.split(":", 1)[1]))
     return definition_set.definition(step.name)
@@ -200,22 +206,26 @@ def _guard(claim: Claim, step: Step, policy: RetryPolicy, compensate: bool) -> O
     return None
 
 
-def _execute(definition_set: Workflow, definition: StepDef, ctx: StepContext) -> Any:
+def _execute(definition: StepDef, ctx: StepContext) -> Any:
     if definition.fn is None:
-        raise PermanentError(f"step {definition.name!r} of {definition_set.label} has nothing to execute")
+        raise PermanentError(f"step {definition.name!r} of {ctx.run.workflow} has nothing to execute")
     return definition.fn(ctx)
 
 
 def _commit(claim: Claim, step: Step, stored: Any) -> Outcome:
     last = claim.cursor + 1 >= claim.step_count
     # On Postgres one autocommit statement: no BEGIN/COMMIT round trips on the hot path.
-    if not transitions.checkpoint(claim, step, stored, final=last):
+    committed = transitions.checkpoint(claim, step, stored, final=last)
+    if committed is transitions.Committed.LOST:
         raise LeaseLostError()
     # Outside a transaction these are sent now, after the commit.
     send_on_commit(step_committed, run_id=claim.run_id, step_id=step.step_id, attempt=claim.attempt)
-    if last:
+    if committed is transitions.Committed.FINISHED:
         send_on_commit(run_finished, run_id=claim.run_id, status=claim.finish_as or RunStatus.COMPLETED, error=None)
         return Outcome.COMPLETED
+    if last:
+        # The last step committed while a cancel was requested: settle it now (its saga, if asked).
+        return Outcome.CANCELLED if settle_cancellation(claim.run_id) else Outcome.COMMITTED
     wake(claim.run_id)
     return Outcome.COMMITTED
 

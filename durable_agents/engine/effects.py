@@ -24,13 +24,15 @@ from collections.abc import Mapping
 from typing import Any
 
 from django.db import IntegrityError, transaction
-from django.db.models import F
+from django.db.models import Exists, F, Q
 
 from durable_agents.clock import DbNow
 from durable_agents.conf import settings
 from durable_agents.engine import transitions
 from durable_agents.engine.events import record_event
+from durable_agents.engine.reliance import rely_on
 from durable_agents.engine.retry import TRANSIENT_TYPES
+from durable_agents.engine.wake import wake_on_commit
 from durable_agents.errors import (
     EffectOutcomeUnknownError,
     IdempotencyKeyReusedError,
@@ -81,10 +83,18 @@ def invoke_tool(
         tool, checked, key=effect_key(key), run_id=run_id, step_pk=step_pk, compensates=compensates
     )
     if effect.status == EffectStatus.APPLIED:
-        return effect.result
+        return _reused(effect, run_id)
     if tool.transactional:
         return _apply_in_transaction(tool, checked, effect, ctx, run_id, lease_token)
     return _apply_external(tool, checked, effect, ctx, run_id, lease_token)
+
+
+def _reused(effect: Effect, run_id: Any) -> Any:
+    """An effect already applied under this key: its result. Applied by another run (a fork and its source
+    share keys), this run now relies on it too, so neither's saga undoes it while the other stands."""
+    if str(effect.run_id) != str(run_id):
+        rely_on([effect], run_id)
+    return effect.result
 
 
 def _record_pending(
@@ -124,8 +134,17 @@ def _record_pending(
             "the same key cannot apply it again; fork the run (`durable_fork`) to do this work anew"
         )
     if effect.status == EffectStatus.FAILED:
-        # A resumed run tries a permanently failed effect again, on purpose.
-        transitions.move_effect(EffectOp.RETRY, effect.pk, to=EffectStatus.PENDING, error=None, needs_attention="")
+        # A resumed run (or a fork sharing the key) tries a failed effect again, on purpose; the run that
+        # applies it owns it, so that run's saga is the one to undo it.
+        transitions.move_effect(
+            EffectOp.RETRY,
+            effect.pk,
+            to=EffectStatus.PENDING,
+            error=None,
+            needs_attention="",
+            run_id=run_id,
+            step_id=step_pk if step_pk is not None else effect.step_id,
+        )
         effect.refresh_from_db()
     return effect
 
@@ -142,7 +161,7 @@ def _apply_in_transaction(
             # The row lock makes a concurrent duplicate wait here, then see `applied`.
             locked = Effect.objects.select_for_update().get(pk=effect.pk)
             if locked.status == EffectStatus.APPLIED:
-                return locked.result
+                return _reused(locked, run_id)
             result = tool.invoke(args, idempotency_key=effect.idempotency_key, ctx=ctx)
             # An unstorable result rolls the tool's own writes back with it: applied without a record is no option.
             _check_result(tool, result)
@@ -157,18 +176,22 @@ def _apply_external(
     tool: Tool[..., Any], args: dict[str, Any], effect: Effect, ctx: Any, run_id: Any, lease_token: int | None
 ) -> Any:
     limit = int(settings.EFFECT_MAX_INVOCATIONS)
-    # Right before the call: a zombie (its run taken over, maybe cancelled and compensated) stops here.
+    token = ctx.lease_token if ctx is not None else lease_token
     if ctx is not None:
-        ctx.ensure_lease()
-    elif lease_token is not None and not _holds(run_id, lease_token):
-        raise LeaseLostError(f"run {run_id} was taken over; {tool.name} was not called")
-    started = Effect.objects.filter(pk=effect.pk, status=EffectStatus.PENDING, attempts__lt=limit).update(
+        ctx.ensure_lease()  # extend the lease for the call
+    # Right before the call, one statement proves the lease and counts the invocation: a zombie (its run
+    # taken over, maybe cancelled and compensated) stops here, and a saga that looks after this statement
+    # sees an invocation of unknown outcome to learn and undo, even if this worker pauses before sending.
+    held = Exists(Run.objects.filter(pk=run_id, lease_token=token, status=RunStatus.RUNNING)) if token else Q()
+    started = Effect.objects.filter(held, pk=effect.pk, status=EffectStatus.PENDING, attempts__lt=limit).update(
         attempts=F("attempts") + 1, updated_at=DbNow()
     )
     if not started:
+        if token is not None and not _holds(run_id, token):
+            raise LeaseLostError(f"run {run_id} was taken over; {tool.name} was not called")
         current = Effect.objects.get(pk=effect.pk)
         if current.status == EffectStatus.APPLIED:
-            return current.result
+            return _reused(current, run_id)
         reason = (
             f"{tool.name} was invoked {current.attempts} times under key {effect.idempotency_key!r} without a "
             "recorded outcome; check the receiving system, then record what happened with "
@@ -230,7 +253,9 @@ def resolve_effect(key: str, *, applied: bool, result: Any = None, actor: str, r
     crash, invoked too often without an answer): it was `applied` (with the receiver's `result`), or not.
 
     Not applied: the effect is failed with its invocations reset, so a resumed run calls it again under
-    the same key. Recorded in the run's history with `actor`.
+    the same key. Applied, for a run whose saga already passed it: its compensation is planned (the saga
+    goes on, or starts again). Refused while a worker holds the run (the call may be in flight: wait for
+    its step to end). Recorded in the run's history with `actor`.
     """
     effect = Effect.objects.filter(idempotency_key=key).first()
     if effect is None:
@@ -247,6 +272,12 @@ def resolve_effect(key: str, *, applied: bool, result: Any = None, actor: str, r
         why = reason or f"recorded as not applied by {actor}"
         changes.update(attempts=0, error={"type": "NotApplied", "message": why[:MAX_ERROR_CHARS]})
     with transaction.atomic():
+        # The run's row lock orders this against a claim: no worker starts the call while it is recorded.
+        if not Run.objects.select_for_update().filter(transitions.lease_free(), pk=effect.run_id).exists():
+            raise InvalidTransitionError(
+                f"run {effect.run_id} is being advanced: its call under key {key} may be in flight; record the "
+                "outcome once its step ends (durable_show shows the lease), or cancel the run"
+            )
         if not transitions.move_effect(EffectOp.RESOLVE, effect.pk, to=outcome, **changes):
             raise InvalidTransitionError(f"effect {key} changed meanwhile; look at it again")
         if applied and effect.compensates_id is not None:
@@ -254,5 +285,8 @@ def resolve_effect(key: str, *, applied: bool, result: Any = None, actor: str, r
         record_event(
             effect.run_id, "effect_resolved", actor=actor, key=key, tool=effect.tool, outcome=outcome, reason=reason
         )
+        if applied and effect.compensates_id is None and transitions.reopen_saga_txn(effect.run_id, key):
+            # A saga that passed it while its outcome was unknown undoes it now.
+            wake_on_commit(effect.run_id)
     effect.refresh_from_db()
     return effect

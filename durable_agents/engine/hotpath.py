@@ -146,31 +146,47 @@ def _decode(model: Any, names: tuple[str, ...], values: tuple[Any, ...]) -> list
 def _commit_sql(ending: bool) -> str:
     run, step = Run._meta.db_table, Step._meta.db_table
     now = "(STATEMENT_TIMESTAMP() + %(shift)s)"
-    finish = f", status = %(ending)s, output = %(output)s::jsonb, finished_at = {now}" if ending else ""
     run_sources = RUN_RULES[RunOp.COMPLETE if ending else RunOp.CHECKPOINT].sources
     step_sources = ", ".join(f"'{s}'" for s in sorted(STEP_RULES[StepOp.COMMIT].sources))
+    # The last step ends the run, unless a cancel is pending: then it is checkpointed and the cancellation
+    # (with its compensation, if asked) is settled next. A requested stop is never lost to a completion.
+    ends = "cancel_requested_at IS NULL" if ending else "FALSE"
+    finish = (
+        f", status = CASE WHEN {ends} THEN %(ending)s ELSE status END"
+        f", output = CASE WHEN {ends} THEN %(output)s::jsonb ELSE output END"
+        f", finished_at = CASE WHEN {ends} THEN {now} ELSE finished_at END"
+        if ending
+        else ""
+    )
+    # The run row is locked first, then the step is written, then the run only if the step was: a step that
+    # is no longer live (superseded, failed by a deadline) moves no cursor and releases no lease.
     return f"""
-        WITH r AS (
-            UPDATE {run}
-               SET cursor = %(cursor)s, attempt = 0, lease_owner = '', lease_expires_at = NULL,
-                   updated_at = {now}{finish}
+        WITH held AS (
+            SELECT id FROM {run}
              WHERE id = %(run_id)s AND lease_token = %(token)s
                AND status IN ({", ".join(f"'{s}'" for s in sorted(run_sources))})
+               FOR UPDATE
+        ), s AS (
+            UPDATE {step}
+               SET status = %(done)s, result = %(result)s::jsonb, result_ref = %(ref)s, result_hash = %(sha)s,
+                   error = NULL, attempts = %(attempts)s, started_at = %(started)s, finished_at = {now},
+                   updated_at = {now}, observed_at = CASE WHEN fresh_for IS NULL THEN NULL ELSE %(started)s END
+             WHERE id = %(step_pk)s AND status IN ({step_sources}) AND EXISTS (SELECT 1 FROM held)
          RETURNING id
         )
-        UPDATE {step}
-           SET status = %(done)s, result = %(result)s::jsonb, result_ref = %(ref)s, result_hash = %(sha)s,
-               error = NULL, attempts = %(attempts)s, started_at = %(started)s, finished_at = {now},
-               updated_at = {now}, observed_at = CASE WHEN fresh_for IS NULL THEN NULL ELSE %(started)s END
-         WHERE id = %(step_pk)s AND status IN ({step_sources}) AND EXISTS (SELECT 1 FROM r)
-     RETURNING id
+        UPDATE {run}
+           SET cursor = %(cursor)s, attempt = 0, lease_owner = '', lease_expires_at = NULL,
+               updated_at = {now}{finish}
+         WHERE id IN (SELECT id FROM held) AND EXISTS (SELECT 1 FROM s)
+     RETURNING {ends}
     """
 
 
-def commit_checkpoint(claim: Claim, step: Step, stored: StoredResult, *, ending: str | None) -> bool:
+def commit_checkpoint(claim: Claim, step: Step, stored: StoredResult, *, ending: str | None) -> str:
     """Commit a step: checkpoint + cursor + lease release (+ the run's end, `ending`), fenced by the token.
 
-    False means the token no longer holds the run: this worker is a zombie and nothing was written.
+    "lost": the token no longer holds the run (or the step is no longer live) and nothing was written;
+    "finished": the run ended; "checkpointed": it goes on (or a pending cancel is settled next).
     """
     if ending is not None:
         op = RunOp.COMPLETE if ending == RunStatus.COMPLETED else RunOp.FINISH
@@ -193,7 +209,10 @@ def commit_checkpoint(claim: Claim, step: Step, stored: StoredResult, *, ending:
     }
     with connection.cursor() as cursor:
         cursor.execute(_commit_sql(ending is not None), params)
-        return cursor.fetchone() is not None
+        row = cursor.fetchone()
+    if row is None:
+        return "lost"
+    return "finished" if row[0] else "checkpointed"
 
 
 def _jsonb(value: Any) -> str | None:

@@ -22,14 +22,19 @@ from durable_agents.engine.control import Park, Rerun, WaitSpec
 from durable_agents.engine.events import record_event
 from durable_agents.engine.payloads import check_input, copy_payloads
 from durable_agents.engine.records import get_run, plan_row
+from durable_agents.engine.reliance import rely_on
 from durable_agents.engine.wake import wake_on_commit
 from durable_agents.errors import InvalidInputError, InvalidTransitionError, StepNotFoundError, UnknownWorkflowError
 from durable_agents.models import (
     ACTIVE_RUN_STATUSES,
+    Effect,
+    EffectKind,
     EffectStatus,
     Event,
+    Reliance,
     Run,
     Step,
+    StepKind,
     StepStatus,
     Wait,
     WaitKind,
@@ -156,19 +161,29 @@ def migrate_run(run_id: uuid.UUID | str, version: int, *, replan: bool = False, 
     if run.is_finished:
         raise InvalidTransitionError(f"run {run.id} is {run.status}; there is nothing to migrate")
     target = registry.get(run.workflow, version)
+    if run.finish_as:
+        raise InvalidTransitionError(
+            f"run {run.id} is compensating (it ends {run.finish_as}); its saga finishes on any version, "
+            "so there is nothing to migrate"
+        )
     with transaction.atomic():
         # Take the run from whoever might hold it: a worker mid-step must not commit into a changed plan.
-        if not transitions.take_txn(RunOp.TAKE, run.id):
+        # Fenced on finish_as too: a saga started since the read above is never re-planned over.
+        if not transitions.take_txn(RunOp.TAKE, run.id, where=Q(finish_as="")):
             raise InvalidTransitionError(
-                f"run {run.id} is being advanced by {run.lease_owner}; migrate it when its step ends"
+                f"run {run.id} is being advanced by {run.lease_owner}, or began compensating; look at it again"
             )
         adopt_version_txn(run.id, target, replan=replan, actor=actor)
         parked = Wait.objects.filter(run_id=run.id, kind=WaitKind.SIGNAL, name=VERSION_WAIT, status=WaitStatus.OPEN)
-        for wait_id in parked.values_list("pk", flat=True):
-            transitions.move_wait(
+        migrated = [
+            wait_id
+            for wait_id in parked.values_list("pk", flat=True)
+            if transitions.move_wait(
                 WaitOp.MIGRATE, wait_id, to=WaitStatus.APPROVED, decided_by=actor or "operator", decided_at=DbNow()
             )
-        if transitions.wake_txn(run.id):
+        ]
+        # Only a run parked on version drift wakes: one waiting for a person, a signal or a timer waits on.
+        if migrated and transitions.wake_txn(run.id):
             wake_on_commit(run.id)
     run.refresh_from_db()
     return run
@@ -190,22 +205,32 @@ def fork_run(run_id: uuid.UUID | str, at_step: str, *, input: Any = None, actor:
     """A new run that copies the source's checkpoints before `at_step` and runs on from there.
 
     With the source's input the fork shares its effect scope: an effect the source applied is reused,
-    not repeated. With new input it is a new request, with effects of its own.
+    not repeated. With new input it is a new request, with effects of its own. Either way the fork relies on
+    the effects its copied checkpoints record: the source's saga keeps them while the fork stands. A fork
+    copies the forward plan only (never a saga's compensation steps), and only checkpoints: every step
+    before `at_step` must have one.
     """
     source = get_run(run_id)
-    target = Step.objects.live().filter(run_id=source.id, step_id=at_step).first()
+    forward = Step.objects.live().filter(run_id=source.id).exclude(kind=StepKind.COMPENSATE)
+    target = forward.filter(step_id=at_step).first()
     if target is None:
-        raise StepNotFoundError(f"run {source.id} has no step {at_step!r}")
+        raise StepNotFoundError(f"run {source.id} has no step {at_step!r} to fork at")
+    unchecked = forward.filter(position__lt=target.position).exclude(status=StepStatus.DONE).order_by("position")
+    if (first := unchecked.first()) is not None:
+        raise InvalidTransitionError(
+            f"step {first.step_id!r} of run {source.id} comes before {at_step!r} and has no checkpoint "
+            f"({first.status}); fork at {first.step_id!r} or earlier"
+        )
     new_input = source.input if input is None else input
     input_hash = check_input(new_input)
     if input is not None and not isinstance(input, dict | list):
         raise InvalidInputError("a fork's input must be a JSON object or list")
     if input is not None:
         registry.get(source.workflow, source.workflow_version).build_plan(new_input)  # the workflow's own checks
-    steps = list(Step.objects.live().filter(run_id=source.id).order_by("position"))
+    steps = list(forward.order_by("position"))
     # With the source's input a fork shares its effect keys, so what the source applied is reused, not
-    # repeated. Not once the source compensated: an undone effect's result no longer holds.
-    compensated = source.effects.filter(status=EffectStatus.COMPENSATED).exists()
+    # repeated. Not once the source compensates: an undone effect's result no longer holds.
+    compensated = bool(source.finish_as) or source.effects.filter(status=EffectStatus.COMPENSATED).exists()
     shared = input_hash == source.input_hash and not compensated
     with transaction.atomic():
         fork = Run.objects.create(
@@ -220,6 +245,7 @@ def fork_run(run_id: uuid.UUID | str, at_step: str, *, input: Any = None, actor:
             participant=source.participant,
         )
         transitions.copy_plan_txn(steps, fork.id, target.position)
+        rely_on(_recorded_before(source, target), fork.id)
         # Out-of-row results are rows of their run: the fork gets its own, which outlive the source.
         copy_payloads(source.id, fork.id, [s.result_ref for s in steps if s.position < target.position])
         record_event(
@@ -228,6 +254,17 @@ def fork_run(run_id: uuid.UUID | str, at_step: str, *, input: Any = None, actor:
         record_event(source.id, "fork_started", step_id=at_step, actor=actor, fork=str(fork.id))
         wake_on_commit(fork.id)
     return fork
+
+
+def _recorded_before(source: Run, target: Step) -> list[Effect]:
+    """The applied effects the source's checkpoints before `target` record, and those the source relies on."""
+    relied = Reliance.objects.filter(run_id=source.id).values("effect_id")
+    applied = Effect.objects.filter(status=EffectStatus.APPLIED, kind=EffectKind.EFFECT)
+    return list(
+        applied.filter(
+            Q(run_id=source.id, step__position__lt=target.position, step__run_id=source.id) | Q(pk__in=relied)
+        )
+    )
 
 
 __all__ = ["find_stale", "fork_run", "migrate_run", "replan_txn", "version_drift"]

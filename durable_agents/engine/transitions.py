@@ -21,7 +21,7 @@ from enum import StrEnum
 from typing import Any
 
 from django.db import connection, transaction
-from django.db.models import F, Q, QuerySet
+from django.db.models import Exists, F, Q, QuerySet
 
 from durable_agents import clock
 from durable_agents.clock import DbNow
@@ -30,8 +30,9 @@ from durable_agents.engine.control import WaitSpec
 from durable_agents.engine.events import record_event
 from durable_agents.engine.lease import Claim, lease_seconds, worker_id
 from durable_agents.engine.payloads import StoredResult
-from durable_agents.errors import LeaseLostError, UnknownToolError
-from durable_agents.models import Effect, EffectKind, Run, Step, StepKind, Wait
+from durable_agents.engine.reliance import plan_saga
+from durable_agents.errors import LeaseLostError
+from durable_agents.models import Effect, Run, Step, StepKind, Wait
 from durable_agents.states import (
     EFFECT_RULES,
     RUN_RULES,
@@ -39,7 +40,6 @@ from durable_agents.states import (
     STEP_RULES,
     WAIT_RULES,
     EffectOp,
-    EffectStatus,
     RunOp,
     RunStatus,
     StepOp,
@@ -47,7 +47,6 @@ from durable_agents.states import (
     WaitOp,
     WaitStatus,
 )
-from durable_agents.tools import tools
 
 COMPENSATE_STEP = "compensate"
 
@@ -117,20 +116,36 @@ def claim_run(run_id: uuid.UUID) -> tuple[Claim, Step | None] | None:
     return claim, step
 
 
-def checkpoint(claim: Claim, step: Step, stored: StoredResult, *, final: bool) -> bool:
+class Committed(StrEnum):
+    """What a checkpoint did."""
+
+    LOST = "lost"  # the token no longer holds the run (or the step is no longer live): nothing was written
+    CHECKPOINTED = "checkpointed"  # the step's checkpoint, the cursor moved on, the lease released
+    FINISHED = "finished"  # ... and it was the last step: the run completed (or ended as its saga said)
+
+
+def checkpoint(claim: Claim, step: Step, stored: StoredResult, *, final: bool) -> Committed:
     """Commit a step: its checkpoint, the cursor, the lease released (and the run finished if `final`), in one
-    transaction fenced by the token. False: this worker is a zombie and nothing was written."""
+    transaction fenced by the token. A last step committed while a cancel is requested does not complete
+    the run: it is checkpointed, and the cancellation is settled next (with its compensation, if asked)."""
     ending = _ending(claim) if final else None
     if hotpath.is_available():
-        return hotpath.commit_checkpoint(claim, step, stored, ending=ending)
-    op = RunOp.CHECKPOINT if ending is None else (RunOp.COMPLETE if ending == RunStatus.COMPLETED else RunOp.FINISH)
+        return Committed(hotpath.commit_checkpoint(claim, step, stored, ending=ending))
     changes: dict[str, Any] = {"cursor": claim.cursor + 1, "attempt": 0, **RELEASED}
-    if ending is not None:
-        # A run that compensated ends cancelled or failed: it has no output.
-        changes.update(output=None if claim.finish_as else stored.public_value, finished_at=DbNow())
     try:
         with transaction.atomic():
-            hold_txn(claim, op, to=ending, **changes)
+            finished = ending is not None and move_run(
+                RunOp.COMPLETE if ending == RunStatus.COMPLETED else RunOp.FINISH,
+                claim.run_id,
+                to=ending,
+                where=Q(lease_token=claim.token, cancel_requested_at__isnull=True),
+                # A run that compensated ends cancelled or failed: it has no output.
+                output=None if claim.finish_as else stored.public_value,
+                finished_at=DbNow(),
+                **changes,
+            )
+            if not finished:
+                hold_txn(claim, **changes)
             commit_step_txn(
                 step.pk,
                 result=stored.inline,
@@ -143,8 +158,8 @@ def checkpoint(claim: Claim, step: Step, stored: StoredResult, *, final: bool) -
                 observed_at=claim.claimed_at if step.fresh_for else None,
             )
     except LeaseLostError:
-        return False
-    return True
+        return Committed.LOST
+    return Committed.FINISHED if finished else Committed.CHECKPOINTED
 
 
 def _ending(claim: Claim) -> str:
@@ -209,17 +224,24 @@ def fail_txn(run_id: Any, step_pk: int | None, error: dict[str, Any], *, claim: 
     """
     _in_transaction()
     fence = Q(lease_token=claim.token) if claim else Q(status=RunStatus.WAITING)
+    # The fence first, under the run's row lock: nothing of a failure is written for a run no longer held.
+    run = Run.objects.select_for_update().filter(fence, pk=run_id).values("cancel_compensate", "finish_as").first()
+    if run is None:
+        if claim is not None:
+            raise LeaseLostError(f"run {run_id} is no longer held by token {claim.token}")
+        return False
     if step_pk is not None:
         move_steps_txn(
             StepOp.FAIL, Step.objects.filter(pk=step_pk), to=StepStatus.FAILED, error=error, finished_at=DbNow()
         )
     fields = {"error": error, "lease_token": F("lease_token") + 1, "attempt": 0, **RELEASED}
-    if compensate and compensate_txn(run_id, finish_as=RunStatus.FAILED, where=fence, **fields):
+    # An operator asked to cancel with compensation while the step ran: that saga, now that it failed.
+    asked = run["cancel_compensate"] and not run["finish_as"]
+    ending = RunStatus.CANCELLED if asked else RunStatus.FAILED
+    if (compensate or asked) and compensate_txn(run_id, finish_as=ending, where=fence, **fields):
         return True
-    if not move_run(RunOp.FAIL, run_id, to=RunStatus.FAILED, where=fence, finished_at=DbNow(), **fields):
-        if claim is not None:
-            raise LeaseLostError(f"run {run_id} is no longer held by token {claim.token}")
-        return False
+    moved = move_run(RunOp.FAIL, run_id, to=RunStatus.FAILED, where=fence, finished_at=DbNow(), **fields)
+    assert moved, "the run row is locked by this transaction"
     return False
 
 
@@ -233,7 +255,11 @@ def compensate_txn(run_id: Any, *, finish_as: str, where: Q, **fields: Any) -> i
     run = Run.objects.select_for_update().filter(where, pk=run_id).only("id", "cursor", "step_count").first()
     if run is None:
         return 0
-    keys = compensable_effect_keys(run_id)
+    plan = plan_saga(run_id)
+    if plan.kept:
+        # Never silently: the effects another run still stands on stay, and the history says why.
+        record_event(run_id, "compensation_kept", effects=plan.kept)
+    keys = plan.undo
     if not keys:
         return 0
     move_steps_txn(
@@ -260,29 +286,37 @@ def compensate_txn(run_id: Any, *, finish_as: str, where: Q, **fields: Any) -> i
         cursor=run.step_count,
         step_count=F("step_count") + len(keys),
         finish_as=finish_as,
-        **{"attempt": 0, **fields},
+        # A saga settles any cancel request: the claim refuses runs with one pending, and none may cut it short.
+        **{"attempt": 0, "cancel_requested_at": None, "cancel_compensate": False, **fields},
     )
     assert moved, "the run row is locked by this transaction"
     record_event(run_id, "compensation_planned", finish_as=finish_as, effects=keys)
     return len(keys)
 
 
-def compensable_effect_keys(run_id: Any) -> list[str]:
-    """Effects a saga must undo, newest first: applied ones, and external ones invoked with no outcome."""
-    effects = (
-        Effect.objects.filter(run_id=run_id, kind=EffectKind.EFFECT)
-        .filter(Q(status=EffectStatus.APPLIED) | Q(status=EffectStatus.PENDING, attempts__gt=0))
-        .order_by(F("applied_at").desc(nulls_first=True), "-id")
+def reopen_saga_txn(run_id: Any, key: str) -> bool:
+    """An effect learned applied after its run's saga passed it (an operator recorded its outcome late): plan
+    its compensation after the others and, if the saga had ended, let the run go on compensating."""
+    _in_transaction()
+    run = Run.objects.select_for_update().filter(pk=run_id).exclude(finish_as="").first()
+    if run is None:
+        return False
+    sagas = Step.objects.live().filter(run_id=run_id, kind=StepKind.COMPENSATE)
+    if sagas.filter(args__effect=key).exclude(status=StepStatus.DONE).exists():
+        return False  # its compensation step is still to run: it undoes the effect now that it is applied
+    Step.objects.create(
+        run_id=run_id,
+        step_id=f"compensate-{sagas.count() + 1}",
+        name=COMPENSATE_STEP,
+        kind=StepKind.COMPENSATE,
+        position=run.step_count,
+        args={"effect": key},
     )
-    return [e.idempotency_key for e in effects if compensator_name(e.tool)]
-
-
-def compensator_name(tool_name: str) -> str | None:
-    """The tool that undoes `tool_name`'s effect; None if it has none (or is no longer registered)."""
-    try:
-        return tools.get(tool_name).compensate
-    except UnknownToolError:
-        return None
+    changes = {"step_count": F("step_count") + 1, **RESTARTED}
+    if not move_run(RunOp.RESUME, run_id, to=RunStatus.PENDING, **changes):
+        move_run(RunOp.TAKE, run_id, step_count=F("step_count") + 1)
+    record_event(run_id, "compensation_reopened", effects=[key])
+    return True
 
 
 # --- Operators: cancel, resume, rerun, take --------------------------------------------------------------
@@ -341,9 +375,11 @@ def settle_cancellation_txn(run_id: Any) -> Cancellation:
     if row is None:
         return Cancellation.NONE
     stop = {"cancel_requested_at": None, "cancel_compensate": False}
+    if move_run(RunOp.TAKE, run_id, where=~Q(finish_as=""), **stop):
+        return Cancellation.SAGA_GOES_ON  # a saga is never cut short: the request is dropped, the saga goes on
     if row["cancel_compensate"] and _start_saga_txn(run_id, RunStatus.CANCELLED, stop):
         return Cancellation.COMPENSATING
-    if not take_txn(RunOp.CANCEL, run_id, to=RunStatus.CANCELLED, finished_at=DbNow(), **stop):
+    if not take_txn(RunOp.CANCEL, run_id, to=RunStatus.CANCELLED, where=Q(finish_as=""), finished_at=DbNow(), **stop):
         return Cancellation.NONE
     cancel_open_waits_txn(run_id)
     return Cancellation.CANCELLED
@@ -391,7 +427,9 @@ def resume_txn(run_id: Any, *, from_status: str, cursor: int) -> bool:
 def rerun_txn(run_id: Any, position: int) -> list[str] | None:
     """Run again from the live step at `position`: later checkpoints superseded (kept), fresh copies planned.
     None if a worker holds the run or it waits (decide or cancel its wait first)."""
-    if not take_txn(RunOp.RERUN, run_id, to=RunStatus.PENDING, cursor=position, output=None, **RESTARTED):
+    # Fenced on finish_as too: a saga planned since the caller looked is never re-run over.
+    where = Q(finish_as="")
+    if not take_txn(RunOp.RERUN, run_id, to=RunStatus.PENDING, where=where, cursor=position, output=None, **RESTARTED):
         return None
     cancel_open_waits_txn(run_id)
     return supersede_from_txn(run_id, position)
@@ -468,10 +506,10 @@ def copy_plan_txn(steps: list[Step], fork_id: Any, before: int) -> None:
 # --- Waits ------------------------------------------------------------------------------------------------
 
 
-def move_wait(op: WaitOp, wait_id: int, *, to: str, **changes: Any) -> bool:
+def move_wait(op: WaitOp, wait_id: int, *, to: str, where: Q | None = None, **changes: Any) -> bool:
     """Close an open wait for `op` (decide, signal, fire, expire, migrate); False if it was not open."""
     status = _target(WAIT_RULES, op, to)
-    moved = Wait.objects.filter(pk=wait_id, status__in=WAIT_RULES[op].sources)
+    moved = Wait.objects.filter(where or Q(), pk=wait_id, status__in=WAIT_RULES[op].sources)
     return moved.update(**status, updated_at=DbNow(), **changes) == 1
 
 
@@ -501,12 +539,14 @@ def buffer_signal_txn(run_id: Any, name: str, payload: Any, by: str) -> Wait:
     )
 
 
-def bind_buffered_signal(step: Step, name: str) -> Wait | None:
-    """A signal that arrived before the step asked for it, now bound to the step (once)."""
+def bind_buffered_signal(step: Step, name: str, *, token: int | None = None) -> Wait | None:
+    """A signal that arrived before the step asked for it, now bound to the step (once). With `token`, only
+    while that token holds the run: a zombie must not take a signal from the step that now runs."""
+    held = Exists(Run.objects.filter(pk=step.run_id, lease_token=token)) if token is not None else Q()
     for wait in Wait.objects.filter(
         run_id=step.run_id, kind="signal", name=name, step__isnull=True, status=WaitStatus.APPROVED
     ).order_by("id"):
-        if Wait.objects.filter(pk=wait.pk, step__isnull=True).update(step=step):
+        if Wait.objects.filter(held, pk=wait.pk, step__isnull=True).update(step=step):
             wait.step = step
             return wait
     return None

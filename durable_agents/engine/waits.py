@@ -89,9 +89,24 @@ def decide_wait(
         )
     status = WaitStatus.APPROVED if approved else WaitStatus.REJECTED
     decision = {"comment": comment, "via": via}
+    # A decision after the deadline (on the database's clock) is too late, however late the sweep runs.
+    in_time = Q(deadline__isnull=True) | Q(deadline__gt=DbNow())
+    late = False
     with transaction.atomic():
-        if not _close_txn(wait, WaitOp.DECIDE, status, by=by, decision=decision):
-            raise _closed(wait)
+        # The run's row first, as cancel, park and the sweep lock it: one lock order, no deadlock.
+        Run.objects.select_for_update().filter(pk=wait.run_id).first()
+        if not _close_txn(wait, WaitOp.DECIDE, status, by=by, decision=decision, where=in_time):
+            late = Wait.objects.open().filter(pk=wait.pk).exclude(in_time).exists()
+            if not late:
+                raise _closed(wait)
+    if late:
+        # Its deadline policy applies now, as the sweep would have; then the decider is told.
+        _apply_deadline(wait.pk, clock.now())
+        raise WaitClosedError(
+            f"wait {wait.pk}'s deadline passed at {wait.deadline:%Y-%m-%d %H:%M:%S} UTC, before this decision; "
+            f"its deadline policy ({wait.on_deadline}) applied and nothing was decided"
+        )
+    with transaction.atomic():
         record_event(
             wait.run_id,
             "wait_decided",
@@ -106,9 +121,12 @@ def decide_wait(
     return wait
 
 
-def _close_txn(wait: Wait, op: WaitOp, status: str, *, by: str, decision: dict[str, Any] | None = None) -> bool:
+def _close_txn(
+    wait: Wait, op: WaitOp, status: str, *, by: str, decision: dict[str, Any] | None = None, where: Q | None = None
+) -> bool:
     """Close an open wait and wake its run, in the caller's transaction; False if the wait was not open."""
-    if not transitions.move_wait(op, wait.pk, to=status, decided_by=by, decided_at=DbNow(), decision=decision):
+    closing = {"decided_by": by, "decided_at": DbNow(), "decision": decision}
+    if not transitions.move_wait(op, wait.pk, to=status, where=where, **closing):
         return False
     send_on_commit(wait_closed, run_id=wait.run_id, wait_id=wait.pk, status=status, decided_by=by)
     if transitions.wake_txn(wait.run_id):
@@ -173,6 +191,11 @@ def _due_ids(condition: Q, limit: int) -> list[int]:
 
 
 def _locked_open(wait_id: int) -> Wait | None:
+    """The open wait, locked after its run's row (the lock order of every operation on a run and its waits);
+    None if it closed, or if another transaction holds either row (a later sweep pass gets to it)."""
+    run_id = Wait.objects.open().filter(pk=wait_id).values_list("run_id", flat=True).first()
+    if run_id is None or locked(Run.objects.filter(pk=run_id)).first() is None:
+        return None
     return locked(Wait.objects.open().filter(pk=wait_id)).first()
 
 
@@ -227,10 +250,14 @@ def _expire_and_fail_txn(wait: Wait) -> None:
 
 
 def _compensates_on_failure(run: Run) -> bool:
-    try:
-        return registry.get(run.workflow, run.workflow_version).on_failure == "compensate"
-    except UnknownWorkflowError:
-        return False
+    """The failure policy of the run's version; if that is gone, of the newest version; if the workflow is
+    gone entirely, compensate: effects left in place with nobody knowing the policy would be silent."""
+    for version in (run.workflow_version, None):
+        try:
+            return registry.get(run.workflow, version).on_failure == "compensate"
+        except UnknownWorkflowError:
+            continue
+    return True
 
 
 def _warn(wait_id: int, now: datetime) -> int:

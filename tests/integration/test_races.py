@@ -62,8 +62,8 @@ def test_signal__arriving_while_the_step_parks_is_not_lost(monkeypatch):
     run = api.start("race_signal", {})
     original = public_waits.take_buffered_signal
 
-    def racing(step, name):
-        found = original(step, name)
+    def racing(step, name, **fence):
+        found = original(step, name, **fence)
         api.send_signal(run.id, "go", {"x": 1}, by="racer")  # arrives before the park commits
         return found
 

@@ -99,7 +99,7 @@ def test_claim__expired_lease_is_taken_over_and_the_zombie_commit_is_rejected():
 
     step = Step.objects.get(run=run)
     late = transitions.checkpoint(zombie, step, StoredResult(inline={"late": True}), final=True)
-    assert late is False, "a zombie's checkpoint must match 0 rows"
+    assert late is transitions.Committed.LOST, "a zombie's checkpoint must match 0 rows"
     assert Step.objects.get(run=run).result == {"step": "s001"}, "the zombie overwrote a committed checkpoint"
 
 
