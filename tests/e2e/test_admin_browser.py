@@ -24,6 +24,8 @@ from durable_agents.engine.advance import advance
 from durable_agents.links import decision_path
 from durable_agents.models import Event, Run, RunStatus, Wait, WaitStatus
 from durable_agents.testing import drive
+from durable_agents.testing.receiver import IdempotentReceiver
+from tests.integration.test_resolve_effect import stopped_on_unknown_outcome
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -225,3 +227,39 @@ def test_approver_journey__stale_form_refused_spent_link_explained_bulk_approve_
     decided = Wait.objects.filter(decided_by="manager-1").order_by("pk")
     assert [(w.status, w.decision["comment"]) for w in decided] == [("approved", "both verified")] * 2
     assert Wait.objects.get(pk=small.pk).decided_by == "manager-2", "the stale form decided nothing"
+
+
+def test_operator_journey__record_the_outcome_nobody_knew_and_the_run_goes_on(live_server, artifacts):
+    """A call was made twice and never answered: the run stopped. The on-call operator checks the carrier,
+    records the shipment as applied from the run page, and the run resumes from there."""
+    if not CHROMIUM.exists():
+        pytest.fail("Debian's chromium is missing: `apt-get install -y chromium` (scripts/test installs it)")
+    user = oncall_operator()
+    content_type = ContentType.objects.get_for_model(Run)
+    permission, _ = Permission.objects.get_or_create(
+        codename="resolve_effect", content_type=content_type, defaults={"name": "Can record the outcome of an effect"}
+    )
+    user.user_permissions.add(permission)
+    with IdempotentReceiver() as carrier:
+        run, effect = stopped_on_unknown_outcome(carrier)
+    base = live_server.url
+
+    with chromium_page() as page:
+        sign_in(page, base, "oncall")
+        page.goto(f"{base}/admin/durable_agents/run/{run.pk}/change/")
+        page.screenshot(path=str(artifacts / "11-stopped-on-unknown-outcome.png"), full_page=True)
+        page.click("#action-resolve")
+        page.wait_for_selector("#confirm")
+        assert effect.idempotency_key in page.content()
+        page.check("input[name=outcome][value=applied]")
+        page.fill("#id_result", '{"shipment": "SH-1"}')
+        page.fill("#id_reason", "the carrier's portal shows shipment SH-1 for this key")
+        page.screenshot(path=str(artifacts / "12-record-outcome-form.png"), full_page=True)
+        page.click("#confirm")
+        page.wait_for_selector(".messagelist .success")
+        page.screenshot(path=str(artifacts / "13-outcome-recorded.png"), full_page=True)
+
+    effect.refresh_from_db()
+    assert effect.status == "applied" and effect.result == {"shipment": "SH-1"}
+    assert Event.objects.filter(run=run, kind="effect_resolved", actor="oncall").exists()
+    assert Run.objects.get(pk=run.pk).status == RunStatus.PENDING, "the run resumed from the recorded outcome"
