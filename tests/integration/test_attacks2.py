@@ -122,12 +122,15 @@ def _join(thread: threading.Thread, out: dict[str, Any]) -> Any:
     return out.get("value")
 
 
-def _until_blocked_on_a_lock(thread: threading.Thread) -> None:
-    """Wait until another backend waits for a lock this connection holds (pg_locks is read live)."""
+def _until_blocked_on_a_lock(thread: threading.Thread, statement: str = "") -> None:
+    """Wait until another backend waits for a lock (pg_locks is read live) while running `statement`."""
     for _ in range(20_000):
         with connection.cursor() as cursor:
-            cursor.execute("SELECT count(*) FROM pg_locks WHERE NOT granted")
-            if cursor.fetchone()[0]:
+            cursor.execute("SELECT pg_stat_clear_snapshot()")
+            cursor.execute(
+                "SELECT a.query FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid WHERE NOT l.granted"
+            )
+            if any(statement in query for (query,) in cursor.fetchall()):
                 return
         assert thread.is_alive(), "the other connection finished without waiting for the lock"
         threading.Event().wait(0.001)
@@ -400,4 +403,89 @@ def test_reliance__concurrent_sagas_of_a_source_and_its_fork_each_keep_the_share
     assert _net("WS-1") == 0, (
         "guarantee 9/2 (the last run to let go of an effect undoes it): A and its fork were both cancelled with "
         f"compensation ({a.status}, {b.status}) and each kept c1 for the other: {_ledger('WS-1')}"
+    )
+
+
+# --- Cancel requests while a worker holds the run ---------------------------------------------------------------
+
+workflow(
+    "atk2_charge_work_tail",
+    steps=[call("charge", _charge_step), call("work", _plain), call("tail", _plain)],
+    replace=True,
+)
+
+
+def test_cancel__a_plain_cancel_after_a_requested_compensation_silently_drops_the_compensation():
+    """While a worker holds the run, cancel(compensate=True) is accepted as `requested` (cancel_compensate set).
+    A bulk cancel without compensation then hits the same run: cancel_txn's REQUEST_CANCEL overwrites
+    cancel_compensate with False. When the step commits, the settle cancels the run plainly: the operator who
+    was told the compensation is requested gets a cancelled run with the charge in place. Had no worker held the
+    run, the first cancel would have started the saga and the second would have changed nothing (saga goes on):
+    the outcome depends on who held the row when."""
+    run = api.start("atk2_charge_work_tail", {"order_id": "CD-1"})
+    assert advance(run.id) is Outcome.COMMITTED
+
+    def two_operators(ctx):
+        api.cancel(ctx.run_id, "customer asked for a refund", compensate=True, actor="ops-1")
+        api.cancel(ctx.run_id, "bulk cleanup", actor="ops-2")
+
+    HOOKS["atk2:work"] = two_operators
+    advance(run.id)
+    run = drive(run.id)
+    assert _net("CD-1") == 0, (
+        "guarantee 9/8 (a cancel with compensation is honoured, nothing is dropped silently): a later plain cancel "
+        f"overwrote a requested compensation; run {run.status}, ledger {_ledger('CD-1')}"
+    )
+
+
+# --- The lease proof of an external call vs a saga being planned ---------------------------------------------------
+
+
+def test_effects__the_lease_proof_reads_the_run_without_waiting_for_a_saga_being_planned():
+    """The proof-and-count UPDATE fences on `Exists(run with this token, running)`: a plain read of the run in the
+    statement's snapshot, which never waits for the run's row lock. A worker paused past its lease right after
+    ensure_lease; cancel(compensate) takes the run (token bumped) and plans its saga from the effects it sees —
+    the shipment is `pending`, never invoked: nothing to undo. While that transaction is still open, the worker
+    thaws: its proof reads the old run row (its token, running), counts the invocation and ships. The cancel
+    commits: a run cancelled "with compensation" and a shipment applied after the saga looked, undone by
+    nobody and flagged nowhere."""
+    original = StepContext.ensure_lease
+    planned, committed = threading.Event(), threading.Event()
+    state: dict[str, Any] = {}
+
+    def operator_cancels():
+        with transaction.atomic():
+            api.cancel(state["run"], "customer cancelled", compensate=True, actor="ops")
+            planned.set()
+            committed.wait()  # commits once the worker's call is under way
+
+    def proves_then_pauses(self):
+        original(self)
+        StepContext.ensure_lease = original
+        Run.objects.filter(pk=self.run_id).update(lease_expires_at=timezone.now() - timedelta(minutes=1))
+        state["thread"] = _start_in_another_connection(operator_cancels)
+        planned.wait()  # the saga was planned (not committed) while this worker was paused
+
+    def the_call_is_under_way(ctx):
+        committed.set()
+        _join(*state["thread"])
+
+    HOOKS["atk2:sent:PS-1"] = the_call_is_under_way
+    StepContext.ensure_lease = proves_then_pauses
+    try:
+        run = api.start("atk2_send_hold", {"order_id": "PS-1"})
+        state["run"] = run.id
+        outcome = advance(run.id)
+    finally:
+        StepContext.ensure_lease = original
+        committed.set()
+    run = drive(run.id)
+    effect = Effect.objects.get(run=run, tool="atk2_send")
+    shipped = CARRIER.get(effect.idempotency_key) == "shipped"
+    undone = f"{effect.idempotency_key}:compensate" in CARRIER
+    assert run.status == RunStatus.CANCELLED
+    assert not (shipped and not undone and not effect.needs_attention), (
+        "guarantee 4/9 (a zombie never applies an effect; a saga is never silently half-done): the worker's lease "
+        f"proof passed while the cancel's saga was being planned (outcome {outcome}); the shipment landed, "
+        f"effect {effect.status}, run {run.status}, nothing undone or flagged: {CARRIER}"
     )
