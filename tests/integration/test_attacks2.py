@@ -489,3 +489,48 @@ def test_effects__the_lease_proof_reads_the_run_without_waiting_for_a_saga_being
         f"proof passed while the cancel's saga was being planned (outcome {outcome}); the shipment landed, "
         f"effect {effect.status}, run {run.status}, nothing undone or flagged: {CARRIER}"
     )
+
+
+def test_claim__racing_a_planners_commit_checkpoints_a_step_that_is_not_under_the_cursor():
+    """The planner's worker was paused past its lease and commits its plan (cursor on the first planned step; the
+    old tail step `after` moved behind the planned ones) just as another worker's claim arrives (the sweep re-woke
+    the run). The claim blocks on the run's row, then claims the committed row — and loads the step at the cursor
+    from its snapshot: `after`, at its old position. It executes `after` and the checkpoint (by step pk, never by
+    position) writes it and moves the cursor past the first planned step, which never runs: a step checkpointed
+    while the run did not advance over it, and a planned step skipped."""
+    from durable_agents.engine import advance as advance_module
+
+    run = api.start("planned", {})
+    assert advance(run.id) is Outcome.COMMITTED  # observe
+    original_extend, original_event = advance_module._extend, advance_module.record_event
+    state: dict[str, Any] = {}
+
+    def paused_then_commits(claim, step, extension):
+        Run.objects.filter(pk=run.id).update(lease_expires_at=timezone.now() - timedelta(minutes=1))
+        return original_extend(claim, step, extension)
+
+    def another_worker_claims_meanwhile(run_id, kind, **kwargs):
+        event = original_event(run_id, kind, **kwargs)
+        if kind == "planned":  # inside the planner's commit, the run's row locked
+            state["other"] = _start_in_another_connection(lambda: advance(run.id))
+            _until_blocked_on_a_lock(state["other"][0])
+        return event
+
+    advance_module._extend, advance_module.record_event = paused_then_commits, another_worker_claims_meanwhile
+    try:
+        assert advance(run.id) is Outcome.COMMITTED  # the planner's plan
+    finally:
+        advance_module._extend, advance_module.record_event = original_extend, original_event
+    other = _join(*state["other"])
+    run = Run.objects.get(pk=run.id)
+    behind = list(
+        Step.objects.live()
+        .filter(run=run, position__lt=run.cursor)
+        .exclude(status=StepStatus.DONE)
+        .values_list("step_id", "status")
+    )
+    assert not behind, (
+        "guarantee 1/4 (a checkpoint is the committed result of the step under the cursor): the racing claim "
+        f"(outcome {other}) executed a step the plan had moved and moved the cursor to {run.cursor} past "
+        f"planned steps that never ran: {behind}"
+    )
