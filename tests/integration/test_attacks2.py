@@ -406,6 +406,27 @@ def test_reliance__concurrent_sagas_of_a_source_and_its_fork_each_keep_the_share
     )
 
 
+def test_reliance__a_fork_of_a_compensating_source_stands_on_charges_its_planned_saga_then_refunds():
+    """The source is cancelled with compensation: compensate-1/-2 are planned for charge-b/charge-a. An operator
+    then forks it at `hold` (the forward steps before are done, so fork_run accepts): the fork copies the charge
+    checkpoints and records that it relies on both charges. But the source's saga was planned before that
+    reliance existed and a compensation step never looks again: it refunds both. The fork completes on
+    checkpoints that describe charges that no longer exist."""
+    source = api.start("two_charges", {"order_id": "FK2-1"})
+    assert advance(source.id) is Outcome.COMMITTED and advance(source.id) is Outcome.COMMITTED
+    api.cancel(source.id, "customer cancelled", compensate=True, actor="ops")  # saga planned, not run
+    try:
+        fork = api.fork(source.id, "hold", actor="ops")
+    except InvalidTransitionError:
+        return  # refusing to fork a source whose saga will undo what the fork would stand on is a fix
+    fork = drive(fork.id)
+    source = drive(source.id)
+    assert not (fork.status == RunStatus.COMPLETED and _net("FK2-1") == 0), (
+        "guarantee 9/2 (a saga never undoes an effect another standing run relies on): the source's saga refunded "
+        f"the charges the completed fork {fork.id} copied as checkpoints: {_ledger('FK2-1')}"
+    )
+
+
 # --- Cancel requests while a worker holds the run ---------------------------------------------------------------
 
 workflow(
@@ -533,4 +554,59 @@ def test_claim__racing_a_planners_commit_checkpoints_a_step_that_is_not_under_th
         "guarantee 1/4 (a checkpoint is the committed result of the step under the cursor): the racing claim "
         f"(outcome {other}) executed a step the plan had moved and moved the cursor to {run.cursor} past "
         f"planned steps that never ran: {behind}"
+    )
+
+
+# --- SQLite, the embedded default ---------------------------------------------------------------------------------
+
+CHECKPOINT_A_STEP_NO_LONGER_LIVE = """
+import json
+from django.db import transaction
+from durable_agents import api
+from durable_agents.engine import transitions
+from durable_agents.engine.payloads import StoredResult
+from durable_agents.models import Run, Step
+from durable_agents.states import StepOp, StepStatus
+
+run = api.start("two_charges", {"order_id": "SQ-1"})
+claim, step = transitions.claim_run(run.id)
+with transaction.atomic():  # the step is no longer live while its worker runs it (a deadline failed it)
+    transitions.move_steps_txn(StepOp.FAIL, Step.objects.filter(pk=step.pk), to=StepStatus.FAILED)
+committed = transitions.checkpoint(claim, step, StoredResult({"charged": True}), final=False)
+run = Run.objects.get(pk=run.id)
+step = Step.objects.get(pk=step.pk)
+print(json.dumps({"committed": committed, "cursor": run.cursor, "step": step.status, "held": run.lease_owner}))
+"""
+
+
+def test_checkpoint__on_sqlite_moves_the_run_past_a_step_it_did_not_write(worker_env, tmp_path):
+    """Round 1's fix "the checkpoint writes the run only if it wrote the step" lives in the Postgres CTE only. The
+    ORM path (SQLite, the embedded default) moves the cursor and releases the lease first, then calls
+    commit_step_txn and ignores that it wrote 0 rows: the run is advanced past a step that is not done, and the
+    worker is told `checkpointed`. (Postgres, in this process, answers `lost` and moves nothing.)"""
+    import json
+    import subprocess
+    import sys
+
+    from durable_agents.engine import transitions as engine_transitions
+    from durable_agents.engine.payloads import StoredResult
+    from durable_agents.states import StepOp
+    from tests.conftest import ROOT
+
+    run = api.start("two_charges", {"order_id": "PG-1"})
+    claim, step = engine_transitions.claim_run(run.id)
+    with transaction.atomic():
+        engine_transitions.move_steps_txn(StepOp.FAIL, Step.objects.filter(pk=step.pk), to=StepStatus.FAILED)
+    assert engine_transitions.checkpoint(claim, step, StoredResult({"charged": True}), final=False) == "lost"
+
+    env = {**worker_env, "DATABASE_URL": f"sqlite:///{tmp_path / 'embedded.sqlite3'}"}
+    for command in (["migrate", "-v0"], ["shell", "-c", CHECKPOINT_A_STEP_NO_LONGER_LIVE]):
+        done = subprocess.run(
+            [sys.executable, "manage.py", *command], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+    sqlite = json.loads(done.stdout.strip().splitlines()[-1])
+    assert sqlite["committed"] == "lost" and sqlite["cursor"] == 0, (
+        "guarantee 1/4 (a checkpoint is the committed result of its step, on every supported database): on SQLite "
+        f"the checkpoint of a step that is no longer live advanced the run: {sqlite}"
     )
