@@ -22,7 +22,7 @@ from durable_agents import api, clock
 from durable_agents.api import PlannedStep, StepContext, call, tool, workflow
 from durable_agents.engine import advance as advance_module
 from durable_agents.engine.advance import Outcome, advance
-from durable_agents.errors import InvalidTransitionError, ToolFailedError
+from durable_agents.errors import InvalidTransitionError, ToolFailedError, WaitClosedError
 from durable_agents.models import Effect, EffectStatus, Run, RunStatus, Step, StepStatus
 from durable_agents.testing import drive
 from tests.testapp.models import LedgerEntry
@@ -554,6 +554,26 @@ def test_claim__racing_a_planners_commit_checkpoints_a_step_that_is_not_under_th
         "guarantee 1/4 (a checkpoint is the committed result of the step under the cursor): the racing claim "
         f"(outcome {other}) executed a step the plan had moved and moved the cursor to {run.cursor} past "
         f"planned steps that never ran: {behind}"
+    )
+
+
+# --- Deadlines ------------------------------------------------------------------------------------------------------
+
+
+def test_signal__one_that_arrives_after_the_timeout_is_accepted_if_the_sweep_is_late():
+    """Round 1 made decide_wait refuse a decision past the deadline (on the database clock) and apply the policy.
+    send_signal was left out: it closes the open signal wait whatever its deadline. A payment confirmation an hour
+    past the step's timeout (on_timeout="fail") is accepted until the sweep gets to the wait, and the run goes on
+    as if it came in time: the declared policy depends on the sweep's timing."""
+    run = api.start("signal_flow", {})
+    assert advance(run.id) is Outcome.WAITING
+    clock.advance(timedelta(hours=2))  # an hour past the timeout; the sweep has not run yet
+    with contextlib.suppress(InvalidTransitionError, WaitClosedError):  # refusing the late signal is a fix
+        api.send_signal(run.id, "payment.confirmed", {"amount": "10.00"}, by="bank")
+    run = drive(run.id)
+    assert run.status != RunStatus.COMPLETED, (
+        "guarantee 4/9 (deadlines on the database's clock; a deadline applies its declared policy): a signal an hour "
+        "past its timeout (on_timeout='fail') was accepted and the run completed"
     )
 
 
