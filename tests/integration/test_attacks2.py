@@ -577,6 +577,43 @@ def test_signal__one_that_arrives_after_the_timeout_is_accepted_if_the_sweep_is_
     )
 
 
+# --- Notifications vs waits closing -----------------------------------------------------------------------------
+
+
+def test_deliver__a_request_for_a_wait_decided_after_the_skip_check_is_still_sent():
+    """deliver() reads the wait (open: send), then claims the row with an UPDATE that does not look at the wait
+    again, then sends. An approver deciding in between gets "Approval needed" for a request already decided —
+    the very message the skip rule exists to withhold. The claim is the place to re-check: it is fenced on
+    the row's attempts and due time, not on its wait being open."""
+    from django.core import mail
+
+    from durable_agents.engine import outbox
+    from durable_agents.models import Wait
+    from durable_agents.testing import deliver_notifications
+
+    run = api.start("approve_charge", {"order_id": "NT-1"})
+    assert advance(run.id) is Outcome.COMMITTED and advance(run.id) is Outcome.WAITING
+    wait = Wait.objects.get(run=run, kind="approval")
+    original = outbox._skip_reason
+
+    def decided_right_after_the_check(effect, notifier):
+        reason = original(effect, notifier)
+        outbox._skip_reason = original
+        api.decide(wait.pk, True, by="alice")  # the approver acted from the admin meanwhile
+        return reason
+
+    outbox._skip_reason = decided_right_after_the_check
+    try:
+        deliver_notifications()
+    finally:
+        outbox._skip_reason = original
+    sent = [m.subject for m in mail.outbox if m.subject.startswith("Approval needed")]
+    assert not sent, (
+        "guarantee 9/8 (a request is sent only while its wait is open; notifications skipped when pointless): "
+        f"{sent} went out after wait {wait.pk} was approved by alice"
+    )
+
+
 # --- SQLite, the embedded default ---------------------------------------------------------------------------------
 
 CHECKPOINT_A_STEP_NO_LONGER_LIVE = """
