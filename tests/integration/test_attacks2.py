@@ -23,7 +23,7 @@ from durable_agents.api import PlannedStep, StepContext, call, tool, workflow
 from durable_agents.engine import advance as advance_module
 from durable_agents.engine.advance import Outcome, advance
 from durable_agents.errors import InvalidTransitionError, ToolFailedError, WaitClosedError
-from durable_agents.models import Effect, EffectStatus, Run, RunStatus, Step, StepStatus
+from durable_agents.models import Effect, Run, RunStatus, Step, StepStatus
 from durable_agents.testing import drive
 from tests.testapp.models import LedgerEntry
 from tests.testapp.trust import HOOKS, hook
