@@ -313,10 +313,14 @@ class Reliance(models.Model):
 
     effect = models.ForeignKey(Effect, on_delete=models.CASCADE, related_name="reliances")
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="reliances")
+    # The plan row whose checkpoint relies on it: superseded (re-run), it no longer does.
+    step = models.ForeignKey(Step, on_delete=models.CASCADE, related_name="reliances")
     created_at = models.DateTimeField(db_default=Now())
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["effect", "run"], name="durable_reliance_effect_run_uniq")]
+        constraints = [
+            models.UniqueConstraint(fields=["effect", "run", "step"], name="durable_reliance_effect_step_uniq")
+        ]
 
     def __str__(self) -> str:
         return f"run {self.run_id} relies on effect {self.effect_id}"

@@ -25,6 +25,7 @@ from django.urls import reverse
 from durable_agents import api
 from durable_agents.agents.participants import participants
 from durable_agents.decisions import describe_closed, wait_label
+from durable_agents.engine.records import let_go
 from durable_agents.errors import DurableAgentsError, WaitClosedError
 from durable_agents.models import ACTIVE_RUN_STATUSES, EffectKind, EffectStatus, Run, RunStatus, Step, Wait
 from durable_agents.storable import BIGINT_MAX
@@ -85,7 +86,7 @@ class SwapForm(RunActionForm):
 
 def _compensated(run: Run) -> bool:
     """A saga that ran to its end: its effects were undone, so it neither resumes nor retries (fork it)."""
-    return bool(run.finish_as) and run.cursor >= run.step_count
+    return bool(run.finish_as) and let_go(run)
 
 
 def unresolved_effects(run: Run) -> Any:

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from django.db import IntegrityError, transaction
-from django.db.models import Exists, F, Q
+from django.db.models import F
 
 from durable_agents.clock import DbNow
 from durable_agents.conf import settings
@@ -82,19 +82,15 @@ def invoke_tool(
     effect = _record_pending(
         tool, checked, key=effect_key(key), run_id=run_id, step_pk=step_pk, compensates=compensates
     )
+    if step_pk is not None and compensates is None and str(effect.run_id) != str(run_id):
+        # Applied, or in flight, by another run under a key this run shares (a fork and its source): this run
+        # relies on it too, so neither's saga undoes it while the other stands on it.
+        rely_on([effect], run_id, [step_pk])
     if effect.status == EffectStatus.APPLIED:
-        return _reused(effect, run_id)
+        return effect.result
     if tool.transactional:
         return _apply_in_transaction(tool, checked, effect, ctx, run_id, lease_token)
     return _apply_external(tool, checked, effect, ctx, run_id, lease_token)
-
-
-def _reused(effect: Effect, run_id: Any) -> Any:
-    """An effect already applied under this key: its result. Applied by another run (a fork and its source
-    share keys), this run now relies on it too, so neither's saga undoes it while the other stands."""
-    if str(effect.run_id) != str(run_id):
-        rely_on([effect], run_id)
-    return effect.result
 
 
 def _record_pending(
@@ -161,7 +157,7 @@ def _apply_in_transaction(
             # The row lock makes a concurrent duplicate wait here, then see `applied`.
             locked = Effect.objects.select_for_update().get(pk=effect.pk)
             if locked.status == EffectStatus.APPLIED:
-                return _reused(locked, run_id)
+                return locked.result
             result = tool.invoke(args, idempotency_key=effect.idempotency_key, ctx=ctx)
             # An unstorable result rolls the tool's own writes back with it: applied without a record is no option.
             _check_result(tool, result)
@@ -179,19 +175,23 @@ def _apply_external(
     token = ctx.lease_token if ctx is not None else lease_token
     if ctx is not None:
         ctx.ensure_lease()  # extend the lease for the call
-    # Right before the call, one statement proves the lease and counts the invocation: a zombie (its run
-    # taken over, maybe cancelled and compensated) stops here, and a saga that looks after this statement
-    # sees an invocation of unknown outcome to learn and undo, even if this worker pauses before sending.
-    held = Exists(Run.objects.filter(pk=run_id, lease_token=token, status=RunStatus.RUNNING)) if token else Q()
-    started = Effect.objects.filter(held, pk=effect.pk, status=EffectStatus.PENDING, attempts__lt=limit).update(
-        attempts=F("attempts") + 1, updated_at=DbNow()
-    )
+    # Right before the call, one short transaction proves the lease and counts the invocation, under the
+    # run's row lock: a zombie (its run taken over, maybe cancelled and compensated) stops here, and a saga
+    # planned after it sees an invocation of unknown outcome to learn and undo, even if this worker pauses
+    # before sending. A saga being planned holds that lock, so the two are never interleaved.
+    with transaction.atomic():
+        held = token is None or _holds(run_id, token, lock=True)
+        started = held and bool(
+            Effect.objects.filter(pk=effect.pk, status=EffectStatus.PENDING, attempts__lt=limit).update(
+                attempts=F("attempts") + 1, updated_at=DbNow()
+            )
+        )
     if not started:
-        if token is not None and not _holds(run_id, token):
+        if not held:
             raise LeaseLostError(f"run {run_id} was taken over; {tool.name} was not called")
         current = Effect.objects.get(pk=effect.pk)
         if current.status == EffectStatus.APPLIED:
-            return _reused(current, run_id)
+            return current.result
         reason = (
             f"{tool.name} was invoked {current.attempts} times under key {effect.idempotency_key!r} without a "
             "recorded outcome; check the receiving system, then record what happened with "

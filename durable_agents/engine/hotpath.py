@@ -99,10 +99,16 @@ def _claim_and_load_sql() -> str:
     step = Step._meta.db_table
     run_cols = ", ".join(f"c.{name}" for name in RUN_FIELDS[1:])
     step_cols = ", ".join(f"s.{name}" for name in STEP_FIELDS)
+    # `seen` is the run as this statement's snapshot has it; `c` the row the claim updated. A claim that waited
+    # for another transaction's row lock updates the row that transaction committed, but the join still reads
+    # the plan as it was before: a differing updated_at says the plan may have changed (a saga planned, a
+    # migration), and the step is then read again (`stale`).
     return f"""
         WITH c AS ({_claim_update_sql()} RETURNING *, (STATEMENT_TIMESTAMP() + %(shift)s) AS claimed_at)
-        SELECT {", ".join(f"c.{col}" for col in CLAIM_RETURNS.split(", "))}, c.claimed_at, {run_cols}, {step_cols}
-          FROM c LEFT JOIN {step} s ON s.run_id = c.id AND s.position = c.cursor AND s.status <> %(superseded)s
+        SELECT {", ".join(f"c.{col}" for col in CLAIM_RETURNS.split(", "))}, c.claimed_at,
+               seen.updated_at IS DISTINCT FROM c.updated_at AS stale, {run_cols}, {step_cols}
+          FROM c JOIN {Run._meta.db_table} seen ON seen.id = c.id
+          LEFT JOIN {step} s ON s.run_id = c.id AND s.position = c.cursor AND s.status <> %(superseded)s
     """
 
 
@@ -122,12 +128,19 @@ def claim_and_load(run_id: uuid.UUID, owner: str, lease: timedelta) -> tuple[Cla
     if row is None:
         return None
     claimed = _claim_of(run_id, owner, row)
-    width = len(CLAIM_RETURNS.split(", ")) + 1
+    width = len(CLAIM_RETURNS.split(", ")) + 2
+    stale = row[width - 1]
     run_values = (run_id, *row[width : width + len(RUN_FIELDS) - 1])
     step_values = row[width + len(RUN_FIELDS) - 1 :]
+    run = Run.from_db(connection.alias, RUN_FIELDS, _decode(Run, RUN_FIELDS, run_values))
+    if stale:
+        # A fresh statement, a fresh snapshot: the plan as the transaction this claim waited for left it.
+        step = Step.objects.live().filter(run_id=run_id, position=claimed.cursor).only(*STEP_FIELDS).first()
+        if step is not None:
+            step.run = run
+        return claimed, step
     if step_values[0] is None:
         return claimed, None
-    run = Run.from_db(connection.alias, RUN_FIELDS, _decode(Run, RUN_FIELDS, run_values))
     step = Step.from_db(connection.alias, STEP_FIELDS, _decode(Step, STEP_FIELDS, step_values))
     step.run = run
     return claimed, step
@@ -164,6 +177,7 @@ def _commit_sql(ending: bool) -> str:
         WITH held AS (
             SELECT id FROM {run}
              WHERE id = %(run_id)s AND lease_token = %(token)s
+               AND cursor = %(position)s AND step_count = %(step_count)s
                AND status IN ({", ".join(f"'{s}'" for s in sorted(run_sources))})
                FOR UPDATE
         ), s AS (
@@ -195,6 +209,8 @@ def commit_checkpoint(claim: Claim, step: Step, stored: StoredResult, *, ending:
         "run_id": claim.run_id,
         "token": claim.token,
         "cursor": claim.cursor + 1,
+        "position": claim.cursor,
+        "step_count": claim.step_count,
         "shift": clock.offset(),
         "done": StepStatus.DONE.value,
         "ending": ending,

@@ -28,7 +28,7 @@ from functools import cache, partial
 from typing import Any
 
 from django.db import transaction
-from django.db.models import F, Q, QuerySet
+from django.db.models import Exists, F, Q, QuerySet
 from django.db.models.functions import Coalesce
 from django.utils.module_loading import import_string
 
@@ -152,11 +152,19 @@ def deliver(effect_id: int) -> Delivery:
     ).delay(attempt)
     # The hold covers the send and its backoff: if this worker dies mid-send, the row is due again after it.
     hold = float(settings.NOTIFY_SEND_TIMEOUT_SECONDS) + backoff
-    claimed = _due(Effect.objects.filter(pk=effect.pk, status=EffectStatus.PENDING, attempts=effect.attempts)).update(
+    # The claim checks again that the wait is open: one decided since the skip check is not asked about.
+    still_open = (
+        Exists(Wait.objects.filter(pk=effect.args.get("wait_id"), status=WaitStatus.OPEN))
+        if effect.args.get("kind") in SENT_ONLY_WHILE_OPEN
+        else Q()
+    )
+    claimable = Effect.objects.filter(still_open, pk=effect.pk, status=EffectStatus.PENDING, attempts=effect.attempts)
+    claimed = _due(claimable).update(
         attempts=attempt, next_attempt_at=DbNow(timedelta(seconds=hold)), updated_at=DbNow()
     )
     if not claimed:
-        return Delivery.NOT_DUE
+        reason = _skip_reason(effect, notifier)
+        return _skip(effect, reason) if reason else Delivery.NOT_DUE
     try:
         notifier.send(_message(effect), idempotency_key=effect.idempotency_key)
     except Exception as exc:  # noqa: BLE001 - any failure of a pluggable notifier is one failed attempt

@@ -245,7 +245,7 @@ def fork_run(run_id: uuid.UUID | str, at_step: str, *, input: Any = None, actor:
             participant=source.participant,
         )
         transitions.copy_plan_txn(steps, fork.id, target.position)
-        rely_on(_recorded_before(source, target), fork.id)
+        _rely_on_copied_checkpoints(source, fork, target)
         # Out-of-row results are rows of their run: the fork gets its own, which outlive the source.
         copy_payloads(source.id, fork.id, [s.result_ref for s in steps if s.position < target.position])
         record_event(
@@ -256,15 +256,17 @@ def fork_run(run_id: uuid.UUID | str, at_step: str, *, input: Any = None, actor:
     return fork
 
 
-def _recorded_before(source: Run, target: Step) -> list[Effect]:
-    """The applied effects the source's checkpoints before `target` record, and those the source relies on."""
-    relied = Reliance.objects.filter(run_id=source.id).values("effect_id")
-    applied = Effect.objects.filter(status=EffectStatus.APPLIED, kind=EffectKind.EFFECT)
-    return list(
-        applied.filter(
-            Q(run_id=source.id, step__position__lt=target.position, step__run_id=source.id) | Q(pk__in=relied)
-        )
-    )
+def _rely_on_copied_checkpoints(source: Run, fork: Run, target: Step) -> None:
+    """The fork's copied checkpoints record the source's effects (those its steps before `target` applied,
+    and those those steps rely on): the fork relies on them, through its copies of those steps."""
+    copies = dict(Step.objects.filter(run=fork).values_list("step_id", "pk"))
+    before = Q(step__run_id=source.id, step__position__lt=target.position)
+    applied = Effect.objects.filter(before, run_id=source.id, status=EffectStatus.APPLIED, kind=EffectKind.EFFECT)
+    relied = Reliance.objects.filter(before, run_id=source.id).exclude(step__status=StepStatus.SUPERSEDED)
+    pairs = [(e, copies.get(e.step.step_id)) for e in applied.select_related("step")]
+    pairs += [(r.effect, copies.get(r.step.step_id)) for r in relied.select_related("effect", "step")]
+    pairs = [(effect, step_pk) for effect, step_pk in pairs if step_pk is not None]
+    rely_on([e for e, _ in pairs], fork.id, [s for _, s in pairs])
 
 
 __all__ = ["find_stale", "fork_run", "migrate_run", "replan_txn", "version_drift"]

@@ -10,7 +10,7 @@ from django.db import connection
 from django.db.models import Model, QuerySet
 
 from durable_agents.errors import RunNotFoundError, WaitNotFoundError
-from durable_agents.models import Run, Step, Wait
+from durable_agents.models import Run, Step, StepKind, StepStatus, Wait
 from durable_agents.workflows import PlannedStep, Workflow
 
 M = TypeVar("M", bound=Model)
@@ -52,6 +52,15 @@ def plan_row(run_id: Any, definition: Workflow, element: PlannedStep, position: 
 def current_step_id(run_id: Any, cursor: int) -> str:
     """The id of the live step at `cursor` ("" past the end of the plan)."""
     return Step.objects.live().filter(run_id=run_id, position=cursor).values_list("step_id", flat=True).first() or ""
+
+
+def let_go(run: Run) -> bool:
+    """True for a run whose saga finished (its effects undone, or kept for other runs standing on them): it
+    neither resumes nor reruns into that world. A saga stopped half-way has compensation left: False."""
+    if not run.finish_as:
+        return False
+    left = Step.objects.live().filter(run_id=run.id, kind=StepKind.COMPENSATE, position__gte=run.cursor)
+    return not left.exclude(status=StepStatus.DONE).exists()
 
 
 def locked(queryset: QuerySet[M]) -> QuerySet[M]:

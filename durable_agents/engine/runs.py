@@ -15,7 +15,7 @@ from django.db import IntegrityError, transaction
 from durable_agents.engine import transitions
 from durable_agents.engine.events import record_event
 from durable_agents.engine.payloads import check_input
-from durable_agents.engine.records import current_step_id, get_run, plan_row
+from durable_agents.engine.records import current_step_id, get_run, let_go, plan_row
 from durable_agents.engine.transitions import Cancellation
 from durable_agents.engine.wake import wake_on_commit
 from durable_agents.errors import (
@@ -170,7 +170,7 @@ def resume_run(run_id: uuid.UUID | str, *, from_step: str | None = None, actor: 
     if run.status not in (RunStatus.FAILED, RunStatus.CANCELLED):
         hint = "pass --from-step to run again from a step" if run.status == RunStatus.COMPLETED else "decide its wait"
         raise InvalidTransitionError(f"run {run.id} is {run.status}; only failed or cancelled runs resume ({hint})")
-    if run.finish_as and run.cursor >= run.step_count:
+    if let_go(run):
         raise _compensated(run, "resume")
     with transaction.atomic():
         if not transitions.resume_txn(run.id, from_status=run.status, cursor=run.cursor):

@@ -16,6 +16,8 @@ import logging
 from typing import Any
 
 from durable_agents.engine.effects import invoke_tool
+from durable_agents.engine.events import record_event
+from durable_agents.engine.reliance import standing_on
 from durable_agents.engine.transitions import COMPENSATE_STEP
 from durable_agents.errors import EffectOutcomeUnknownError, PermanentError, RetryableError, ToolFailedError
 from durable_agents.models import Effect, EffectStatus, StepKind
@@ -34,6 +36,11 @@ def _compensate(ctx: Any) -> dict[str, Any]:
     key = original.idempotency_key
     if original.status == EffectStatus.COMPENSATED:
         return {"compensated": key}
+    # Checked again now: a run may have come to rely on it since the saga was planned (a fork).
+    standing = standing_on(original, but=ctx.run_id)
+    if standing:
+        record_event(ctx.run_id, "compensation_kept", step_id=ctx.step_id, effects={key: standing})
+        return {"kept": key, "for": standing}
     if original.status == EffectStatus.PENDING:
         _learn_outcome(ctx, original)
         original.refresh_from_db()

@@ -16,12 +16,14 @@ from __future__ import annotations
 import secrets
 import uuid
 from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import timedelta
 from enum import StrEnum
 from typing import Any
 
 from django.db import connection, transaction
-from django.db.models import Exists, F, Q, QuerySet
+from django.db.models import Case, Exists, F, Q, QuerySet, Value, When
+from django.db.models.functions import Coalesce
 
 from durable_agents import clock
 from durable_agents.clock import DbNow
@@ -132,20 +134,24 @@ def checkpoint(claim: Claim, step: Step, stored: StoredResult, *, final: bool) -
     if hotpath.is_available():
         return Committed(hotpath.commit_checkpoint(claim, step, stored, ending=ending))
     changes: dict[str, Any] = {"cursor": claim.cursor + 1, "attempt": 0, **RELEASED}
+    # Fenced on the plan's shape the claim saw too: "last step" means last of the plan as it still is.
+    shape = Q(cursor=claim.cursor, step_count=claim.step_count)
     try:
         with transaction.atomic():
             finished = ending is not None and move_run(
                 RunOp.COMPLETE if ending == RunStatus.COMPLETED else RunOp.FINISH,
                 claim.run_id,
                 to=ending,
-                where=Q(lease_token=claim.token, cancel_requested_at__isnull=True),
+                where=shape & Q(lease_token=claim.token, cancel_requested_at__isnull=True),
                 # A run that compensated ends cancelled or failed: it has no output.
                 output=None if claim.finish_as else stored.public_value,
                 finished_at=DbNow(),
                 **changes,
             )
-            if not finished:
-                hold_txn(claim, **changes)
+            if not finished and not move_run(
+                RunOp.CHECKPOINT, claim.run_id, where=shape & Q(lease_token=claim.token), **changes
+            ):
+                raise LeaseLostError(f"run {claim.run_id} is no longer held by token {claim.token} at its cursor")
             commit_step_txn(
                 step.pk,
                 result=stored.inline,
@@ -238,30 +244,46 @@ def fail_txn(run_id: Any, step_pk: int | None, error: dict[str, Any], *, claim: 
     # An operator asked to cancel with compensation while the step ran: that saga, now that it failed.
     asked = run["cancel_compensate"] and not run["finish_as"]
     ending = RunStatus.CANCELLED if asked else RunStatus.FAILED
-    if (compensate or asked) and compensate_txn(run_id, finish_as=ending, where=fence, **fields):
+    saga = compensate_txn(run_id, finish_as=ending, where=fence, **fields) if compensate or asked else Saga()
+    if saga.planned:
         return True
+    if saga.kept:
+        fields["finish_as"] = saga.ends_as(ending)
     moved = move_run(RunOp.FAIL, run_id, to=RunStatus.FAILED, where=fence, finished_at=DbNow(), **fields)
     assert moved, "the run row is locked by this transaction"
     return False
 
 
-def compensate_txn(run_id: Any, *, finish_as: str, where: Q, **fields: Any) -> int:
+@dataclass(frozen=True)
+class Saga:
+    """What starting a saga did: compensation steps planned, and effects kept for runs still standing on them."""
+
+    planned: int = 0
+    kept: int = 0
+
+    def ends_as(self, ending: str) -> str:
+        """`finish_as` for a run that ends without compensation steps: a run that kept effects for others let
+        go of them, so it no longer stands on them (the last run to let go undoes them)."""
+        return ending if self.kept else ""
+
+
+def compensate_txn(run_id: Any, *, finish_as: str, where: Q, **fields: Any) -> Saga:
     """Start a saga: skip the run's remaining steps and append one compensation step per effect to undo,
     newest first — applied effects, and external effects whose outcome is unknown (invoked, no outcome
-    recorded: the compensation step learns it first). Returns how many were planned (0: nothing changed).
+    recorded: the compensation step learns it first). Nothing changes if there is nothing to undo.
     """
     _in_transaction()
     assert finish_as in SAGA_ENDINGS, f"a saga ends {SAGA_ENDINGS}, not {finish_as!r}"
     run = Run.objects.select_for_update().filter(where, pk=run_id).only("id", "cursor", "step_count").first()
     if run is None:
-        return 0
+        return Saga()
     plan = plan_saga(run_id)
     if plan.kept:
         # Never silently: the effects another run still stands on stay, and the history says why.
         record_event(run_id, "compensation_kept", effects=plan.kept)
     keys = plan.undo
     if not keys:
-        return 0
+        return Saga(kept=len(plan.kept))
     move_steps_txn(
         StepOp.SKIP,
         Step.objects.live().filter(run_id=run_id, position__gte=run.cursor, status=StepStatus.PENDING),
@@ -291,14 +313,15 @@ def compensate_txn(run_id: Any, *, finish_as: str, where: Q, **fields: Any) -> i
     )
     assert moved, "the run row is locked by this transaction"
     record_event(run_id, "compensation_planned", finish_as=finish_as, effects=keys)
-    return len(keys)
+    return Saga(planned=len(keys), kept=len(plan.kept))
 
 
 def reopen_saga_txn(run_id: Any, key: str) -> bool:
     """An effect learned applied after its run's saga passed it (an operator recorded its outcome late): plan
-    its compensation after the others and, if the saga had ended, let the run go on compensating."""
+    its compensation after the others and, if the saga had ended, let the run go on compensating. Only for a
+    run no worker holds; its token is bumped, so a paused worker's late commit cannot end the saga early."""
     _in_transaction()
-    run = Run.objects.select_for_update().filter(pk=run_id).exclude(finish_as="").first()
+    run = Run.objects.select_for_update().filter(lease_free(), pk=run_id).exclude(finish_as="").first()
     if run is None:
         return False
     sagas = Step.objects.live().filter(run_id=run_id, kind=StepKind.COMPENSATE)
@@ -312,9 +335,12 @@ def reopen_saga_txn(run_id: Any, key: str) -> bool:
         position=run.step_count,
         args={"effect": key},
     )
-    changes = {"step_count": F("step_count") + 1, **RESTARTED}
-    if not move_run(RunOp.RESUME, run_id, to=RunStatus.PENDING, **changes):
-        move_run(RunOp.TAKE, run_id, step_count=F("step_count") + 1)
+    more = {"step_count": F("step_count") + 1}
+    if run.status in RUN_RULES[RunOp.RESUME].sources:
+        resumed = resume_txn(run_id, from_status=run.status, cursor=run.cursor, **more)
+    else:
+        resumed = take_txn(RunOp.TAKE, run_id, **more)
+    assert resumed, "the run row is locked by this transaction and no worker holds it"
     record_event(run_id, "compensation_reopened", effects=[key])
     return True
 
@@ -345,19 +371,24 @@ def cancel_txn(run_id: Any, *, reason: str, compensate: bool) -> Cancellation:
     if row["finish_as"]:
         return Cancellation.SAGA_GOES_ON
     stop = {"cancel_reason": reason, "cancel_requested_at": None, "cancel_compensate": False}
-    if compensate and _start_saga_txn(run_id, RunStatus.CANCELLED, stop):
+    saga = _start_saga_txn(run_id, RunStatus.CANCELLED, stop) if compensate else Saga()
+    if saga.planned:
         return Cancellation.COMPENSATING
-    if take_txn(RunOp.CANCEL, run_id, to=RunStatus.CANCELLED, where=Q(finish_as=""), finished_at=DbNow(), **stop):
+    ending = {"finish_as": saga.ends_as(RunStatus.CANCELLED)}
+    if take_txn(
+        RunOp.CANCEL, run_id, to=RunStatus.CANCELLED, where=Q(finish_as=""), finished_at=DbNow(), **stop, **ending
+    ):
         cancel_open_waits_txn(run_id)
         return Cancellation.CANCELLED
-    # A worker holds it: the step finishes and commits, then the cancellation is settled.
+    # A worker holds it: the step finishes and commits, then the cancellation is settled. A compensation
+    # asked for once stays asked for: a later plain cancel (a colleague, a bulk cancel) never drops it.
     move_run(
         RunOp.REQUEST_CANCEL,
         run_id,
         where=Q(finish_as=""),
-        cancel_requested_at=DbNow(),
+        cancel_requested_at=Coalesce(F("cancel_requested_at"), DbNow()),
         cancel_reason=reason,
-        cancel_compensate=compensate,
+        cancel_compensate=Case(When(cancel_compensate=True, then=Value(True)), default=Value(compensate)),
     )
     return Cancellation.REQUESTED
 
@@ -377,23 +408,27 @@ def settle_cancellation_txn(run_id: Any) -> Cancellation:
     stop = {"cancel_requested_at": None, "cancel_compensate": False}
     if move_run(RunOp.TAKE, run_id, where=~Q(finish_as=""), **stop):
         return Cancellation.SAGA_GOES_ON  # a saga is never cut short: the request is dropped, the saga goes on
-    if row["cancel_compensate"] and _start_saga_txn(run_id, RunStatus.CANCELLED, stop):
+    saga = _start_saga_txn(run_id, RunStatus.CANCELLED, stop) if row["cancel_compensate"] else Saga()
+    if saga.planned:
         return Cancellation.COMPENSATING
-    if not take_txn(RunOp.CANCEL, run_id, to=RunStatus.CANCELLED, where=Q(finish_as=""), finished_at=DbNow(), **stop):
+    ending = {"finish_as": saga.ends_as(RunStatus.CANCELLED)}
+    if not take_txn(
+        RunOp.CANCEL, run_id, to=RunStatus.CANCELLED, where=Q(finish_as=""), finished_at=DbNow(), **stop, **ending
+    ):
         return Cancellation.NONE
     cancel_open_waits_txn(run_id)
     return Cancellation.CANCELLED
 
 
-def _start_saga_txn(run_id: Any, finish_as: str, fields: dict[str, Any]) -> int:
-    """Take a run no worker holds and turn it into a compensating run; 0 if there is nothing to undo."""
+def _start_saga_txn(run_id: Any, finish_as: str, fields: dict[str, Any]) -> Saga:
+    """Take a run no worker holds and turn it into a compensating run (if there is anything to undo)."""
     fence = lease_free() & Q(finish_as="")
-    planned = compensate_txn(
+    saga = compensate_txn(
         run_id, finish_as=finish_as, where=fence, lease_token=F("lease_token") + 1, wake_at=None, **RELEASED, **fields
     )
-    if planned:
+    if saga.planned:
         cancel_open_waits_txn(run_id)
-    return planned
+    return saga
 
 
 RESTARTED = {
@@ -405,10 +440,10 @@ RESTARTED = {
 }
 
 
-def resume_txn(run_id: Any, *, from_status: str, cursor: int) -> bool:
+def resume_txn(run_id: Any, *, from_status: str, cursor: int, **changes: Any) -> bool:
     """A failed or cancelled run continues at its cursor: the failed step there runs again from attempt 1,
     and rejected or expired decisions of that step stop governing it (the step may ask again)."""
-    if not take_txn(RunOp.RESUME, run_id, to=RunStatus.PENDING, where=Q(status=from_status), **RESTARTED):
+    if not take_txn(RunOp.RESUME, run_id, to=RunStatus.PENDING, where=Q(status=from_status), **RESTARTED, **changes):
         return False
     step = Step.objects.live().filter(run_id=run_id, position=cursor).first()
     if step is not None:
@@ -452,8 +487,11 @@ def move_steps_txn(op: StepOp, steps: QuerySet[Step], *, to: str | None = None, 
 
 
 def commit_step_txn(step_pk: int, **changes: Any) -> None:
-    """A step's checkpoint (inside the transaction that fenced the run)."""
-    move_steps_txn(StepOp.COMMIT, Step.objects.filter(pk=step_pk), to=StepStatus.DONE, finished_at=DbNow(), **changes)
+    """A step's checkpoint (inside the transaction that fenced the run). A step that is no longer live
+    (superseded, failed by a deadline) takes none: LeaseLostError, and the whole transaction rolls back."""
+    steps = Step.objects.filter(pk=step_pk)
+    if not move_steps_txn(StepOp.COMMIT, steps, to=StepStatus.DONE, finished_at=DbNow(), **changes):
+        raise LeaseLostError(f"step {step_pk} is no longer live: its checkpoint was not written")
 
 
 def supersede_from_txn(run_id: Any, position: int) -> list[str]:

@@ -153,6 +153,11 @@ def send_signal(run_id: uuid.UUID | str, name: str, payload: Any = None, *, by: 
         # either we see its open wait, or it sees our buffered signal. Nothing arrives in between.
         Run.objects.select_for_update().filter(pk=run.id).first()
         waiting = Wait.objects.open().filter(run_id=run.id, kind=WaitKind.SIGNAL, name=name).first()
+        now = clock.now()
+        if waiting is not None and waiting.deadline is not None and waiting.deadline <= now:
+            # The timeout came first, however late the sweep runs: it applies; the signal is kept, late.
+            _apply_deadline(waiting.pk, now)
+            waiting = None
         if waiting is not None:
             decision = {"payload": payload, "via": "signal"}
             if _close_txn(waiting, WaitOp.SIGNAL, WaitStatus.APPROVED, by=by, decision=decision):

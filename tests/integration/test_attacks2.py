@@ -24,7 +24,7 @@ from durable_agents.engine import advance as advance_module
 from durable_agents.engine.advance import Outcome, advance
 from durable_agents.errors import InvalidTransitionError, ToolFailedError, WaitClosedError
 from durable_agents.models import Effect, Run, RunStatus, Step, StepStatus
-from durable_agents.testing import drive
+from durable_agents.testing import drive, wait_for
 from tests.testapp.models import LedgerEntry
 from tests.testapp.trust import HOOKS, hook
 from tests.testapp.workflows import _charge_step
@@ -113,6 +113,13 @@ def _start_in_another_connection(action) -> tuple[threading.Thread, dict[str, An
     thread = threading.Thread(target=target)
     thread.start()
     return thread, out
+
+
+def _someone_waits_for_a_lock() -> bool:
+    """True while a transaction waits for a row lock another holds (read in the caller's own connection)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_locks WHERE NOT granted")
+        return cursor.fetchone()[0] > 0
 
 
 def _join(thread: threading.Thread, out: dict[str, Any]) -> Any:
@@ -398,7 +405,12 @@ def test_reliance__concurrent_sagas_of_a_source_and_its_fork_each_keep_the_share
     assert advance(b.id) is Outcome.COMMITTED  # B's own c2 (its own order)
     with transaction.atomic():
         api.cancel(a.id, "customer cancelled", compensate=True, actor="ops-a")  # uncommitted yet
-        _in_another_connection(lambda: api.cancel(b.id, "customer cancelled", compensate=True, actor="ops-b"))
+        other = _start_in_another_connection(
+            lambda: api.cancel(b.id, "customer cancelled", compensate=True, actor="ops-b")
+        )
+        # B's saga must be planned while A's is uncommitted: it either finished, or waits for A's locks.
+        wait_for(lambda: not other[0].is_alive() or _someone_waits_for_a_lock(), timeout=30, what="B's cancel")
+    _join(*other)
     a, b = drive(a.id), drive(b.id)
     assert _net("WS-1") == 0, (
         "guarantee 9/2 (the last run to let go of an effect undoes it): A and its fork were both cancelled with "
@@ -478,7 +490,8 @@ def test_effects__the_lease_proof_reads_the_run_without_waiting_for_a_saga_being
         with transaction.atomic():
             api.cancel(state["run"], "customer cancelled", compensate=True, actor="ops")
             planned.set()
-            committed.wait()  # commits once the worker's call is under way
+            # Commits once the worker's call is under way — or once the worker waits for this transaction.
+            wait_for(lambda: committed.is_set() or _someone_waits_for_a_lock(), timeout=30, what="the worker")
 
     def proves_then_pauses(self):
         original(self)
