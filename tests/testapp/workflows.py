@@ -330,4 +330,5 @@ TICKER = agent(
 workflow("agent_ticks", steps=[TICKER])
 workflow("agent_ticks_capped", steps=[TICKER], token_budget=12_000)
 
+import tests.testapp.machine  # noqa: E402,F401  (registers the state-machine test workflows)
 from tests.testapp import plans  # noqa: E402,F401  (registers the plan test workflows)
