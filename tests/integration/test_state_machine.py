@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import uuid
 from dataclasses import dataclass
 from datetime import timedelta
@@ -740,3 +741,5 @@ def test_engine__keeps_its_guarantees_under_random_interleavings() -> None:
     profile = PROFILES[os.environ.get("DURABLE_STATEFUL_PROFILE", "ci")]
     with machine_settings(), fast_commits():
         run_state_machine_as_test(DurableMachine, settings=profile)
+    leftover = [t.name for t in threading.enumerate() if t.name.startswith("machine-worker")]
+    assert not leftover, f"worker threads outlived the examples that started them: {leftover}"

@@ -12,13 +12,16 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
+from django.db import IntegrityError
 
 from durable_agents import api, clock
 from durable_agents.engine.advance import Outcome, advance
+from durable_agents.engine.sweep import sweep
 from durable_agents.errors import InvalidTransitionError
 from durable_agents.models import Effect, Run, RunStatus, Step, StepKind, StepStatus, Wait, WaitKind, WaitStatus
 from durable_agents.testing import drive
 from tests.testapp.machine import (
+    DEADLINE,
     FRESH_FOR,
     LEASE_SECONDS,
     PausedWorker,
@@ -180,6 +183,27 @@ def test_rerun__during_compensation_does_not_abandon_the_saga():
         "middle of a saga abandoned it (guarantee 9)"
     )
     assert landed(run, "ledger", "undo"), "the charge was never given back"
+
+
+def test_sweep__a_deadline_after_a_rerun_mid_compensation_does_not_crash_it():
+    """Shrunk: advance; expire_waits x2 (the deadline fails the run: compensating); rerun(charge); advance x2;
+    expire_waits."""
+    run = drive(start("machine_saga").id)
+    clock.advance(DEADLINE + timedelta(seconds=1))
+    sweep()
+    assert Run.objects.get(pk=run.id).finish_as == RunStatus.FAILED, "the deadline failed the run: it compensates"
+    api.resume(run.id, from_step="charge", actor="operator")
+    run = drive(run.id)
+    assert open_wait(run).kind == WaitKind.APPROVAL, "the rerun asks for the approval again"
+    clock.advance(DEADLINE + timedelta(seconds=1))
+    try:
+        sweep()
+    except IntegrityError as exc:
+        raise AssertionError(
+            f"the sweep crashed on this run's deadline ({exc.__class__.__name__}: {str(exc).splitlines()[0]}); "
+            "it would crash on every pass from now on. The rerun copied the run's pending compensation step, "
+            "and the deadline's compensation planned it again under the same step id"
+        ) from exc
 
 
 def test_fork__of_a_compensating_run_does_not_copy_its_compensation_steps():

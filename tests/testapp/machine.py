@@ -123,6 +123,7 @@ class Control:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._gates: dict[tuple[str, str], _Gate] = {}
+        self._paused: list[_Gate] = []
         self._faults: dict[str, str] = {}
 
     def arm(self, run_id: Any, point: str) -> _Gate:
@@ -149,6 +150,8 @@ class Control:
         if connection.in_atomic_block:
             raise RuntimeError(f"pause point {point!r} is inside a transaction; a paused worker would hold locks")
         gate.token = ctx.lease_token
+        with self._lock:
+            self._paused.append(gate)
         gate.reports.put("paused")
         try:
             order = gate.orders.get(timeout=THREAD_TIMEOUT * 10)
@@ -172,9 +175,15 @@ class Control:
         return True
 
     def reset(self) -> None:
+        """Disarm everything and kill every worker still paused (a test that failed half-way leaves some)."""
         with self._lock:
             self._gates.clear()
             self._faults.clear()
+            paused, self._paused = self._paused, []
+        for gate in paused:
+            gate.orders.put("die")
+            if gate.thread is not None:
+                gate.thread.join(THREAD_TIMEOUT)
 
 
 control = Control()
