@@ -394,4 +394,4 @@ TICKER = agent(
 workflow("agent_ticks", steps=[TICKER])
 workflow("agent_ticks_capped", steps=[TICKER], token_budget=12_000)
 
-from tests.testapp import plans, trust  # noqa: E402,F401  (register the plan and trust tests' workflows)
+from tests.testapp import machine, plans, trust  # noqa: E402,F401  (register the other tests' workflows)
