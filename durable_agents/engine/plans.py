@@ -21,7 +21,7 @@ from durable_agents.engine import transitions
 from durable_agents.engine.control import Park, Rerun, WaitSpec
 from durable_agents.engine.events import record_event
 from durable_agents.engine.payloads import check_input, copy_payloads
-from durable_agents.engine.records import get_run, plan_row
+from durable_agents.engine.records import get_run, let_go, plan_row
 from durable_agents.engine.reliance import rely_on
 from durable_agents.engine.wake import wake_on_commit
 from durable_agents.errors import InvalidInputError, InvalidTransitionError, StepNotFoundError, UnknownWorkflowError
@@ -220,6 +220,23 @@ def fork_run(run_id: uuid.UUID | str, at_step: str, *, input: Any = None, actor:
         raise InvalidTransitionError(
             f"step {first.step_id!r} of run {source.id} comes before {at_step!r} and has no checkpoint "
             f"({first.status}); fork at {first.step_id!r} or earlier"
+        )
+    if source.finish_as and not let_go(source):
+        raise InvalidTransitionError(
+            f"run {source.id} is compensating: its saga is undoing what a fork would stand on; fork it once the "
+            "saga finished (the fork then applies its effects anew)"
+        )
+    undone = (
+        Effect.objects.filter(step__run_id=source.id, step__position__lt=target.position, kind=EffectKind.EFFECT)
+        .filter(status=EffectStatus.COMPENSATED)
+        .select_related("step")
+        .order_by("step__position")
+        .first()
+    )
+    if undone is not None:
+        raise InvalidTransitionError(
+            f"the checkpoint of step {undone.step.step_id!r} records {undone.tool} (key {undone.idempotency_key}), "
+            f"which run {source.id}'s saga undid; fork at {undone.step.step_id!r} or earlier to do it anew"
         )
     new_input = source.input if input is None else input
     input_hash = check_input(new_input)

@@ -24,7 +24,7 @@ from durable_agents.errors import (
     InvalidTransitionError,
     StepNotFoundError,
 )
-from durable_agents.models import Run, RunStatus, Step
+from durable_agents.models import Run, RunStatus, Step, StepStatus
 from durable_agents.signals import run_finished, send_on_commit
 from durable_agents.storable import decimal_amount, whole_number
 from durable_agents.workflows import registry
@@ -190,6 +190,11 @@ def resume_run(run_id: uuid.UUID | str, *, from_step: str | None = None, actor: 
 
 def _compensated(run: Run, what: str) -> InvalidTransitionError:
     first = Step.objects.live().filter(run_id=run.id).order_by("position").values_list("step_id", flat=True).first()
+    if not let_go(run):
+        return InvalidTransitionError(
+            f"run {run.id} is compensating (it ends {run.finish_as}): a {what} would cut its saga short; let it "
+            f"finish, then start the work again as a new run with `manage.py durable_fork {run.id} --at {first}`"
+        )
     return InvalidTransitionError(
         f"run {run.id} was compensated: its effects were undone, so a {what} would go on from an undone world; "
         f"start the work again as a new run with `manage.py durable_fork {run.id} --at {first or 'STEP'}`"
@@ -204,6 +209,12 @@ def _rerun_from_step(run: Run, step_id: str, *, actor: str) -> Run:
         raise InvalidTransitionError(f"run {run.id} is waiting; decide or cancel its wait first")
     if run.finish_as:
         raise _compensated(run, "rerun")
+    unchecked = Step.objects.live().filter(run_id=run.id, position__lt=target.position).exclude(status=StepStatus.DONE)
+    if (first := unchecked.order_by("position").first()) is not None:
+        raise InvalidTransitionError(
+            f"step {first.step_id!r} of run {run.id} comes before {step_id!r} and has no checkpoint ({first.status}); "
+            f"rerun from {first.step_id!r} or earlier"
+        )
     with transaction.atomic():
         superseded = transitions.rerun_txn(run.id, target.position)
         if superseded is None:

@@ -365,11 +365,13 @@ def cancel_txn(run_id: Any, *, reason: str, compensate: bool) -> Cancellation:
     a double submit, a bulk cancel or a colleague's changes nothing). With `compensate`, a saga starts now.
     """
     _in_transaction()
-    row = Run.objects.select_for_update().filter(pk=run_id).values("status", "finish_as").first()
+    row = Run.objects.select_for_update().filter(pk=run_id).values("status", "finish_as", "cancel_compensate").first()
     if row is None or row["status"] not in RUN_RULES[RunOp.CANCEL].sources:
         return Cancellation.NONE
     if row["finish_as"]:
         return Cancellation.SAGA_GOES_ON
+    # A compensation asked for once stays asked for: a later plain cancel never drops it.
+    compensate = compensate or row["cancel_compensate"]
     stop = {"cancel_reason": reason, "cancel_requested_at": None, "cancel_compensate": False}
     saga = _start_saga_txn(run_id, RunStatus.CANCELLED, stop) if compensate else Saga()
     if saga.planned:

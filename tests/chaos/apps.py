@@ -7,9 +7,9 @@ Loaded only by worker subprocesses (tests/chaos/settings.py), after `durable_age
   a committed step executing again is the broken guarantee the chaos tests look for;
 * every fenced step commit (the `step_committed` signal, sent once the checkpoint committed) inserts an
   `Execution` row named `commit:<step_id>`: two of them for one step would be a step committed twice;
-* every request of the "anthropic" participant first inserts an `Execution` row named `ask:<step_id>:<turn>`
-  with the asking process's pid, after the engine proved the lease and right before the request leaves: a
-  request the fake saw after its turn was journaled is then attributed to the process that sent it;
+* every request of the "anthropic" participant carries the sending process's pid in a header
+  (`x-chaos-pid`), so a request the fake saw after its turn was journaled is attributed to the process
+  that sent it;
 * DURABLE_CHAOS_STREAM=1 makes the "anthropic" participant stream, so mid-stream errors are exercised.
 
 The workflows under test are not changed: their step functions are wrapped, and the wrapper calls them.
@@ -23,10 +23,14 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+import anthropic
 from django.apps import AppConfig
 
+from durable_agents.agents.claude import AnthropicParticipant
+from durable_agents.conf import settings
+
 COMMIT_PREFIX = "commit:"
-ASK_PREFIX = "ask:"
+PID_HEADER = "x-chaos-pid"
 
 
 class ChaosConfig(AppConfig):
@@ -43,11 +47,9 @@ class ChaosConfig(AppConfig):
                 steps = tuple(dataclasses.replace(s, fn=_recorded(s.fn)) if s.fn else s for s in definition.steps)
                 registry.register(dataclasses.replace(definition, steps=steps), replace=True)
         step_committed.connect(_record_commit, dispatch_uid="chaos-record-commit")
-        from durable_agents.agents.claude import AnthropicParticipant
         from durable_agents.agents.participants import participants
 
-        model = AnthropicParticipant(stream=os.environ.get("DURABLE_CHAOS_STREAM") == "1")
-        participants.register("anthropic", _RecordedParticipant(model))
+        participants.register("anthropic", _SignedParticipant(stream=os.environ.get("DURABLE_CHAOS_STREAM") == "1"))
 
 
 def _recorded(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
@@ -67,18 +69,17 @@ def _record_commit(sender: Any, run_id: Any, step_id: str, attempt: int, **kwarg
     Execution.objects.create(run_id=run_id, step_id=f"{COMMIT_PREFIX}{step_id}", pid=os.getpid(), attempt=attempt)
 
 
-class _RecordedParticipant:
-    """The real Anthropic participant, recording each request (pid, step, turn) just before it is sent."""
+class _SignedParticipant(AnthropicParticipant):
+    """The real Anthropic participant; each process's client sends its pid, so the fake knows who asked."""
 
-    name = "anthropic"
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-
-    def respond(self, request: Any) -> Any:
-        from tests.testapp.models import Execution
-
-        run_id, _, step_id = str(request.metadata.get("user_id", "")).partition(":")
-        turn = request.turn if request.purpose == "turn" else 0
-        Execution.objects.create(run_id=run_id, step_id=f"{ASK_PREFIX}{step_id}:{turn}", pid=os.getpid(), attempt=0)
-        return self.inner.respond(request)
+    @property
+    def client(self) -> Any:
+        # A prefork child inherits the parent's objects: one client per process, built in the process.
+        if getattr(self, "_pid", None) != os.getpid():
+            self._pid = os.getpid()
+            self._client = anthropic.Anthropic(
+                max_retries=0,
+                timeout=float(settings.MODEL_TIMEOUT_SECONDS),
+                default_headers={PID_HEADER: str(os.getpid())},
+            )
+        return self._client

@@ -33,7 +33,7 @@ from durable_agents.models import Effect, EffectStatus, Event, Run, RunStatus, S
 from durable_agents.testing.fake_anthropic import FakeAnthropic, Fault, RecordedRequest, Reply
 from project.refunds.models import Order, OrderStatus, OutboundEmail, Refund
 from project.refunds.script import next_move
-from tests.chaos.apps import ASK_PREFIX, COMMIT_PREFIX
+from tests.chaos.apps import COMMIT_PREFIX, PID_HEADER
 from tests.testapp.models import Execution
 
 WORKFLOW = "refund_agent"
@@ -228,7 +228,6 @@ def check(
     using: str = "default",
     expect: str = RunStatus.COMPLETED,
     strict_turns: bool = False,
-    zombies: Sequence[Frozen] = (),
 ) -> Report:
     """Check the chaos invariants over `runs` (run id → its case):
 
@@ -242,14 +241,15 @@ def check(
        "<run>:<step>", turn t), no request for (conversation, t) reached the fake after the Turn row was
        written, and the requests before it number at most 1 + the interruptions of that run in between
        (lease takeovers, retries, rejected zombie commits: the only ways a step executes again). With
-       `strict_turns` (no kills, no faults) every journaled turn was requested exactly once.
+       `strict_turns` (no kills, no faults) every journaled turn was requested exactly once, unless a worker
+       lost its lease to another meanwhile (a machine busy enough that a heartbeat missed the lease).
 
-    With `zombies` (the SIGSTOP episodes of a test) the one thing no check-then-act can close is allowed, and
-    only that: a worker frozen between proving its lease and acting may, once it thaws, still start the step
-    body it was about to start or send the model request it was about to send — at most one such act per
-    episode, by the frozen process, after its freeze. Its request is never journaled and its usage is counted
-    (an `unjournaled_usage` event); its commit is rejected (3. still holds). Counted in `zombie_executions` and
-    `zombie_asks`; anything else after a commit or a journal still fails.
+    The one thing no check-then-act can close is allowed, and only that: a worker that lost its lease (frozen by
+    SIGSTOP, or starved on a busy machine until its lease ran out) between proving its lease and acting may
+    still start the step body it was about to start or send the model request it was about to send — at most
+    one such act per lost lease, by that process, after another worker took the run over. Its request is never
+    journaled and its usage is counted (an `unjournaled_usage` event); its commit is rejected (3. still holds).
+    Counted in `zombie_executions` and `zombie_asks`; anything else after a commit or a journal still fails.
     """
     report = Report(runs=len(runs))
     ids = list(runs)
@@ -262,7 +262,7 @@ def check(
             report.fail(
                 f"run {run_id} ({case.number}, {case.kind}) is {status}, expected {expect}: {run and run.error}"
             )
-    acts = _ZombieActs(report, zombies)
+    acts = _ZombieActs(report, list(runs), using)
     _check_effects(report, runs, using)
     _check_steps(report, runs, using, acts)
     _check_turns(report, runs, fake, using, strict=strict_turns, acts=acts)
@@ -271,35 +271,41 @@ def check(
 
 
 @dataclass(frozen=True)
-class Frozen:
-    """One SIGSTOP episode: process `pid` frozen at `frozen_at`, thawed at `thawed_at` (epoch seconds)."""
+class _Takeover:
+    """A worker lost its lease on a run to another worker: the only way a zombie comes to be (a SIGSTOP, a
+    SIGKILL's survivor thread, or just a machine so busy that its heartbeat missed the lease)."""
 
+    run_id: uuid.UUID
     pid: int
-    frozen_at: float
-    thawed_at: float
+    at: float
 
 
 class _ZombieActs:
-    """Acts of thawed zombies (a step body started after its commit, a request after its turn's journal):
-    each must be by a process frozen before it, at most one per episode."""
+    """Acts of zombies (a step body started after its commit, a request after its turn's journal): each must be
+    by a process that lost its lease on that run before the act, at most one act per lost lease."""
 
-    def __init__(self, report: Report, episodes: Sequence[Frozen]) -> None:
+    def __init__(self, report: Report, runs: Sequence[uuid.UUID], using: str) -> None:
         self.report = report
-        self.episodes = sorted(episodes, key=lambda e: e.frozen_at)
-        self.acts: dict[Frozen, list[str]] = defaultdict(list)
+        self.takeovers: dict[tuple[uuid.UUID, int], list[_Takeover]] = defaultdict(list)
+        events = Event.objects.using(using).filter(run_id__in=list(runs), kind="lease_takeover").order_by("id")
+        for run_id, detail, at in events.values_list("run_id", "detail", "created_at"):
+            pid = str(detail.get("previous_owner", "")).rsplit(":", 1)[-1]
+            if pid.isdigit():
+                self.takeovers[(run_id, int(pid))].append(_Takeover(run_id, int(pid), at.timestamp()))
+        self.acts: dict[_Takeover, list[str]] = defaultdict(list)
 
-    def allow(self, pid: int, at: float, what: str) -> bool:
-        """True if `what` (by `pid` at `at`) is a thawed zombie's act; it is then counted against its episode."""
-        mine = [e for e in self.episodes if e.pid == pid and e.frozen_at <= at]
-        if not mine:
+    def allow(self, run_id: uuid.UUID, pid: int, at: float, what: str) -> bool:
+        """True if `what` (by `pid` at `at`) is the act of a zombie of that run; counted against its lost lease."""
+        lost = [t for t in self.takeovers.get((run_id, pid), []) if t.at <= at]
+        if not lost:
             return False
-        self.acts[mine[-1]].append(what)
+        self.acts[lost[-1]].append(what)
         return True
 
     def check(self) -> None:
-        for episode, acts in self.acts.items():
+        for takeover, acts in self.acts.items():
             if len(acts) > 1:
-                self.report.fail(f"process {episode.pid} acted {len(acts)} times after one freeze: {acts}")
+                self.report.fail(f"process {takeover.pid} acted {len(acts)} times after losing one lease: {acts}")
 
 
 def _check_effects(report: Report, runs: dict[uuid.UUID, Case], using: str) -> None:
@@ -338,9 +344,7 @@ def _check_effects(report: Report, runs: dict[uuid.UUID, Case], using: str) -> N
 
 
 def _check_steps(report: Report, runs: dict[uuid.UUID, Case], using: str, acts: _ZombieActs) -> None:
-    executions = list(
-        Execution.objects.using(using).filter(run_id__in=list(runs)).exclude(step_id__startswith=ASK_PREFIX)
-    )
+    executions = list(Execution.objects.using(using).filter(run_id__in=list(runs)))
     commits = Counter((e.run_id, e.step_id) for e in executions if e.step_id.startswith(COMMIT_PREFIX))
     report.executions = sum(1 for e in executions if not e.step_id.startswith(COMMIT_PREFIX))
     report.commits = sum(commits.values())
@@ -348,7 +352,7 @@ def _check_steps(report: Report, runs: dict[uuid.UUID, Case], using: str, acts: 
         if not execution.after_commit:
             continue
         what = f"run {execution.run_id}: step {execution.step_id} executed again after its commit"
-        if acts.allow(execution.pid, execution.at.timestamp(), what):
+        if acts.allow(execution.run_id, execution.pid, execution.at.timestamp(), what):
             report.zombie_executions += 1
         else:
             report.fail(what)
@@ -367,9 +371,12 @@ def _check_turns(
     report: Report, runs: dict[uuid.UUID, Case], fake: FakeAnthropic, using: str, *, strict: bool, acts: _ZombieActs
 ) -> None:
     requests: dict[tuple[str, int], list[float]] = defaultdict(list)
+    senders: dict[tuple[str, int], list[tuple[float, int]]] = defaultdict(list)
     for request in fake.requests:
         if request.path == MESSAGES_PATH:
             requests[(request.conversation, request.turn)].append(request.time)
+            pid = request.headers.get(PID_HEADER, "")
+            senders[(request.conversation, request.turn)].append((request.time, int(pid) if pid.isdigit() else 0))
     unjournaled: dict[uuid.UUID, list[float]] = defaultdict(list)
     for run_id, at in (
         Event.objects.using(using)
@@ -377,18 +384,16 @@ def _check_turns(
         .values_list("run_id", "created_at")
     ):
         unjournaled[run_id].append(at.timestamp())
-    # Who asked: the instrumented participant's rows (tests/chaos/apps.py), by (conversation, turn).
-    askers: dict[tuple[str, int], list[tuple[float, int]]] = defaultdict(list)
-    for row in Execution.objects.using(using).filter(run_id__in=list(runs), step_id__startswith=ASK_PREFIX):
-        step_id, _, turn = row.step_id.removeprefix(ASK_PREFIX).rpartition(":")
-        askers[(f"{row.run_id}:{step_id}", int(turn))].append((row.at.timestamp(), row.pid))
     interruptions: dict[uuid.UUID, list[float]] = defaultdict(list)
-    for run_id, at in (
+    takeovers: dict[uuid.UUID, list[float]] = defaultdict(list)
+    for run_id, kind, at in (
         Event.objects.using(using)
         .filter(run_id__in=list(runs), kind__in=INTERRUPTIONS)
-        .values_list("run_id", "created_at")
+        .values_list("run_id", "kind", "created_at")
     ):
         interruptions[run_id].append(at.timestamp())
+        if kind == "lease_takeover":
+            takeovers[run_id].append(at.timestamp())
     journaled = set()
     turns = Turn.objects.using(using).filter(run_id__in=list(runs)).select_related("step")
     for turn in turns.only("run_id", "index", "purpose", "created_at", "step__step_id"):
@@ -401,22 +406,24 @@ def _check_turns(
         late = [t for t in asked if t > written]
         if late:
             what = f"{key[0]} turn {key[1]} was requested {len(late)} more time(s) after it was journaled"
-            senders = [(at, pid) for at, pid in askers[key] if at > written]
-            if len(senders) >= len(late) and all(acts.allow(pid, at, what) for at, pid in senders):
+            # Who asked late: the pid each request carried (tests/chaos/apps.py).
+            late_senders = [(at, pid) for at, pid in senders[key] if at > written]
+            if all(acts.allow(turn.run_id, pid, at, what) for at, pid in late_senders):
                 report.zombie_asks += len(late)
                 counted = [t for t in unjournaled[turn.run_id] if t >= min(late)]
                 if len(counted) < len(late):
                     report.fail(f"{what}, by a thawed zombie, but its usage was not counted (unjournaled_usage)")
-                asked = [t for t in asked if t <= written]
             else:
-                report.fail(what)
+                report.fail(f"{what}, by processes {sorted({pid for _, pid in late_senders})} that held no lost lease")
+            asked = [t for t in asked if t <= written]
         if not asked:
             report.fail(f"{key[0]} turn {key[1]} is journaled but the model was never asked for it")
             continue
         if len(asked) > 1:
             report.reasked += 1
         lost = sum(1 for t in interruptions[turn.run_id] if asked[0] <= t <= written)
-        allowed = 0 if strict else lost
+        # Strict (no kills, no faults): only a lease lost on a busy machine may have asked a turn again.
+        allowed = sum(1 for t in takeovers[turn.run_id] if asked[0] <= t <= written) if strict else lost
         if len(asked) - 1 > allowed:
             report.fail(
                 f"{key[0]} turn {key[1]} was requested {len(asked)} times with {lost} interruption(s) of the run "

@@ -59,6 +59,7 @@ from durable_agents.models import (
     EffectKind,
     Event,
     Payload,
+    Reliance,
     Run,
     RunStatus,
     Step,
@@ -380,7 +381,12 @@ class DurableMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def resume(self, data: st.DataObject) -> None:
         run = self._draw(data, _stopped)
-        api.resume(run, actor="machine")
+        try:
+            api.resume(run, actor="machine")
+        except InvalidTransitionError as exc:
+            # Refused only for a run whose saga finished: it does not resume into its undone world.
+            assert "compensat" in str(exc), f"run {run}: resume refused for another reason: {exc}"
+            return
         self.tracked[run].compensate = False
 
     @precondition(lambda self: self._runs(_not_waiting))
@@ -401,8 +407,8 @@ class DurableMachine(RuleBasedStateMachine):
         order_id = self._new_order() if new_order else source.order_id
         try:
             forked = api.fork(run, step, input={"order_id": order_id} if new_order else None, actor="machine")
-        except StepNotFoundError:
-            return
+        except (StepNotFoundError, InvalidTransitionError):
+            return  # no checkpoint to fork from, or a source whose saga is under way or undid what it would copy
         self._track(forked, order_id)
 
     def _waits(self, run_id: Any) -> dict[int, str]:
@@ -526,7 +532,9 @@ class DurableMachine(RuleBasedStateMachine):
                 continue
             left = world.unfinished_steps.get(run_id, [])
             pending = [(s.step_id, s.args) for s in left if s.kind == StepKind.COMPENSATE]
-            assert not pending, (
+            # A saga that cannot finish stops `failed`, listing what is left to undo: that is visible.
+            listed = set((run.error or {}).get("left_to_undo") or []) if run.status == RunStatus.FAILED else set()
+            assert all(args.get("effect") in listed for _, args in pending), (
                 f"run {run_id} ({run.workflow}) is {run.status} while its compensation is still pending: {pending}; "
                 "a started saga must finish, or stop visibly with what is left to undo"
             )
@@ -540,11 +548,20 @@ class DurableMachine(RuleBasedStateMachine):
             )
             if not saga:
                 continue
+            # Kept for another run that still stands on it: recorded in the saga's history, not silent.
+            kept = {
+                key
+                for detail in Event.objects.filter(run_id=run_id, kind="compensation_kept").values_list(
+                    "detail", flat=True
+                )
+                for key in detail.get("effects", {})
+            }
             for effect in world.effects:
                 key = effect.idempotency_key
                 if str(effect.run_id) != run_id or effect.tool not in COMPENSABLE_TOOLS:
                     continue
-                assert key not in applied or key in undone or effect.needs_attention, (
+                visible = key in listed or key in kept or effect.needs_attention
+                assert key not in applied or key in undone or visible, (
                     f"run {run_id} ({run.workflow}) ended {run.status} after compensating, but effect {key} "
                     f"({effect.tool}, outbox status {effect.status}) landed and was neither undone nor flagged "
                     "for an operator: a saga half-done in silence"
@@ -659,6 +676,11 @@ def _forget(ids: list[uuid.UUID]) -> None:
     cost more than the example itself.
     """
     with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            f"DELETE FROM {Reliance._meta.db_table} WHERE run_id = ANY(%s) OR effect_id IN "
+            f"(SELECT id FROM {Effect._meta.db_table} WHERE run_id = ANY(%s))",
+            [ids, ids],
+        )
         for model in (Event, Wait, Turn, Payload, Effect, Step, Execution, ReceiverCall):
             cursor.execute(f"DELETE FROM {model._meta.db_table} WHERE run_id = ANY(%s)", [ids])
         cursor.execute(f"DELETE FROM {Run._meta.db_table} WHERE id = ANY(%s)", [ids])
