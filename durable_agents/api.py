@@ -19,7 +19,7 @@ from durable_agents.agents.participants import FunctionParticipant, ScriptedPart
 from durable_agents.engine.context import StepContext
 from durable_agents.engine.effects import resolve_effect as _resolve_effect
 from durable_agents.engine.plans import fork_run, migrate_run
-from durable_agents.engine.records import get_run
+from durable_agents.engine.records import get_run, let_go
 from durable_agents.engine.runs import cancel_run, resume_run, set_participant, start_run
 from durable_agents.engine.runs import set_budget as _set_budget
 from durable_agents.engine.waits import decide_wait
@@ -196,8 +196,9 @@ def resolve_effect(
     check_json(result, "the result")
     actor = _actor(actor)
     effect = _resolve_effect(key, applied=applied, result=result, actor=actor, reason=reason)
-    if resume and Run.objects.filter(pk=effect.run_id, status=RunStatus.FAILED).exists():
-        resume_run(effect.run_id, actor=actor)
+    stopped = Run.objects.filter(pk=effect.run_id, status=RunStatus.FAILED).first()
+    if resume and stopped is not None and not let_go(stopped):
+        resume_run(effect.run_id, actor=actor)  # a run whose saga is over stays over: fork it instead
     return effect
 
 

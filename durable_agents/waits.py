@@ -26,8 +26,9 @@ from durable_agents.conf import settings
 from durable_agents.engine.control import Park, WaitSpec
 from durable_agents.engine.events import record_event
 from durable_agents.engine.notices import template_brief
+from durable_agents.engine.retry import error_of
 from durable_agents.engine.waits import latest_wait, take_buffered_signal
-from durable_agents.errors import ApprovalRejectedError, DefinitionError, WaitExpiredError
+from durable_agents.errors import ApprovalRejectedError, DefinitionError, LeaseLostError, WaitExpiredError
 from durable_agents.models import DeadlinePolicy, StepKind, Turn, WaitKind, WaitStatus
 from durable_agents.workflows import StepDef
 
@@ -181,8 +182,10 @@ def participant_brief(ctx: Any, record: str) -> str:
             )
             ctx.ensure_lease()
             turn = journal_call(ctx, "brief", request, answerer.respond(request), answerer.name)
+        except LeaseLostError:
+            raise  # a zombie: it writes nothing, not even the fallback's event
         except Exception as exc:  # noqa: BLE001 - a brief is a courtesy: never fail the run for it
-            record_event(ctx.run_id, "brief_fallback", step_id=ctx.step_id, error=str(exc)[:500])
+            record_event(ctx.run_id, "brief_fallback", step_id=ctx.step_id, error=error_of(exc, 500))
             return record
     text = "".join(block.get("text", "") for block in turn.content if block.get("type") == "text").strip()
     return f"{text}\n\n---\n{record}" if text else record

@@ -155,7 +155,7 @@ class DecisionForm(RunActionForm):
         if self.is_bound:
             # Only a wait of this run: a form edited to name another run's wait decides nothing.
             posted = str(self.data.get("wait", ""))
-            self.shown_wait = Wait.objects.filter(run=run, pk=int(posted)).first() if posted.isdigit() else None
+            self.shown_wait = Wait.objects.filter(run=run, pk=int(posted)).first() if posted.isdecimal() else None
         else:
             self.shown_wait = Wait.objects.open().filter(run=run).first()
             self.fields["wait"].initial = self.shown_wait.pk if self.shown_wait else None

@@ -128,7 +128,7 @@ def _decide_selected(
 
 
 def _posted_ids(request: HttpRequest) -> list[int]:
-    return [int(pk) for pk in request.POST.getlist(ACTION_CHECKBOX_NAME) if pk.isdigit()][: BULK_LIMIT + 1]
+    return [int(pk) for pk in request.POST.getlist(ACTION_CHECKBOX_NAME) if pk.isdecimal()][: BULK_LIMIT + 1]
 
 
 def _report_failures(request: HttpRequest, failures: list[str]) -> None:

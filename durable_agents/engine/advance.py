@@ -6,7 +6,7 @@ transition (checkpoint, retry, failure, park, re-plan) → wake the next step on
 Every exception path ends in a transition that releases the lease, or in a rejected zombie: a step whose
 result the database refuses, or a transition that itself fails, fails the step with that error instead
 of leaving the lease held (its body would re-run on every expiry). Only a database that cannot be
-reached at all leaves the lease to expire, and the sweep re-wakes the run.
+reached, or refuses even the failure, leaves the lease to expire (logged), and the sweep re-wakes the run.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from durable_agents.engine.control import ExtendPlan, Park, Rerun, WaitSpec
 from durable_agents.engine.events import record_event
 from durable_agents.engine.lease import Claim, Heartbeat, as_uuid, lease_seconds, renew_lease
 from durable_agents.engine.payloads import store_result
-from durable_agents.engine.planned import is_planned, planned_step
+from durable_agents.engine.planned import TOOL_STEP_PREFIX, is_planned, planned_step
 from durable_agents.engine.plans import (
     MAX_REPLANS_PER_STEP,
     StaleObservation,
@@ -87,13 +87,13 @@ def advance(run_id: uuid.UUID | str) -> Outcome:
     if claimed is None:
         # Most unclaimable deliveries are duplicates: a read, not a write, tells whether a cancel waits.
         if Run.objects.filter(pk=run_id, cancel_requested_at__isnull=False).exists():
-            return Outcome.CANCELLED if settle_cancellation(run_id) else Outcome.SKIPPED
+            return _settled(settle_cancellation(run_id))
         return Outcome.SKIPPED
     claim, step = claimed
     if claim.previous_owner:
         record_event(claim.run_id, "lease_takeover", previous_owner=claim.previous_owner, token=claim.token)
     if step is None:
-        return Outcome.COMPLETED if transitions.finish_empty(claim) else Outcome.LEASE_LOST
+        return _finish_empty(claim)
     try:
         return _advance(claim, step, claimed_at)
     except LeaseLostError:
@@ -185,7 +185,7 @@ def _delay(policy: RetryPolicy, attempt: int, failure: Failure) -> float:
 def _definition(definition_set: Workflow, step: Step) -> StepDef:
     """What executes this plan element: the workflow's definition, or a planned tool call."""
     if is_planned(step.name):
-        return planned_step(tools.get(step.name.split(":", 1)[1]))
+        return planned_step(tools.get(step.name.removeprefix(TOOL_STEP_PREFIX)))
     return definition_set.definition(step.name)
 
 
@@ -225,9 +225,27 @@ def _commit(claim: Claim, step: Step, stored: Any) -> Outcome:
         return Outcome.COMPLETED
     if last:
         # The last step committed while a cancel was requested: settle it now (its saga, if asked).
-        return Outcome.CANCELLED if settle_cancellation(claim.run_id) else Outcome.COMMITTED
+        return _settled(settle_cancellation(claim.run_id), otherwise=Outcome.COMMITTED)
     wake(claim.run_id)
     return Outcome.COMMITTED
+
+
+def _finish_empty(claim: Claim) -> Outcome:
+    """Nothing left in the plan: the run ends — unless a cancel is pending, which is settled instead."""
+    committed = transitions.finish_empty(claim)
+    if committed is transitions.Committed.FINISHED:
+        ending = claim.finish_as or RunStatus.COMPLETED
+        send_on_commit(run_finished, run_id=claim.run_id, status=ending, error=None)
+        return Outcome.COMPLETED
+    if committed is transitions.Committed.CHECKPOINTED:
+        return _settled(settle_cancellation(claim.run_id), otherwise=Outcome.COMMITTED)
+    return Outcome.LEASE_LOST
+
+
+def _settled(done: transitions.Cancellation, otherwise: Outcome = Outcome.SKIPPED) -> Outcome:
+    if done is transitions.Cancellation.COMPENSATING:
+        return Outcome.COMPENSATING
+    return Outcome.CANCELLED if done is transitions.Cancellation.CANCELLED else otherwise
 
 
 def _retry(claim: Claim, step: Step, failure: Failure, delay: float) -> Outcome:

@@ -31,7 +31,7 @@ from durable_agents.conf import settings
 from durable_agents.engine import transitions
 from durable_agents.engine.events import record_event
 from durable_agents.engine.reliance import rely_on
-from durable_agents.engine.retry import TRANSIENT_TYPES
+from durable_agents.engine.retry import TRANSIENT_TYPES, error_of
 from durable_agents.engine.wake import wake_on_commit
 from durable_agents.errors import (
     EffectOutcomeUnknownError,
@@ -223,12 +223,24 @@ def _check_result(tool: Tool[..., Any], result: Any) -> None:
 
 
 def _applied_txn(effect: Effect, result: Any, **changes: Any) -> None:
-    transitions.move_effect(
-        EffectOp.APPLY, effect.pk, to=EffectStatus.APPLIED, result=result, error=None, applied_at=DbNow(), **changes
+    applied = transitions.move_effect(
+        EffectOp.APPLY,
+        effect.pk,
+        to=EffectStatus.APPLIED,
+        result=result,
+        error=None,
+        needs_attention="",
+        applied_at=DbNow(),
+        **changes,
     )
-    if effect.compensates_id is not None:
-        transitions.move_effect(EffectOp.COMPENSATE, effect.compensates_id, to=EffectStatus.COMPENSATED)
-        record_event(effect.run_id, "effect_compensated", key=effect.idempotency_key, tool=effect.tool)
+    if applied and effect.compensates_id is not None:
+        _compensated_txn(effect)
+
+
+def _compensated_txn(compensation: Effect) -> None:
+    """The compensation landed: its original effect is undone."""
+    transitions.move_effect(EffectOp.COMPENSATE, compensation.compensates_id, to=EffectStatus.COMPENSATED)
+    record_event(compensation.run_id, "effect_compensated", key=compensation.idempotency_key, tool=compensation.tool)
 
 
 def _record_failure(effect: Effect, exc: BaseException, *, outcome_known: bool = True) -> None:
@@ -241,7 +253,7 @@ def _record_failure(effect: Effect, exc: BaseException, *, outcome_known: bool =
     if isinstance(exc, LeaseLostError):
         return
     transient = isinstance(exc, TRANSIENT_TYPES) and not isinstance(exc, PermanentError)
-    error = {"type": type(exc).__name__, "message": (str(exc) or type(exc).__name__)[:MAX_ERROR_CHARS]}
+    error = error_of(exc, MAX_ERROR_CHARS)
     if transient or not outcome_known:
         Effect.objects.filter(pk=effect.pk, status=EffectStatus.PENDING).update(error=error, updated_at=DbNow())
     else:
@@ -281,7 +293,7 @@ def resolve_effect(key: str, *, applied: bool, result: Any = None, actor: str, r
         if not transitions.move_effect(EffectOp.RESOLVE, effect.pk, to=outcome, **changes):
             raise InvalidTransitionError(f"effect {key} changed meanwhile; look at it again")
         if applied and effect.compensates_id is not None:
-            transitions.move_effect(EffectOp.COMPENSATE, effect.compensates_id, to=EffectStatus.COMPENSATED)
+            _compensated_txn(effect)
         record_event(
             effect.run_id, "effect_resolved", actor=actor, key=key, tool=effect.tool, outcome=outcome, reason=reason
         )

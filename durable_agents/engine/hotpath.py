@@ -62,21 +62,20 @@ def _claim_update_sql() -> str:
 
 
 def claim(run_id: uuid.UUID, owner: str, lease: timedelta) -> Claim | None:
-    """Claim the run (a new fencing token) on any database; None if it is not claimable now."""
-    params: dict[str, Any] = {"owner": owner, "running": RunStatus.RUNNING.value}
-    if is_available():
-        params.update(id=run_id, shift=clock.offset(), lease=lease)
-        claimed_at = "(STATEMENT_TIMESTAMP() + %(shift)s)"
-        now = None
-    else:
-        now = clock.now()
-        adapt = connection.ops.adapt_datetimefield_value
-        params.update(id=Run._meta.pk.get_db_prep_value(run_id, connection), now=adapt(now), expires=adapt(now + lease))
-        claimed_at = "NULL"
+    """Claim the run (a new fencing token) where `claim_and_load` is not available; None if not claimable now."""
+    now = clock.now()
+    adapt = connection.ops.adapt_datetimefield_value
+    params: dict[str, Any] = {
+        "owner": owner,
+        "running": RunStatus.RUNNING.value,
+        "id": Run._meta.pk.get_db_prep_value(run_id, connection),
+        "now": adapt(now),
+        "expires": adapt(now + lease),
+    }
     with connection.cursor() as cursor:
-        cursor.execute(f"{_claim_update_sql()} RETURNING {CLAIM_RETURNS}, {claimed_at}", params)
+        cursor.execute(f"{_claim_update_sql()} RETURNING {CLAIM_RETURNS}", params)
         row = cursor.fetchone()
-    return None if row is None else _claim_of(run_id, owner, (*row[:-1], row[-1] or now))
+    return None if row is None else _claim_of(run_id, owner, (*row, now))
 
 
 def _claim_of(run_id: uuid.UUID, owner: str, row: Any) -> Claim:

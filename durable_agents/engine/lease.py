@@ -69,8 +69,9 @@ def renew_lease(claim: Claim) -> bool:
 
 
 def renew_leases(claims: list[Claim]) -> tuple[set[Claim], set[Claim]]:
-    """Renew many leases in one statement: (renewed, lost). Claims in neither were skipped this time because
-    another transaction held their row lock: one locked row must not delay every other heartbeat."""
+    """Renew many leases in one fenced statement (and, for any it skipped, one plain read): (renewed, lost).
+    Claims in neither were skipped this time because another transaction held their row lock: one locked row
+    must not delay every other heartbeat."""
     if not claims:
         return set(), set()
     if connection.vendor != "postgresql":
@@ -101,6 +102,8 @@ def renew_leases(claims: list[Claim]) -> tuple[set[Claim], set[Claim]]:
         )
         renewed_ids = {row[0] for row in cursor.fetchall()}
         rest = [c for c in claims if c.run_id not in renewed_ids]
+        if not rest:
+            return set(claims), set()
         # A plain read does not wait for row locks: it tells a lost lease from a locked row.
         cursor.execute(
             f"SELECT id, lease_token, lease_owner, lease_expires_at IS NOT NULL FROM {table} WHERE id = ANY(%s)",

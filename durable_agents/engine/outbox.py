@@ -37,6 +37,7 @@ from durable_agents.conf import settings
 from durable_agents.engine import transitions
 from durable_agents.engine.events import record_event
 from durable_agents.engine.notices import notification_for
+from durable_agents.engine.retry import error_of
 from durable_agents.models import Effect, EffectKind, EffectStatus, Wait, WaitStatus
 from durable_agents.notify import Notification, get_notifier
 from durable_agents.states import EffectOp
@@ -211,7 +212,7 @@ def _skip(effect: Effect, reason: str) -> Delivery:
 
 
 def _record_failure(effect: Effect, attempt: int, backoff: float, exc: Exception) -> Delivery:
-    error = {"type": type(exc).__name__, "message": (str(exc) or type(exc).__name__)[:MAX_ERROR_CHARS]}
+    error = error_of(exc, MAX_ERROR_CHARS)
     allowed = int(settings.NOTIFY_MAX_ATTEMPTS)
     detail = {"key": effect.idempotency_key, "attempt": attempt, "error": error}
     if attempt < allowed:

@@ -43,6 +43,11 @@ class Failure:
         return {"type": self.type, "message": self.message, "step": self.step}
 
 
+def error_of(exc: BaseException, limit: int = 2000) -> dict[str, Any]:
+    """`exc` as persisted in an `error` field (jsonb): its type, and a message Postgres can always store."""
+    return {"type": type(exc).__name__, "message": storable_text(str(exc) or type(exc).__name__)[:limit]}
+
+
 def classify(exc: BaseException, policy: RetryPolicy, step_id: str) -> Failure:
     """Decide whether `exc` is worth retrying: PermanentError never is; declared and I/O errors are."""
     transient = not isinstance(exc, PermanentError) and isinstance(exc, TRANSIENT_TYPES + policy.retry_on)

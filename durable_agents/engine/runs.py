@@ -106,8 +106,8 @@ def cancel_run(run_id: uuid.UUID | str, *, reason: str = "", actor: str = "", co
     return run
 
 
-def settle_cancellation(run_id: uuid.UUID | str) -> bool:
-    """Finish a requested cancellation once no worker holds the run; True if it stopped (or compensates) now."""
+def settle_cancellation(run_id: uuid.UUID | str) -> Cancellation:
+    """Finish a requested cancellation once no worker holds the run: what it did (NONE: nothing to settle)."""
     with transaction.atomic():
         done = transitions.settle_cancellation_txn(run_id)
         if done:
@@ -115,7 +115,7 @@ def settle_cancellation(run_id: uuid.UUID | str) -> bool:
             _record_stop(
                 run.id, done, step_id=current_step_id(run.id, run.cursor), reason="cancel requested while a step ran"
             )
-    return bool(done)
+    return done
 
 
 def _record_stop(
@@ -190,6 +190,7 @@ def resume_run(run_id: uuid.UUID | str, *, from_step: str | None = None, actor: 
 
 def _compensated(run: Run, what: str) -> InvalidTransitionError:
     first = Step.objects.live().filter(run_id=run.id).order_by("position").values_list("step_id", flat=True).first()
+    first = first or "STEP"
     if not let_go(run):
         return InvalidTransitionError(
             f"run {run.id} is compensating (it ends {run.finish_as}): a {what} would cut its saga short; let it "
@@ -197,7 +198,7 @@ def _compensated(run: Run, what: str) -> InvalidTransitionError:
         )
     return InvalidTransitionError(
         f"run {run.id} was compensated: its effects were undone, so a {what} would go on from an undone world; "
-        f"start the work again as a new run with `manage.py durable_fork {run.id} --at {first or 'STEP'}`"
+        f"start the work again as a new run with `manage.py durable_fork {run.id} --at {first}`"
     )
 
 

@@ -19,8 +19,15 @@ from durable_agents.engine.effects import invoke_tool
 from durable_agents.engine.events import record_event
 from durable_agents.engine.reliance import standing_on
 from durable_agents.engine.transitions import COMPENSATE_STEP
-from durable_agents.errors import EffectOutcomeUnknownError, PermanentError, RetryableError, ToolFailedError
+from durable_agents.errors import (
+    EffectOutcomeUnknownError,
+    LeaseLostError,
+    PermanentError,
+    RetryableError,
+    ToolFailedError,
+)
 from durable_agents.models import Effect, EffectStatus, StepKind
+from durable_agents.storable import storable_text
 from durable_agents.tools import tools
 from durable_agents.workflows import StepDef
 
@@ -70,12 +77,12 @@ def _learn_outcome(ctx: Any, original: Effect) -> None:
         invoke_tool(tool, original.args, key=original.idempotency_key, run_id=ctx.run_id, step_pk=None, ctx=ctx)
     except ToolFailedError:
         return  # the receiver refused it: it changed nothing (the effect is now failed), nothing to undo
-    except (RetryableError, EffectOutcomeUnknownError):
-        raise
+    except (RetryableError, EffectOutcomeUnknownError, LeaseLostError):
+        raise  # retried; or already flagged for an operator; or a zombie, which writes nothing
     except Exception as exc:
         reason = (
             f"compensation could not learn whether {tool.name} under key {original.idempotency_key!r} was applied "
-            f"({type(exc).__name__}: {exc}); check the receiving system, record the outcome with "
+            f"({type(exc).__name__}: {storable_text(str(exc))}); check the receiving system, record the outcome with "
             f"`manage.py durable_effect {original.idempotency_key} --applied` or `--failed`, then resume run "
             f"{ctx.run_id} to finish the compensation"
         )

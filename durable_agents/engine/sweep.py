@@ -42,7 +42,7 @@ class SweepReport:
 
 
 def sweep() -> SweepReport:
-    """One pass: wake lost runs, then finish cancellations nobody is left to finish."""
+    """One pass: wake lost runs, finish cancellations nobody is left to finish, run due waits, queue notices."""
     now = clock.now()
     idle = timedelta(seconds=float(settings.IDLE_RESWEEP_SECONDS))
     lease_free = Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now)
@@ -73,7 +73,7 @@ def sweep() -> SweepReport:
     pending_cancels = Run.objects.filter(
         lease_free, status__in=ACTIVE_RUN_STATUSES, cancel_requested_at__isnull=False
     ).values_list("id", flat=True)[: int(settings.SWEEP_BATCH)]
-    cancelled = sum(settle_cancellation(run_id) for run_id in list(pending_cancels))
+    cancelled = sum(bool(settle_cancellation(run_id)) for run_id in list(pending_cancels))
     waits = sweep_waits(now)
     notifications = enqueue_due_notifications()
     return SweepReport(woken=len(ids), cancelled=cancelled, notifications=notifications, **waits)

@@ -7,8 +7,9 @@ an answer, never ignored: LeaseLostError for a fenced write (the writer is a zom
 Functions ending in `_txn` run inside the caller's transaction (they check), so an operation's other
 writes (events, checkpoints, waits) commit with it or not at all.
 
-On Postgres the step loop's claim and checkpoint are single statements (`hotpath.py`), built from the
-same rules; other databases take the ORM path here. A test fails if any other module writes a status.
+The step loop's claim is one `UPDATE ... RETURNING` statement (`hotpath.py`; with the step's load on
+Postgres), its checkpoint one statement on Postgres and an ORM transaction here on other databases; both are
+built from the same rules. A test fails if any other module writes a status.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from enum import StrEnum
 from typing import Any
 
 from django.db import connection, transaction
-from django.db.models import Case, Exists, F, Q, QuerySet, Value, When
+from django.db.models import Exists, F, Q, QuerySet
 from django.db.models.functions import Coalesce
 
 from durable_agents import clock
@@ -139,7 +140,7 @@ def checkpoint(claim: Claim, step: Step, stored: StoredResult, *, final: bool) -
     try:
         with transaction.atomic():
             finished = ending is not None and move_run(
-                RunOp.COMPLETE if ending == RunStatus.COMPLETED else RunOp.FINISH,
+                _ending_op(ending),
                 claim.run_id,
                 to=ending,
                 where=shape & Q(lease_token=claim.token, cancel_requested_at__isnull=True),
@@ -172,14 +173,29 @@ def _ending(claim: Claim) -> str:
     return claim.finish_as or RunStatus.COMPLETED
 
 
-def finish_empty(claim: Claim) -> bool:
-    """A plan with nothing left: the run completes (or ends as its saga said), fenced by the token."""
+def finish_empty(claim: Claim) -> Committed:
+    """A plan with nothing left: the run completes (or ends as its saga said), fenced by the token, by the plan's
+    end and by a pending cancel request (then the lease is released and the cancellation is settled next)."""
     ending = _ending(claim)
-    op = RunOp.COMPLETE if ending == RunStatus.COMPLETED else RunOp.FINISH
+    fence = Q(lease_token=claim.token, cursor__gte=F("step_count"))
     with transaction.atomic():
-        return move_run(
-            op, claim.run_id, to=ending, where=Q(lease_token=claim.token), attempt=0, finished_at=DbNow(), **RELEASED
-        )
+        if move_run(
+            _ending_op(ending),
+            claim.run_id,
+            to=ending,
+            where=fence & Q(cancel_requested_at__isnull=True),
+            attempt=0,
+            finished_at=DbNow(),
+            **RELEASED,
+        ):
+            return Committed.FINISHED
+        if move_run(RunOp.CHECKPOINT, claim.run_id, where=fence, attempt=0, **RELEASED):
+            return Committed.CHECKPOINTED
+    return Committed.LOST
+
+
+def _ending_op(ending: str) -> RunOp:
+    return RunOp.COMPLETE if ending == RunStatus.COMPLETED else RunOp.FINISH
 
 
 def park_txn(claim: Claim, step: Step, spec: WaitSpec, *, notify_to: Iterable[str]) -> tuple[Wait, bool]:
@@ -240,7 +256,15 @@ def fail_txn(run_id: Any, step_pk: int | None, error: dict[str, Any], *, claim: 
         move_steps_txn(
             StepOp.FAIL, Step.objects.filter(pk=step_pk), to=StepStatus.FAILED, error=error, finished_at=DbNow()
         )
-    fields = {"error": error, "lease_token": F("lease_token") + 1, "attempt": 0, **RELEASED}
+    # Failing settles any cancel request: the run stops either way (with the saga asked for, below).
+    fields = {
+        "error": error,
+        "lease_token": F("lease_token") + 1,
+        "attempt": 0,
+        "cancel_requested_at": None,
+        "cancel_compensate": False,
+        **RELEASED,
+    }
     # An operator asked to cancel with compensation while the step ran: that saga, now that it failed.
     asked = run["cancel_compensate"] and not run["finish_as"]
     ending = RunStatus.CANCELLED if asked else RunStatus.FAILED
@@ -248,7 +272,7 @@ def fail_txn(run_id: Any, step_pk: int | None, error: dict[str, Any], *, claim: 
     if saga.planned:
         return True
     if saga.kept:
-        fields["finish_as"] = saga.ends_as(ending)
+        fields["finish_as"] = saga.ends_as(ending)  # it let go of its effects: its saga is over
     moved = move_run(RunOp.FAIL, run_id, to=RunStatus.FAILED, where=fence, finished_at=DbNow(), **fields)
     assert moved, "the run row is locked by this transaction"
     return False
@@ -270,7 +294,9 @@ class Saga:
 def compensate_txn(run_id: Any, *, finish_as: str, where: Q, **fields: Any) -> Saga:
     """Start a saga: skip the run's remaining steps and append one compensation step per effect to undo,
     newest first — applied effects, and external effects whose outcome is unknown (invoked, no outcome
-    recorded: the compensation step learns it first). Nothing changes if there is nothing to undo.
+    recorded: the compensation step learns it first). With nothing to undo no step is planned; effects kept
+    for runs still standing on them are recorded (`compensation_kept`) and the caller ends the run letting go
+    of them (`Saga.ends_as`).
     """
     _in_transaction()
     assert finish_as in SAGA_ENDINGS, f"a saga ends {SAGA_ENDINGS}, not {finish_as!r}"
@@ -327,6 +353,16 @@ def reopen_saga_txn(run_id: Any, key: str) -> bool:
     sagas = Step.objects.live().filter(run_id=run_id, kind=StepKind.COMPENSATE)
     if sagas.filter(args__effect=key).exclude(status=StepStatus.DONE).exists():
         return False  # its compensation step is still to run: it undoes the effect now that it is applied
+    more: dict[str, Any] = {"step_count": F("step_count") + 1}
+    cursor = run.cursor
+    if not sagas.exists():
+        # It let go of its effects without compensation steps (all kept for others): its forward plan is over.
+        move_steps_txn(
+            StepOp.SKIP,
+            Step.objects.live().filter(run_id=run_id, position__gte=run.cursor, status=StepStatus.PENDING),
+            to=StepStatus.SKIPPED,
+        )
+        more["cursor"] = cursor = run.step_count
     Step.objects.create(
         run_id=run_id,
         step_id=f"compensate-{sagas.count() + 1}",
@@ -335,9 +371,8 @@ def reopen_saga_txn(run_id: Any, key: str) -> bool:
         position=run.step_count,
         args={"effect": key},
     )
-    more = {"step_count": F("step_count") + 1}
     if run.status in RUN_RULES[RunOp.RESUME].sources:
-        resumed = resume_txn(run_id, from_status=run.status, cursor=run.cursor, **more)
+        resumed = resume_txn(run_id, from_status=run.status, cursor=cursor, **more)
     else:
         resumed = take_txn(RunOp.TAKE, run_id, **more)
     assert resumed, "the run row is locked by this transaction and no worker holds it"
@@ -382,15 +417,15 @@ def cancel_txn(run_id: Any, *, reason: str, compensate: bool) -> Cancellation:
     ):
         cancel_open_waits_txn(run_id)
         return Cancellation.CANCELLED
-    # A worker holds it: the step finishes and commits, then the cancellation is settled. A compensation
-    # asked for once stays asked for: a later plain cancel (a colleague, a bulk cancel) never drops it.
+    # A worker holds it: the step finishes and commits, then the cancellation is settled (`compensate`
+    # already includes a compensation asked for earlier).
     move_run(
         RunOp.REQUEST_CANCEL,
         run_id,
         where=Q(finish_as=""),
         cancel_requested_at=Coalesce(F("cancel_requested_at"), DbNow()),
         cancel_reason=reason,
-        cancel_compensate=Case(When(cancel_compensate=True, then=Value(True)), default=Value(compensate)),
+        cancel_compensate=compensate,
     )
     return Cancellation.REQUESTED
 
@@ -437,6 +472,7 @@ RESTARTED = {
     "error": None,
     "finished_at": None,
     "cancel_requested_at": None,
+    "cancel_compensate": False,
     "cancel_reason": "",
     "attempt": 0,
 }

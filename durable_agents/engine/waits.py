@@ -95,27 +95,29 @@ def decide_wait(
     with transaction.atomic():
         # The run's row first, as cancel, park and the sweep lock it: one lock order, no deadlock.
         Run.objects.select_for_update().filter(pk=wait.run_id).first()
-        if not _close_txn(wait, WaitOp.DECIDE, status, by=by, decision=decision, where=in_time):
-            late = Wait.objects.open().filter(pk=wait.pk).exclude(in_time).exists()
-            if not late:
-                raise _closed(wait)
+        if _close_txn(wait, WaitOp.DECIDE, status, by=by, decision=decision, where=in_time):
+            record_event(
+                wait.run_id,
+                "wait_decided",
+                step_id=_step_id(wait),
+                actor=by,
+                wait=wait.pk,
+                decision=status,
+                comment=comment,
+                via=via,
+            )
+        elif Wait.objects.open().filter(pk=wait.pk).exclude(in_time).exists():
+            late = True
+        else:
+            raise _closed(wait)
     if late:
-        # Its deadline policy applies now, as the sweep would have; then the decider is told.
+        # Its deadline policy applies now, as the sweep would have; then the decider is told what it did.
         _apply_deadline(wait.pk, clock.now())
+        wait.refresh_from_db()
+        what = f"it is now {wait.status}" if not wait.is_open else "it was escalated: decide again"
         raise WaitClosedError(
-            f"wait {wait.pk}'s deadline passed at {wait.deadline:%Y-%m-%d %H:%M:%S} UTC, before this decision; "
-            f"its deadline policy ({wait.on_deadline}) applied and nothing was decided"
-        )
-    with transaction.atomic():
-        record_event(
-            wait.run_id,
-            "wait_decided",
-            step_id=_step_id(wait),
-            actor=by,
-            wait=wait.pk,
-            decision=status,
-            comment=comment,
-            via=via,
+            f"wait {wait.pk}'s deadline passed before this decision; its policy ({wait.on_deadline}) applied, "
+            f"{what}; nothing was decided"
         )
     wait.refresh_from_db()
     return wait
