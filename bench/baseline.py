@@ -26,5 +26,5 @@ def noop(key: str) -> None:
     _redis.incr(key)
 
 
-def no_wake(run_id: str, countdown: float | None = None) -> None:
+def no_wake(run_id: str, countdown: float | None = None, queue: str | None = None) -> None:
     """A WAKER that sends nothing: for benches that measure the database side alone."""

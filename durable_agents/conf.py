@@ -40,6 +40,9 @@ DEFAULTS: dict[str, Any] = {
     # The longest a service's `retry-after` (a 429, a 529) may delay a step; longer answers are capped.
     # `durable_resume` wakes a run at once, clearing any backoff.
     "RETRY_AFTER_MAX_SECONDS": 600.0,
+    # A `retry-after` is honoured, never shortened, and spread: each run waits it plus a random share of it
+    # up to this fraction, so a 429 answered to a thousand conversations does not come back as one wave.
+    "RETRY_AFTER_JITTER": 1.0,
     # A step claimed this many times without finishing (its worker keeps dying) fails as a crash loop.
     "MAX_CLAIMS_PER_STEP": 25,
     # An external effect invoked this many times without a recorded outcome goes to an operator.
@@ -49,6 +52,11 @@ DEFAULTS: dict[str, Any] = {
     # Who answers model turns by default: "anthropic" (Claude) or a registered participant name.
     "DEFAULT_PARTICIPANT": "anthropic",
     "MODEL_TIMEOUT_SECONDS": 120.0,
+    # The Celery queue for steps that wait on the model (agent, judge, planner, approval with its brief), to be
+    # served by a threads-pool worker (README: "Workers"); "" sends them with every other step.
+    "MODEL_QUEUE": "",
+    # HTTP connections the process's one Anthropic client may open: size it to the model worker's concurrency.
+    "MODEL_MAX_CONNECTIONS": 1000,
     # USD per million tokens: (input, output, cache write, cache read), by model name prefix.
     "MODEL_PRICES": {
         "claude-opus": (5.0, 25.0, 6.25, 0.5),
@@ -75,7 +83,8 @@ DEFAULTS: dict[str, Any] = {
     "NOTIFY_SEND_TIMEOUT_SECONDS": 10.0,
     # Deadline for approvals of tools marked needs_approval (None: no deadline); policy "reject".
     "APPROVAL_DEADLINE_SECONDS": None,
-    # Callable path that wakes a run: the engine never imports Celery itself.
+    # Callable path that wakes a run, `waker(run_id, countdown=None, queue=None)` (`queue` passed only with a
+    # MODEL_QUEUE): the engine never imports Celery itself.
     "WAKER": "durable_agents.tasks.wake",
     # Callable path that hands a notification's outbox row id to a worker (the Celery task by default).
     "NOTIFICATION_ENQUEUER": "durable_agents.tasks.enqueue_notification",

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from durable_agents.agents.journal import journal_call
+from durable_agents.agents.journal import ask, journal_call
 from durable_agents.agents.messages import ForcedToolRequest
 from durable_agents.agents.participants import Participant, participants
 from durable_agents.conf import settings
@@ -101,8 +101,7 @@ def _ask(ctx: Any, rubric: str, text: str, participant: Any, model: str | None, 
         tool_choice={"type": "tool", "name": "submit_verdict"},
         step_key=str(ctx.step.pk),
     )
-    ctx.ensure_lease()
-    return journal_call(ctx, "judge", request, answerer.respond(request), answerer.name)
+    return journal_call(ctx, "judge", request, ask(ctx, answerer, request), answerer.name)
 
 
 def _verdict(ctx: Any, turn: Turn) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
 
-from durable_agents.agents.journal import journal_call
+from durable_agents.agents.journal import ask, journal_call
 from durable_agents.agents.messages import ForcedToolRequest
 from durable_agents.agents.participants import participants
 from durable_agents.conf import settings
@@ -117,8 +117,7 @@ def planner(
                 tool_choice={"type": "tool", "name": PLAN_TOOL},
                 step_key=str(ctx.step.pk),
             )
-            ctx.ensure_lease()
-            unread = [journal_call(ctx, "planner", request, answerer.respond(request), answerer.name)]
+            unread = [journal_call(ctx, "planner", request, ask(ctx, answerer, request), answerer.name)]
             asked += 1
 
     return StepDef(name=name, kind=StepKind.PLANNER, fn=run, options={"tools": tuple(allowed)})

@@ -55,9 +55,10 @@ def deliver_notification(effect_id: int) -> str:
     return _dropping_dead_connections(lambda: engine_outbox.deliver(effect_id).value)
 
 
-def wake(run_id: str, countdown: float | None = None) -> None:
-    """The default DURABLE_AGENTS['WAKER']: send `durable_agents.advance` for the run."""
-    advance.apply_async((run_id,), countdown=countdown or None)
+def wake(run_id: str, countdown: float | None = None, queue: str | None = None) -> None:
+    """The default DURABLE_AGENTS['WAKER']: send `durable_agents.advance` for the run (on `queue`, if given)."""
+    routed = {"queue": queue} if queue else {}
+    advance.apply_async((run_id,), countdown=countdown or None, **routed)
 
 
 def enqueue_notification(effect_id: int) -> None:

@@ -19,7 +19,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from durable_agents import clock
-from durable_agents.agents.journal import journal_call
+from durable_agents.agents.journal import ask, journal_call
 from durable_agents.agents.messages import ModelRequest
 from durable_agents.agents.participants import participants
 from durable_agents.conf import settings
@@ -180,8 +180,7 @@ def participant_brief(ctx: Any, record: str) -> str:
                 metadata={"user_id": f"{ctx.run_id}:{ctx.step_id}"},
                 step_key=str(ctx.step.pk),
             )
-            ctx.ensure_lease()
-            turn = journal_call(ctx, "brief", request, answerer.respond(request), answerer.name)
+            turn = journal_call(ctx, "brief", request, ask(ctx, answerer, request), answerer.name)
         except LeaseLostError:
             raise  # a zombie: it writes nothing, not even the fallback's event
         except Exception as exc:  # noqa: BLE001 - a brief is a courtesy: never fail the run for it

@@ -121,6 +121,24 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     }
     DATABASES["default"]["CONN_MAX_AGE"] = 0 if os.environ.get("DJANGO_SQLITE_CLOSE") else 600
 
+# DJANGO_DB_POOL=N: a pool of at most N connections per process (Django's psycopg pool). The model worker's
+# threads take a connection for each short transaction and give it back (while Claude thinks they hold
+# none), so a thousand conversations in flight share N connections.
+DB_POOL_SIZE = int(os.environ.get("DJANGO_DB_POOL", "0"))
+if DB_POOL_SIZE and DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+    DATABASES["default"]["CONN_MAX_AGE"] = 0  # the pool keeps the connections; Django gives them back
+    DATABASES["default"]["CONN_HEALTH_CHECKS"] = False  # else every checkout costs a round trip; psycopg's pool
+    # drops connections that broke while checked in, and a broken one in use fails its step, which is retried
+    DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+        "min_size": 1,
+        "max_size": DB_POOL_SIZE,
+        "timeout": 60,  # a thread waits this long for a free connection; then its step is retried
+        "max_idle": 60,
+    }
+if os.environ.get("DJANGO_DB_APPLICATION_NAME") and DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+    # Names this process's connections in pg_stat_activity (e.g. "model_worker"), for operators and benchmarks.
+    DATABASES["default"].setdefault("OPTIONS", {})["application_name"] = os.environ["DJANGO_DB_APPLICATION_NAME"]
+
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
@@ -171,8 +189,9 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
-# Celery's Django fixup closes every DB connection around each task unless told to reuse them.
-CELERY_DB_REUSE_MAX = int(os.environ.get("CELERY_DB_REUSE_MAX", "1000000"))
+# Celery's Django fixup closes every DB connection around each task unless told to reuse them: prefork
+# workers keep theirs; a pooled worker's tasks give theirs back to the pool.
+CELERY_DB_REUSE_MAX = 0 if DB_POOL_SIZE else int(os.environ.get("CELERY_DB_REUSE_MAX", "1000000"))
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BEAT_SCHEDULE = {
     "durable-agents-sweep": {
@@ -185,4 +204,7 @@ CELERY_BEAT_SCHEDULE = {
 DURABLE_AGENTS = {
     "LEASE_SECONDS": float(os.environ.get("DURABLE_LEASE_SECONDS", "15")),
     "IDLE_RESWEEP_SECONDS": float(os.environ.get("DURABLE_IDLE_RESWEEP_SECONDS", "10")),
+    # Steps that wait on Claude go to the threads-pool model worker (Procfile `model_worker`). Empty: every
+    # step on the default queue (the demo and the tests, which start one kind of worker).
+    "MODEL_QUEUE": os.environ.get("DURABLE_MODEL_QUEUE", "durable-model"),
 }

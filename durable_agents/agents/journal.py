@@ -15,12 +15,24 @@ from django.db import IntegrityError, transaction
 from django.db.models import F, Max
 
 from durable_agents.agents.compaction import Compacted
-from durable_agents.agents.messages import COMPACTION, TURN, ModelRequest, ModelResponse, Usage
+from durable_agents.agents.messages import COMPACTION, TURN, ModelRequest, ModelResponse, Participant, Usage
 from durable_agents.agents.pricing import cost_usd
 from durable_agents.clock import DbNow
 from durable_agents.engine.events import record_event
+from durable_agents.engine.records import release_connection
 from durable_agents.errors import LeaseLostError
 from durable_agents.models import Run, Step, Turn
+
+
+def ask(ctx: Any, participant: Participant, request: ModelRequest) -> ModelResponse:
+    """One model call of a step: prove the lease first (a thawed zombie stops here, before paying for an answer
+    another worker may already have journaled), then ask holding no database connection while the model
+    thinks, for a participant that waits on the network (`remote`). Journal the answer before acting on it.
+    """
+    ctx.ensure_lease()
+    if getattr(participant, "remote", False):
+        release_connection()
+    return participant.respond(request)
 
 
 def usage_counters(usage: Usage) -> dict[str, Any]:

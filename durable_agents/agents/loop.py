@@ -35,7 +35,7 @@ from durable_agents.agents.compaction import (
     summary_text,
     text_of,
 )
-from durable_agents.agents.journal import journal_turn
+from durable_agents.agents.journal import ask, journal_turn
 from durable_agents.agents.messages import TURN, ModelRequest, estimate_tokens
 from durable_agents.agents.participants import Participant, participants
 from durable_agents.conf import settings
@@ -213,8 +213,7 @@ class _AgentLoop:
             max_tokens=request.max_tokens,
             purpose=f"turn {self.turn_number}",
         )
-        self.ctx.ensure_lease()
-        response = self.participant.respond(request)
+        response = ask(self.ctx, self.participant, request)
         turn = journal_turn(self.ctx, self.next_index, request, response, self.participant.name)
         self.next_index += 1
         return turn
@@ -267,9 +266,8 @@ class _AgentLoop:
             max_tokens=request.max_tokens,
             purpose=f"compaction before turn {self.turn_number}",
         )
-        # The largest prompt there is: a thawed zombie must stop before asking for it again.
-        self.ctx.ensure_lease()
-        response = self.participant.respond(request)
+        # The largest prompt there is: a thawed zombie must stop before asking for it again (`ask` proves it).
+        response = ask(self.ctx, self.participant, request)
         folded_errors = sum(n for index, n in self.errors_by_turn.items() if index < point.covers_until)
         compacted = Compacted(
             summary=summary_text(response, request),

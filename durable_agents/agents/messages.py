@@ -99,7 +99,11 @@ class ModelResponse:
 
 
 class Participant(Protocol):
-    """Answers a ModelRequest; when `request.purpose == "compaction"`, with a text summary of the conversation."""
+    """Answers a ModelRequest; when `request.purpose == "compaction"`, with a text summary of the conversation.
+
+    A participant with a true `remote` attribute waits on the network: the step gives its database connection
+    back while it answers (see `journal.ask`).
+    """
 
     name: str
 

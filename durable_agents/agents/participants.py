@@ -20,6 +20,7 @@ Example::
 from __future__ import annotations
 
 import hashlib
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -124,6 +125,7 @@ class ParticipantRegistry:
 
     def __init__(self) -> None:
         self._participants: dict[str, Participant] = {}
+        self._lock = threading.Lock()  # threads of one worker share one Anthropic participant (one client)
 
     def register(self, name: str, participant: Participant) -> Participant:
         self._participants[name] = participant
@@ -131,7 +133,9 @@ class ParticipantRegistry:
 
     def get(self, name: str) -> Participant:
         if name not in self._participants and name == "anthropic":
-            self._participants[name] = import_string(ANTHROPIC)()
+            with self._lock:
+                if name not in self._participants:
+                    self._participants[name] = import_string(ANTHROPIC)()
         try:
             return self._participants[name]
         except KeyError:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import math
+import random
 import time
 import uuid
 from datetime import timedelta
@@ -173,13 +174,16 @@ def _advance(claim: Claim, step: Step, claimed_at: float) -> Outcome:
 
 
 def _delay(policy: RetryPolicy, attempt: int, failure: Failure) -> float:
-    """The backoff before the next attempt: the policy's, or longer if the service asked (`retry-after`),
-    capped so one answer cannot park a run for hours (RETRY_AFTER_MAX_SECONDS; resume clears it)."""
+    """The backoff before the next attempt: the policy's (jittered), or longer if the service asked
+    (`retry-after`): never sooner than asked, spread over a random share of it (RETRY_AFTER_JITTER) so the
+    runs one 429 answered do not return together, and capped so one answer cannot park a run for hours
+    (RETRY_AFTER_MAX_SECONDS; resume clears it)."""
     asked = failure.retry_after
+    if asked is None or math.isnan(asked) or asked <= 0:
+        return policy.delay(attempt)
     cap = float(settings.RETRY_AFTER_MAX_SECONDS)
-    if asked is None or math.isnan(asked):
-        asked = 0.0
-    return max(policy.delay(attempt), min(max(asked, 0.0), cap))
+    spread = asked * random.uniform(0.0, max(float(settings.RETRY_AFTER_JITTER), 0.0))
+    return max(policy.delay(attempt), min(asked + spread, cap))
 
 
 def _definition(definition_set: Workflow, step: Step) -> StepDef:

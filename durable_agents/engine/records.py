@@ -63,6 +63,14 @@ def let_go(run: Run) -> bool:
     return not left.exclude(status=StepStatus.DONE).exists()
 
 
+def release_connection() -> None:
+    """Give this thread's database connection back before a long wait on the network (a model call): to the
+    pool (Django's psycopg pool, in a threads worker), or closed; the next query takes one again. Inside a
+    transaction it is kept, as the transaction needs it."""
+    if not connection.in_atomic_block:
+        connection.close()
+
+
 def locked(queryset: QuerySet[M]) -> QuerySet[M]:
     """SELECT ... FOR UPDATE SKIP LOCKED where the database has it (SQLite serialises writers anyway)."""
     if connection.features.has_select_for_update_skip_locked:

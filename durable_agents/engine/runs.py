@@ -62,10 +62,10 @@ def start_run(
     try:
         with transaction.atomic():
             run.save(force_insert=True)
-            Step.objects.bulk_create(
-                plan_row(run.id, definition, element, position) for position, element in enumerate(plan)
+            rows = Step.objects.bulk_create(
+                [plan_row(run.id, definition, element, position) for position, element in enumerate(plan)]
             )
-            wake_on_commit(run.id)
+            wake_on_commit(run.id, kind=rows[0].kind if rows else None)
     except IntegrityError as exc:
         # Two starts with one key raced; the loser returns the winner's run (or the reuse error).
         existing = Run.objects.filter(idempotency_key=idempotency_key).first() if idempotency_key else None

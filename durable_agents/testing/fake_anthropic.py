@@ -10,6 +10,11 @@ Point the real SDK at it and the whole client stack (retries, timeouts, SSE pars
         ...
         assert fake.count(conversation, turn=1) == 1, "turn 1 was asked twice: a committed step re-ran"
 
+Concurrency: `latency=2.0` makes every answer take two seconds, like a model thinking; `in_flight` and
+`peak_in_flight` count requests being answered; `hold()` keeps requests waiting until `release()`, and
+`wait_in_flight(n, timeout)` waits until n are held, so a test can look at its workers while n conversations
+wait on the model.
+
 What answers a `POST /v1/messages`, first match wins: the queue (`enqueue`, `fail_next`), then `responder`
 (a function of the `RecordedRequest`), then a plain `end_turn` text reply. `count_tokens`, auth failures and
 malformed requests never consume the queue. The fake does not retry anything; the SDK under test owns retries,
@@ -233,8 +238,10 @@ class FakeAnthropic:
         responder: Responder | None = None,
         clock: Callable[[], float] = time.monotonic,
         min_cache_tokens: int = 0,
+        latency: float = 0.0,
     ) -> None:
         self.responder: Responder | None = responder
+        self.latency = latency  # seconds every `/v1/messages` answer takes, like a model thinking
         self.errors: list[BaseException] = []  # exceptions raised by the responder, served as 500s
         self._host = host
         self._port = port
@@ -245,6 +252,12 @@ class FakeAnthropic:
         self._log: list[RecordedRequest] = []
         self._cache: dict[str, float] = {}  # prefix hash → expiry on `clock`
         self._stopping = threading.Event()
+        self._open = threading.Event()  # the gate: cleared by hold(), set by release()
+        self._open.set()
+        self._holds: Callable[[RecordedRequest], bool] | None = None
+        self._flight = threading.Condition()
+        self._in_flight = 0
+        self._peak_in_flight = 0
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
 
@@ -274,6 +287,7 @@ class FakeAnthropic:
         if server is None:
             return
         self._stopping.set()  # wakes handlers sleeping in a Fault.delay
+        self._open.set()  # and those held at the gate
         server.shutdown()
         server.close_connections()
         server.server_close()
@@ -325,6 +339,52 @@ class FakeAnthropic:
             self._cache.clear()
             self.errors.clear()
 
+    # -- concurrency -----------------------------------------------------------------------------------------
+
+    def hold(self, when: Callable[[RecordedRequest], bool] | None = None) -> None:
+        """Keep `/v1/messages` requests waiting (counted in flight) until `release()`: every one, or those
+        `when(request)` is true for (e.g. ``lambda r: r.turn >= 1``: first turns are answered, later ones held).
+        """
+        self._holds = when
+        self._open.clear()
+
+    def release(self) -> None:
+        """Let held requests (and every later one) be answered."""
+        self._open.set()
+
+    @property
+    def in_flight(self) -> int:
+        """`/v1/messages` requests received and not yet answered."""
+        with self._flight:
+            return self._in_flight
+
+    @property
+    def peak_in_flight(self) -> int:
+        """The most `/v1/messages` requests in flight at once since the start (or `reset_peak`)."""
+        with self._flight:
+            return self._peak_in_flight
+
+    def reset_peak(self) -> None:
+        with self._flight:
+            self._peak_in_flight = self._in_flight
+
+    def wait_in_flight(self, n: int, timeout: float) -> bool:
+        """Block until at least `n` requests are in flight (True), or `timeout` seconds passed (False)."""
+        with self._flight:
+            return self._flight.wait_for(lambda: self._in_flight >= n, timeout=timeout)
+
+    @contextlib.contextmanager
+    def _flying(self) -> Iterator[None]:
+        with self._flight:
+            self._in_flight += 1
+            self._peak_in_flight = max(self._peak_in_flight, self._in_flight)
+            self._flight.notify_all()
+        try:
+            yield
+        finally:
+            with self._flight:
+                self._in_flight -= 1
+
     # -- log -------------------------------------------------------------------------------------------------
 
     @property
@@ -367,7 +427,16 @@ class FakeAnthropic:
             input_tokens, creation, read = self._prompt_usage(body, update_cache=False)
             handler.send_json(200, {"input_tokens": input_tokens + creation + read})
         else:
-            self._answer(handler, request, self._next_action(request))
+            with self._flying():
+                # Held at the gate, then the model's latency; a stopping fake drops the connection instead.
+                holds = self._holds
+                if holds is None or holds(request):
+                    while not self._open.wait(0.5):
+                        pass
+                if self.latency and self._stopping.wait(self.latency):
+                    handler.drop_connection()
+                    return
+                self._answer(handler, request, self._next_action(request))
 
     def _answer(self, handler: _Handler, request: RecordedRequest, action: Reply | Fault) -> None:
         if isinstance(action, Fault) and action.kind == "delay":
@@ -513,6 +582,7 @@ class FakeAnthropic:
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
+    request_queue_size = 4096  # a thousand clients connecting at once are queued, not refused
 
     def __init__(self, address: tuple[str, int], handler: type[_Handler], fake: FakeAnthropic) -> None:
         self.fake = fake

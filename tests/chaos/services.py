@@ -219,9 +219,10 @@ def _publisher(url: str) -> Celery:
     return app
 
 
-def wake(run_id: str, countdown: float | None = None) -> None:
+def wake(run_id: str, countdown: float | None = None, queue: str | None = None) -> None:
     """A DURABLE_AGENTS['WAKER'] for the test process: send `durable_agents.advance` to the broker named by
     the DURABLE_CHAOS_WAKE_BROKER environment variable (the broker the test's workers consume from)."""
+    routed = {"queue": queue} if queue else {}
     _publisher(os.environ[WAKE_BROKER_ENV]).send_task(
-        "durable_agents.advance", args=(str(run_id),), countdown=countdown or None
+        "durable_agents.advance", args=(str(run_id),), countdown=countdown or None, **routed
     )

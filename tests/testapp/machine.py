@@ -93,7 +93,7 @@ def fast_commits() -> Iterator[None]:
                 cursor.execute("SET synchronous_commit TO DEFAULT")
 
 
-def ignore_wake(run_id: str, countdown: float | None = None) -> None:
+def ignore_wake(run_id: str, countdown: float | None = None, queue: str | None = None) -> None:
     """The machine's waker: no broker, no worker. The test itself delivers wake-ups (its advance rules)."""
 
 

@@ -1,0 +1,369 @@
+"""A thousand agent conversations in flight on one worker machine, no process or connection held while Claude thinks.
+
+The real Anthropic SDK talks to the shipped fake Messages API, which takes `--latency` seconds per answer. Each run
+is one agent step of two model calls (a tool call, then the answer: bench/scale_agent.py). Measured in one run:
+
+* **model worker**: the Procfile's `model_worker` (a gevent pool of `--concurrency` greenlets on the `durable-model`
+  queue, `--model-pool threads` for threads; a psycopg pool of `--pool-size` connections) beside one prefork
+  process on the default queue for the sweep; `--runs` conversations created, then woken at once;
+* **baseline**: the Procfile's prefork `worker` (`--concurrency 4`) serving every step, `--baseline-runs`
+  conversations, its time for `--runs` extrapolated from its throughput.
+
+Printed: peak requests in flight at the fake, peak Postgres connections of each worker (pg_stat_activity, by
+application_name), the model worker's RSS (idle, peak, per conversation in flight), wall time against the ideal
+(2 × latency), and with `--burst-429` the size of each retry wave after the fake answered 429 `retry-after: 5` to
+every conversation's first request.
+
+    python bench/agent_scale.py                      # the goal: 1,000 runs × 2 calls of 2 s
+    python bench/agent_scale.py --runs 200 --baseline-runs 20 --latency 1
+    python bench/agent_scale.py --burst-429
+    python bench/agent_scale.py --model-pool threads   # the same worker on Celery's threads pool
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+DB_NAME = "durable_bench_scale"
+BROKER = os.environ.get("BENCH_BROKER_URL", "redis://127.0.0.1:6379/12")
+MODEL_QUEUE = "durable-model"
+STARTERS = 8
+os.environ.update(
+    DJANGO_SETTINGS_MODULE="project.settings",
+    DJANGO_LOCAL_SECRET_KEY="1",  # a random key for this machine (project/settings.py)
+    DATABASE_URL=f"postgres://postgres@127.0.0.1:5432/{DB_NAME}",
+    CELERY_BROKER_URL=BROKER,
+    DURABLE_LOG_LEVEL="ERROR",
+    DURABLE_SWEEP_SECONDS="1",
+    DURABLE_MODEL_QUEUE=MODEL_QUEUE,
+)
+
+
+def _prepare_database() -> None:
+    psql = ["psql", "-h", "127.0.0.1", "-U", "postgres", "-qc"]
+    subprocess.run([*psql, f"DROP DATABASE IF EXISTS {DB_NAME}"], check=True, capture_output=True)
+    subprocess.run([*psql, f"CREATE DATABASE {DB_NAME}"], check=True)
+    subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, check=True)
+
+
+_prepare_database()
+
+import django  # noqa: E402
+
+django.setup()
+
+import redis  # noqa: E402
+from django.db import connection  # noqa: E402
+from django.test import override_settings  # noqa: E402
+
+from bench.scale_agent import WORKFLOW, answer  # noqa: E402
+from durable_agents import api, clock  # noqa: E402
+from durable_agents.engine.wake import wake  # noqa: E402
+from durable_agents.models import FINISHED_RUN_STATUSES, Run, RunStatus, StepKind  # noqa: E402
+from durable_agents.testing import WorkerProcess, wait_for  # noqa: E402
+from durable_agents.testing.fake_anthropic import FakeAnthropic, Fault  # noqa: E402
+
+
+@dataclass
+class Sample:
+    """Peaks sampled every 100 ms while a scenario runs."""
+
+    connections: Counter[str] = field(default_factory=Counter)  # application_name → peak connections
+    rss_kb: int = 0
+
+
+class Sampler(threading.Thread):
+    def __init__(self, pid: int | None) -> None:
+        super().__init__(daemon=True)
+        self.pid = pid
+        self.sample = Sample()
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        from django.db import connections
+
+        try:
+            while not self.stopped.wait(0.1):
+                with connections["default"].cursor() as cursor:
+                    cursor.execute(
+                        "SELECT application_name, count(*) FROM pg_stat_activity WHERE datname = %s "
+                        "GROUP BY application_name",
+                        [DB_NAME],
+                    )
+                    for name, count in cursor.fetchall():
+                        self.sample.connections[name] = max(self.sample.connections[name], count)
+                if self.pid:
+                    self.sample.rss_kb = max(self.sample.rss_kb, rss_kb(self.pid))
+        finally:
+            connections.close_all()
+
+
+def rss_kb(pid: int) -> int:
+    """Resident memory of a process and its children, in KiB (from /proc)."""
+    total = 0
+    pids = [pid]
+    children = Path(f"/proc/{pid}/task/{pid}/children")
+    if children.exists():
+        pids += [int(p) for p in children.read_text().split()]
+    for p in pids:
+        try:
+            for line in Path(f"/proc/{p}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+        except FileNotFoundError:
+            continue
+    return total
+
+
+def cpu_seconds(pid: int) -> tuple[float, float]:
+    """CPU time (user, system) a process and its children used so far."""
+    pids = [pid]
+    children = Path(f"/proc/{pid}/task/{pid}/children")
+    if children.exists():
+        pids += [int(p) for p in children.read_text().split()]
+    user = system = 0
+    for p in pids:
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        except FileNotFoundError:
+            continue
+        user, system = user + int(fields[11]), system + int(fields[12])
+    tick = os.sysconf("SC_CLK_TCK")
+    return user / tick, system / tick
+
+
+def machine_cpu() -> dict[str, float]:
+    """CPU seconds so far of what shares the machine with the worker: Postgres, Redis, this process (the fake)."""
+    totals: dict[str, float] = {"postgres": 0.0, "redis": 0.0}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdecimal():
+            continue
+        try:
+            name = (proc / "comm").read_text().strip()
+            if name.startswith(("postgres", "redis")):
+                totals[name.split("-")[0].split(":")[0]] = totals.get(name, 0.0) + sum(cpu_seconds(int(proc.name)))
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            continue
+    usage = resource.getrusage(resource.RUSAGE_SELF)  # this process's threads only, not its worker children
+    totals["fake API + starters"] = usage.ru_utime + usage.ru_stime
+    return totals
+
+
+def worker(name: str, fake: FakeAnthropic, *, pool: str, concurrency: int, queues: str, **env: str) -> WorkerProcess:
+    log = ROOT / "var" / f"bench-scale-{name}.log"
+    log.parent.mkdir(exist_ok=True)
+    return WorkerProcess(
+        name=name,
+        env={**fake.environ(), "DJANGO_DB_APPLICATION_NAME": name, **env},
+        cwd=ROOT,
+        pool=pool,
+        concurrency=concurrency,
+        log_path=log,
+        extra_args=["--queues", queues, "--include", "bench.scale_agent"],
+    )
+
+
+def model_worker(args: argparse.Namespace, fake: FakeAnthropic) -> WorkerProcess:
+    """The Procfile's `model_worker`: the model queue only, `--model-pool` × `--concurrency`, a connection pool."""
+    return worker(
+        "model_worker",
+        fake,
+        pool=args.model_pool,
+        concurrency=args.concurrency,
+        queues=MODEL_QUEUE,
+        DJANGO_DB_POOL=str(args.pool_size),
+    ).start()
+
+
+def warm_up(model_queue: str) -> None:
+    """One conversation through the workers before the clock starts: they are up, imported and connected."""
+    with override_settings(DURABLE_AGENTS={**_durable(), "MODEL_QUEUE": model_queue}):
+        run_all(1, f"warm-{model_queue or 'default'}", timeout=120)
+
+
+def _start_each(order_ids: list[str]) -> list[str]:
+    try:
+        return [str(api.start(WORKFLOW, {"order_id": order_id}).id) for order_id in order_ids]
+    finally:
+        connection.close()  # the starter thread's own connection
+
+
+def run_all(n: int, prefix: str, timeout: float) -> tuple[float, list[str]]:
+    """Create `n` runs (from STARTERS threads, unwoken), then wake them all at once: a thousand conversations
+    in flight, measured on the workers rather than on how fast this process inserts rows. Waits for all to
+    finish: (seconds from the first wake-up, ids)."""
+    since = clock.now()
+    created = time.monotonic()
+    order_ids = [f"{prefix}-{i}" for i in range(n)]
+    unwoken = override_settings(DURABLE_AGENTS={**_durable(), "WAKER": "bench.baseline.no_wake"})
+    with unwoken, ThreadPoolExecutor(STARTERS) as starters:
+        chunks = starters.map(_start_each, [order_ids[k::STARTERS] for k in range(STARTERS)])
+        ids = [i for chunk in chunks for i in chunk]
+    started = time.monotonic()
+    for run_id in ids:
+        wake(run_id, kind=StepKind.AGENT)
+    print(
+        f"  {n} runs: created in {started - created:.1f} s ({STARTERS} threads), woken in "
+        f"{time.monotonic() - started:.2f} s",
+        flush=True,
+    )
+    # Polled cheaply (an index range, not a thousand ids): the poll shares the machine with what it measures.
+    these = Run.objects.filter(workflow=WORKFLOW, created_at__gte=since)
+    wait_for(
+        lambda: these.filter(status__in=FINISHED_RUN_STATUSES).count() == n,
+        timeout=timeout,
+        interval=0.5,
+        what=f"{n} runs to finish",
+    )
+    elapsed = time.monotonic() - started
+    failed = Run.objects.filter(pk__in=ids).exclude(status=RunStatus.COMPLETED).count()
+    if failed:
+        raise SystemExit(f"{failed} of {n} runs did not complete; see var/bench-scale-*.log")
+    return elapsed, ids
+
+
+def scenario_model_worker(args: argparse.Namespace, fake: FakeAnthropic) -> dict[str, float]:
+    sweeper = worker("sweeper", fake, pool="prefork", concurrency=1, queues="celery").start()
+    model = model_worker(args, fake)
+    try:
+        warm_up(MODEL_QUEUE)
+        idle = rss_kb(model.pid)
+        cpu_before = cpu_seconds(model.pid)
+        machine_before = machine_cpu()
+        sampler = Sampler(model.pid)
+        sampler.start()
+        fake.reset_peak()
+        with override_settings(DURABLE_AGENTS={**_durable(), "MODEL_QUEUE": MODEL_QUEUE}):
+            elapsed, _ = run_all(args.runs, "scale", timeout=args.runs * args.latency * 4 + 120)
+        user, system = (after - before for after, before in zip(cpu_seconds(model.pid), cpu_before, strict=True))
+        machine = {name: after - machine_before[name] for name, after in machine_cpu().items()}
+        sampler.stopped.set()
+        sampler.join()
+        peak = fake.peak_in_flight
+        return {
+            "seconds": elapsed,
+            "in_flight": peak,
+            "connections": sampler.sample.connections["model_worker"],
+            "sweeper_connections": sampler.sample.connections["sweeper"],
+            "rss_idle_mb": idle / 1024,
+            "rss_peak_mb": sampler.sample.rss_kb / 1024,
+            "rss_per_conversation_kb": (sampler.sample.rss_kb - idle) / max(peak, 1),
+            "user_ms_per_conversation": user * 1000 / args.runs,
+            "system_ms_per_conversation": system * 1000 / args.runs,
+            "machine": machine,
+        }
+    finally:
+        model.kill()
+        sweeper.kill()
+
+
+def scenario_baseline(args: argparse.Namespace, fake: FakeAnthropic) -> dict[str, float]:
+    prefork = worker(
+        "prefork_worker", fake, pool="prefork", concurrency=4, queues="celery", DURABLE_MODEL_QUEUE=""
+    ).start()
+    try:
+        warm_up("")
+        sampler = Sampler(prefork.pid)
+        sampler.start()
+        fake.reset_peak()
+        with override_settings(DURABLE_AGENTS={**_durable(), "MODEL_QUEUE": ""}):
+            elapsed, _ = run_all(args.baseline_runs, "base", timeout=args.baseline_runs * args.latency * 2 + 120)
+        sampler.stopped.set()
+        sampler.join()
+        return {
+            "seconds": elapsed,
+            "in_flight": fake.peak_in_flight,
+            "connections": sampler.sample.connections["prefork_worker"],
+            "rss_peak_mb": sampler.sample.rss_kb / 1024,
+        }
+    finally:
+        prefork.kill()
+
+
+def scenario_burst(args: argparse.Namespace, fake: FakeAnthropic) -> list[int]:
+    """Every conversation's first request gets 429 retry-after 5: the retries' arrival, second by second."""
+    sweeper = worker("sweeper", fake, pool="prefork", concurrency=1, queues="celery").start()
+    model = model_worker(args, fake)
+    try:
+        warm_up(MODEL_QUEUE)
+        fake.reset()
+        fake.fail_next(args.runs, Fault.status(429, "rate limited", {"retry-after": "5"}))
+        with override_settings(DURABLE_AGENTS={**_durable(), "MODEL_QUEUE": MODEL_QUEUE}):
+            run_all(args.runs, "burst", timeout=args.runs * args.latency * 4 + 180)
+        retries = [r.time for r in fake.requests if r.turn == 0 and r.attempt == 2]
+        first = min(r.time for r in fake.requests if r.attempt == 1)
+        waves = Counter(int(t - first) for t in retries)
+        return [waves.get(second, 0) for second in range(max(waves) + 1)] if waves else []
+    finally:
+        model.kill()
+        sweeper.kill()
+
+
+def _durable() -> dict[str, object]:
+    from django.conf import settings
+
+    return dict(settings.DURABLE_AGENTS)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=1000, help="conversations started at once")
+    parser.add_argument("--latency", type=float, default=2.0, help="seconds the fake takes per answer")
+    parser.add_argument("--concurrency", type=int, default=1000, help="greenlets (threads) of the model worker")
+    parser.add_argument("--model-pool", default="gevent", help="the model worker's Celery pool (gevent, threads)")
+    parser.add_argument("--pool-size", type=int, default=16, help="the model worker's Postgres connections")
+    parser.add_argument("--baseline-runs", type=int, default=40, help="conversations for the prefork baseline")
+    parser.add_argument("--burst-429", action="store_true", help="also measure the retry waves after a 429 burst")
+    args = parser.parse_args()
+    redis.Redis.from_url(BROKER).flushdb()
+    ideal = 2 * args.latency
+    with FakeAnthropic(responder=answer, latency=args.latency) as fake:
+        scale = scenario_model_worker(args, fake)
+        base = scenario_baseline(args, fake)
+        waves = scenario_burst(args, fake) if args.burst_429 else None
+    connection.close()
+
+    base_projected = base["seconds"] * args.runs / args.baseline_runs
+    print(f"\n{args.runs} agent runs × 2 model calls of {args.latency:g} s (ideal {ideal:g} s), real SDK → fake API")
+    print(f"{'worker':<44} {'runs':>5} {'wall s':>8} {'× ideal':>8} {'in flight':>10} {'PG conns':>9} {'RSS MB':>8}")
+    print(
+        f"{f'model_worker: {args.model_pool} ×{args.concurrency}, pool {args.pool_size}':<44} {args.runs:>5} "
+        f"{scale['seconds']:>8.1f} {scale['seconds'] / ideal:>8.1f} {scale['in_flight']:>10} "
+        f"{scale['connections']:>9} {scale['rss_peak_mb']:>8.0f}"
+    )
+    print(
+        f"{'baseline: Procfile worker, prefork ×4':<44} {args.baseline_runs:>5} {base['seconds']:>8.1f} "
+        f"{base['seconds'] / ideal:>8.1f} {base['in_flight']:>10} {base['connections']:>9} {base['rss_peak_mb']:>8.0f}"
+    )
+    print(
+        f"\nbaseline projected to {args.runs} runs: {base_projected:.0f} s; model worker "
+        f"{base_projected / scale['seconds']:.1f}× faster"
+    )
+    print(
+        f"model worker RSS: {scale['rss_idle_mb']:.0f} MB idle, {scale['rss_peak_mb']:.0f} MB peak, "
+        f"{scale['rss_per_conversation_kb']:.0f} KB per conversation in flight; sweeper's PG connections: "
+        f"{scale['sweeper_connections']}; CPU per conversation: "
+        f"{scale['user_ms_per_conversation']:.1f} ms user, {scale['system_ms_per_conversation']:.1f} ms system"
+    )
+    shares = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in scale["machine"].items())
+    print(f"CPU of the rest of the machine during those {scale['seconds']:.0f} s (2 cores): {shares}")
+    if waves is not None:
+        print("\nretries after a 429 (retry-after: 5) to every first request, per second since the burst:")
+        print("  " + " ".join(f"{n}" for n in waves))
+        print(f"  largest wave {max(waves, default=0)} of {args.runs}; none before second 5: {sum(waves[:5]) == 0}")
+
+
+if __name__ == "__main__":
+    main()
