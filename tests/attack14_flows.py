@@ -1,0 +1,101 @@
+"""Workflows for tests/integration/test_attacks_model_worker.py, imported by the test process and by its workers
+(`--include tests.attack14_flows`).
+
+* ATTACK_CONVERSATION: one agent step with a read-only tool, `wait_at_gate`, which waits (I/O-bound, as the README
+  allows on the model worker: it polls Redis) until the test opens the gate. The fake model asks for the tool when
+  the prompt says "slow", and answers in text otherwise.
+* ATTACK_AGENT_THEN_CRUNCH: an agent step, then a plain `call` step (the kind the README sends to prefork: "make
+  CPU-heavy work a step of its own, which runs on prefork") that records which pool ran it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Any
+
+import redis
+
+from durable_agents.api import agent, call, tool, workflow
+from durable_agents.testing.fake_anthropic import RecordedRequest, Reply
+from durable_agents.tools import ToolRegistry
+
+ATTACK_CONVERSATION = "attack14_conversation"
+ATTACK_AGENT_THEN_CRUNCH = "attack14_agent_then_crunch"
+GATE = "attack14:gate"
+AT_GATE = "attack14:at_gate"
+
+
+def _redis() -> redis.Redis:
+    return redis.Redis.from_url(os.environ["CELERY_BROKER_URL"])
+
+
+@tool(registry=ToolRegistry())
+def wait_at_gate(order_id: str) -> dict[str, Any]:
+    """Look the order up in a slow outside system (waits until the test opens the gate)."""
+    r = _redis()
+    r.incr(AT_GATE)
+    while not r.get(GATE):
+        time.sleep(0.05)  # gevent-patched in the model worker: other greenlets run meanwhile
+    return {"order_id": order_id, "status": "delivered"}
+
+
+def pool_of_this_process() -> str:
+    monkey = sys.modules.get("gevent.monkey")
+    if monkey is not None and monkey.is_module_patched("threading"):
+        return "gevent"
+    return "prefork-or-solo"
+
+
+def crunch(ctx: Any) -> dict[str, Any]:
+    """Stands for CPU-heavy work: records where it ran."""
+    return {"pool": pool_of_this_process(), "pid": os.getpid()}
+
+
+workflow(
+    ATTACK_CONVERSATION,
+    steps=[
+        agent(
+            "support",
+            instructions="You answer customers about their orders.",
+            tools=[wait_at_gate],
+            prompt=lambda ctx: f"{ctx.input['mode']} {ctx.input['tag']}: where is order {ctx.input['order_id']}?",
+            max_tokens=64,
+            max_turns=4,
+        )
+    ],
+    replace=True,
+)
+
+workflow(
+    ATTACK_AGENT_THEN_CRUNCH,
+    steps=[
+        agent(
+            "ask",
+            instructions="Answer briefly.",
+            prompt=lambda ctx: f"crunch {ctx.input['tag']}",
+            max_tokens=64,
+            max_turns=2,
+        ),
+        call("crunch", crunch),
+    ],
+    replace=True,
+)
+
+
+def first_user_text(request: RecordedRequest) -> str:
+    messages = request.messages
+    if not messages:
+        return ""
+    content = messages[0].get("content")
+    if isinstance(content, str):
+        return content
+    return " ".join(block.get("text", "") for block in content if isinstance(block, dict))
+
+
+def answer(request: RecordedRequest) -> Reply:
+    """The fake model: 'slow' conversations look the order up first; everything else is answered in text."""
+    if first_user_text(request).startswith("slow") and not request.tool_results:
+        return Reply.tool_use("wait_at_gate", {"order_id": "A-1"})
+    return Reply.text("Your order was delivered.")

@@ -1,0 +1,235 @@
+"""Attacks on the model worker (bacfaa3): gevent pool, Django's psycopg pool, release_connection, queue routing.
+
+Each test asserts a guarantee (DESIGN.md §2, README "Workers") under the new runtime. A failing test is a hole;
+see the attack14 report for the file/line of each. Nothing here waits on timing it does not control except
+bounded observation windows (a lease lost or not within N leases), which never make a correct engine fail.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import anthropic
+import psycopg_pool
+import pytest
+import redis
+from django.conf import settings
+from django.db import connection
+from django.test import override_settings
+
+import tests.attack14_flows as flows
+from durable_agents import api
+from durable_agents.agents.claude import AnthropicParticipant
+from durable_agents.agents.participants import participants
+from durable_agents.models import Event, Run, RunStatus, Step, Turn
+from durable_agents.testing import drive, wait_for, wait_for_run
+from durable_agents.testing.fake_anthropic import FakeAnthropic, Fault
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+MODEL_QUEUE = "durable-model"
+ROUTED = {"MODEL_QUEUE": MODEL_QUEUE}
+LEASE = float(settings.DURABLE_AGENTS["LEASE_SECONDS"])
+
+
+@pytest.fixture
+def fake():
+    with FakeAnthropic(responder=flows.answer) as server:
+        yield server
+
+
+@pytest.fixture
+def routed():
+    with override_settings(DURABLE_AGENTS={**settings.DURABLE_AGENTS, **ROUTED}):
+        yield
+
+
+@pytest.fixture
+def gate(broker_url):
+    r = redis.Redis.from_url(broker_url)
+    r.delete(flows.GATE, flows.AT_GATE)
+    yield r
+    r.set(flows.GATE, "1")  # let any worker still at the gate go before teardown kills it
+
+
+def model_worker(start_worker, fake, *, db_pool: int, concurrency: int = 10, pool: str = "gevent"):
+    return start_worker(
+        pool=pool,
+        concurrency=concurrency,
+        env={
+            **fake.environ(),
+            "DJANGO_DB_POOL": str(db_pool),
+            "DURABLE_TEST_SETTINGS": json.dumps(ROUTED),
+        },
+        extra_args=["--queues", MODEL_QUEUE, "--include", "tests.attack14_flows"],
+    )
+
+
+def default_worker(start_worker, fake, *, beat: bool = True):
+    """The Procfile's `worker`: prefork, the default queue only, with beat (the sweep)."""
+    return start_worker(
+        beat=beat,
+        pool="prefork",
+        concurrency=2,
+        env={**fake.environ(), "DURABLE_TEST_SETTINGS": json.dumps(ROUTED)},
+        extra_args=["--include", "tests.attack14_flows"],
+    )
+
+
+def requests_of(fake: FakeAnthropic, tag: str, turn: int) -> int:
+    return sum(
+        1
+        for r in fake.requests
+        if r.path == "/v1/messages" and r.turn == turn and f" {tag}:" in f" {flows.first_user_text(r)}"
+    )
+
+
+# -- 1. the pool starves the lease renewer ---------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_pool__a_tool_holding_the_pooled_connection_does_not_cost_other_conversations_their_lease(
+    fake, routed, gate, start_worker
+):
+    """Conversation B waits on the model (holding no connection, as designed). Conversation A's agent calls an
+    I/O-bound tool on the same model worker (the README allows it: "keep them I/O-bound (database, HTTP)"). A's
+    step still holds the pooled connection its journal took (CONN_MAX_AGE 0 only gives it back at task end or at
+    the next `ask`), so while the tool waits the pool is empty — and the process's lease renewer needs a pooled
+    connection too (lease.py `_Renewer._renew` → `renew_leases` → `connection.cursor()`): it waits up to the pool's
+    60 s timeout. B's lease expires although its worker is alive and healthy; a second model worker takes B over
+    and asks B's turn 0 again; the first worker's answer is then refused at journaling (unjournaled, billed twice).
+
+    With DJANGO_DB_POOL=16 the same happens once 16 tools wait on slow HTTP at once among 1,000 conversations.
+    """
+    default_worker(start_worker, fake)
+    model_worker(start_worker, fake, db_pool=1)
+    fake.hold(when=lambda r: flows.first_user_text(r).startswith("fast") and r.turn == 0)
+
+    b = api.start(flows.ATTACK_CONVERSATION, {"mode": "fast", "tag": "B", "order_id": "B-1"})
+    assert fake.wait_in_flight(1, timeout=60), "B's first model call never arrived"
+    a = api.start(flows.ATTACK_CONVERSATION, {"mode": "slow", "tag": "A", "order_id": "A-1"})
+    wait_for(lambda: int(gate.get(flows.AT_GATE) or 0) >= 1, timeout=60, what="A's tool to start waiting")
+
+    # A second model worker (the README: "more model_worker processes raise the figure").
+    model_worker(start_worker, fake, db_pool=4)
+
+    # Observe B for ten leases while A's tool waits: a live worker's heartbeat must keep B's lease.
+    takeover = Event.objects.filter(run_id=b.id, kind="lease_takeover")
+    deadline = time.monotonic() + 10 * LEASE + 5
+    while time.monotonic() < deadline and not takeover.exists():
+        time.sleep(0.2)
+
+    gate.set(flows.GATE, "1")
+    fake.release()
+    wait_for_run(a.id, "completed", timeout=120)
+    wait_for_run(b.id, "completed", timeout=120)
+
+    lost = list(takeover.values_list("detail", flat=True))
+    asked = requests_of(fake, "B", 0)
+    unjournaled = Event.objects.filter(run_id=b.id, kind="unjournaled_usage").count()
+    assert not lost and asked == 1, (
+        f"B lost its lease while its model worker was alive ({lost}); B's turn 0 was asked {asked} times "
+        f"({unjournaled} answer(s) refused at journaling): the lease renewer waited for a pooled connection "
+        "held by another conversation's tool"
+    )
+
+
+# -- 2. a connection given back while the model thinks may not come back: the answer is lost ---------------
+
+
+def test_pool__an_answer_received_while_the_pool_is_exhausted_is_journaled_or_at_least_counted(fake, monkeypatch):
+    """`ask` gives the connection back before the model call (journal.py `ask` → records.release_connection), so
+    journaling the answer needs a pooled connection again. When the pool is exhausted, psycopg_pool raises
+    PoolTimeout (an OperationalError) in `journal_turn`: the answer, already billed, is neither journaled nor
+    counted (journal.py counts unjournaled usage only for LeaseLostError / IntegrityError), the step is retried
+    and the model is asked the same turn again. DESIGN §3: a repeated request's "usage is counted"; the only
+    repeat allowed is a worker paused between its lease proof and the send.
+
+    Simulated in-process: the first reconnection after the model's answer fails as psycopg_pool does."""
+    client = anthropic.Anthropic(api_key="sk-ant-test-0123456789", base_url=fake.url, max_retries=0, timeout=5.0)
+    previous = participants._participants.get("anthropic")
+    participant = AnthropicParticipant(client=client)
+    participants.register("anthropic", participant)
+    real_respond = participant.respond
+    real_new_connection = connection.get_new_connection
+    state = {"armed": False, "fired": 0}
+
+    def exhausted_pool(conn_params):
+        if state["armed"]:
+            state["armed"] = False
+            state["fired"] += 1
+            raise psycopg_pool.PoolTimeout("couldn't get a connection after 60.00 sec")
+        return real_new_connection(conn_params)
+
+    def respond(request):
+        response = real_respond(request)
+        if state["fired"] == 0:
+            state["armed"] = True  # the pool is empty when the answer comes back
+        return response
+
+    monkeypatch.setattr(connection, "get_new_connection", exhausted_pool)
+    monkeypatch.setattr(participant, "respond", respond)
+    try:
+        run = api.start(flows.ATTACK_CONVERSATION, {"mode": "fast", "tag": "P", "order_id": "P-1"})
+        run = drive(run.id)
+    finally:
+        if previous is None:
+            participants._participants.pop("anthropic", None)
+        else:
+            participants.register("anthropic", previous)
+
+    assert state["fired"] == 1, "the simulated PoolTimeout did not hit the journal"
+    assert run.status == RunStatus.COMPLETED, run.error
+    answered = requests_of(fake, "P", 0)
+    journaled = Turn.objects.filter(run_id=run.id).count()
+    billed_output = answered  # every answered request was billed
+    run.refresh_from_db()
+    turn_output = Turn.objects.get(run_id=run.id).output_tokens
+    assert run.output_tokens == billed_output * turn_output, (
+        f"the model answered turn 0 {answered} times ({journaled} journaled), but the run counts "
+        f"{run.output_tokens} output tokens, not {billed_output * turn_output}: the answer lost to PoolTimeout was "
+        "billed and never counted (budgets miss it)"
+    )
+    assert answered == 1, f"turn 0 was asked {answered} times: an answered turn was asked again"
+
+
+# -- 3. routing is advisory: a stale model-queue message runs a plain step on the gevent worker --------------
+
+
+@pytest.mark.slow
+def test_routing__a_plain_step_never_runs_on_the_gevent_model_worker(fake, routed, start_worker):
+    """The README: every step other than agent/judge/planner/approval "stays on the default queue and its prefork
+    workers, where CPU-bound code belongs"; "make CPU-heavy work a step of its own, which runs on prefork" (a
+    CPU-bound greenlet stops every other greenlet, the lease renewer included).
+
+    But the queue is chosen when the wake-up is sent (wake.py `queue_for`), and `advance` runs whatever step is at
+    the cursor when the message arrives. A 429 with retry-after parks an agent step's retry as a countdown on the
+    model queue (advance.py `_retry` → wake_on_commit(countdown)); an operator resumes the run ("resume clears
+    the backoff"); the agent step completes and its next step, a plain `call`, is woken on the default queue.
+    The stale countdown message then reaches the model worker, which claims the run and runs the `call` step on
+    gevent. Here no default worker runs yet, so the run can only complete if the model worker ran it."""
+    model_worker(start_worker, fake, db_pool=2)
+    fake.fail_next(1, Fault.status(429, headers={"retry-after": "3"}))
+    run = api.start(flows.ATTACK_AGENT_THEN_CRUNCH, {"tag": "R"})
+    wait_for(
+        lambda: Event.objects.filter(run_id=run.id, kind="step_retry").exists(), timeout=60, what="the 429 retry"
+    )
+    api.resume(run.id, actor="ops")  # "durable_resume wakes a run at once, clearing any backoff"
+    wait_for(
+        lambda: Step.objects.filter(run_id=run.id, step_id="ask", status="done").exists(),
+        timeout=60,
+        what="the agent step to complete",
+    )
+    # The countdown message (3-6 s after the 429) is due within 6 s; give it ample time.
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and Run.objects.get(pk=run.id).status != RunStatus.COMPLETED:
+        time.sleep(0.2)
+    default_worker(start_worker, fake)  # the Procfile's prefork worker, for the plain step
+    wait_for_run(run.id, "completed", timeout=60)
+
+    ran_on = Step.objects.get(run_id=run.id, step_id="crunch").result
+    assert ran_on["pool"] != "gevent", (
+        f"the plain `call` step ran on the gevent model worker ({ran_on}): a stale model-queue message claimed "
+        "the run after its next step changed kind"
+    )
