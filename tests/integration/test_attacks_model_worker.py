@@ -233,3 +233,82 @@ def test_routing__a_plain_step_never_runs_on_the_gevent_model_worker(fake, route
         f"the plain `call` step ran on the gevent model worker ({ran_on}): a stale model-queue message claimed "
         "the run after its next step changed kind"
     )
+
+
+# -- 4. zombies under gevent (expected to hold) ------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_zombie__a_sigstopped_gevent_worker_thawed_after_takeover_repeats_nothing_journaled(
+    fake, routed, start_worker, broker_url
+):
+    """SIGSTOP the gevent model worker while 20 conversations wait on their second model call (their first is
+    journaled and its effect applied), let every lease expire and a second model worker take them over, then
+    SIGCONT the first: the thawed greenlets get their answers, and none of them is journaled or acted on."""
+    import signal
+
+    from bench.scale_agent import WORKFLOW, applied
+    from bench.scale_agent import answer as scale_answer
+
+    redis.Redis.from_url(broker_url).delete("bench_scale:applied")
+    fake.responder = scale_answer
+    default_worker(start_worker, fake)
+    env = {**fake.environ(), "DJANGO_DB_POOL": "4", "DURABLE_TEST_SETTINGS": json.dumps(ROUTED)}
+    args = ["--queues", MODEL_QUEUE, "--include", "bench.scale_agent"]
+    first = start_worker(pool="gevent", concurrency=40, env=env, extra_args=args)
+    fake.hold(when=lambda r: r.turn >= 1)
+    n = 20
+    ids = [str(api.start(WORKFLOW, {"order_id": f"Z-{i}"}).id) for i in range(n)]
+    assert fake.wait_in_flight(n, timeout=120), f"only {fake.in_flight} second calls in flight"
+
+    first.signal(signal.SIGSTOP)
+    start_worker(pool="gevent", concurrency=40, env=env, extra_args=args)
+    wait_for(
+        lambda: Event.objects.filter(run_id__in=ids, kind="lease_takeover").values("run_id").distinct().count() == n,
+        timeout=120,
+        what="every conversation taken over",
+    )
+    assert fake.wait_in_flight(2 * n, timeout=120), "the second worker's calls did not arrive"
+    first.signal(signal.SIGCONT)
+    fake.release()
+    wait_for(
+        lambda: Run.objects.filter(pk__in=ids, status=RunStatus.COMPLETED).count() == n,
+        timeout=180,
+        what="every conversation completed",
+    )
+    for conversation in {r.conversation for r in fake.requests}:
+        assert fake.count(conversation, turn=0) == 1, f"{conversation}: a journaled turn was asked again"
+    assert Turn.objects.filter(run_id__in=ids).count() == 2 * n, "a zombie journaled an answer"
+    counts = applied()
+    assert len(counts) == n and set(counts.values()) == {1}, counts
+
+
+# -- 5. release_connection keeps a transaction (expected to hold) ------------------------------------------
+
+
+def test_release__ask_inside_a_transaction_keeps_its_writes_and_locks(fake):
+    """A step that asks the model inside its own transaction (a select_for_update held across the call) keeps
+    the connection: its lock and writes survive the model call and commit together."""
+    from durable_agents.agents.journal import ask
+    from durable_agents.agents.messages import ModelRequest
+
+    class Ctx:
+        def ensure_lease(self):
+            pass
+
+    client = anthropic.Anthropic(api_key="sk-ant-test-0123456789", base_url=fake.url, max_retries=0, timeout=5.0)
+    participant = AnthropicParticipant(client=client)
+    request = ModelRequest(model="m", max_tokens=5, system="", tools=[], messages=[{"role": "user", "content": "x"}])
+    run = api.start(flows.ATTACK_CONVERSATION, {"mode": "fast", "tag": "T", "order_id": "T-1"})
+    from django.db import transaction
+
+    with transaction.atomic():
+        locked = Run.objects.select_for_update().get(pk=run.id)
+        Run.objects.filter(pk=locked.pk).update(error={"type": "marker", "message": "before the call"})
+        backend_pid = connection.connection.info.backend_pid
+        ask(Ctx(), participant, request)
+        assert connection.connection.info.backend_pid == backend_pid, "the transaction's connection was released"
+        on_commit_ran = []
+        transaction.on_commit(lambda: on_commit_ran.append(True))
+    assert on_commit_ran == [True]
+    assert Run.objects.get(pk=run.id).error == {"type": "marker", "message": "before the call"}
