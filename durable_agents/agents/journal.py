@@ -11,7 +11,7 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Any
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, InterfaceError, OperationalError, transaction
 from django.db.models import F, Max
 
 from durable_agents.agents.compaction import Compacted
@@ -114,6 +114,9 @@ def journal_turn(
     except IntegrityError as exc:
         count_unjournaled(ctx, index, usage, cost, "journaled by another worker")
         raise LeaseLostError(f"turn {index} of step {ctx.step_id} was journaled by another worker") from exc
+    except (OperationalError, InterfaceError) as exc:
+        _count_after_database_error(ctx, index, usage, cost, exc)
+        raise
 
 
 def count_unjournaled(ctx: Any, index: int, usage: Usage, cost: Decimal, why: str) -> None:
@@ -131,6 +134,15 @@ def count_unjournaled(ctx: Any, index: int, usage: Usage, cost: Decimal, why: st
             tokens=usage.total_tokens,
             cost_usd=str(cost),
         )
+
+
+def _count_after_database_error(ctx: Any, index: int, usage: Usage, cost: Decimal, exc: Exception) -> None:
+    """An answer the database could not take (a pool timeout, a blip) was billed: count it if it can be
+    counted now; the step's retry asks again."""
+    try:
+        count_unjournaled(ctx, index, usage, cost, f"database error: {type(exc).__name__}")
+    except (OperationalError, InterfaceError):
+        pass
 
 
 def journal_call(ctx: Any, purpose: str, request: ModelRequest, response: ModelResponse, participant: str) -> Turn:
@@ -153,3 +165,6 @@ def journal_call(ctx: Any, purpose: str, request: ModelRequest, response: ModelR
     except IntegrityError as exc:
         count_unjournaled(ctx, index, response.usage, cost, "journaled by another worker")
         raise LeaseLostError(f"{purpose} call of step {ctx.step_id} was journaled by another worker") from exc
+    except (OperationalError, InterfaceError) as exc:
+        _count_after_database_error(ctx, index, response.usage, cost, exc)
+        raise

@@ -182,8 +182,13 @@ def _delay(policy: RetryPolicy, attempt: int, failure: Failure) -> float:
     if asked is None or math.isnan(asked) or asked <= 0:
         return policy.delay(attempt)
     cap = float(settings.RETRY_AFTER_MAX_SECONDS)
-    spread = asked * random.uniform(0.0, max(float(settings.RETRY_AFTER_JITTER), 0.0))
-    return max(policy.delay(attempt), min(asked + spread, cap))
+    jitter = float(settings.RETRY_AFTER_JITTER)
+    if not math.isfinite(jitter) or jitter < 0:
+        jitter = 0.0
+    wait = asked + asked * random.uniform(0.0, jitter) if math.isfinite(asked) else cap
+    if not math.isfinite(wait):  # inf * 0, or an overflow
+        wait = cap
+    return max(policy.delay(attempt), min(wait, cap))
 
 
 def _definition(definition_set: Workflow, step: Step) -> StepDef:

@@ -15,8 +15,10 @@ import time
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
-from django.db import connection, connections
+from django.db import connections
+from django.db.utils import load_backend
 
 from durable_agents import clock
 from durable_agents.clock import DbNow
@@ -68,12 +70,13 @@ def renew_lease(claim: Claim) -> bool:
     )
 
 
-def renew_leases(claims: list[Claim]) -> tuple[set[Claim], set[Claim]]:
+def renew_leases(claims: list[Claim], db: Any = None) -> tuple[set[Claim], set[Claim]]:
     """Renew many leases in one fenced statement (and, for any it skipped, one plain read): (renewed, lost).
     Claims in neither were skipped this time because another transaction held their row lock: one locked row
     must not delay every other heartbeat."""
     if not claims:
         return set(), set()
+    connection = db if db is not None else connections["default"]
     if connection.vendor != "postgresql":
         renewed = {c for c in claims if renew_lease(c)}
         return renewed, set(claims) - renewed
@@ -170,10 +173,27 @@ class _Renewer:
                 self._renew(due)
                 # The thread's own connection: closed between rounds so an idle worker holds none.
                 connections.close_all()
+                if self._own is not None:
+                    self._own.close()
+
+    _own: Any = None
+
+    def _connection(self) -> Any:
+        """The default connection; or, when it comes from a pool (the model worker), one of the renewer's own
+        outside the pool: steps that hold every pooled connection (tools waiting on HTTP) must not stop the
+        heartbeat of every other conversation."""
+        default = connections["default"]
+        if not (default.settings_dict.get("OPTIONS") or {}).get("pool"):
+            return default
+        if self._own is None:
+            settings_dict = {**default.settings_dict, "OPTIONS": dict(default.settings_dict["OPTIONS"])}
+            settings_dict["OPTIONS"].pop("pool")
+            self._own = load_backend(settings_dict["ENGINE"]).DatabaseWrapper(settings_dict, alias="durable_renewer")
+        return self._own
 
     def _renew(self, due: list[Heartbeat]) -> None:
         try:
-            renewed, lost = renew_leases([b.claim for b in due])
+            renewed, lost = renew_leases([b.claim for b in due], self._connection())
         except Exception:
             # A failed renewal (a database blip) is tried again next round; the commit is fenced anyway.
             logger.exception("lease renewal failed for %d runs", len(due))

@@ -7,6 +7,7 @@ default queue and its prefork workers. A waker then receives `queue=` (None: the
 
 from __future__ import annotations
 
+import inspect
 import logging
 import uuid
 from collections.abc import Callable
@@ -30,6 +31,16 @@ def _waker(path: str) -> Callable[..., None]:
     return import_string(path)
 
 
+@cache
+def _takes_queue(path: str) -> bool:
+    """True if the WAKER accepts `queue=` (the pre-MODEL_QUEUE signature was `waker(run_id, countdown=None)`)."""
+    try:
+        parameters = inspect.signature(_waker(path)).parameters.values()
+    except (TypeError, ValueError):
+        return True
+    return any(p.name == "queue" or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
+
+
 def wake(run_id: uuid.UUID | str, countdown: float | None = None, *, kind: str | None = None) -> None:
     """Ask a worker to advance `run_id` (now, or after `countdown` seconds).
 
@@ -40,6 +51,9 @@ def wake(run_id: uuid.UUID | str, countdown: float | None = None, *, kind: str |
     try:
         queue = queue_for(run_id, kind)
         routed = {"queue": queue} if queue else {}
+        if routed and not _takes_queue(settings.WAKER):
+            logger.error("WAKER %s takes no `queue`: run %s is woken on its default queue", settings.WAKER, run_id)
+            routed = {}
         _waker(settings.WAKER)(str(run_id), countdown=countdown, **routed)
     except Exception:  # noqa: BLE001 - the database has the run; the sweep is the fallback
         logger.warning("could not wake run %s now; the sweep will", run_id, exc_info=True)
