@@ -188,6 +188,8 @@ class _Renewer:
         if self._own is None:
             settings_dict = {**default.settings_dict, "OPTIONS": dict(default.settings_dict["OPTIONS"])}
             settings_dict["OPTIONS"].pop("pool")
+            if settings_dict["OPTIONS"].get("application_name"):  # told apart from the pool's in pg_stat_activity
+                settings_dict["OPTIONS"]["application_name"] += ":lease-renewer"
             self._own = load_backend(settings_dict["ENGINE"]).DatabaseWrapper(settings_dict, alias="durable_renewer")
         return self._own
 
