@@ -14,10 +14,10 @@ from typing import Any, TypeVar
 from celery import shared_task
 from django.db import InterfaceError, OperationalError, connections
 
+from durable_agents.conf import settings as engine_settings
 from durable_agents.engine import advance as engine_advance
 from durable_agents.engine import outbox as engine_outbox
 from durable_agents.engine import sweep as engine_sweep
-from durable_agents.conf import settings as engine_settings
 from durable_agents.engine.wake import queue_for
 from durable_agents.engine.wake import wake as engine_wake
 
@@ -38,18 +38,21 @@ def _dropping_dead_connections(work: Callable[[], T]) -> T:
         raise
 
 
-@shared_task(
-    bind=True, name="durable_agents.advance", acks_late=True, reject_on_worker_lost=True, ignore_result=True
-)
+@shared_task(bind=True, name="durable_agents.advance", acks_late=True, reject_on_worker_lost=True, ignore_result=True)
 def advance(self: Any, run_id: str) -> str:
-    """Advance run `run_id` by one step; a model-queue message for a run whose next step no longer waits on
-    the model (a stale countdown, a redelivery) is passed on to the default queue instead of run here."""
-    model_queue = engine_settings.MODEL_QUEUE
+    """Advance run `run_id` by one step (or pass the message on to the queue its next step belongs to)."""
     delivered_on = (getattr(self.request, "delivery_info", None) or {}).get("routing_key")
+    return _dropping_dead_connections(lambda: _advance_or_pass_on(run_id, delivered_on))
+
+
+def _advance_or_pass_on(run_id: str, delivered_on: str | None) -> str:
+    # A model-queue message for a run whose next step no longer waits on the model (a stale countdown after a
+    # resume, a redelivery) goes to the default queue: plain steps, CPU-bound ones too, run on prefork.
+    model_queue = engine_settings.MODEL_QUEUE
     if model_queue and delivered_on == model_queue and queue_for(run_id) != model_queue:
         engine_wake(run_id)
-        return "rerouted"
-    return _dropping_dead_connections(lambda: engine_advance.advance(run_id).value)
+        return "passed on"
+    return engine_advance.advance(run_id).value
 
 
 @shared_task(name="durable_agents.sweep", ignore_result=True)

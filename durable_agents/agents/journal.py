@@ -8,8 +8,11 @@ billed: its usage is still counted, and an event says so.
 
 from __future__ import annotations
 
+import contextlib
+import logging
+from collections.abc import Callable
 from decimal import Decimal
-from typing import Any
+from typing import Any, TypeVar
 
 from django.db import IntegrityError, InterfaceError, OperationalError, transaction
 from django.db.models import F, Max
@@ -23,6 +26,15 @@ from durable_agents.engine.records import release_connection
 from durable_agents.errors import LeaseLostError
 from durable_agents.models import Run, Step, Turn
 
+try:
+    from psycopg_pool import PoolTimeout
+except ImportError:  # no pool installed: no pool timeouts either
+    PoolTimeout = type("PoolTimeout", (Exception,), {})
+
+T = TypeVar("T")
+logger = logging.getLogger("durable_agents.engine")
+POOL_WAITS = 5  # pool timeouts (DATABASES OPTIONS pool "timeout" each) a journaling write waits out
+
 
 def ask(ctx: Any, participant: Participant, request: ModelRequest) -> ModelResponse:
     """One model call of a step: prove the lease first (a thawed zombie stops here, before paying for an answer
@@ -33,6 +45,23 @@ def ask(ctx: Any, participant: Participant, request: ModelRequest) -> ModelRespo
     if getattr(participant, "remote", False):
         release_connection()
     return participant.respond(request)
+
+
+def waiting_for_a_connection(write: Callable[[], T]) -> T:
+    """`write()`, waiting again (up to POOL_WAITS times) while the connection pool has no free connection.
+
+    A pool timeout is raised when a connection is asked for, before anything is sent: nothing was written, so
+    trying again is safe — and needed, since the answer being journaled was billed and giving up would ask the
+    model for it again. The lease renewer has a connection of its own, so the lease outlives the wait.
+    """
+    for waited in range(1, POOL_WAITS + 1):
+        try:
+            return write()
+        except OperationalError as exc:
+            if not isinstance(exc.__cause__, PoolTimeout) or waited == POOL_WAITS:
+                raise
+            logger.warning("no free database connection after %d waits; waiting again to journal an answer", waited)
+    raise AssertionError("unreachable")
 
 
 def usage_counters(usage: Usage) -> dict[str, Any]:
@@ -87,27 +116,31 @@ def journal_turn(
     cost = cost_usd(response.model, usage)
     counters = usage_counters(usage)
     step_changes: dict[str, Any] = {"context": compacted.as_json()} if compacted else {}
-    try:
-        with transaction.atomic():
-            # Progress resets the attempt count, so a long agent is not failed for retries spread over hours.
-            fenced = Run.objects.filter(pk=ctx.run_id, lease_token=ctx.lease_token).update(
-                attempt=1, updated_at=DbNow(), cost_usd=F("cost_usd") + cost, **counters
+
+    @transaction.atomic
+    def write() -> Turn:
+        # Progress resets the attempt count, so a long agent is not failed for retries spread over hours.
+        fenced = Run.objects.filter(pk=ctx.run_id, lease_token=ctx.lease_token).update(
+            attempt=1, updated_at=DbNow(), cost_usd=F("cost_usd") + cost, **counters
+        )
+        if not fenced:
+            raise LeaseLostError()
+        Step.objects.filter(pk=ctx.step.pk).update(cost_usd=F("cost_usd") + cost, **counters, **step_changes)
+        turn = create_turn(ctx, index, COMPACTION if compacted else TURN, request, response, participant, cost)
+        if compacted:
+            record_event(
+                ctx.run_id,
+                "compacted",
+                step_id=ctx.step_id,
+                turn=index,
+                covers_until=compacted.covers_until,
+                prompt_tokens_before=compacted.prompt_tokens_before,
+                summary_tokens=usage.output_tokens,
             )
-            if not fenced:
-                raise LeaseLostError()
-            Step.objects.filter(pk=ctx.step.pk).update(cost_usd=F("cost_usd") + cost, **counters, **step_changes)
-            turn = create_turn(ctx, index, COMPACTION if compacted else TURN, request, response, participant, cost)
-            if compacted:
-                record_event(
-                    ctx.run_id,
-                    "compacted",
-                    step_id=ctx.step_id,
-                    turn=index,
-                    covers_until=compacted.covers_until,
-                    prompt_tokens_before=compacted.prompt_tokens_before,
-                    summary_tokens=usage.output_tokens,
-                )
-            return turn
+        return turn
+
+    try:
+        return waiting_for_a_connection(write)
     except LeaseLostError:
         count_unjournaled(ctx, index, usage, cost, "lease lost")
         raise
@@ -137,28 +170,34 @@ def count_unjournaled(ctx: Any, index: int, usage: Usage, cost: Decimal, why: st
 
 
 def _count_after_database_error(ctx: Any, index: int, usage: Usage, cost: Decimal, exc: Exception) -> None:
-    """An answer the database could not take (a pool timeout, a blip) was billed: count it if it can be
-    counted now; the step's retry asks again."""
-    try:
-        count_unjournaled(ctx, index, usage, cost, f"database error: {type(exc).__name__}")
-    except (OperationalError, InterfaceError):
-        pass
+    """A billed answer the database would not take: counted, if nothing of it was written (the pool never gave
+    a connection) and the database takes this now. Any other error may have come after the commit landed
+    (then the retried step replays the turn, counted once), so it is not counted twice here."""
+    if isinstance(exc.__cause__, PoolTimeout):
+        with contextlib.suppress(OperationalError, InterfaceError):
+            count_unjournaled(ctx, index, usage, cost, "no free database connection")
 
 
 def journal_call(ctx: Any, purpose: str, request: ModelRequest, response: ModelResponse, participant: str) -> Turn:
     """Journal a one-off model call of a step (judge, planner) with its usage, fenced by the lease token."""
     cost = cost_usd(response.model, response.usage)
     counters = usage_counters(response.usage)
-    last = Turn.objects.filter(step_id=ctx.step.pk).aggregate(last=Max("index"))["last"]
-    index = 0 if last is None else last + 1
+    index = 0
+
+    @transaction.atomic
+    def write() -> Turn:
+        nonlocal index
+        last = Turn.objects.filter(step_id=ctx.step.pk).aggregate(last=Max("index"))["last"]
+        index = 0 if last is None else last + 1
+        if not Run.objects.filter(pk=ctx.run_id, lease_token=ctx.lease_token).update(
+            cost_usd=F("cost_usd") + cost, updated_at=DbNow(), **counters
+        ):
+            raise LeaseLostError()
+        Step.objects.filter(pk=ctx.step.pk).update(cost_usd=F("cost_usd") + cost, **counters)
+        return create_turn(ctx, index, purpose, request, response, participant, cost)
+
     try:
-        with transaction.atomic():
-            if not Run.objects.filter(pk=ctx.run_id, lease_token=ctx.lease_token).update(
-                cost_usd=F("cost_usd") + cost, updated_at=DbNow(), **counters
-            ):
-                raise LeaseLostError()
-            Step.objects.filter(pk=ctx.step.pk).update(cost_usd=F("cost_usd") + cost, **counters)
-            return create_turn(ctx, index, purpose, request, response, participant, cost)
+        return waiting_for_a_connection(write)
     except LeaseLostError:
         count_unjournaled(ctx, index, response.usage, cost, "lease lost")
         raise

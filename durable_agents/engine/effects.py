@@ -30,6 +30,7 @@ from durable_agents.clock import DbNow
 from durable_agents.conf import settings
 from durable_agents.engine import transitions
 from durable_agents.engine.events import record_event
+from durable_agents.engine.records import release_connection
 from durable_agents.engine.reliance import rely_on
 from durable_agents.engine.retry import TRANSIENT_TYPES, error_of
 from durable_agents.engine.wake import wake_on_commit
@@ -199,6 +200,9 @@ def _apply_external(
         )
         Effect.objects.filter(pk=effect.pk).update(needs_attention=reason)
         raise EffectOutcomeUnknownError(reason)
+    # A pooled connection goes back while the receiver answers: a thousand conversations' tools waiting on
+    # outside systems must not hold every connection the journals and the other steps need.
+    release_connection(pooled_only=True)
     try:
         result = tool.invoke(args, idempotency_key=effect.idempotency_key, ctx=ctx)
     except Exception as exc:

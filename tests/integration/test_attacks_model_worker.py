@@ -212,9 +212,7 @@ def test_routing__a_plain_step_never_runs_on_the_gevent_model_worker(fake, route
     model_worker(start_worker, fake, db_pool=2)
     fake.fail_next(1, Fault.status(429, headers={"retry-after": "3"}))
     run = api.start(flows.ATTACK_AGENT_THEN_CRUNCH, {"tag": "R"})
-    wait_for(
-        lambda: Event.objects.filter(run_id=run.id, kind="step_retry").exists(), timeout=60, what="the 429 retry"
-    )
+    wait_for(lambda: Event.objects.filter(run_id=run.id, kind="step_retry").exists(), timeout=60, what="the 429 retry")
     api.resume(run.id, actor="ops")  # "durable_resume wakes a run at once, clearing any backoff"
     wait_for(
         lambda: Step.objects.filter(run_id=run.id, step_id="ask", status="done").exists(),
