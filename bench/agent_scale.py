@@ -45,6 +45,7 @@ os.environ.update(
     DJANGO_LOCAL_SECRET_KEY="1",  # a random key for this machine (project/settings.py)
     DATABASE_URL=f"postgres://postgres@127.0.0.1:5432/{DB_NAME}",
     CELERY_BROKER_URL=BROKER,
+    SCALE_REDIS_URL="redis://127.0.0.1:6379/12",  # the effect counter, when the broker is RabbitMQ
     DURABLE_LOG_LEVEL="ERROR",
     DURABLE_SWEEP_SECONDS="1",
     DURABLE_MODEL_QUEUE=MODEL_QUEUE,
@@ -327,7 +328,8 @@ def main() -> None:
     parser.add_argument("--baseline-runs", type=int, default=40, help="conversations for the prefork baseline")
     parser.add_argument("--burst-429", action="store_true", help="also measure the retry waves after a 429 burst")
     args = parser.parse_args()
-    redis.Redis.from_url(BROKER).flushdb()
+    if BROKER.startswith("redis"):
+        redis.Redis.from_url(BROKER).flushdb()
     ideal = 2 * args.latency
     with FakeAnthropic(responder=answer, latency=args.latency) as fake:
         scale = scenario_model_worker(args, fake)

@@ -27,7 +27,9 @@ APPLIED = "bench_scale:applied"
 
 
 def _redis() -> redis.Redis:
-    return redis.Redis.from_url(os.environ["CELERY_BROKER_URL"])
+    """The broker's Redis, or (with RabbitMQ as the broker) SCALE_REDIS_URL's."""
+    broker = os.environ["CELERY_BROKER_URL"]
+    return redis.Redis.from_url(broker if broker.startswith("redis") else os.environ["SCALE_REDIS_URL"])
 
 
 @tool(registry=ToolRegistry(), effectful=True)

@@ -38,7 +38,6 @@ os.environ.update(
     DURABLE_LEASE_SECONDS="2",
     DURABLE_SWEEP_SECONDS="0.5",
     DURABLE_IDLE_RESWEEP_SECONDS="1",
-    DURABLE_MODEL_QUEUE="",  # one worker serves every step
 )
 USAGE = ("input_tokens", "output_tokens", "cache_write_tokens", "cache_read_tokens")
 SERVED = ("input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")

@@ -204,7 +204,7 @@ CELERY_BEAT_SCHEDULE = {
 DURABLE_AGENTS = {
     "LEASE_SECONDS": float(os.environ.get("DURABLE_LEASE_SECONDS", "15")),
     "IDLE_RESWEEP_SECONDS": float(os.environ.get("DURABLE_IDLE_RESWEEP_SECONDS", "10")),
-    # Steps that wait on Claude go to the threads-pool model worker (Procfile `model_worker`). Empty: every
-    # step on the default queue (the demo and the tests, which start one kind of worker).
-    "MODEL_QUEUE": os.environ.get("DURABLE_MODEL_QUEUE", "durable-model"),
+    # "durable-model" (the Procfile sets it for every process): steps that wait on Claude go to the gevent
+    # model worker (Procfile `model_worker`). Empty, the default: every step on the default queue.
+    "MODEL_QUEUE": os.environ.get("DURABLE_MODEL_QUEUE", ""),
 }

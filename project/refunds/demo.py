@@ -76,6 +76,8 @@ def run_demo(
     log_dir.mkdir(parents=True, exist_ok=True)
     worker_env = {name: os.environ.get(name, value) for name, value in WORKER_ENV_DEFAULTS.items()}
     worker_env["DURABLE_VAR_DIR"] = str(settings.VAR_DIR)
+    queues = [getattr(settings, "CELERY_TASK_DEFAULT_QUEUE", "celery"), durable_settings.MODEL_QUEUE]
+    queues = [queue for queue in queues if queue]
 
     def start_worker(name: str) -> WorkerProcess:
         worker = WorkerProcess(
@@ -84,6 +86,7 @@ def run_demo(
             env=worker_env,
             log_path=log_dir / f"worker-{name}.log",
             cwd=settings.BASE_DIR,
+            extra_args=["--queues", ",".join(queues)],  # every step: the demo has no model worker
         ).start()
         demo.workers[name] = worker
         demo.say(f"started worker {name} (pid {worker.pid}), a real `celery worker` process")
