@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 from celery import shared_task
 from django.db import InterfaceError, OperationalError, connections
 
-from durable_agents.conf import settings as engine_settings
+from durable_agents.conf import settings as durable_settings
 from durable_agents.engine import advance as engine_advance
 from durable_agents.engine import outbox as engine_outbox
 from durable_agents.engine import sweep as engine_sweep
@@ -48,7 +48,7 @@ def advance(self: Any, run_id: str) -> str:
 def _advance_or_pass_on(run_id: str, delivered_on: str | None) -> str:
     # A model-queue message for a run whose next step no longer waits on the model (a stale countdown after a
     # resume, a redelivery) goes to the default queue: plain steps, CPU-bound ones too, run on prefork.
-    model_queue = engine_settings.MODEL_QUEUE
+    model_queue = durable_settings.MODEL_QUEUE
     if model_queue and delivered_on == model_queue and queue_for(run_id) != model_queue:
         engine_wake(run_id)
         return "passed on"

@@ -1,8 +1,8 @@
 """Waking a run: hands its id to the configured waker (the Celery task by default) after commit.
 
 With a MODEL_QUEUE, a run whose next step waits on the model (agent, judge, planner, approval) is woken on that
-queue, served by a threads-pool worker where a thousand such steps wait at once; every other step stays on the
-default queue and its prefork workers. A waker then receives `queue=` (None: the default).
+queue, served by a gevent worker where a thousand such steps wait at once; every other step stays on the default
+queue and its prefork workers. A waker then receives `queue=` (None: the default).
 """
 
 from __future__ import annotations
