@@ -86,9 +86,9 @@ class Sample:
 
 
 class Sampler(threading.Thread):
-    def __init__(self, pid: int | None) -> None:
+    def __init__(self, pids: list[int]) -> None:
         super().__init__(daemon=True)
-        self.pid = pid
+        self.pids = pids
         self.sample = Sample()
         self.stopped = threading.Event()
 
@@ -105,8 +105,7 @@ class Sampler(threading.Thread):
                     )
                     for name, count in cursor.fetchall():
                         self.sample.connections[name] = max(self.sample.connections[name], count)
-                if self.pid:
-                    self.sample.rss_kb = max(self.sample.rss_kb, rss_kb(self.pid))
+                self.sample.rss_kb = max(self.sample.rss_kb, sum(rss_kb(pid) for pid in self.pids))
         finally:
             connections.close_all()
 
@@ -162,12 +161,14 @@ def machine_cpu() -> dict[str, float]:
     return totals
 
 
-def worker(name: str, fake: FakeAnthropic, *, pool: str, concurrency: int, queues: str, **env: str) -> WorkerProcess:
+def worker(
+    name: str, fake: FakeAnthropic, *, pool: str, concurrency: int, queues: str, app_name: str = "", **env: str
+) -> WorkerProcess:
     log = ROOT / "var" / f"bench-scale-{name}.log"
     log.parent.mkdir(exist_ok=True)
     return WorkerProcess(
         name=name,
-        env={**fake.environ(), "DJANGO_DB_APPLICATION_NAME": name, **env},
+        env={**fake.environ(), "DJANGO_DB_APPLICATION_NAME": app_name or name, **env},
         cwd=ROOT,
         pool=pool,
         concurrency=concurrency,
@@ -176,16 +177,27 @@ def worker(name: str, fake: FakeAnthropic, *, pool: str, concurrency: int, queue
     )
 
 
-def model_worker(args: argparse.Namespace, fake: FakeAnthropic) -> WorkerProcess:
-    """The Procfile's `model_worker`: the model queue only, `--model-pool` × `--concurrency`, a connection pool."""
-    return worker(
-        "model_worker",
-        fake,
-        pool=args.model_pool,
-        concurrency=args.concurrency,
-        queues=MODEL_QUEUE,
-        DJANGO_DB_POOL=str(args.pool_size),
-    ).start()
+def model_workers(args: argparse.Namespace, fake: FakeAnthropic) -> list[WorkerProcess]:
+    """The Procfile's `model_worker`, `--model-workers` of them (the process type scaled): the model queue only,
+    `--model-pool` × `--concurrency` and `--pool-size` connections shared out among them."""
+    n = args.model_workers
+    return [
+        worker(
+            f"model_worker-{i}",
+            fake,
+            pool=args.model_pool,
+            concurrency=args.concurrency // n,
+            queues=MODEL_QUEUE,
+            app_name="model_worker",
+            DJANGO_DB_POOL=str(max(args.pool_size // n, 1)),
+        ).start()
+        for i in range(n)
+    ]
+
+
+def _cpu(processes: list[WorkerProcess]) -> tuple[float, float]:
+    times = [cpu_seconds(p.pid) for p in processes]
+    return sum(t[0] for t in times), sum(t[1] for t in times)
 
 
 def warm_up(model_queue: str) -> None:
@@ -237,18 +249,18 @@ def run_all(n: int, prefix: str, timeout: float) -> tuple[float, list[str]]:
 
 def scenario_model_worker(args: argparse.Namespace, fake: FakeAnthropic) -> dict[str, float]:
     sweeper = worker("sweeper", fake, pool="prefork", concurrency=1, queues="celery").start()
-    model = model_worker(args, fake)
+    models = model_workers(args, fake)
     try:
         warm_up(MODEL_QUEUE)
-        idle = rss_kb(model.pid)
-        cpu_before = cpu_seconds(model.pid)
+        idle = sum(rss_kb(model.pid) for model in models)
+        cpu_before = _cpu(models)
         machine_before = machine_cpu()
-        sampler = Sampler(model.pid)
+        sampler = Sampler([model.pid for model in models])
         sampler.start()
         fake.reset_peak()
         with override_settings(DURABLE_AGENTS={**_durable(), "MODEL_QUEUE": MODEL_QUEUE}):
             elapsed, _ = run_all(args.runs, "scale", timeout=args.runs * args.latency * 4 + 120)
-        user, system = (after - before for after, before in zip(cpu_seconds(model.pid), cpu_before, strict=True))
+        user, system = (after - before for after, before in zip(_cpu(models), cpu_before, strict=True))
         machine = {name: after - machine_before[name] for name, after in machine_cpu().items()}
         sampler.stopped.set()
         sampler.join()
@@ -257,6 +269,7 @@ def scenario_model_worker(args: argparse.Namespace, fake: FakeAnthropic) -> dict
             "seconds": elapsed,
             "in_flight": peak,
             "connections": sampler.sample.connections["model_worker"],
+            "renewer_connections": sampler.sample.connections["model_worker:lease-renewer"],
             "sweeper_connections": sampler.sample.connections["sweeper"],
             "rss_idle_mb": idle / 1024,
             "rss_peak_mb": sampler.sample.rss_kb / 1024,
@@ -266,7 +279,8 @@ def scenario_model_worker(args: argparse.Namespace, fake: FakeAnthropic) -> dict
             "machine": machine,
         }
     finally:
-        model.kill()
+        for model in models:
+            model.kill()
         sweeper.kill()
 
 
@@ -276,7 +290,7 @@ def scenario_baseline(args: argparse.Namespace, fake: FakeAnthropic) -> dict[str
     ).start()
     try:
         warm_up("")
-        sampler = Sampler(prefork.pid)
+        sampler = Sampler([prefork.pid])
         sampler.start()
         fake.reset_peak()
         with override_settings(DURABLE_AGENTS={**_durable(), "MODEL_QUEUE": ""}):
@@ -296,7 +310,7 @@ def scenario_baseline(args: argparse.Namespace, fake: FakeAnthropic) -> dict[str
 def scenario_burst(args: argparse.Namespace, fake: FakeAnthropic) -> list[int]:
     """Every conversation's first request gets 429 retry-after 5: the retries' arrival, second by second."""
     sweeper = worker("sweeper", fake, pool="prefork", concurrency=1, queues="celery").start()
-    model = model_worker(args, fake)
+    models = model_workers(args, fake)
     try:
         warm_up(MODEL_QUEUE)
         fake.reset()
@@ -308,7 +322,8 @@ def scenario_burst(args: argparse.Namespace, fake: FakeAnthropic) -> list[int]:
         waves = Counter(int(t - first) for t in retries)
         return [waves.get(second, 0) for second in range(max(waves) + 1)] if waves else []
     finally:
-        model.kill()
+        for model in models:
+            model.kill()
         sweeper.kill()
 
 
@@ -324,6 +339,7 @@ def main() -> None:
     parser.add_argument("--latency", type=float, default=2.0, help="seconds the fake takes per answer")
     parser.add_argument("--concurrency", type=int, default=1000, help="greenlets (threads) of the model worker")
     parser.add_argument("--model-pool", default="gevent", help="the model worker's Celery pool (gevent, threads)")
+    parser.add_argument("--model-workers", type=int, default=1, help="model worker processes (sharing the counts)")
     parser.add_argument("--pool-size", type=int, default=16, help="the model worker's Postgres connections")
     parser.add_argument("--baseline-runs", type=int, default=40, help="conversations for the prefork baseline")
     parser.add_argument("--burst-429", action="store_true", help="also measure the retry waves after a 429 burst")
@@ -340,8 +356,9 @@ def main() -> None:
     base_projected = base["seconds"] * args.runs / args.baseline_runs
     print(f"\n{args.runs} agent runs × 2 model calls of {args.latency:g} s (ideal {ideal:g} s), real SDK → fake API")
     print(f"{'worker':<44} {'runs':>5} {'wall s':>8} {'× ideal':>8} {'in flight':>10} {'PG conns':>9} {'RSS MB':>8}")
+    label = f"model_worker ×{args.model_workers}: {args.model_pool} ×{args.concurrency}, pool {args.pool_size}"
     print(
-        f"{f'model_worker: {args.model_pool} ×{args.concurrency}, pool {args.pool_size}':<44} {args.runs:>5} "
+        f"{label:<44} {args.runs:>5} "
         f"{scale['seconds']:>8.1f} {scale['seconds'] / ideal:>8.1f} {scale['in_flight']:>10} "
         f"{scale['connections']:>9} {scale['rss_peak_mb']:>8.0f}"
     )
@@ -356,7 +373,8 @@ def main() -> None:
     print(
         f"model worker RSS: {scale['rss_idle_mb']:.0f} MB idle, {scale['rss_peak_mb']:.0f} MB peak, "
         f"{scale['rss_per_conversation_kb']:.0f} KB per conversation in flight; sweeper's PG connections: "
-        f"{scale['sweeper_connections']}; CPU per conversation: "
+        f"{scale['sweeper_connections']}; lease renewers' connections: {scale['renewer_connections']}; "
+        f"CPU per conversation: "
         f"{scale['user_ms_per_conversation']:.1f} ms user, {scale['system_ms_per_conversation']:.1f} ms system"
     )
     shares = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in scale["machine"].items())
