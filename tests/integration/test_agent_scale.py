@@ -16,33 +16,25 @@ import pytest
 import redis
 from django.conf import settings
 from django.db import connection
-from django.test import override_settings
 
 from bench.scale_agent import WORKFLOW, answer, applied
 from durable_agents import api
 from durable_agents.models import Effect, EffectStatus, Run, RunStatus, Turn
 from durable_agents.testing import wait_for
 from durable_agents.testing.fake_anthropic import FakeAnthropic
+from tests.integration.conftest import MODEL_QUEUE, ROUTED
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 CONVERSATIONS = 200
 POOL = 8
-MODEL_QUEUE = "durable-model"
 MODEL_WORKER = "model_worker"
-ROUTED = {"MODEL_QUEUE": MODEL_QUEUE}
 
 
 @pytest.fixture
 def fake():
     with FakeAnthropic(responder=answer) as server:
         yield server
-
-
-@pytest.fixture
-def routed():
-    with override_settings(DURABLE_AGENTS={**settings.DURABLE_AGENTS, **ROUTED}):
-        yield
 
 
 @pytest.fixture

@@ -16,7 +16,6 @@ import pytest
 import redis
 from django.conf import settings
 from django.db import connection
-from django.test import override_settings
 
 import tests.attack14_flows as flows
 from durable_agents import api
@@ -25,11 +24,10 @@ from durable_agents.agents.participants import participants
 from durable_agents.models import Event, Run, RunStatus, Step, Turn
 from durable_agents.testing import drive, wait_for, wait_for_run
 from durable_agents.testing.fake_anthropic import FakeAnthropic, Fault
+from tests.integration.conftest import MODEL_QUEUE, ROUTED
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-MODEL_QUEUE = "durable-model"
-ROUTED = {"MODEL_QUEUE": MODEL_QUEUE}
 LEASE = float(settings.DURABLE_AGENTS["LEASE_SECONDS"])
 
 
@@ -37,12 +35,6 @@ LEASE = float(settings.DURABLE_AGENTS["LEASE_SECONDS"])
 def fake():
     with FakeAnthropic(responder=flows.answer) as server:
         yield server
-
-
-@pytest.fixture
-def routed():
-    with override_settings(DURABLE_AGENTS={**settings.DURABLE_AGENTS, **ROUTED}):
-        yield
 
 
 @pytest.fixture
