@@ -14,7 +14,8 @@ application_name), the model worker's RSS (idle, peak, per conversation in fligh
 (2 × latency), and with `--burst-429` the size of each retry wave after the fake answered 429 `retry-after: 5` to
 every conversation's first request.
 
-    python bench/agent_scale.py                      # the goal: 1,000 runs × 2 calls of 2 s
+    python bench/agent_scale.py                      # 1,000 runs × 2 calls of 2 s
+    python bench/agent_scale.py --latency 20         # answers of 20 s: how many conversations wait at once
     python bench/agent_scale.py --runs 200 --baseline-runs 20 --latency 1
     python bench/agent_scale.py --burst-429
     python bench/agent_scale.py --model-pool threads   # the same worker on Celery's threads pool
