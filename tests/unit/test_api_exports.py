@@ -3,6 +3,17 @@
 from durable_agents import api
 
 PUBLIC_API = [
+    "AgentLimitError",
+    "BudgetExceededError",
+    "ContextWindowExceededError",
+    "ModelRefusalError",
+    "ModelRequestError",
+    "ModelUnavailableError",
+    "UnknownParticipantError",
+    "WaitExpiredError",
+    "StepError",
+    "NotificationFailedError",
+    "EffectConflictError",
     "DefinitionError",
     "ApprovalRejectedError",
     "DurableAgentsError",
