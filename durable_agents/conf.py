@@ -52,6 +52,11 @@ DEFAULTS: dict[str, Any] = {
     # Who answers model turns by default: "anthropic" (Claude) or a registered participant name.
     "DEFAULT_PARTICIPANT": "anthropic",
     "MODEL_TIMEOUT_SECONDS": 120.0,
+    # The Celery queue durable_agents' own tasks are sent to ("": Celery's default queue), so a product routes
+    # them to workers of their own without touching its global Celery configuration.
+    "QUEUE": "",
+    # The queue notification deliveries are sent to ("": QUEUE): a slow receiver then never holds a step's slot.
+    "NOTIFY_QUEUE": "",
     # The Celery queue for steps that wait on the model (agent, judge, planner, approval with its brief), to be
     # served by a threads-pool worker (README: "Workers"); "" sends them with every other step.
     "MODEL_QUEUE": "",

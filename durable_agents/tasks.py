@@ -1,9 +1,10 @@
 """Celery tasks: thin wrappers that take ids only. Celery wakes workers; the engine owns the state.
 
-Delivery is at-least-once (acks_late, reject_on_worker_lost, prefetch 1); the claim makes duplicates
-harmless. Celery never retries `advance` or `deliver_notification`: the engine owns retries and persists
-every attempt. Route `durable_agents.deliver_notification` to a queue of its own (CELERY_TASK_ROUTES) so a
-slow notification receiver never holds a worker slot a step is waiting for.
+Each task carries its own options (acks_late, reject_on_worker_lost, JSON): a product's global Celery
+configuration is left alone. Delivery is at-least-once; the claim makes duplicates harmless. Celery never
+retries `advance` or `deliver_notification`: the engine owns retries and persists every attempt. Messages go
+to DURABLE_AGENTS["QUEUE"] (Celery's default queue if empty), notifications to NOTIFY_QUEUE (else QUEUE), so
+a slow notification receiver never holds a worker slot a step is waiting for.
 """
 
 from __future__ import annotations
@@ -38,7 +39,11 @@ def _dropping_dead_connections(work: Callable[[], T]) -> T:
         raise
 
 
-@shared_task(bind=True, name="durable_agents.advance", acks_late=True, reject_on_worker_lost=True, ignore_result=True)
+# Options of the tasks themselves, whatever the product's CELERY_TASK_* settings say: ids only, as JSON.
+JSON = {"serializer": "json", "ignore_result": True}
+
+
+@shared_task(bind=True, name="durable_agents.advance", acks_late=True, reject_on_worker_lost=True, **JSON)
 def advance(self: Any, run_id: str) -> str:
     """Advance run `run_id` by one step (or pass the message on to the queue its next step belongs to)."""
     delivered_on = (getattr(self.request, "delivery_info", None) or {}).get("routing_key")
@@ -55,7 +60,7 @@ def _advance_or_pass_on(run_id: str, delivered_on: str | None) -> str:
     return engine_advance.advance(run_id).value
 
 
-@shared_task(name="durable_agents.sweep", ignore_result=True)
+@shared_task(name="durable_agents.sweep", **JSON)
 def sweep() -> dict[str, int]:
     """Re-wake lost runs and settle cancellations (scheduled by celery beat)."""
     return _dropping_dead_connections(lambda: engine_sweep.sweep().as_dict())
@@ -63,18 +68,24 @@ def sweep() -> dict[str, int]:
 
 # Not reject_on_worker_lost: a worker lost mid-send left the row claimed, so a redelivered message would
 # find it not due. The sweep enqueues it again once the claim's hold has passed.
-@shared_task(name="durable_agents.deliver_notification", acks_late=True, ignore_result=True)
+@shared_task(name="durable_agents.deliver_notification", acks_late=True, **JSON)
 def deliver_notification(effect_id: int) -> str:
     """Send one notification (an outbox row of kind "notification") if it is due, and record the outcome."""
     return _dropping_dead_connections(lambda: engine_outbox.deliver(effect_id).value)
 
 
 def wake(run_id: str, countdown: float | None = None, queue: str | None = None) -> None:
-    """The default DURABLE_AGENTS['WAKER']: send `durable_agents.advance` for the run (on `queue`, if given)."""
-    routed = {"queue": queue} if queue else {}
-    advance.apply_async((run_id,), countdown=countdown or None, **routed)
+    """The default DURABLE_AGENTS['WAKER']: send `durable_agents.advance` for the run, on `queue` (the model
+    queue) if given, else on QUEUE."""
+    advance.apply_async((run_id,), countdown=countdown or None, **_routed(queue or durable_settings.QUEUE))
 
 
 def enqueue_notification(effect_id: int) -> None:
-    """The default DURABLE_AGENTS['NOTIFICATION_ENQUEUER']: send `durable_agents.deliver_notification`."""
-    deliver_notification.apply_async((effect_id,))
+    """The default DURABLE_AGENTS['NOTIFICATION_ENQUEUER']: send `durable_agents.deliver_notification` on
+    NOTIFY_QUEUE, else QUEUE."""
+    deliver_notification.apply_async((effect_id,), **_routed(durable_settings.NOTIFY_QUEUE or durable_settings.QUEUE))
+
+
+def _routed(queue: str) -> dict[str, str]:
+    """An explicit queue wins over the product's CELERY_TASK_ROUTES; none leaves routing to Celery."""
+    return {"queue": queue} if queue else {}
