@@ -111,6 +111,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # The admin's CSS and scripts, served by the web process itself from STATIC_ROOT (DEBUG off, no other server).
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -180,7 +182,14 @@ TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
 STATIC_URL = "static/"
-STATIC_ROOT = VAR_DIR / "static"
+STATIC_ROOT = VAR_DIR / "static"  # filled by `collectstatic` (the Procfile's `release`), served by WhiteNoise
+# Compressed copies, under their plain names: a page renders whether or not collectstatic ran (the tests,
+# runserver). A manifest of hashed names would fail every admin page until it ran, for a cache gain an
+# operators' console does not need.
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+}
 MEDIA_ROOT = VAR_DIR / "media"
 
 # Approval requests and reminders go out by email by default (see durable_agents.notify).
