@@ -7,13 +7,16 @@ DJANGO_LOCAL_SECRET_KEY  "1": without DJANGO_SECRET_KEY, use a random key made o
                          in var/secret_key (the demo and the tests set it; every process sharing the var dir
                          shares the key)
 DJANGO_DEBUG             "1" turns debug on (and allows the local key)
+DURABLE_*                the app's knobs (DURABLE_AGENTS below); README, "Production", lists them all
 """
 
 from __future__ import annotations
 
+import math
 import os
 from datetime import timedelta
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
@@ -24,6 +27,38 @@ VAR_DIR = Path(os.environ.get("DURABLE_VAR_DIR", BASE_DIR / "var"))
 VAR_DIR.mkdir(parents=True, exist_ok=True)
 
 DEBUG = os.environ.get("DJANGO_DEBUG", "0") == "1"
+
+
+def env_seconds(name: str, default: float) -> float:
+    """A duration from the environment variable `name`: a number of seconds above 0, else `default` if unset.
+
+    A bad value stops the process with a message naming the variable; float()'s own ValueError names neither
+    the variable nor the setting, and a deployment would crash on it far from the cause.
+    """
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise ImproperlyConfigured(
+            f"{name} must be a number of seconds above 0, e.g. {name}={default:g}; it is {raw!r}"
+        )
+    return seconds
+
+
+def env_base_url(name: str, default: str) -> str:
+    """The address people open the web process at, from `name`: scheme and host, as in https://agents.example.com."""
+    url = os.environ.get(name, "").strip() or default
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ImproperlyConfigured(
+            f"{name} must be the address approvers open the web process at, with its scheme, "
+            f"e.g. {name}=https://agents.example.com; it is {url!r}"
+        )
+    return url
 
 
 def local_secret_key(var_dir: Path) -> str:
@@ -76,6 +111,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # The admin's CSS and scripts, served by the web process itself from STATIC_ROOT (DEBUG off, no other server).
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -145,7 +182,14 @@ TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
 STATIC_URL = "static/"
-STATIC_ROOT = VAR_DIR / "static"
+STATIC_ROOT = VAR_DIR / "static"  # filled by `collectstatic` (the Procfile's `release`), served by WhiteNoise
+# Compressed copies, under their plain names: a page renders whether or not collectstatic ran (the tests,
+# runserver). A manifest of hashed names would fail every admin page until it ran, for a cache gain an
+# operators' console does not need.
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+}
 MEDIA_ROOT = VAR_DIR / "media"
 
 # Approval requests and reminders go out by email by default (see durable_agents.notify).
@@ -196,14 +240,21 @@ CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BEAT_SCHEDULE = {
     "durable-agents-sweep": {
         "task": "durable_agents.sweep",
-        "schedule": timedelta(seconds=float(os.environ.get("DURABLE_SWEEP_SECONDS", "5"))),
+        "schedule": timedelta(seconds=env_seconds("DURABLE_SWEEP_SECONDS", 5.0)),
         "options": {"expires": 30},
     },
 }
 
 DURABLE_AGENTS = {
-    "LEASE_SECONDS": float(os.environ.get("DURABLE_LEASE_SECONDS", "15")),
-    "IDLE_RESWEEP_SECONDS": float(os.environ.get("DURABLE_IDLE_RESWEEP_SECONDS", "10")),
+    "LEASE_SECONDS": env_seconds("DURABLE_LEASE_SECONDS", 15.0),
+    "IDLE_RESWEEP_SECONDS": env_seconds("DURABLE_IDLE_RESWEEP_SECONDS", 10.0),
+    "STUCK_AFTER_SECONDS": env_seconds("DURABLE_STUCK_AFTER_SECONDS", 600.0),
+    # Approval emails carry links to this address; the default only works on this machine.
+    "BASE_URL": env_base_url("DURABLE_BASE_URL", "http://127.0.0.1:8000"),
+    # Who is asked when a wait names no one: "lead@example.com,oncall@example.com".
+    "APPROVERS": [email.strip() for email in os.environ.get("DURABLE_APPROVERS", "").split(",") if email.strip()],
+    # Unset: only staff logins may read /metrics.
+    "METRICS_TOKEN": os.environ.get("DURABLE_METRICS_TOKEN", "").strip() or None,
     # "durable-model" (the Procfile sets it for every process): steps that wait on Claude go to the gevent
     # model worker (Procfile `model_worker`). Empty, the default: every step on the default queue.
     "MODEL_QUEUE": os.environ.get("DURABLE_MODEL_QUEUE", ""),

@@ -12,10 +12,13 @@ os.environ.setdefault("DURABLE_VAR_DIR", tempfile.mkdtemp(prefix="durable-tests-
 os.environ.setdefault("DJANGO_LOCAL_SECRET_KEY", "1")
 
 from project.settings import *  # noqa: E402,F403
-from project.settings import INSTALLED_APPS, VAR_DIR  # noqa: E402
+from project.settings import INSTALLED_APPS, STATIC_ROOT, VAR_DIR  # noqa: E402
 
 INSTALLED_APPS = [*INSTALLED_APPS, "tests.testapp"]
 MEDIA_ROOT = VAR_DIR / "media"
+# The live server serves static files from the apps themselves; an empty STATIC_ROOT keeps WhiteNoise from
+# warning, on every test's first request, that collectstatic never ran.
+STATIC_ROOT.mkdir(exist_ok=True)
 EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 

@@ -162,6 +162,8 @@ def _how_to_look(write: Callable[[str], None], rows: list[Row], outcome: Outcome
     write("  . .venv/bin/activate" + (f" && export {env}" if env else ""))
     write("  python manage.py durable_runs --workflow refund_agent")
     write(f"  python manage.py durable_show {victim}       # the run that lost its worker")
+    # DEBUG stays off: the admin's CSS is served by WhiteNoise from what collectstatic gathered.
+    write("  python manage.py collectstatic --noinput --verbosity 0")
     write("  python manage.py createsuperuser && python manage.py runserver")
     write("  then open http://127.0.0.1:8000/admin/durable_agents/run/ (runs, steps, turns, effects, waits)")
     write("       and http://127.0.0.1:8000/admin/refunds/order/ (the orders, their refunds and emails)")

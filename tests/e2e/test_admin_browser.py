@@ -5,7 +5,6 @@ were shown. Screenshots are test artifacts.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -38,14 +37,6 @@ CHROMIUM_ARGS = [
     "--disable-sync",
     "--no-first-run",
 ]
-
-
-@pytest.fixture
-def artifacts(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
-    root = os.environ.get("DURABLE_TEST_ARTIFACTS")
-    folder = Path(root) / request.node.name if root else tmp_path
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder
 
 
 @contextmanager
