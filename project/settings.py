@@ -7,6 +7,7 @@ DJANGO_LOCAL_SECRET_KEY  "1": without DJANGO_SECRET_KEY, use a random key made o
                          in var/secret_key (the demo and the tests set it; every process sharing the var dir
                          shares the key)
 DJANGO_DEBUG             "1" turns debug on (and allows the local key)
+DJANGO_BEHIND_HTTPS_PROXY "1": a proxy ends HTTPS and sets X-Forwarded-Proto (Heroku, a load balancer)
 DURABLE_*                the app's knobs (DURABLE_AGENTS below); README, "Production", lists them all
 """
 
@@ -259,3 +260,10 @@ DURABLE_AGENTS = {
     # model worker (Procfile `model_worker`). Empty, the default: every step on the default queue.
     "MODEL_QUEUE": os.environ.get("DURABLE_MODEL_QUEUE", ""),
 }
+
+# Behind a proxy that ends HTTPS (Heroku's router, a load balancer), the admin's and the decision page's forms
+# post from the address approvers open: trust it for CSRF, and the proxy's word that the request was HTTPS.
+_site = urlsplit(DURABLE_AGENTS["BASE_URL"])
+CSRF_TRUSTED_ORIGINS = [f"{_site.scheme}://{_site.netloc}"]
+if os.environ.get("DJANGO_BEHIND_HTTPS_PROXY") == "1":
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")

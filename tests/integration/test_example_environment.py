@@ -17,7 +17,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PRINT_APP_SETTINGS = (
     "import json, django; django.setup(); from django.conf import settings; "
-    "print(json.dumps({**settings.DURABLE_AGENTS, 'LOGIN_URL': settings.LOGIN_URL}))"
+    "print(json.dumps({**settings.DURABLE_AGENTS, 'LOGIN_URL': settings.LOGIN_URL, "
+    "'CSRF_TRUSTED_ORIGINS': settings.CSRF_TRUSTED_ORIGINS, "
+    "'SECURE_PROXY_SSL_HEADER': settings.SECURE_PROXY_SSL_HEADER}))"
 )
 
 
@@ -57,6 +59,12 @@ def test_environment__sets_base_url_approvers_metrics_token_and_stuck_threshold(
     assert configured["METRICS_TOKEN"] == "s3cret-token"
     assert configured["STUCK_AFTER_SECONDS"] == 90.5
     assert configured["LOGIN_URL"] == "admin:login", "anonymous approvers must be sent to the admin's login page"
+    assert configured["CSRF_TRUSTED_ORIGINS"] == ["https://agents.example.com"], (
+        "forms posted from the address approvers open must pass CSRF behind a proxy that ends HTTPS"
+    )
+    assert configured["SECURE_PROXY_SSL_HEADER"] is None, "trust X-Forwarded-Proto only when told to"
+    behind = app_settings(tmp_path, DJANGO_BEHIND_HTTPS_PROXY="1")
+    assert behind["SECURE_PROXY_SSL_HEADER"] == ["HTTP_X_FORWARDED_PROTO", "https"]
 
 
 def test_environment__unset_variables_leave_the_app_defaults(tmp_path):
