@@ -59,7 +59,8 @@ def _never_raises(check: Check) -> Check:
             return [
                 Warning(
                     f"durable_agents could not run its check {check.__name__}: {type(exc).__name__}: {exc}",
-                    hint="This is a bug in durable_agents; please report it with your DURABLE_AGENTS setting.",
+                    hint="The check itself failed on this configuration; if the error above is not in your "
+                    "settings, report it to durable_agents with your DURABLE_AGENTS setting.",
                     id="durable_agents.W000",
                 )
             ]
@@ -221,7 +222,8 @@ def check_serializer(app_configs: Sequence[Any] | None = None, **kwargs: Any) ->
     serializer = getattr(django_settings, "CELERY_TASK_SERIALIZER", "json")
     accepted = getattr(django_settings, "CELERY_ACCEPT_CONTENT", ["json"])
     accepted = [accepted] if isinstance(accepted, str) else accepted if isinstance(accepted, list | tuple) else []
-    if serializer not in PICKLE and not PICKLE.intersection(a for a in accepted if isinstance(a, str)):
+    sends_pickle = isinstance(serializer, str) and serializer in PICKLE
+    if not sends_pickle and not PICKLE.intersection(a for a in accepted if isinstance(a, str)):
         return []
     return [
         Warning(
@@ -258,8 +260,7 @@ def check_base_url(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> l
     if django_settings.DEBUG or not (_value("APPROVERS") or _value("WEBHOOK_URL")):
         return []
     base = _value("BASE_URL")
-    parts = urlsplit(base)
-    if parts.scheme in ("http", "https") and parts.hostname and parts.hostname not in LOCAL_HOSTS:
+    if _is_public(base):
         return []
     return [
         Warning(
@@ -270,6 +271,15 @@ def check_base_url(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> l
             id="durable_agents.W004",
         )
     ]
+
+
+def _is_public(url: str) -> bool:
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname
+    except ValueError:  # e.g. "http://[::1": not a URL a link could start with
+        return False
+    return parts.scheme in ("http", "https") and bool(host) and host not in LOCAL_HOSTS
 
 
 @_never_raises
@@ -312,7 +322,10 @@ def _leads_somewhere(login_url: str) -> bool:
         pass
     else:
         return True
-    path = urlsplit(login_url).path
+    try:
+        path = urlsplit(login_url).path
+    except ValueError:
+        return False
     prefix = str(getattr(django_settings, "FORCE_SCRIPT_NAME", "") or "").rstrip("/")
     if prefix and path.startswith(prefix + "/"):
         path = path[len(prefix) :]

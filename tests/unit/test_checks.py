@@ -155,6 +155,24 @@ def test_checks__hostile_values_give_errors_never_a_traceback(value):
     assert all(m.hint for m in messages), "every message tells what to do"
 
 
+@pytest.mark.filterwarnings("ignore:Overriding setting DATABASES")
+@pytest.mark.parametrize(
+    "odd",
+    [
+        {"CELERY_TASK_SERIALIZER": ["pickle"], "CELERY_ACCEPT_CONTENT": None},
+        {"CELERY_BEAT_SCHEDULE": {"sweep": {"task": ["durable_agents.sweep"]}}},
+        {"STORAGES": None, "DURABLE_AGENTS": {"RESULT_STORAGE": "results"}},
+        {"DATABASES": {"default": None}},
+        {"LOGIN_URL": object()},
+        {"FORCE_SCRIPT_NAME": 7},
+    ],
+    ids=["serializer-list", "task-list", "storages-none", "database-none", "login-object", "script-name-int"],
+)
+def test_checks__odd_django_settings_give_messages_never_a_traceback(odd):
+    with override_settings(**odd):
+        assert "durable_agents.W000" not in ids(deploy=True)
+
+
 # --- E004-E006: hooks, participant, storage -----------------------------------------------------------------
 
 
@@ -258,6 +276,7 @@ def test_check_database__sqlite_without_debug_is_a_deploy_warning():
         {"WEBHOOK_URL": "https://hooks.example.com/x"},
         {"APPROVERS": ["ops@example.com"], "BASE_URL": "http://localhost:8000"},
         {"APPROVERS": ["ops@example.com"], "BASE_URL": "ops.example.com"},
+        {"APPROVERS": ["ops@example.com"], "BASE_URL": "http://[::1"},
     ],
 )
 def test_check_base_url__local_links_while_notifying_is_a_warning(configured):
@@ -280,7 +299,7 @@ def test_check_base_url__a_public_address_debug_or_no_notifications_pass(configu
         assert ids() == []
 
 
-@pytest.mark.parametrize("login_url", ["/accounts/login/", "accounts:login", "", "login"])
+@pytest.mark.parametrize("login_url", ["/accounts/login/", "accounts:login", "", "login", None])
 def test_check_decision_links__a_login_url_that_leads_nowhere_is_a_warning(login_url):
     with override_settings(LOGIN_URL=login_url):
         messages = durable_messages()
