@@ -1,123 +1,300 @@
-"""App settings: the `DURABLE_AGENTS` dict in Django settings, over these defaults.
+"""App settings: the `DURABLE_AGENTS` dict in Django settings, each key declared once below.
+
+A declaration gives the key's default, its type, the bounds of a number and a one-line doc. The system checks
+(`durable_agents/checks.py`) validate the configured values against them, and the README's settings table is
+rendered from them (`settings_table()`; tests/unit/test_conf.py keeps the two in step).
 
 Example::
 
     DURABLE_AGENTS = {"LEASE_SECONDS": 30, "STUCK_AFTER_SECONDS": 600}
+
+    from durable_agents.conf import settings
+    settings.LEASE_SECONDS  # 30; read on every access, so override_settings works
 """
 
 from __future__ import annotations
 
-from typing import Any
+import math
+import types
+import typing
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from django.conf import settings as django_settings
 
-DEFAULTS: dict[str, Any] = {
-    # A step's lease; a heartbeat renews it every third of this while the step runs.
-    "LEASE_SECONDS": 15.0,
-    # A runnable run with no progress for this long is woken again by the sweep (lost message).
-    "IDLE_RESWEEP_SECONDS": 10.0,
-    # At most this many runs re-enqueued by one sweep pass.
-    "SWEEP_BATCH": 1000,
-    # A running run with no progress for this long is flagged stuck in the console.
-    "STUCK_AFTER_SECONDS": 600.0,
-    # Step results larger than this (JSON bytes) are stored out of row, content-addressed by sha256, and
-    # read back with their hash verified.
-    "RESULT_INLINE_MAX_BYTES": 64 * 1024,
-    # Where out-of-row results live. None: the Payload table in Postgres, beside their run (deleted with it).
-    # Or the alias of a Django STORAGES entry shared by every worker (e.g. S3), for results too big for the
-    # database:  STORAGES = {..., "durable_results": {"BACKEND": "storages.backends.s3.S3Storage", ...}}
-    #             DURABLE_AGENTS = {"RESULT_STORAGE": "durable_results"}
-    # Never a worker's local disk: a next step on another machine, or after a redeploy, must read it.
-    "RESULT_STORAGE": None,
-    # Run inputs larger than this are refused.
-    "INPUT_MAX_BYTES": 1024 * 1024,
-    # Retries in-process with a countdown up to this long; longer waits are left to the sweep.
-    "MAX_COUNTDOWN_SECONDS": 30.0,
-    # Default retry policy for steps: attempts in all, backoff base and cap (seconds).
-    "RETRY_MAX_ATTEMPTS": 5,
-    "RETRY_BACKOFF_SECONDS": 0.5,
-    "RETRY_BACKOFF_MAX_SECONDS": 60.0,
-    # The longest a service's `retry-after` (a 429, a 529) may delay a step; longer answers are capped.
-    # `durable_resume` wakes a run at once, clearing any backoff.
-    "RETRY_AFTER_MAX_SECONDS": 600.0,
-    # A `retry-after` is honoured, never shortened, and spread: each run waits it plus a random share of it
-    # up to this fraction, so a 429 answered to a thousand conversations does not come back as one wave.
-    "RETRY_AFTER_JITTER": 1.0,
-    # A step claimed this many times without finishing (its worker keeps dying) fails as a crash loop.
-    "MAX_CLAIMS_PER_STEP": 25,
-    # An external effect invoked this many times without a recorded outcome goes to an operator.
-    "EFFECT_MAX_INVOCATIONS": 10,
-    # The model agent steps use unless they name one: a current model of the installed SDK.
-    "DEFAULT_MODEL": "claude-sonnet-5-5",
-    # Who answers model turns by default: "anthropic" (Claude) or a registered participant name.
-    "DEFAULT_PARTICIPANT": "anthropic",
-    "MODEL_TIMEOUT_SECONDS": 120.0,
-    # The Celery queue durable_agents' own tasks are sent to ("": Celery's default queue), so a product routes
-    # them to workers of their own without touching its global Celery configuration.
-    "QUEUE": "",
-    # The queue notification deliveries are sent to ("": QUEUE): a slow receiver then never holds a step's slot.
-    "NOTIFY_QUEUE": "",
-    # The Celery queue for steps that wait on the model (agent, judge, planner, approval with its brief), to be
-    # served by a threads-pool worker (README: "Workers"); "" sends them with every other step.
-    "MODEL_QUEUE": "",
-    # HTTP connections the process's one Anthropic client may open: size it to the model worker's concurrency.
-    "MODEL_MAX_CONNECTIONS": 1000,
-    # USD per million tokens: (input, output, cache write, cache read), by model name prefix.
-    "MODEL_PRICES": {
-        "claude-opus": (5.0, 25.0, 6.25, 0.5),
-        "claude-sonnet": (3.0, 15.0, 3.75, 0.3),
-        "claude-haiku": (1.0, 5.0, 1.25, 0.1),
-    },
-    # Humans in the loop: the notifier (dotted path), default recipients, links.
-    "NOTIFIER": "durable_agents.notify.EmailNotifier",
-    "APPROVERS": [],
-    "WEBHOOK_URL": "",
-    "BASE_URL": "http://127.0.0.1:8000",
-    "LINK_MAX_AGE_SECONDS": 7 * 24 * 3600,
-    # Notifications are sent by their own task (`durable_agents.deliver_notification`), never by the sweep.
-    # A notification no task picked up this long after it was written or enqueued (its message was lost)
-    # is enqueued again by the sweep.
-    "NOTIFY_RETRY_SECONDS": 30.0,
-    # Attempts in all before a notification is given up: status `failed`, `needs_attention` set, an event.
-    "NOTIFY_MAX_ATTEMPTS": 10,
-    # Backoff between attempts (exponential from the base, capped, with jitter), in seconds.
-    "NOTIFY_BACKOFF_SECONDS": 10.0,
-    "NOTIFY_BACKOFF_MAX_SECONDS": 3600.0,
-    # The longest one send may take; the built-in notifiers time out after it, and a custom one must too
-    # (a send is held against other senders for this long plus the backoff).
-    "NOTIFY_SEND_TIMEOUT_SECONDS": 10.0,
-    # Deadline for approvals of tools marked needs_approval (None: no deadline); policy "reject".
-    "APPROVAL_DEADLINE_SECONDS": None,
-    # Callable path that wakes a run, `waker(run_id, countdown=None, queue=None)` (`queue` passed only with a
-    # MODEL_QUEUE): the engine never imports Celery itself.
-    "WAKER": "durable_agents.tasks.wake",
-    # Callable path that hands a notification's outbox row id to a worker (the Celery task by default).
-    "NOTIFICATION_ENQUEUER": "durable_agents.tasks.enqueue_notification",
-    # Bearer token Prometheus sends to /metrics (Authorization: Bearer ...); None: only staff logins may read it.
-    "METRICS_TOKEN": None,
-    # Step latency and retry metrics cover steps finished (retries scheduled) in the last this-many seconds.
-    "METRICS_WINDOW_SECONDS": 300.0,
-    # Admin lists count matching runs exactly up to this many; beyond it they show a Postgres estimate.
-    "ADMIN_EXACT_COUNT_LIMIT": 1000,
-    # An agent step folds its older turns into a summary once a prompt reached this many tokens
-    # (None: never; an agent(compact_at_prompt_tokens=...) overrides it).
-    "COMPACT_AT_PROMPT_TOKENS": 100_000,
-    # Turns a compaction keeps verbatim after the summary (an agent(keep_recent_turns=...) overrides it).
-    "KEEP_RECENT_TURNS": 6,
-    # The most a compaction call's summary may take.
-    "COMPACTION_MAX_TOKENS": 4096,
-    # Prompt caching of tools, system prompt, summary and conversation: "5m", "1h" (writes cost 2x input), or None.
-    "PROMPT_CACHE_TTL": "5m",
+
+@dataclass(frozen=True)
+class Setting:
+    """One DURABLE_AGENTS key: its default, the type a value must have, its bounds (numbers) and what it does.
+
+    `type` is a builtin, a generic (`list[str]`), a `Literal[...]` or a union of them (`int | None`). An int
+    is a number where a float is asked for; a bool is never a number; a tuple is a list and a list a tuple.
+    """
+
+    default: Any
+    type: Any
+    doc: str
+    # Bounds of a number (and of each number inside the value): greater than, or at least.
+    above: float | None = None
+    at_least: float | None = None
+
+    def problem(self, value: Any) -> str | None:
+        """Why `value` cannot be this setting, or None if it can."""
+        if not _matches(self.type, value):
+            return f"must be {describe(self.type)}, got {_show(value)} ({type(value).__name__})"
+        for number in _numbers(value):
+            if not _is_finite(number):
+                return f"must be a finite number, got {_show(value)}"
+            if self.above is not None and not number > self.above:
+                return f"must be greater than {self.above:g}, got {_show(value)}"
+            if self.at_least is not None and not number >= self.at_least:
+                return f"must be at least {self.at_least:g}, got {_show(value)}"
+        return None
+
+    def describe(self) -> str:
+        """The type and bounds in words, e.g. "float, > 0"."""
+        bounds = f", > {self.above:g}" if self.above is not None else ""
+        bounds += f", >= {self.at_least:g}" if self.at_least is not None else ""
+        return describe(self.type) + bounds
+
+
+# (input, output, cache write, cache read) or with the 1 h cache write last (default: twice the input).
+Prices = dict[str, tuple[float, float, float, float] | tuple[float, float, float, float, float]]
+
+SETTINGS: dict[str, Setting] = {
+    "LEASE_SECONDS": Setting(15.0, float, "a step's lease; a heartbeat renews it every third of this", above=0),
+    "IDLE_RESWEEP_SECONDS": Setting(
+        10.0, float, "a runnable run with no progress for this long is woken again by the sweep (lost message)", above=0
+    ),
+    "SWEEP_BATCH": Setting(1000, int, "at most this many runs re-enqueued by one sweep pass", at_least=1),
+    "STUCK_AFTER_SECONDS": Setting(
+        600.0, float, "a running run with no progress for this long is flagged stuck in the console", above=0
+    ),
+    "RESULT_INLINE_MAX_BYTES": Setting(
+        64 * 1024,
+        int,
+        "step results larger than this (JSON bytes) are stored out of row, by sha256, verified when read back",
+        at_least=0,
+    ),
+    # A storage alias, e.g. STORAGES = {..., "durable_results": {"BACKEND": "storages.backends.s3.S3Storage"}}
+    # with DURABLE_AGENTS = {"RESULT_STORAGE": "durable_results"}. Never a worker's local disk: a next step on
+    # another machine, or after a redeploy, must read it.
+    "RESULT_STORAGE": Setting(
+        None,
+        str | None,
+        "where out-of-row results live: None, the Payload table beside their run; or a STORAGES alias "
+        "every worker shares (e.g. S3)",
+    ),
+    "INPUT_MAX_BYTES": Setting(1024 * 1024, int, "run inputs larger than this (JSON bytes) are refused", at_least=1),
+    "MAX_COUNTDOWN_SECONDS": Setting(
+        30.0, float, "retries wait in-process with a countdown up to this long; the sweep takes longer ones", at_least=0
+    ),
+    "RETRY_MAX_ATTEMPTS": Setting(5, int, "default attempts in all of a failing step", at_least=1),
+    "RETRY_BACKOFF_SECONDS": Setting(0.5, float, "default backoff base between attempts of a step", at_least=0),
+    "RETRY_BACKOFF_MAX_SECONDS": Setting(60.0, float, "default backoff cap between attempts of a step", at_least=0),
+    "RETRY_AFTER_MAX_SECONDS": Setting(
+        600.0,
+        float,
+        "the longest a service's `retry-after` (a 429, a 529) may delay a step; `durable_resume` clears it",
+        at_least=0,
+    ),
+    "RETRY_AFTER_JITTER": Setting(
+        1.0,
+        float,
+        "a `retry-after` is never shortened, and spread by a random share of it up to this fraction",
+        at_least=0,
+    ),
+    "MAX_CLAIMS_PER_STEP": Setting(
+        25, int, "a step claimed this many times without finishing (its worker keeps dying) fails", at_least=1
+    ),
+    "EFFECT_MAX_INVOCATIONS": Setting(
+        10, int, "an effect invoked this many times without a recorded outcome goes to an operator", at_least=1
+    ),
+    "DEFAULT_MODEL": Setting(
+        "claude-sonnet-5-5", str, "the model of steps that name none: a current model of the installed SDK"
+    ),
+    "DEFAULT_PARTICIPANT": Setting(
+        "anthropic", str, 'who answers model turns by default: "anthropic" (Claude) or a registered participant'
+    ),
+    "MODEL_TIMEOUT_SECONDS": Setting(120.0, float, "the longest one model request may take", above=0),
+    "MODEL_QUEUE": Setting(
+        "",
+        str,
+        "the Celery queue of steps that wait on the model (agent, judge, planner, approval), for a gevent worker; "
+        '"" sends them with every other step',
+    ),
+    "QUEUE": Setting(
+        "",
+        str,
+        "the Celery queue durable_agents' own tasks are sent to, over the product's routes; \"\" is Celery's "
+        "default queue (put the sweep's beat entry there too)",
+    ),
+    "NOTIFY_QUEUE": Setting(
+        "", str, 'the queue of notification deliveries, so a slow receiver never holds a step\'s slot; "": QUEUE'
+    ),
+    "MODEL_MAX_CONNECTIONS": Setting(
+        1000, int, "HTTP connections the process's Anthropic client may open: the model worker's threads", at_least=1
+    ),
+    "MODEL_PRICES": Setting(
+        {
+            "claude-opus": (5.0, 25.0, 6.25, 0.5),
+            "claude-sonnet": (3.0, 15.0, 3.75, 0.3),
+            "claude-haiku": (1.0, 5.0, 1.25, 0.1),
+        },
+        Prices,
+        "USD per million tokens by model name prefix: input, output, cache write, cache read[, 1 h cache write]",
+        at_least=0,
+    ),
+    "NOTIFIER": Setting(
+        "durable_agents.notify.EmailNotifier", str, "dotted path of the class that sends approval notifications"
+    ),
+    "APPROVERS": Setting([], list[str], "who is notified of an approval that names no `notify_to`"),
+    "WEBHOOK_URL": Setting("", str, "where `durable_agents.notify.WebhookNotifier` POSTs notifications"),
+    "BASE_URL": Setting("http://127.0.0.1:8000", str, "the site's address, the start of the decision links sent"),
+    "LINK_MAX_AGE_SECONDS": Setting(7 * 24 * 3600, float, "a decision link expires after this long", at_least=0),
+    "NOTIFY_RETRY_SECONDS": Setting(
+        30.0, float, "a notification no task picked up this long after it was enqueued is enqueued again", above=0
+    ),
+    "NOTIFY_MAX_ATTEMPTS": Setting(
+        10, int, "attempts in all to send a notification before it is failed and needs attention", at_least=1
+    ),
+    "NOTIFY_BACKOFF_SECONDS": Setting(10.0, float, "backoff base between attempts to send", at_least=0),
+    "NOTIFY_BACKOFF_MAX_SECONDS": Setting(3600.0, float, "backoff cap between attempts to send", at_least=0),
+    "NOTIFY_SEND_TIMEOUT_SECONDS": Setting(
+        10.0, float, "the longest one send may take; a custom notifier must time out after it too", above=0
+    ),
+    "APPROVAL_DEADLINE_SECONDS": Setting(
+        None, float | None, "deadline of approvals of tools marked needs_approval (None: none); policy reject", above=0
+    ),
+    "WAKER": Setting(
+        "durable_agents.tasks.wake",
+        str,
+        "dotted path of `waker(run_id, countdown=None, queue=None)`, which wakes a run (so the engine needs no Celery)",
+    ),
+    "NOTIFICATION_ENQUEUER": Setting(
+        "durable_agents.tasks.enqueue_notification",
+        str,
+        "dotted path of the callable that hands a notification's outbox row id to a worker",
+    ),
+    "METRICS_TOKEN": Setting(
+        None, str | None, "bearer token Prometheus sends to /metrics; None: only staff logins may read it"
+    ),
+    "METRICS_WINDOW_SECONDS": Setting(
+        300.0, float, "step latency and retry metrics cover the steps finished in the last this-many seconds", above=0
+    ),
+    "ADMIN_EXACT_COUNT_LIMIT": Setting(
+        1000, int, "admin lists count matching runs exactly up to this many, then show a Postgres estimate", at_least=0
+    ),
+    "COMPACT_AT_PROMPT_TOKENS": Setting(
+        100_000,
+        int | None,
+        "an agent folds older turns into a summary once a prompt reached this many tokens (None: never)",
+        at_least=1,
+    ),
+    "KEEP_RECENT_TURNS": Setting(6, int, "turns a compaction keeps verbatim after the summary", at_least=1),
+    "COMPACTION_MAX_TOKENS": Setting(4096, int, "the most a compaction's summary may take", at_least=1),
+    "PROMPT_CACHE_TTL": Setting(
+        "5m",
+        Literal["5m", "1h"] | None,
+        "prompt caching of tools, system prompt, summary and conversation (1 h writes cost 2x input); None: off",
+    ),
 }
+
+DEFAULTS: dict[str, Any] = {name: setting.default for name, setting in SETTINGS.items()}
 
 
 class _Settings:
     """Attribute access to DURABLE_AGENTS with defaults, read on every access so tests can override."""
 
     def __getattr__(self, name: str) -> Any:
-        if name not in DEFAULTS:
+        if name not in SETTINGS:
             raise AttributeError(f"unknown durable_agents setting {name!r}")
-        return getattr(django_settings, "DURABLE_AGENTS", {}).get(name, DEFAULTS[name])
+        return getattr(django_settings, "DURABLE_AGENTS", {}).get(name, SETTINGS[name].default)
 
 
 settings = _Settings()
+
+
+def settings_table() -> str:
+    """The README's table of DURABLE_AGENTS keys, one row per declaration (paste it between the markers)."""
+    rows = ["| key | default | type | meaning |", "|---|---|---|---|"]
+    for name, setting in SETTINGS.items():
+        cells = (f"`{name}`", f"`{_show(setting.default, limit=None)}`", f"`{setting.describe()}`", setting.doc)
+        rows.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
+    return "\n".join(rows)
+
+
+def describe(kind: Any) -> str:
+    """A type as a settings file's reader writes it: `float`, `list[str]`, `'5m' | '1h' | None`."""
+    if kind is None or kind is type(None):
+        return "None"
+    if typing.get_origin(kind) is Literal:
+        return " | ".join(_show(choice) for choice in typing.get_args(kind))
+    if _is_union(kind):
+        return " | ".join(describe(member) for member in typing.get_args(kind))
+    if typing.get_origin(kind) is not None:
+        args = ", ".join("..." if a is Ellipsis else describe(a) for a in typing.get_args(kind))
+        return f"{typing.get_origin(kind).__name__}[{args}]"
+    return getattr(kind, "__name__", str(kind))
+
+
+def _is_union(kind: Any) -> bool:
+    return typing.get_origin(kind) in (typing.Union, types.UnionType)
+
+
+def _matches(kind: Any, value: Any) -> bool:
+    if kind is None or kind is type(None):
+        return value is None
+    origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if origin is Literal:
+        return any(type(value) is type(choice) and value == choice for choice in args)
+    if _is_union(kind):
+        return any(_matches(member, value) for member in args)
+    if kind is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if kind is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if origin in (list, tuple):
+        # A list or a tuple alike: JSON read from the environment gives lists, Python settings files tuples.
+        if not isinstance(value, list | tuple):
+            return False
+        if origin is tuple and args and args[-1] is not Ellipsis:
+            return len(value) == len(args) and all(_matches(a, v) for a, v in zip(args, value, strict=True))
+        return all(_matches(args[0], item) for item in value) if args else True
+    if origin is dict:
+        if not isinstance(value, dict):
+            return False
+        key_kind, value_kind = args or (Any, Any)
+        return all(_matches(key_kind, k) and _matches(value_kind, v) for k, v in value.items())
+    if kind is Any:
+        return True
+    return isinstance(kind, type) and isinstance(value, kind)
+
+
+def _is_finite(number: float) -> bool:
+    try:
+        return math.isfinite(number)
+    except OverflowError:  # an int too large for a float: every use of the setting would fail the same way
+        return False
+
+
+def _numbers(value: Any) -> list[float]:
+    """The numbers a value holds (itself, or those inside its lists and dicts), for the bounds."""
+    if isinstance(value, bool):
+        return []
+    if isinstance(value, int | float):
+        return [value]
+    if isinstance(value, list | tuple):
+        return [n for item in value for n in _numbers(item)]
+    if isinstance(value, dict):
+        return [n for item in value.values() for n in _numbers(item)]
+    return []
+
+
+def _show(value: Any, limit: int | None = 80) -> str:
+    """repr() for a message: shortened, and never raising (a hostile __repr__ is still a value)."""
+    try:
+        text = repr(value)
+    except Exception:  # noqa: BLE001 - a setting's value may be any object; the message must still be written
+        text = f"<{type(value).__name__} object>"
+    return text if limit is None or len(text) <= limit else text[: limit - 3] + "..."

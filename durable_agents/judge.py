@@ -81,7 +81,7 @@ def judge(
             return _ask_human(ctx, name, verdict)
         raise JudgeFailedError(f"{name} failed (score {verdict['score']}): {verdict['reasons']}")
 
-    return StepDef(name=name, kind=StepKind.JUDGE, fn=run, options={"rubric": rubric})
+    return StepDef(name=name, kind=StepKind.JUDGE, fn=run, options={"rubric": rubric, "participant": participant})
 
 
 def _snapshot(ctx: Any) -> Turn | None:

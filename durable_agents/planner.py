@@ -120,7 +120,8 @@ def planner(
             unread = [journal_call(ctx, "planner", request, ask(ctx, answerer, request), answerer.name)]
             asked += 1
 
-    return StepDef(name=name, kind=StepKind.PLANNER, fn=run, options={"tools": tuple(allowed)})
+    options = {"tools": tuple(allowed), "participant": participant}
+    return StepDef(name=name, kind=StepKind.PLANNER, fn=run, options=options)
 
 
 def _read_plan(name: str, content: Sequence[dict[str, Any]], allowed: dict[str, Tool[..., Any]]):  # type: ignore[no-untyped-def]

@@ -1,0 +1,405 @@
+"""System checks: a misconfiguration is an error with a hint when Django starts, not a stuck run in production.
+
+Registered in `DurableAgentsConfig.ready()` under the tag `durable_agents`; `manage.py check` runs them, and
+`manage.py check --deploy` adds the production-only ones (DEPLOY_CHECKS).
+
+    E001  DURABLE_AGENTS is not a dict
+    E002  an unknown DURABLE_AGENTS key (with the nearest known one)
+    E003  a value of the wrong type, or out of bounds
+    E004  NOTIFIER, WAKER or NOTIFICATION_ENQUEUER does not import, or is not callable
+    E005  DEFAULT_PARTICIPANT is neither "anthropic" nor a registered participant
+    E006  RESULT_STORAGE names no STORAGES entry
+    W000  a check could not run (its own bug; it reports instead of raising)
+    W001  no `durable_agents.sweep` in CELERY_BEAT_SCHEDULE: runs whose message was lost are never woken
+    W002  Celery may send or accept pickle
+    W003  (deploy) SQLite is the database, with DEBUG off
+    W004  decision links would point at localhost: BASE_URL left at its default while notifications go out
+    W005  LOGIN_URL leads nowhere, so an approver who is not signed in cannot open a decision link
+    W006  (deploy) steps ask Claude, and ANTHROPIC_API_KEY is not set
+    W007  durable_agents.urls is not included, so no decision link can be made
+    W008  QUEUE names the durable workers' queue, but beat sends the sweep elsewhere
+
+A check never raises on odd input: a traceback at start-up is worse than no check, so each one is guarded
+and reports W000 instead.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import os
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
+from django.conf import settings as django_settings
+from django.core.checks import CheckMessage, Error, Warning
+from django.urls import NoReverseMatch, Resolver404, resolve, reverse
+from django.utils.module_loading import import_string
+
+from durable_agents.agents.participants import participants
+from durable_agents.conf import SETTINGS, describe
+from durable_agents.models import StepKind
+from durable_agents.workflows import StepDef, Workflow, registry
+
+Check = Callable[..., list[CheckMessage]]
+HOOKS = ("NOTIFIER", "WAKER", "NOTIFICATION_ENQUEUER")
+SWEEP_TASK = "durable_agents.sweep"
+PICKLE = {"pickle", "application/x-python-serialize"}
+LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1", "0.0.0.0"}
+MODEL_KINDS = {StepKind.AGENT, StepKind.JUDGE, StepKind.PLANNER}
+ANTHROPIC = "anthropic"
+
+
+def _never_raises(check: Check) -> Check:
+    @functools.wraps(check)
+    def guarded(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> list[CheckMessage]:
+        try:
+            return check(app_configs, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - a check must report, never take the process down
+            return [
+                Warning(
+                    f"durable_agents could not run its check {check.__name__}: {type(exc).__name__}: {exc}",
+                    hint="The check itself failed on this configuration; if the error above is not in your "
+                    "settings, report it to durable_agents with your DURABLE_AGENTS setting.",
+                    id="durable_agents.W000",
+                )
+            ]
+
+    return guarded
+
+
+def _configured() -> dict[Any, Any]:
+    value = getattr(django_settings, "DURABLE_AGENTS", {})
+    return value if isinstance(value, dict) else {}
+
+
+def _value(name: str) -> Any:
+    """The configured value if it fits its declaration, else the default (E003 reports the bad one)."""
+    configured = _configured()
+    if name in configured and SETTINGS[name].problem(configured[name]) is None:
+        return configured[name]
+    return SETTINGS[name].default
+
+
+def _key(name: object) -> str:
+    return f"DURABLE_AGENTS[{name!r}]"
+
+
+@_never_raises
+def check_settings(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> list[CheckMessage]:
+    """E001-E003: DURABLE_AGENTS is a dict of known keys, each holding a value of its declared type."""
+    configured = getattr(django_settings, "DURABLE_AGENTS", {})
+    if not isinstance(configured, dict):
+        return [
+            Error(
+                f"DURABLE_AGENTS must be a dict, got {type(configured).__name__}",
+                hint='Write DURABLE_AGENTS = {"LEASE_SECONDS": 15, ...}, or leave it out for the defaults.',
+                id="durable_agents.E001",
+            )
+        ]
+    messages: list[CheckMessage] = []
+    for name, value in configured.items():
+        if name not in SETTINGS:
+            messages.append(_unknown(name))
+            continue
+        problem = SETTINGS[name].problem(value)
+        if problem is not None:
+            messages.append(Error(f"{_key(name)} {problem}", hint=_fix(name, value), id="durable_agents.E003"))
+    return messages
+
+
+def _unknown(name: object) -> Error:
+    near = difflib.get_close_matches(name.upper(), SETTINGS, n=1) if isinstance(name, str) else []
+    hint = f"Did you mean {near[0]!r}?" if near else "The known keys are declared in durable_agents/conf.py."
+    return Error(f"{_key(name)} is not a durable_agents setting", hint=hint, id="durable_agents.E002")
+
+
+def _fix(name: str, value: Any) -> str:
+    setting = SETTINGS[name]
+    kind = describe(setting.type)
+    if isinstance(value, str) and kind.startswith("list["):
+        return f"Write a list: [{value!r}]."
+    if isinstance(value, str) and ("float" in kind or "int" in kind) and _is_number(value):
+        return f"Write the number without quotes: {value.strip()}."
+    example = repr(setting.default)
+    example = f"e.g. its default {example}" if len(example) <= 40 else "as its default in durable_agents/conf.py"
+    return f"Set {_key(name)} to {setting.describe()}, {example}; or remove it for the default."
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+@_never_raises
+def check_hooks(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> list[CheckMessage]:
+    """E004: the dotted paths of NOTIFIER, WAKER and NOTIFICATION_ENQUEUER import a callable."""
+    messages: list[CheckMessage] = []
+    for name in HOOKS:
+        path = _value(name)
+        try:
+            target = import_string(path)
+        except Exception as exc:  # noqa: BLE001 - importing user code may raise anything; report it all
+            problem = f"does not import: {type(exc).__name__}: {exc}"
+        else:
+            if callable(target):
+                continue
+            problem = f"is not callable (it is a {type(target).__name__})"
+        messages.append(
+            Error(
+                f"{_key(name)} = {path!r} {problem}",
+                hint=f"Give the dotted path of an importable callable, e.g. the default {SETTINGS[name].default!r}.",
+                id="durable_agents.E004",
+            )
+        )
+    return messages
+
+
+@_never_raises
+def check_default_participant(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> list[CheckMessage]:
+    """E005: DEFAULT_PARTICIPANT is "anthropic" or registered (workflows modules register theirs in ready())."""
+    name = _value("DEFAULT_PARTICIPANT")
+    known = participants.names()
+    if name in known:
+        return []
+    near = difflib.get_close_matches(name, known, n=1)
+    return [
+        Error(
+            f"{_key('DEFAULT_PARTICIPANT')} = {name!r} is not a registered participant "
+            f"(registered: {', '.join(known)})",
+            hint=(f"Did you mean {near[0]!r}? " if near else "")
+            + "Register it with participants.register(name, participant) in an installed app's workflows module, "
+            'or use "anthropic".',
+            id="durable_agents.E005",
+        )
+    ]
+
+
+@_never_raises
+def check_result_storage(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> list[CheckMessage]:
+    """E006: RESULT_STORAGE, when set, names an entry of STORAGES."""
+    alias = _value("RESULT_STORAGE")
+    storages = getattr(django_settings, "STORAGES", {})
+    if alias is None or (isinstance(storages, dict) and alias in storages):
+        return []
+    return [
+        Error(
+            f"{_key('RESULT_STORAGE')} = {alias!r} is not a key of STORAGES: large step results could not be stored",
+            hint=f'Add STORAGES[{alias!r}] = {{"BACKEND": ...}} (a storage every worker shares), '
+            "or set RESULT_STORAGE to None to keep them in the database.",
+            id="durable_agents.E006",
+        )
+    ]
+
+
+@_never_raises
+def check_sweep_schedule(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> list[CheckMessage]:
+    """W001: celery beat schedules the sweep, the only thing that finds runs whose wake-up message was lost."""
+    if getattr(django_settings, "CELERY_BEAT_SCHEDULER", None):
+        return []  # a database scheduler (django-celery-beat) keeps its schedule where a check cannot read it
+    schedule = getattr(django_settings, "CELERY_BEAT_SCHEDULE", None)
+    entries = schedule.values() if isinstance(schedule, dict) else []
+    sweeps = [entry for entry in entries if isinstance(entry, dict) and entry.get("task") == SWEEP_TASK]
+    if sweeps:
+        return _sweep_queue(sweeps)
+    return [
+        Warning(
+            f"No {SWEEP_TASK!r} task in CELERY_BEAT_SCHEDULE: a run whose Celery message was lost, or whose worker "
+            "died, is never woken again, and wait deadlines and reminders never fire.",
+            hint='Add CELERY_BEAT_SCHEDULE = {"durable-agents-sweep": {"task": "durable_agents.sweep", '
+            '"schedule": timedelta(seconds=5), "options": {"expires": 30}}} and run exactly one `celery beat`; '
+            "if beat is scheduled elsewhere, add this id to SILENCED_SYSTEM_CHECKS.",
+            id="durable_agents.W001",
+        )
+    ]
+
+
+def _sweep_queue(sweeps: list[dict[str, Any]]) -> list[CheckMessage]:
+    """W008: with QUEUE set, the durable workers may serve only that queue; a sweep sent to Celery's default
+    queue would then wait for a worker that never comes."""
+    configured = getattr(django_settings, "DURABLE_AGENTS", None)
+    queue = configured.get("QUEUE") if isinstance(configured, dict) else None
+    options = [entry.get("options") if isinstance(entry.get("options"), dict) else {} for entry in sweeps]
+    if not isinstance(queue, str) or not queue or any(option.get("queue") == queue for option in options):
+        return []
+    return [
+        Warning(
+            f"DURABLE_AGENTS['QUEUE'] is {queue!r}, but beat sends {SWEEP_TASK!r} to another queue: unless a worker "
+            "serves that one, lost runs are never woken again.",
+            hint=f'Add "queue": {queue!r} to the sweep entry\'s "options" in CELERY_BEAT_SCHEDULE.',
+            id="durable_agents.W008",
+        )
+    ]
+
+
+@_never_raises
+def check_serializer(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> list[CheckMessage]:
+    """W002: Celery neither sends nor accepts pickle; durable_agents' tasks carry ids only, as JSON."""
+    serializer = getattr(django_settings, "CELERY_TASK_SERIALIZER", "json")
+    accepted = getattr(django_settings, "CELERY_ACCEPT_CONTENT", ["json"])
+    accepted = [accepted] if isinstance(accepted, str) else accepted if isinstance(accepted, list | tuple) else []
+    sends_pickle = isinstance(serializer, str) and serializer in PICKLE
+    if not sends_pickle and not PICKLE.intersection(a for a in accepted if isinstance(a, str)):
+        return []
+    return [
+        Warning(
+            "Celery is set to send or accept pickle (CELERY_TASK_SERIALIZER / CELERY_ACCEPT_CONTENT): a worker "
+            "then runs whatever code a message on the broker carries.",
+            hint='durable_agents\' tasks take ids only: set CELERY_TASK_SERIALIZER = "json" and '
+            'CELERY_ACCEPT_CONTENT = ["json"].',
+            id="durable_agents.W002",
+        )
+    ]
+
+
+@_never_raises
+def check_database(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> list[CheckMessage]:
+    """W003 (deploy): production runs on Postgres; SQLite is the embedded default of the demo."""
+    databases = getattr(django_settings, "DATABASES", {})
+    default = databases.get("default") if isinstance(databases, dict) else None
+    engine = str(default.get("ENGINE", "")) if isinstance(default, dict) else ""
+    if "sqlite" not in engine or django_settings.DEBUG:
+        return []
+    return [
+        Warning(
+            "The default database is SQLite with DEBUG off. SQLite is the embedded demo default: it has one writer "
+            "at a time and no SELECT ... FOR UPDATE SKIP LOCKED, so workers queue behind each other.",
+            hint="Set DATABASE_URL (DATABASES['default']) to PostgreSQL, the database the guarantees are proven on.",
+            id="durable_agents.W003",
+        )
+    ]
+
+
+@_never_raises
+def check_base_url(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> list[CheckMessage]:
+    """W004: decision links sent to approvers start with BASE_URL, so it must be the site's public address."""
+    if django_settings.DEBUG or not (_value("APPROVERS") or _value("WEBHOOK_URL")):
+        return []
+    base = _value("BASE_URL")
+    if _is_public(base):
+        return []
+    return [
+        Warning(
+            f"{_key('BASE_URL')} is {base!r} while approval notifications go out (APPROVERS or WEBHOOK_URL is set): "
+            "the decision links in them would point at this machine, not at your site.",
+            hint='Set DURABLE_AGENTS["BASE_URL"] to the address approvers reach the site at, '
+            'e.g. "https://ops.example.com".',
+            id="durable_agents.W004",
+        )
+    ]
+
+
+def _is_public(url: str) -> bool:
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname
+    except ValueError:  # e.g. "http://[::1": not a URL a link could start with
+        return False
+    return parts.scheme in ("http", "https") and bool(host) and host not in LOCAL_HOSTS
+
+
+@_never_raises
+def check_decision_links(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> list[CheckMessage]:
+    """W005, W007: decision links resolve, and so does the login page they send a signed-out approver to."""
+    try:
+        reverse("durable_agents:decide_wait", kwargs={"wait_id": 1, "token": "t"})
+    except NoReverseMatch:
+        return [
+            Warning(
+                "durable_agents.urls is not included in ROOT_URLCONF: no decision link can be made, so every "
+                "approval notification fails to send.",
+                hint='Add path("durable/", include("durable_agents.urls")) to your urlpatterns.',
+                id="durable_agents.W007",
+            )
+        ]
+    login_url = str(getattr(django_settings, "LOGIN_URL", "") or "")
+    if _leads_somewhere(login_url):
+        return []
+    return [
+        Warning(
+            f"LOGIN_URL = {login_url!r} matches no URL pattern: an approver who is not signed in and clicks a decision "
+            "link is sent there (the page requires a login) and lands on a 404.",
+            hint='Set LOGIN_URL = "admin:login" (the admin\'s login page admits staff users only: make approvers '
+            'staff), or include django.contrib.auth.urls, e.g. path("accounts/", include("django.contrib.auth.urls")).',
+            id="durable_agents.W005",
+        )
+    ]
+
+
+def _leads_somewhere(login_url: str) -> bool:
+    """True if LOGIN_URL is another site's address, a URL pattern's name, or a path this site serves."""
+    if not login_url:
+        return False
+    if "://" in login_url or login_url.startswith("//"):
+        return True  # a single sign-on service elsewhere: not ours to resolve
+    try:
+        reverse(login_url)
+    except NoReverseMatch:
+        pass
+    else:
+        return True
+    try:
+        path = urlsplit(login_url).path
+    except ValueError:
+        return False
+    prefix = str(getattr(django_settings, "FORCE_SCRIPT_NAME", "") or "").rstrip("/")
+    if prefix and path.startswith(prefix + "/"):
+        path = path[len(prefix) :]
+    if not path.startswith("/"):
+        return False
+    try:
+        resolve(path)
+    except Resolver404:
+        return False
+    return True
+
+
+@_never_raises
+def check_anthropic_key(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> list[CheckMessage]:
+    """W006 (deploy): steps that ask Claude find an API key in the environment (the SDK reads it from there)."""
+    if os.environ.get("ANTHROPIC_API_KEY") or os.environ.get("ANTHROPIC_AUTH_TOKEN"):
+        return []
+    asking = [f"{definition.label} step {step.name!r}" for definition, step in _steps_asking_claude()]
+    if not asking:
+        return []
+    more = f" (and {len(asking) - 3} more)" if len(asking) > 3 else ""
+    return [
+        Warning(
+            f"{', '.join(asking[:3])}{more} ask Claude, and ANTHROPIC_API_KEY is not set: those steps will fail with "
+            "an authentication error.",
+            hint="Set ANTHROPIC_API_KEY in the environment of every worker (it is never stored), "
+            "or give those steps a registered participant.",
+            id="durable_agents.W006",
+        )
+    ]
+
+
+def _steps_asking_claude() -> Iterator[tuple[Workflow, StepDef]]:
+    default = _value("DEFAULT_PARTICIPANT")
+    for name in registry.names():
+        for version in registry.versions(name):
+            definition = registry.get(name, version)
+            for step in definition.steps:
+                if step.kind not in MODEL_KINDS:
+                    continue
+                spec = step.options.get("agent")
+                chosen = spec.participant if spec is not None else step.options.get("participant")
+                if (chosen or default) == ANTHROPIC:
+                    yield definition, step
+
+
+CHECKS: tuple[Check, ...] = (
+    check_settings,
+    check_hooks,
+    check_default_participant,
+    check_result_storage,
+    check_sweep_schedule,
+    check_serializer,
+    check_base_url,
+    check_decision_links,
+)
+DEPLOY_CHECKS: tuple[Check, ...] = (check_database, check_anthropic_key)

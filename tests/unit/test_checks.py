@@ -1,0 +1,376 @@
+"""The system checks fire on each misconfiguration with their id and a hint, stay silent on a good one, never raise."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from django.core.checks import ERROR, run_checks
+from django.test import override_settings
+
+from durable_agents import checks
+from durable_agents.agents.loop import agent
+from durable_agents.conf import SETTINGS
+from durable_agents.workflows import Registry, Workflow
+
+ROOT = Path(__file__).resolve().parents[2]
+SWEEP = {"sweep": {"task": "durable_agents.sweep", "schedule": 5.0}}
+NOT_CALLABLE = {"a": "dict"}
+
+
+def durable_messages(deploy: bool = False) -> list:
+    return [m for m in run_checks(tags=["durable_agents"], include_deployment_checks=deploy) if m.id]
+
+
+def ids(deploy: bool = False) -> list[str]:
+    return sorted(m.id for m in durable_messages(deploy))
+
+
+def test_checks__the_repository_configuration_passes_them():
+    messages = durable_messages(deploy=False)
+    assert not messages, f"tests.settings (on project/settings.py) trips the checks: {messages}"
+
+
+@pytest.mark.parametrize("settings_module", ["project.settings", "tests.settings", "tests.chaos.settings"])
+def test_checks__manage_py_check_passes_for_each_settings_module(settings_module, tmp_path):
+    result = _manage("check", env={"DJANGO_SETTINGS_MODULE": settings_module, "DURABLE_VAR_DIR": str(tmp_path)})
+    assert result.returncode == 0 and "durable_agents." not in result.stderr + result.stdout, (
+        f"`manage.py check` with {settings_module} reports:\n{result.stdout}\n{result.stderr}"
+    )
+
+
+def test_checks__manage_py_check_fails_on_a_bad_setting_with_the_id_and_no_traceback(tmp_path):
+    env = {
+        "DJANGO_SETTINGS_MODULE": "tests.settings",
+        "DURABLE_VAR_DIR": str(tmp_path),
+        "DURABLE_TEST_SETTINGS": '{"LEASE_SECOND": 5, "APPROVERS": "ops@example.com", "WAKER": "nodot"}',
+    }
+    result = _manage("check", env=env)
+    assert result.returncode != 0, f"a bad DURABLE_AGENTS passed `manage.py check`:\n{result.stderr}"
+    expected_lines = ("durable_agents.E002", "Did you mean 'LEASE_SECONDS'?", "E003", "E004")
+    for expected in expected_lines:
+        assert expected in result.stderr, f"{expected!r} is missing from:\n{result.stderr}"
+    assert "Traceback" not in result.stderr, f"a check raised instead of reporting:\n{result.stderr}"
+
+
+def _manage(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "manage.py", *args],
+        cwd=ROOT,
+        env={**os.environ, "DJANGO_LOCAL_SECRET_KEY": "1", **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+# --- E001-E003: the DURABLE_AGENTS dict -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("configured", [None, ["LEASE_SECONDS", 5], "LEASE_SECONDS=5", 5])
+def test_check_settings__durable_agents_must_be_a_dict(configured):
+    with override_settings(DURABLE_AGENTS=configured):
+        assert ids() == ["durable_agents.E001"]
+
+
+def test_check_settings__an_unknown_key_is_an_error_naming_the_nearest_known_one():
+    with override_settings(DURABLE_AGENTS={"LEASE_SECOND": 5, "lease_seconds": 5, 7: 1}):
+        messages = durable_messages()
+    assert [m.id for m in messages] == ["durable_agents.E002"] * 3
+    assert [m.hint for m in messages[:2]] == ["Did you mean 'LEASE_SECONDS'?"] * 2
+    assert "declared in durable_agents/conf.py" in messages[2].hint
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "hint"),
+    [
+        ("APPROVERS", "ops@example.com", "Write a list: ['ops@example.com']."),
+        ("APPROVERS", ["ops@example.com", 7], "Set DURABLE_AGENTS['APPROVERS'] to list[str]"),
+        ("LEASE_SECONDS", "15", "Write the number without quotes: 15."),
+        ("LEASE_SECONDS", 0, "Set DURABLE_AGENTS['LEASE_SECONDS'] to float, > 0, e.g. its default 15.0"),
+        ("LEASE_SECONDS", -3.0, "to float, > 0"),
+        ("SWEEP_BATCH", 0, "to int, >= 1"),
+        ("COMPACT_AT_PROMPT_TOKENS", "never", "to int | None, >= 1"),
+        ("PROMPT_CACHE_TTL", "1 hour", "to '5m' | '1h' | None"),
+        ("MODEL_PRICES", {"claude-x": "cheap"}, "as its default in durable_agents/conf.py"),
+        ("APPROVAL_DEADLINE_SECONDS", 0, "to float | None, > 0"),
+    ],
+)
+def test_check_settings__a_wrong_type_or_bound_is_an_error_with_a_fix(name, value, hint):
+    with override_settings(DURABLE_AGENTS={name: value}):
+        messages = durable_messages()
+    assert [m.id for m in messages] == ["durable_agents.E003"], messages
+    assert f"DURABLE_AGENTS[{name!r}]" in messages[0].msg
+    assert hint in messages[0].hint, messages[0].hint
+
+
+def test_check_settings__good_values_pass():
+    good = {
+        "LEASE_SECONDS": 30,
+        "APPROVERS": ("ops@example.com",),
+        "BASE_URL": "https://ops.example.com",
+        "PROMPT_CACHE_TTL": None,
+        "QUEUE": "durable",
+    }
+    sweep_on_its_queue = {"sweep": {**SWEEP["sweep"], "options": {"queue": "durable"}}}
+    with override_settings(DURABLE_AGENTS=good, CELERY_BEAT_SCHEDULE=sweep_on_its_queue):
+        assert ids() == []
+
+
+class _Hostile:
+    def __repr__(self) -> str:
+        raise RuntimeError("no repr for you")
+
+
+def _loop() -> list:
+    loop: list = []
+    loop.append(loop)
+    return loop
+
+
+HOSTILE = {
+    "none": None,
+    "nested-dicts": {"nested": {"deeper": [1, {"x": None}]}},
+    "list": ["a", "list"],
+    "no-dot": "nodot",
+    "huge-int": 10**400,
+    "inf": float("inf"),
+    "bytes": b"bytes",
+    "raising-repr": _Hostile(),
+    "list-in-itself": _loop(),
+}
+
+
+@pytest.mark.parametrize("value", HOSTILE.values(), ids=HOSTILE.keys())
+def test_checks__hostile_values_give_errors_never_a_traceback(value):
+    """Every key at once holding the value: each check reports (E00x or nothing), none raises (W000)."""
+    with override_settings(DURABLE_AGENTS=dict.fromkeys(SETTINGS, value)):
+        messages = durable_messages(deploy=True)
+    assert "durable_agents.W000" not in [m.id for m in messages], [m.msg for m in messages]
+    wrong = {m.msg.split("]")[0] for m in messages if m.id == "durable_agents.E003"}
+    accepted = {name for name, setting in SETTINGS.items() if setting.problem(value) is None}
+    assert len(wrong) + len(accepted) == len(SETTINGS), f"unreported keys for {value!r}: {messages}"
+    assert all(m.hint for m in messages), "every message tells what to do"
+
+
+@pytest.mark.filterwarnings("ignore:Overriding setting DATABASES")
+@pytest.mark.parametrize(
+    "odd",
+    [
+        {"CELERY_TASK_SERIALIZER": ["pickle"], "CELERY_ACCEPT_CONTENT": None},
+        {"CELERY_BEAT_SCHEDULE": {"sweep": {"task": ["durable_agents.sweep"]}}},
+        {"STORAGES": None, "DURABLE_AGENTS": {"RESULT_STORAGE": "results"}},
+        {"DATABASES": {"default": None}},
+        {"LOGIN_URL": object()},
+        {"FORCE_SCRIPT_NAME": 7},
+    ],
+    ids=["serializer-list", "task-list", "storages-none", "database-none", "login-object", "script-name-int"],
+)
+def test_checks__odd_django_settings_give_messages_never_a_traceback(odd):
+    with override_settings(**odd):
+        assert "durable_agents.W000" not in ids(deploy=True)
+
+
+# --- E004-E006: hooks, participant, storage -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "path", "said"),
+    [
+        ("WAKER", "nodot", "doesn't look like a module path"),
+        ("NOTIFIER", "durable_agents.notify.NoSuchNotifier", "does not define"),
+        ("NOTIFICATION_ENQUEUER", "no_such_module.enqueue", "No module named 'no_such_module'"),
+        ("WAKER", "tests.unit.test_checks.NOT_CALLABLE", "is not callable (it is a dict)"),
+        ("NOTIFIER", "broken_on_import.Notifier", "RuntimeError: broken at import"),
+    ],
+)
+def test_check_hooks__an_unimportable_or_uncallable_path_is_an_error(name, path, said, tmp_path, monkeypatch):
+    (tmp_path / "broken_on_import.py").write_text("raise RuntimeError('broken at import')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with override_settings(DURABLE_AGENTS={name: path}):
+        messages = durable_messages()
+    assert [m.id for m in messages] == ["durable_agents.E004"], messages
+    assert said in messages[0].msg and SETTINGS[name].default in messages[0].hint
+
+
+def test_check_hooks__the_defaults_and_the_tests_own_hooks_import():
+    hooks = {"NOTIFIER": "tests.testapp.notifiers.RecordingWebhookNotifier", "WAKER": "durable_agents.tasks.wake"}
+    with override_settings(DURABLE_AGENTS=hooks):
+        assert ids() == []
+
+
+def test_check_default_participant__an_unregistered_name_is_an_error():
+    with override_settings(DURABLE_AGENTS={"DEFAULT_PARTICIPANT": "reviewr"}):
+        messages = durable_messages()
+    assert [m.id for m in messages] == ["durable_agents.E005"]
+    assert "Did you mean 'reviewer'?" in messages[0].hint
+
+
+@pytest.mark.parametrize("name", ["anthropic", "reviewer"])
+def test_check_default_participant__anthropic_or_a_registered_name_passes(name):
+    with override_settings(DURABLE_AGENTS={"DEFAULT_PARTICIPANT": name}):
+        assert ids() == []
+
+
+def test_check_result_storage__an_alias_missing_from_storages_is_an_error():
+    with override_settings(DURABLE_AGENTS={"RESULT_STORAGE": "durable_results"}):
+        assert ids() == ["durable_agents.E006"]
+    storages = {"durable_results": {"BACKEND": "django.core.files.storage.InMemoryStorage"}}
+    with override_settings(DURABLE_AGENTS={"RESULT_STORAGE": "durable_results"}, STORAGES=storages):
+        assert ids() == []
+
+
+# --- W001-W008: Celery, the database, links, the model --------------------------------------------------------
+
+
+@pytest.mark.parametrize("schedule", [{}, None, {"other": {"task": "app.cleanup"}}, {"bad": None}, ["sweep"]])
+def test_check_sweep_schedule__no_sweep_in_beat_is_a_warning(schedule):
+    with override_settings(CELERY_BEAT_SCHEDULE=schedule):
+        assert ids() == ["durable_agents.W001"]
+
+
+def test_check_sweep_schedule__a_sweep_under_any_name_or_a_database_scheduler_passes():
+    with override_settings(CELERY_BEAT_SCHEDULE={"every-5s": SWEEP["sweep"]}):
+        assert ids() == []
+    with override_settings(CELERY_BEAT_SCHEDULE={}, CELERY_BEAT_SCHEDULER="django_celery_beat.schedulers:Database"):
+        assert ids() == []
+
+
+def test_check_sweep_schedule__with_a_queue_of_its_own_the_sweep_must_go_there_too():
+    sweep = {"task": "durable_agents.sweep", "schedule": 5.0, "options": {"expires": 30}}
+    with override_settings(DURABLE_AGENTS={"QUEUE": "durable"}, CELERY_BEAT_SCHEDULE={"s": sweep}):
+        (warning,) = durable_messages()
+        assert warning.id == "durable_agents.W008" and "\"queue\": 'durable'" in warning.hint
+    routed = {**sweep, "options": {"expires": 30, "queue": "durable"}}
+    with override_settings(DURABLE_AGENTS={"QUEUE": "durable"}, CELERY_BEAT_SCHEDULE={"s": routed}):
+        assert ids() == []
+    with override_settings(DURABLE_AGENTS={"QUEUE": "durable"}, CELERY_BEAT_SCHEDULE={"s": {**sweep, "options": 3}}):
+        assert ids() == ["durable_agents.W008"]
+
+
+@pytest.mark.parametrize(
+    ("serializer", "accept"),
+    [
+        ("pickle", ["json"]),
+        ("json", ["json", "pickle"]),
+        ("json", "pickle"),
+        ("json", ["application/x-python-serialize"]),
+    ],
+)
+def test_check_serializer__pickle_is_a_warning(serializer, accept):
+    with override_settings(CELERY_TASK_SERIALIZER=serializer, CELERY_ACCEPT_CONTENT=accept):
+        assert ids() == ["durable_agents.W002"]
+    with override_settings(CELERY_TASK_SERIALIZER="json", CELERY_ACCEPT_CONTENT=["json"]):
+        assert ids() == []
+
+
+SQLITE = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": "db.sqlite3"}}
+POSTGRES = {"default": {"ENGINE": "django.db.backends.postgresql", "NAME": "app"}}
+
+
+@pytest.mark.filterwarnings("ignore:Overriding setting DATABASES")
+def test_check_database__sqlite_without_debug_is_a_deploy_warning():
+    with override_settings(DATABASES=SQLITE, DEBUG=False):
+        assert ids(deploy=False) == []
+        assert "durable_agents.W003" in ids(deploy=True)
+    with override_settings(DATABASES=SQLITE, DEBUG=True):
+        assert "durable_agents.W003" not in ids(deploy=True)
+    with override_settings(DATABASES=POSTGRES, DEBUG=False):
+        assert "durable_agents.W003" not in ids(deploy=True)
+
+
+@pytest.mark.parametrize(
+    "configured",
+    [
+        {"APPROVERS": ["ops@example.com"]},
+        {"WEBHOOK_URL": "https://hooks.example.com/x"},
+        {"APPROVERS": ["ops@example.com"], "BASE_URL": "http://localhost:8000"},
+        {"APPROVERS": ["ops@example.com"], "BASE_URL": "ops.example.com"},
+        {"APPROVERS": ["ops@example.com"], "BASE_URL": "http://[::1"},
+    ],
+)
+def test_check_base_url__local_links_while_notifying_is_a_warning(configured):
+    with override_settings(DURABLE_AGENTS=configured, DEBUG=False):
+        messages = durable_messages()
+    assert [m.id for m in messages] == ["durable_agents.W004"]
+    assert "BASE_URL" in messages[0].hint
+
+
+@pytest.mark.parametrize(
+    ("configured", "debug"),
+    [
+        ({"APPROVERS": ["ops@example.com"], "BASE_URL": "https://ops.example.com"}, False),
+        ({"APPROVERS": ["ops@example.com"]}, True),
+        ({}, False),
+    ],
+)
+def test_check_base_url__a_public_address_debug_or_no_notifications_pass(configured, debug):
+    with override_settings(DURABLE_AGENTS=configured, DEBUG=debug):
+        assert ids() == []
+
+
+@pytest.mark.parametrize("login_url", ["/accounts/login/", "accounts:login", "", "login", None])
+def test_check_decision_links__a_login_url_that_leads_nowhere_is_a_warning(login_url):
+    with override_settings(LOGIN_URL=login_url):
+        messages = durable_messages()
+    assert [m.id for m in messages] == ["durable_agents.W005"]
+    assert 'LOGIN_URL = "admin:login"' in messages[0].hint
+
+
+@pytest.mark.parametrize("login_url", ["admin:login", "/admin/login/", "https://sso.example.com/login"])
+def test_check_decision_links__a_login_url_that_resolves_passes(login_url):
+    with override_settings(LOGIN_URL=login_url):
+        assert ids() == []
+
+
+def test_check_decision_links__urls_not_included_is_a_warning():
+    with override_settings(ROOT_URLCONF="django.contrib.auth.urls"):
+        messages = durable_messages()
+    assert [m.id for m in messages] == ["durable_agents.W007"]
+    assert 'include("durable_agents.urls")' in messages[0].hint
+
+
+@pytest.fixture
+def model_workflows(monkeypatch):
+    """A registry of its own: one agent step naming no participant, one naming a registered one."""
+    workflows = Registry()
+    workflows.register(Workflow("asks_default", 1, (agent("think", instructions="Think."),)))
+    workflows.register(Workflow("asks_reviewer", 1, (agent("think", instructions="x", participant="reviewer"),)))
+    monkeypatch.setattr(checks, "registry", workflows)
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    monkeypatch.delenv("ANTHROPIC_AUTH_TOKEN", raising=False)
+    return workflows
+
+
+def test_check_anthropic_key__claude_steps_without_a_key_are_a_deploy_warning(model_workflows):
+    assert ids(deploy=False) == []
+    messages = [m for m in durable_messages(deploy=True) if m.id == "durable_agents.W006"]
+    assert len(messages) == 1 and "asks_default@1 step 'think'" in messages[0].msg
+    assert "asks_reviewer" not in messages[0].msg
+
+
+def test_check_anthropic_key__a_key_or_another_default_participant_passes(model_workflows, monkeypatch):
+    with override_settings(DURABLE_AGENTS={"DEFAULT_PARTICIPANT": "reviewer"}):
+        assert "durable_agents.W006" not in ids(deploy=True)
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-test")
+    assert "durable_agents.W006" not in ids(deploy=True)
+
+
+def test_checks__a_check_that_breaks_reports_instead_of_raising(monkeypatch):
+    class Broken:
+        def names(self) -> list[str]:
+            raise RuntimeError("registry gone")
+
+    monkeypatch.setattr(checks, "participants", Broken())
+    messages = durable_messages()
+    assert [m.id for m in messages] == ["durable_agents.W000"]
+    assert "check_default_participant" in messages[0].msg and "registry gone" in messages[0].msg
+
+
+def test_checks__errors_are_errors_and_warnings_warnings():
+    with override_settings(DURABLE_AGENTS={"LEASE_SECOND": 1}, CELERY_BEAT_SCHEDULE={}):
+        levels = {m.id: m.level >= ERROR for m in durable_messages()}
+    assert levels == {"durable_agents.E002": True, "durable_agents.W001": False}

@@ -1,0 +1,75 @@
+"""The settings declarations: one source for defaults, types and docs, and the README's table rendered from it."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from django.test import override_settings
+
+from durable_agents.conf import DEFAULTS, SETTINGS, settings, settings_table
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+TABLE = re.compile(
+    r"<!-- DURABLE_AGENTS settings:[^\n]*-->\n(?P<table>.*?)\n<!-- end of DURABLE_AGENTS settings -->", re.DOTALL
+)
+REGENERATE = (
+    "regenerate it: python -c 'from durable_agents.conf import settings_table; print(settings_table())' "
+    "and paste the output between the <!-- DURABLE_AGENTS settings --> markers in README.md"
+)
+
+
+def test_settings_table__readme_lists_every_setting_as_declared():
+    match = TABLE.search(README.read_text())
+    assert match, f"README.md lost its DURABLE_AGENTS settings table markers; {REGENERATE}"
+    assert match["table"].strip() == settings_table(), f"README.md's settings table differs from conf.py; {REGENERATE}"
+
+
+def test_settings__every_default_satisfies_its_own_declaration():
+    wrong = {name: setting.problem(setting.default) for name, setting in SETTINGS.items()}
+    assert not {name: why for name, why in wrong.items() if why}, "a default breaks its own type or bounds"
+
+
+def test_settings__defaults_and_attribute_access_come_from_the_declarations():
+    assert {name: setting.default for name, setting in SETTINGS.items()} == DEFAULTS
+    assert settings.QUEUE == ""
+    with override_settings(DURABLE_AGENTS={"LEASE_SECONDS": 3}):
+        assert settings.LEASE_SECONDS == 3
+    with pytest.raises(AttributeError, match="unknown durable_agents setting 'LEASE_SECOND'"):
+        settings.LEASE_SECOND  # noqa: B018
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "reason"),
+    [
+        ("LEASE_SECONDS", "15", "must be float, got '15' (str)"),
+        ("LEASE_SECONDS", True, "must be float, got True (bool)"),
+        ("LEASE_SECONDS", 0, "must be greater than 0"),
+        ("LEASE_SECONDS", float("nan"), "must be a finite number"),
+        ("LEASE_SECONDS", 10**400, "must be a finite number"),
+        ("SWEEP_BATCH", 2.5, "must be int"),
+        ("APPROVERS", "ops@example.com", "must be list[str]"),
+        ("APPROVERS", ["ops@example.com", None], "must be list[str]"),
+        ("MODEL_PRICES", {"claude-x": (1.0, 2.0)}, "must be dict[str, tuple[float, float, float, float] | "),
+        ("MODEL_PRICES", {"claude-x": (1.0, 2.0, 3.0, -0.1)}, "must be at least 0"),
+        ("PROMPT_CACHE_TTL", "5 minutes", "must be '5m' | '1h' | None"),
+        ("COMPACT_AT_PROMPT_TOKENS", 0, "must be at least 1"),
+    ],
+)
+def test_setting__problem_says_what_is_wrong(name, value, reason):
+    assert reason in (SETTINGS[name].problem(value) or ""), SETTINGS[name].problem(value)
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("LEASE_SECONDS", 15),
+        ("APPROVERS", ("ops@example.com",)),
+        ("MODEL_PRICES", {"claude-x": [1, 2, 3, 4, 5]}),
+        ("COMPACT_AT_PROMPT_TOKENS", None),
+        ("RETRY_BACKOFF_SECONDS", 0.0),
+    ],
+)
+def test_setting__accepts_equivalent_forms(name, value):
+    assert SETTINGS[name].problem(value) is None
