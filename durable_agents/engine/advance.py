@@ -20,7 +20,7 @@ from datetime import timedelta
 from enum import StrEnum
 from typing import Any
 
-from django.db import InterfaceError, OperationalError, transaction
+from django.db import InterfaceError, OperationalError, connection, transaction
 from django.db.models import F
 
 from durable_agents.clock import DbNow
@@ -70,6 +70,7 @@ class Outcome(StrEnum):
     """What one advance did, for logs, tests and benchmarks."""
 
     SKIPPED = "skipped"  # not claimable: duplicate delivery, lease held, finished, not due
+    NOT_FOUND = "not_found"  # no such run in this worker's database
     COMMITTED = "committed"
     COMPLETED = "completed"
     RETRY = "retry"
@@ -87,7 +88,16 @@ def advance(run_id: uuid.UUID | str) -> Outcome:
     claimed_at = time.monotonic()
     if claimed is None:
         # Most unclaimable deliveries are duplicates: a read, not a write, tells whether a cancel waits.
-        if Run.objects.filter(pk=run_id, cancel_requested_at__isnull=False).exists():
+        found = list(Run.objects.filter(pk=run_id).values_list("cancel_requested_at", flat=True)[:1])
+        if not found:
+            logger.warning(
+                "run %s is not in this worker's database %r: deleted since, or sent by a process on another "
+                "database (check DATABASES and the broker of both)",
+                run_id,
+                connection.settings_dict.get("NAME"),
+            )
+            return Outcome.NOT_FOUND
+        if found[0] is not None:
             return _settled(settle_cancellation(run_id))
         return Outcome.SKIPPED
     claim, step = claimed

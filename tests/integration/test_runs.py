@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import uuid
 from datetime import timedelta
 
 import pytest
@@ -83,6 +85,16 @@ def test_claim__a_held_lease_cannot_be_claimed_twice():
     assert first is not None and first.token == 1
     assert claim_run(run.id) is None, "a second claim while the lease is held must match 0 rows"
     assert advance(run.id) is Outcome.SKIPPED
+
+
+def test_advance__a_run_missing_from_this_database_is_reported_not_silently_skipped(caplog):
+    """A worker on another database than the process that started the run (a test's worker on the dev
+    database, a wrong DATABASE_URL) says so in its log instead of skipping the message in silence."""
+    missing = uuid.uuid4()
+    with caplog.at_level(logging.WARNING, logger="durable_agents.engine"):
+        assert advance(missing) is Outcome.NOT_FOUND
+    assert f"run {missing} is not in this worker's database" in caplog.text
+    assert connection.settings_dict["NAME"] in caplog.text, "the warning names the database the worker looked in"
 
 
 def test_claim__expired_lease_is_taken_over_and_the_zombie_commit_is_rejected():
