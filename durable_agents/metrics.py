@@ -32,14 +32,21 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
 from django.db import connection, transaction
 from django.db.models import Count, DurationField, ExpressionWrapper, F, Min
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.http import require_GET
-from prometheus_client import CollectorRegistry
-from prometheus_client.core import GaugeMetricFamily, Metric
-from prometheus_client.exposition import choose_encoder
-from prometheus_client.registry import Collector
+
+try:
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.core import GaugeMetricFamily, Metric
+    from prometheus_client.exposition import choose_encoder
+    from prometheus_client.registry import Collector
+except ImportError as missing:  # an optional extra: say which
+    raise ImproperlyConfigured(
+        'durable_agents.metrics needs prometheus_client: pip install "durable-agents[metrics]"'
+    ) from missing
 
 from durable_agents import clock
 from durable_agents.conf import settings
