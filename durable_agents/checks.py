@@ -9,6 +9,7 @@ Registered in `DurableAgentsConfig.ready()` under the tag `durable_agents`; `man
     E004  NOTIFIER, WAKER or NOTIFICATION_ENQUEUER does not import, or is not callable
     E005  DEFAULT_PARTICIPANT is neither "anthropic" nor a registered participant
     E006  RESULT_STORAGE names no STORAGES entry
+    E007  steps ask Claude, and the anthropic SDK is not installed
     W000  a check could not run (its own bug; it reports instead of raising)
     W001  no `durable_agents.sweep` in CELERY_BEAT_SCHEDULE: runs whose message was lost are never woken
     W002  Celery may send or accept pickle
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import importlib.util
 import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -378,6 +380,24 @@ def check_anthropic_key(app_configs: Sequence[Any] | None = None, **kwargs: Any)
     ]
 
 
+@_never_raises
+def check_anthropic_sdk(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> list[CheckMessage]:
+    """E007: steps that ask Claude can import the SDK (an optional extra of the package)."""
+    if importlib.util.find_spec("anthropic") is not None:
+        return []
+    asking = [f"{definition.label} step {step.name!r}" for definition, step in _steps_asking_claude()]
+    if not asking:
+        return []
+    more = f" (and {len(asking) - 3} more)" if len(asking) > 3 else ""
+    return [
+        Error(
+            f"{', '.join(asking[:3])}{more} ask Claude, and the anthropic SDK is not installed: those steps fail.",
+            hint='pip install "durable-agents[anthropic]", or give those steps a registered participant.',
+            id="durable_agents.E007",
+        )
+    ]
+
+
 def _steps_asking_claude() -> Iterator[tuple[Workflow, StepDef]]:
     default = _value("DEFAULT_PARTICIPANT")
     for name in registry.names():
@@ -401,5 +421,6 @@ CHECKS: tuple[Check, ...] = (
     check_serializer,
     check_base_url,
     check_decision_links,
+    check_anthropic_sdk,
 )
 DEPLOY_CHECKS: tuple[Check, ...] = (check_database, check_anthropic_key)

@@ -359,6 +359,18 @@ def test_check_anthropic_key__a_key_or_another_default_participant_passes(model_
     assert "durable_agents.W006" not in ids(deploy=True)
 
 
+def test_check_anthropic_sdk__claude_steps_without_the_sdk_are_an_error(model_workflows, monkeypatch):
+    real_find_spec = checks.importlib.util.find_spec
+    monkeypatch.setattr(
+        checks.importlib.util, "find_spec", lambda name, *a: None if name == "anthropic" else real_find_spec(name, *a)
+    )
+    messages = [m for m in durable_messages() if m.id == "durable_agents.E007"]
+    assert len(messages) == 1 and "asks_default@1 step 'think'" in messages[0].msg
+    assert "durable-agents[anthropic]" in messages[0].hint
+    with override_settings(DURABLE_AGENTS={"DEFAULT_PARTICIPANT": "reviewer"}):
+        assert "durable_agents.E007" not in ids()
+
+
 def test_checks__a_check_that_breaks_reports_instead_of_raising(monkeypatch):
     class Broken:
         def names(self) -> list[str]:
