@@ -1,0 +1,66 @@
+"""Attacks on issue 15 (app-scoped Celery, typed settings, checks): each test is a hole found, or one that held.
+
+The holes: a configuration the checks pass, after which runs stop progressing for good.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+from django.test import override_settings
+
+from durable_agents import api, tasks
+from durable_agents.models import StepStatus
+from durable_agents.testing import wait_for_run
+
+ROOT = Path(__file__).resolve().parents[2]
+SAME = "durable-same"
+WOKEN: list[tuple[str, dict]] = []
+
+
+def record_wake(run_id: str, countdown: float | None = None, **routed: str) -> None:
+    """A WAKER that only records: what the engine asked for, without a broker."""
+    WOKEN.append((run_id, routed))
+
+
+def _durable(**changes: object) -> dict:
+    return {**settings.DURABLE_AGENTS, **changes}
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    ("queue", "model_queue", "delivered_on"),
+    [
+        (SAME, SAME, SAME),  # one queue for every durable message, "the model steps too"
+        ("", "celery", "celery"),  # the model queue named after Celery's default queue
+    ],
+)
+def test_pass_on__a_model_queue_that_is_also_the_default_queue_runs_the_step_instead_of_passing_it_on(
+    queue, model_queue, delivered_on
+):
+    """A plain step's message on MODEL_QUEUE is passed on to QUEUE (or Celery's default queue); when those are the
+    same queue, passing it on puts it back where it came from, for ever: the step never runs."""
+    WOKEN.clear()
+    durable = _durable(QUEUE=queue, MODEL_QUEUE=model_queue, WAKER=f"{__name__}.record_wake")
+    with override_settings(DURABLE_AGENTS=durable):
+        run = api.start("noop", {"steps": 1})
+        WOKEN.clear()
+        done = tasks._advance_or_pass_on(str(run.id), delivered_on)
+    assert done != "passed on", (
+        f"with QUEUE={queue!r} and MODEL_QUEUE={model_queue!r} the plain step's message was passed on to the queue "
+        f"it came from ({WOKEN}): it circles between the worker and the broker and the step never runs"
+    )
+    assert api.get(run.id).steps.filter(status=StepStatus.DONE).count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_pass_on__a_worker_serving_one_queue_that_is_queue_and_model_queue_finishes_the_run(start_worker):
+    """The same hole on a real worker: QUEUE and MODEL_QUEUE both name the one queue the worker serves."""
+    same = {"QUEUE": SAME, "MODEL_QUEUE": SAME}
+    with override_settings(DURABLE_AGENTS=_durable(**same)):
+        start_worker(env={"DURABLE_TEST_SETTINGS": json.dumps(same)}, extra_args=["--queues", SAME])
+        run = api.start("noop", {"steps": 3})
+        wait_for_run(run.id, "completed", timeout=30)
