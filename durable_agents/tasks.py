@@ -52,12 +52,29 @@ def advance(self: Any, run_id: str) -> str:
 
 def _advance_or_pass_on(run_id: str, delivered_on: str | None) -> str:
     # A model-queue message for a run whose next step no longer waits on the model (a stale countdown after a
-    # resume, a redelivery) goes to the default queue: plain steps, CPU-bound ones too, run on prefork.
+    # resume, a redelivery) goes to the default queue: plain steps, CPU-bound ones too, run on prefork. Unless
+    # that is this very queue (MODEL_QUEUE names QUEUE, or Celery's default queue): passed on, the message would
+    # come straight back here, for ever, and the step would never run.
     model_queue = durable_settings.MODEL_QUEUE
-    if model_queue and delivered_on == model_queue and queue_for(run_id) != model_queue:
+    if (
+        model_queue
+        and delivered_on == model_queue
+        and delivered_on not in _plain_steps_queue()
+        and queue_for(run_id) != model_queue
+    ):
         engine_wake(run_id)
         return "passed on"
     return engine_advance.advance(run_id).value
+
+
+def _plain_steps_queue() -> set[str]:
+    """The name and routing key of the queue a plain step's wake-up goes to: QUEUE, else the product's routes, else
+    Celery's default queue."""
+    try:
+        queue = advance.app.amqp.router.route(_routed(durable_settings.QUEUE), advance.name).get("queue")
+    except Exception:  # noqa: BLE001 - e.g. a queue missing from task_queues: the wake-up's own send reports it
+        return set()
+    return {name for name in (getattr(queue, "name", None), getattr(queue, "routing_key", None)) if name}
 
 
 @shared_task(name="durable_agents.sweep", **JSON)

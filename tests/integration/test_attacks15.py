@@ -18,12 +18,12 @@ from durable_agents.testing import wait_for_run
 
 ROOT = Path(__file__).resolve().parents[2]
 SAME = "durable-same"
-WOKEN: list[tuple[str, dict]] = []
+woken: list[tuple[str, dict]] = []
 
 
 def record_wake(run_id: str, countdown: float | None = None, **routed: str) -> None:
     """A WAKER that only records: what the engine asked for, without a broker."""
-    WOKEN.append((run_id, routed))
+    woken.append((run_id, routed))
 
 
 def _durable(**changes: object) -> dict:
@@ -43,15 +43,15 @@ def test_pass_on__a_model_queue_that_is_also_the_default_queue_runs_the_step_ins
 ):
     """A plain step's message on MODEL_QUEUE is passed on to QUEUE (or Celery's default queue); when those are the
     same queue, passing it on puts it back where it came from, for ever: the step never runs."""
-    WOKEN.clear()
+    woken.clear()
     durable = _durable(QUEUE=queue, MODEL_QUEUE=model_queue, WAKER=f"{__name__}.record_wake")
     with override_settings(DURABLE_AGENTS=durable):
         run = api.start("noop", {"steps": 1})
-        WOKEN.clear()
+        woken.clear()
         done = tasks._advance_or_pass_on(str(run.id), delivered_on)
     assert done != "passed on", (
         f"with QUEUE={queue!r} and MODEL_QUEUE={model_queue!r} the plain step's message was passed on to the queue "
-        f"it came from ({WOKEN}): it circles between the worker and the broker and the step never runs"
+        f"it came from ({woken}): it circles between the worker and the broker and the step never runs"
     )
     assert api.get(run.id).steps.filter(status=StepStatus.DONE).count() == 1
 
@@ -64,3 +64,18 @@ def test_pass_on__a_worker_serving_one_queue_that_is_queue_and_model_queue_finis
         start_worker(env={"DURABLE_TEST_SETTINGS": json.dumps(same)}, extra_args=["--queues", SAME])
         run = api.start("noop", {"steps": 3})
         wait_for_run(run.id, "completed", timeout=30)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("queue", ["", "durable-own"])
+def test_pass_on__a_plain_steps_message_on_a_model_queue_of_its_own_is_still_passed_on(queue):
+    """What held: with MODEL_QUEUE a queue of its own, a plain step's stale message there goes to the default queue
+    (the wake-up carries no queue: the waker sends it to QUEUE, else Celery's default)."""
+    woken.clear()
+    durable = _durable(QUEUE=queue, MODEL_QUEUE="durable-model", WAKER=f"{__name__}.record_wake")
+    with override_settings(DURABLE_AGENTS=durable):
+        run = api.start("noop", {"steps": 1})
+        woken.clear()
+        done = tasks._advance_or_pass_on(str(run.id), "durable-model")
+    assert done == "passed on", "a plain step must not run on the model worker's gevent pool"
+    assert woken == [(str(run.id), {})], f"the message should go to the default queue, not {woken}"
