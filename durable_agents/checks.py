@@ -10,6 +10,7 @@ Registered in `DurableAgentsConfig.ready()` under the tag `durable_agents`; `man
     E005  DEFAULT_PARTICIPANT is neither "anthropic" nor a registered participant
     E006  RESULT_STORAGE names no STORAGES entry
     E007  steps ask Claude, and the anthropic SDK is not installed
+    E008  CELERY_ACCEPT_CONTENT does not accept JSON: workers drop every durable message
     W000  a check could not run (its own bug; it reports instead of raising)
     W001  no `durable_agents.sweep` in CELERY_BEAT_SCHEDULE: runs whose message was lost are never woken
     W002  Celery may send or accept pickle
@@ -30,7 +31,7 @@ import difflib
 import functools
 import importlib.util
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -48,6 +49,7 @@ Check = Callable[..., list[CheckMessage]]
 HOOKS = ("NOTIFIER", "WAKER", "NOTIFICATION_ENQUEUER")
 SWEEP_TASK = "durable_agents.sweep"
 PICKLE = {"pickle", "application/x-python-serialize"}
+JSON = {"json", "application/json"}
 LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1", "0.0.0.0"}
 MODEL_KINDS = {StepKind.AGENT, StepKind.JUDGE, StepKind.PLANNER}
 ANTHROPIC = "anthropic"
@@ -240,14 +242,28 @@ def _sweep_queue(sweeps: list[dict[str, Any]]) -> list[CheckMessage]:
 
 @_never_raises
 def check_serializer(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> list[CheckMessage]:
-    """W002: Celery neither sends nor accepts pickle; durable_agents' tasks carry ids only, as JSON."""
+    """E008, W002: workers accept JSON (durable_agents' tasks carry ids only, as JSON), and Celery neither sends nor
+    accepts pickle."""
     serializer = getattr(django_settings, "CELERY_TASK_SERIALIZER", "json")
     accepted = getattr(django_settings, "CELERY_ACCEPT_CONTENT", ["json"])
-    accepted = [accepted] if isinstance(accepted, str) else accepted if isinstance(accepted, list | tuple) else []
+    # Celery takes any iterable of names or content types (kombu's prepare_accept_content).
+    accepted = [accepted] if isinstance(accepted, str) else accepted if isinstance(accepted, Iterable) else []
+    accepted = {a for a in accepted if isinstance(a, str)}
+    messages: list[CheckMessage] = []
+    if not JSON.intersection(accepted):
+        messages.append(
+            Error(
+                f"CELERY_ACCEPT_CONTENT = {sorted(accepted)!r} does not accept JSON: workers refuse and drop every "
+                "durable_agents message (and the sweep's), so no run ever progresses.",
+                hint='Add "json" to CELERY_ACCEPT_CONTENT (durable_agents\' tasks send ids only, as JSON, whatever '
+                "CELERY_TASK_SERIALIZER says).",
+                id="durable_agents.E008",
+            )
+        )
     sends_pickle = isinstance(serializer, str) and serializer in PICKLE
-    if not sends_pickle and not PICKLE.intersection(a for a in accepted if isinstance(a, str)):
-        return []
-    return [
+    if not sends_pickle and not PICKLE.intersection(accepted):
+        return messages
+    return messages + [
         Warning(
             "Celery is set to send or accept pickle (CELERY_TASK_SERIALIZER / CELERY_ACCEPT_CONTENT): a worker "
             "then runs whatever code a message on the broker carries.",
