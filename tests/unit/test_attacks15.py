@@ -6,6 +6,8 @@ import pytest
 from django.core.checks import ERROR, run_checks
 from django.test import override_settings
 
+from durable_agents.conf import SETTINGS
+
 
 def durable_messages() -> list:
     return [m for m in run_checks(tags=["durable_agents"]) if m.id]
@@ -35,4 +37,29 @@ def test_check_serializer__pickle_in_a_set_is_a_warning(accept):
 @pytest.mark.parametrize("accept", [["json"], ("json", "msgpack"), ["application/json"], {"json"}])
 def test_check_serializer__workers_that_accept_json_pass(accept):
     with override_settings(CELERY_ACCEPT_CONTENT=accept):
+        assert ids() == []
+
+
+SECONDS = sorted(name for name, setting in SETTINGS.items() if name.endswith("_SECONDS"))
+
+
+# Each passed the checks (finite, above 0) and breaks at run time: IDLE_RESWEEP_SECONDS=1e300 raises OverflowError in
+# every sweep (no lost run is woken again), LEASE_SECONDS=1e300 in every claim (no run advances),
+# NOTIFY_RETRY_SECONDS=1e12 "timestamp out of range" in every sweep, SWEEP_BATCH=10**19 "bigint out of range".
+@pytest.mark.parametrize("name", SECONDS)
+@pytest.mark.parametrize("value", [1e300, 1e12])
+def test_check_settings__a_duration_too_long_for_a_timestamp_is_an_error(name, value):
+    with override_settings(DURABLE_AGENTS={name: value}):
+        assert ids() == ["durable_agents.E003"], f"{name}={value:g} passed the checks; no timestamp is that far"
+
+
+@pytest.mark.parametrize("name", ["SWEEP_BATCH", "ADMIN_EXACT_COUNT_LIMIT"])
+def test_check_settings__a_limit_beyond_sql_bigint_is_an_error(name):
+    with override_settings(DURABLE_AGENTS={name: 10**19}):
+        assert ids() == ["durable_agents.E003"], f"{name}=10**19 passed the checks; Postgres refuses it as a LIMIT"
+
+
+@pytest.mark.parametrize("name", SECONDS)
+def test_check_settings__a_duration_of_years_passes(name):
+    with override_settings(DURABLE_AGENTS={name: 10 * 365 * 24 * 3600.0}):
         assert ids() == []
