@@ -37,6 +37,8 @@ class Setting:
     # Bounds of a number (and of each number inside the value): greater than, or at least.
     above: float | None = None
     at_least: float | None = None
+    # At most: a duration must fit a timestamp (and timedelta), a limit a Postgres bigint.
+    at_most: float | None = None
 
     def problem(self, value: Any) -> str | None:
         """Why `value` cannot be this setting, or None if it can."""
@@ -49,26 +51,47 @@ class Setting:
                 return f"must be greater than {self.above:g}, got {_show(value)}"
             if self.at_least is not None and not number >= self.at_least:
                 return f"must be at least {self.at_least:g}, got {_show(value)}"
+            if self.at_most is not None and not number <= self.at_most:
+                return f"must be at most {self.at_most:g}, got {_show(value)}"
         return None
 
     def describe(self) -> str:
         """The type and bounds in words, e.g. "float, > 0"."""
         bounds = f", > {self.above:g}" if self.above is not None else ""
         bounds += f", >= {self.at_least:g}" if self.at_least is not None else ""
+        bounds += f", <= {self.at_most:g}" if self.at_most is not None else ""
         return describe(self.type) + bounds
 
 
 # (input, output, cache write, cache read) or with the 1 h cache write last (default: twice the input).
 Prices = dict[str, tuple[float, float, float, float] | tuple[float, float, float, float, float]]
 
+# The longest duration and the largest SQL limit a setting may hold: about 31 years, a billion rows. Beyond them a
+# value passes every other bound and breaks at run time: `timedelta(seconds=1e300)` overflows in every sweep or
+# claim, STATEMENT_TIMESTAMP() + 1e12 s is out of a timestamp's range, a LIMIT of 10**19 out of a bigint's.
+LONGEST_SECONDS = 1e9
+MOST_ROWS = 10**9
+
 SETTINGS: dict[str, Setting] = {
-    "LEASE_SECONDS": Setting(15.0, float, "a step's lease; a heartbeat renews it every third of this", above=0),
-    "IDLE_RESWEEP_SECONDS": Setting(
-        10.0, float, "a runnable run with no progress for this long is woken again by the sweep (lost message)", above=0
+    "LEASE_SECONDS": Setting(
+        15.0, float, "a step's lease; a heartbeat renews it every third of this", above=0, at_most=LONGEST_SECONDS
     ),
-    "SWEEP_BATCH": Setting(1000, int, "at most this many runs re-enqueued by one sweep pass", at_least=1),
+    "IDLE_RESWEEP_SECONDS": Setting(
+        10.0,
+        float,
+        "a runnable run with no progress for this long is woken again by the sweep (lost message)",
+        above=0,
+        at_most=LONGEST_SECONDS,
+    ),
+    "SWEEP_BATCH": Setting(
+        1000, int, "at most this many runs re-enqueued by one sweep pass", at_least=1, at_most=MOST_ROWS
+    ),
     "STUCK_AFTER_SECONDS": Setting(
-        600.0, float, "a running run with no progress for this long is flagged stuck in the console", above=0
+        600.0,
+        float,
+        "a running run with no progress for this long is flagged stuck in the console",
+        above=0,
+        at_most=LONGEST_SECONDS,
     ),
     "RESULT_INLINE_MAX_BYTES": Setting(
         64 * 1024,
@@ -87,16 +110,25 @@ SETTINGS: dict[str, Setting] = {
     ),
     "INPUT_MAX_BYTES": Setting(1024 * 1024, int, "run inputs larger than this (JSON bytes) are refused", at_least=1),
     "MAX_COUNTDOWN_SECONDS": Setting(
-        30.0, float, "retries wait in-process with a countdown up to this long; the sweep takes longer ones", at_least=0
+        30.0,
+        float,
+        "retries wait in-process with a countdown up to this long; the sweep takes longer ones",
+        at_least=0,
+        at_most=LONGEST_SECONDS,
     ),
     "RETRY_MAX_ATTEMPTS": Setting(5, int, "default attempts in all of a failing step", at_least=1),
-    "RETRY_BACKOFF_SECONDS": Setting(0.5, float, "default backoff base between attempts of a step", at_least=0),
-    "RETRY_BACKOFF_MAX_SECONDS": Setting(60.0, float, "default backoff cap between attempts of a step", at_least=0),
+    "RETRY_BACKOFF_SECONDS": Setting(
+        0.5, float, "default backoff base between attempts of a step", at_least=0, at_most=LONGEST_SECONDS
+    ),
+    "RETRY_BACKOFF_MAX_SECONDS": Setting(
+        60.0, float, "default backoff cap between attempts of a step", at_least=0, at_most=LONGEST_SECONDS
+    ),
     "RETRY_AFTER_MAX_SECONDS": Setting(
         600.0,
         float,
         "the longest a service's `retry-after` (a 429, a 529) may delay a step; `durable_resume` clears it",
         at_least=0,
+        at_most=LONGEST_SECONDS,
     ),
     "RETRY_AFTER_JITTER": Setting(
         1.0,
@@ -116,7 +148,9 @@ SETTINGS: dict[str, Setting] = {
     "DEFAULT_PARTICIPANT": Setting(
         "anthropic", str, 'who answers model turns by default: "anthropic" (Claude) or a registered participant'
     ),
-    "MODEL_TIMEOUT_SECONDS": Setting(120.0, float, "the longest one model request may take", above=0),
+    "MODEL_TIMEOUT_SECONDS": Setting(
+        120.0, float, "the longest one model request may take", above=0, at_most=LONGEST_SECONDS
+    ),
     "MODEL_QUEUE": Setting(
         "",
         str,
@@ -151,20 +185,38 @@ SETTINGS: dict[str, Setting] = {
     "APPROVERS": Setting([], list[str], "who is notified of an approval that names no `notify_to`"),
     "WEBHOOK_URL": Setting("", str, "where `durable_agents.notify.WebhookNotifier` POSTs notifications"),
     "BASE_URL": Setting("http://127.0.0.1:8000", str, "the site's address, the start of the decision links sent"),
-    "LINK_MAX_AGE_SECONDS": Setting(7 * 24 * 3600, float, "a decision link expires after this long", at_least=0),
+    "LINK_MAX_AGE_SECONDS": Setting(
+        7 * 24 * 3600, float, "a decision link expires after this long", at_least=0, at_most=LONGEST_SECONDS
+    ),
     "NOTIFY_RETRY_SECONDS": Setting(
-        30.0, float, "a notification no task picked up this long after it was enqueued is enqueued again", above=0
+        30.0,
+        float,
+        "a notification no task picked up this long after it was enqueued is enqueued again",
+        above=0,
+        at_most=LONGEST_SECONDS,
     ),
     "NOTIFY_MAX_ATTEMPTS": Setting(
         10, int, "attempts in all to send a notification before it is failed and needs attention", at_least=1
     ),
-    "NOTIFY_BACKOFF_SECONDS": Setting(10.0, float, "backoff base between attempts to send", at_least=0),
-    "NOTIFY_BACKOFF_MAX_SECONDS": Setting(3600.0, float, "backoff cap between attempts to send", at_least=0),
+    "NOTIFY_BACKOFF_SECONDS": Setting(
+        10.0, float, "backoff base between attempts to send", at_least=0, at_most=LONGEST_SECONDS
+    ),
+    "NOTIFY_BACKOFF_MAX_SECONDS": Setting(
+        3600.0, float, "backoff cap between attempts to send", at_least=0, at_most=LONGEST_SECONDS
+    ),
     "NOTIFY_SEND_TIMEOUT_SECONDS": Setting(
-        10.0, float, "the longest one send may take; a custom notifier must time out after it too", above=0
+        10.0,
+        float,
+        "the longest one send may take; a custom notifier must time out after it too",
+        above=0,
+        at_most=LONGEST_SECONDS,
     ),
     "APPROVAL_DEADLINE_SECONDS": Setting(
-        None, float | None, "deadline of approvals of tools marked needs_approval (None: none); policy reject", above=0
+        None,
+        float | None,
+        "deadline of approvals of tools marked needs_approval (None: none); policy reject",
+        above=0,
+        at_most=LONGEST_SECONDS,
     ),
     "WAKER": Setting(
         "durable_agents.tasks.wake",
@@ -180,10 +232,18 @@ SETTINGS: dict[str, Setting] = {
         None, str | None, "bearer token Prometheus sends to /metrics; None: only staff logins may read it"
     ),
     "METRICS_WINDOW_SECONDS": Setting(
-        300.0, float, "step latency and retry metrics cover the steps finished in the last this-many seconds", above=0
+        300.0,
+        float,
+        "step latency and retry metrics cover the steps finished in the last this-many seconds",
+        above=0,
+        at_most=LONGEST_SECONDS,
     ),
     "ADMIN_EXACT_COUNT_LIMIT": Setting(
-        1000, int, "admin lists count matching runs exactly up to this many, then show a Postgres estimate", at_least=0
+        1000,
+        int,
+        "admin lists count matching runs exactly up to this many, then show a Postgres estimate",
+        at_least=0,
+        at_most=MOST_ROWS,
     ),
     "COMPACT_AT_PROMPT_TOKENS": Setting(
         100_000,

@@ -90,7 +90,7 @@ def test_check_settings__an_unknown_key_is_an_error_naming_the_nearest_known_one
         ("APPROVERS", "ops@example.com", "Write a list: ['ops@example.com']."),
         ("APPROVERS", ["ops@example.com", 7], "Set DURABLE_AGENTS['APPROVERS'] to list[str]"),
         ("LEASE_SECONDS", "15", "Write the number without quotes: 15."),
-        ("LEASE_SECONDS", 0, "Set DURABLE_AGENTS['LEASE_SECONDS'] to float, > 0, e.g. its default 15.0"),
+        ("LEASE_SECONDS", 0, "Set DURABLE_AGENTS['LEASE_SECONDS'] to float, > 0, <= 1e+09, e.g. its default 15.0"),
         ("LEASE_SECONDS", -3.0, "to float, > 0"),
         ("SWEEP_BATCH", 0, "to int, >= 1"),
         ("COMPACT_AT_PROMPT_TOKENS", "never", "to int | None, >= 1"),
