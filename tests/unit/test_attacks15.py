@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from django.core.checks import ERROR, run_checks
 from django.test import override_settings
+from kombu import Queue
 
 from durable_agents.conf import SETTINGS
 
@@ -62,4 +63,29 @@ def test_check_settings__a_limit_beyond_sql_bigint_is_an_error(name):
 @pytest.mark.parametrize("name", SECONDS)
 def test_check_settings__a_duration_of_years_passes(name):
     with override_settings(DURABLE_AGENTS={name: 10 * 365 * 24 * 3600.0}):
+        assert ids() == []
+
+
+# With CELERY_TASK_CREATE_MISSING_QUEUES off, Celery refuses to send to an undeclared queue (QueueNotFound): every
+# wake-up fails ("could not wake run ...; the sweep will"), the sweep's fails the same way, and no run progresses.
+@pytest.mark.parametrize("name", ["QUEUE", "MODEL_QUEUE", "NOTIFY_QUEUE"])
+def test_check_queues__a_queue_celery_will_not_create_is_an_error(name):
+    hardened = {"CELERY_TASK_CREATE_MISSING_QUEUES": False, "CELERY_TASK_QUEUES": [Queue("celery")]}
+    with override_settings(DURABLE_AGENTS={name: "durable"}, **hardened):
+        missing = [m for m in durable_messages() if m.id == "durable_agents.E009"]
+    assert missing, f"{name}='durable' is missing from CELERY_TASK_QUEUES, unreported: Celery will not send there"
+    assert "durable" in missing[0].msg and "CELERY_TASK_QUEUES" in missing[0].hint
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"CELERY_TASK_CREATE_MISSING_QUEUES": False, "CELERY_TASK_QUEUES": [Queue("celery"), Queue("durable")]},
+        {"CELERY_TASK_CREATE_MISSING_QUEUES": False, "CELERY_TASK_QUEUES": {"durable": {}, "celery": {}}},
+        {"CELERY_TASK_CREATE_MISSING_QUEUES": True, "CELERY_TASK_QUEUES": [Queue("celery")]},
+        {},
+    ],
+)
+def test_check_queues__a_declared_queue_or_one_celery_creates_passes(overrides):
+    with override_settings(DURABLE_AGENTS={"MODEL_QUEUE": "durable", "NOTIFY_QUEUE": "durable"}, **overrides):
         assert ids() == []
