@@ -11,6 +11,7 @@ Registered in `DurableAgentsConfig.ready()` under the tag `durable_agents`; `man
     E006  RESULT_STORAGE names no STORAGES entry
     E007  steps ask Claude, and the anthropic SDK is not installed
     E008  CELERY_ACCEPT_CONTENT does not accept JSON: workers drop every durable message
+    E009  QUEUE, MODEL_QUEUE or NOTIFY_QUEUE is not declared, and Celery creates no missing queue
     W000  a check could not run (its own bug; it reports instead of raising)
     W001  no `durable_agents.sweep` in CELERY_BEAT_SCHEDULE: runs whose message was lost are never woken
     W002  Celery may send or accept pickle
@@ -47,6 +48,7 @@ from durable_agents.workflows import StepDef, Workflow, registry
 
 Check = Callable[..., list[CheckMessage]]
 HOOKS = ("NOTIFIER", "WAKER", "NOTIFICATION_ENQUEUER")
+QUEUES = ("QUEUE", "MODEL_QUEUE", "NOTIFY_QUEUE")
 SWEEP_TASK = "durable_agents.sweep"
 PICKLE = {"pickle", "application/x-python-serialize"}
 JSON = {"json", "application/json"}
@@ -237,6 +239,31 @@ def _sweep_queue(sweeps: list[dict[str, Any]]) -> list[CheckMessage]:
             hint=f'Add "queue": {queue!r} to the sweep entry\'s "options" in CELERY_BEAT_SCHEDULE.',
             id="durable_agents.W008",
         )
+    ]
+
+
+@_never_raises
+def check_queues(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> list[CheckMessage]:
+    """E009: with CELERY_TASK_CREATE_MISSING_QUEUES off, QUEUE, MODEL_QUEUE and NOTIFY_QUEUE are declared queues.
+
+    Celery then refuses to send to any other (QueueNotFound): every wake-up, the sweep's too, would fail to send.
+    """
+    if getattr(django_settings, "CELERY_TASK_CREATE_MISSING_QUEUES", True) is not False:
+        return []
+    declared = getattr(django_settings, "CELERY_TASK_QUEUES", None) or ()
+    names = set(declared) if isinstance(declared, dict) else {getattr(q, "name", q) for q in declared}
+    if not names:  # Celery declares its default queue alone
+        names = {getattr(django_settings, "CELERY_TASK_DEFAULT_QUEUE", None) or "celery"}
+    return [
+        Error(
+            f"{_key(name)} = {_value(name)!r} is not in CELERY_TASK_QUEUES, and CELERY_TASK_CREATE_MISSING_QUEUES is "
+            "off: Celery refuses to send there, so those messages never leave and the runs stop.",
+            hint=f"Add Queue({_value(name)!r}) to CELERY_TASK_QUEUES (and start a worker with --queues "
+            f"{_value(name)}), or set {_key(name)} to a declared queue.",
+            id="durable_agents.E009",
+        )
+        for name in QUEUES
+        if _value(name) and _value(name) not in names
     ]
 
 
@@ -434,6 +461,7 @@ CHECKS: tuple[Check, ...] = (
     check_default_participant,
     check_result_storage,
     check_sweep_schedule,
+    check_queues,
     check_serializer,
     check_base_url,
     check_decision_links,
