@@ -30,6 +30,10 @@ VAR_DIR.mkdir(parents=True, exist_ok=True)
 DEBUG = os.environ.get("DJANGO_DEBUG", "0") == "1"
 
 
+# The longest duration a setting may hold (about 31 years): beyond it no timestamp or timedelta can hold it.
+LONGEST_SECONDS = 1e9
+
+
 def env_seconds(name: str, default: float) -> float:
     """A duration from the environment variable `name`: a number of seconds above 0, else `default` if unset.
 
@@ -43,17 +47,31 @@ def env_seconds(name: str, default: float) -> float:
         seconds = float(raw)
     except ValueError:
         seconds = math.nan
-    if not (math.isfinite(seconds) and seconds > 0):
+    if not (math.isfinite(seconds) and 0 < seconds <= LONGEST_SECONDS):
         raise ImproperlyConfigured(
-            f"{name} must be a number of seconds above 0, e.g. {name}={default:g}; it is {raw!r}"
+            f"{name} must be a number of seconds above 0 and at most {LONGEST_SECONDS:g}, e.g. {name}={default:g}; "
+            f"it is {raw!r}"
         )
     return seconds
+
+
+def env_count(name: str, default: int) -> int:
+    """A whole number of at least 0 from the environment variable `name`, else `default` if unset."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    if not (raw.isascii() and raw.isdigit()):  # "-4" and "1.5" too: a pool or an age of that size is no value
+        raise ImproperlyConfigured(f"{name} must be a whole number of at least 0, e.g. {name}={default}; it is {raw!r}")
+    return int(raw)
 
 
 def env_base_url(name: str, default: str) -> str:
     """The address people open the web process at, from `name`: scheme and host, as in https://agents.example.com."""
     url = os.environ.get(name, "").strip() or default
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # e.g. "http://[::1": an unclosed IPv6 address
+        parts = urlsplit("")
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise ImproperlyConfigured(
             f"{name} must be the address approvers open the web process at, with its scheme, "
@@ -146,7 +164,7 @@ TEMPLATES = [
 DATABASES = {
     "default": dj_database_url.config(
         default=f"sqlite:///{VAR_DIR / 'durable_agents.sqlite3'}",
-        conn_max_age=int(os.environ.get("DJANGO_CONN_MAX_AGE", "600")),
+        conn_max_age=env_count("DJANGO_CONN_MAX_AGE", 600),
         conn_health_checks=True,
     )
 }
@@ -162,7 +180,7 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
 # DJANGO_DB_POOL=N: a pool of at most N connections per process (Django's psycopg pool). The model worker's
 # threads take a connection for each short transaction and give it back (while Claude thinks they hold
 # none), so a thousand conversations in flight share N connections.
-DB_POOL_SIZE = int(os.environ.get("DJANGO_DB_POOL", "0"))
+DB_POOL_SIZE = env_count("DJANGO_DB_POOL", 0)
 if DB_POOL_SIZE and DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
     DATABASES["default"]["CONN_MAX_AGE"] = 0  # the pool keeps the connections; Django gives them back
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = False  # else every checkout costs a round trip; psycopg's pool
@@ -236,7 +254,7 @@ CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # Celery's Django fixup closes every DB connection around each task unless told to reuse them: prefork
 # workers keep theirs; a pooled worker's tasks give theirs back to the pool.
-CELERY_DB_REUSE_MAX = 0 if DB_POOL_SIZE else int(os.environ.get("CELERY_DB_REUSE_MAX", "1000000"))
+CELERY_DB_REUSE_MAX = 0 if DB_POOL_SIZE else env_count("CELERY_DB_REUSE_MAX", 1000000)
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BEAT_SCHEDULE = {
     "durable-agents-sweep": {
