@@ -89,3 +89,23 @@ def test_check_queues__a_queue_celery_will_not_create_is_an_error(name):
 def test_check_queues__a_declared_queue_or_one_celery_creates_passes(overrides):
     with override_settings(DURABLE_AGENTS={"MODEL_QUEUE": "durable", "NOTIFY_QUEUE": "durable"}, **overrides):
         assert ids() == []
+
+
+SWEEP_ENTRY = {"task": "durable_agents.sweep", "schedule": 5.0, "options": {"expires": 30}}
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"CELERY_TASK_ROUTES": {"durable_agents.*": {"queue": "durable"}}},
+        {"CELERY_TASK_ROUTES": {"durable_agents.sweep": "durable"}},
+        {"CELERY_TASK_ROUTES": ({"durable_agents.sweep": {"queue": Queue("durable")}},)},
+        {"CELERY_BEAT_SCHEDULE": {"s": {**SWEEP_ENTRY, "options": {"queue": Queue("durable")}}}},
+    ],
+)
+def test_check_sweep_schedule__a_sweep_routed_to_queue_by_the_products_routes_passes(overrides):
+    """Beat sends the sweep over the product's routes when its entry names no queue: routed to QUEUE, it is where
+    the durable workers are, and W008 is a false alarm (so is a kombu Queue in the entry's options)."""
+    configured = {"DURABLE_AGENTS": {"QUEUE": "durable"}, "CELERY_BEAT_SCHEDULE": {"s": SWEEP_ENTRY}, **overrides}
+    with override_settings(**configured):
+        assert ids() == [], f"the sweep goes to 'durable' ({overrides}), yet W008 says it goes elsewhere"
