@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
+from celery.app import routes
 from django.conf import settings as django_settings
 from django.core.checks import CheckMessage, Error, Warning
 from django.urls import NoReverseMatch, Resolver404, resolve, reverse
@@ -229,8 +230,12 @@ def _sweep_queue(sweeps: list[dict[str, Any]]) -> list[CheckMessage]:
     queue would then wait for a worker that never comes."""
     configured = getattr(django_settings, "DURABLE_AGENTS", None)
     queue = configured.get("QUEUE") if isinstance(configured, dict) else None
+    if not isinstance(queue, str) or not queue:
+        return []
     options = [entry.get("options") if isinstance(entry.get("options"), dict) else {} for entry in sweeps]
-    if not isinstance(queue, str) or not queue or any(option.get("queue") == queue for option in options):
+    # An entry that names no queue goes over the product's routes (CELERY_TASK_ROUTES), like any message.
+    destinations = [_queue_name(o["queue"]) if "queue" in o else _routed_queue(SWEEP_TASK) for o in options]
+    if queue in destinations:
         return []
     return [
         Warning(
@@ -240,6 +245,23 @@ def _sweep_queue(sweeps: list[dict[str, Any]]) -> list[CheckMessage]:
             id="durable_agents.W008",
         )
     ]
+
+
+def _queue_name(queue: Any) -> Any:
+    """A queue's name, given as a name or a kombu Queue."""
+    return getattr(queue, "name", queue)
+
+
+def _routed_queue(task: str) -> Any:
+    """The queue CELERY_TASK_ROUTES send `task` to, as Celery's router reads them; None if none says."""
+    try:
+        for router in routes.prepare(getattr(django_settings, "CELERY_TASK_ROUTES", None)):
+            route = router(task, (), {}, {}, task=None)
+            if route:
+                return _queue_name(route.get("queue") if isinstance(route, dict) else route)
+    except Exception:  # noqa: BLE001 - a router of the product's that fails here is not this check's to report
+        return None
+    return None
 
 
 @_never_raises
