@@ -295,7 +295,8 @@ def check_serializer(app_configs: Sequence[Any] | None = None, **kwargs: Any) ->
     accepts pickle."""
     serializer = getattr(django_settings, "CELERY_TASK_SERIALIZER", "json")
     accepted = getattr(django_settings, "CELERY_ACCEPT_CONTENT", ["json"])
-    # Celery takes any iterable of names or content types (kombu's prepare_accept_content).
+    # Celery takes any iterable of names or content types (kombu's prepare_accept_content); None accepts anything.
+    accepted = JSON | PICKLE if accepted is None else accepted
     accepted = [accepted] if isinstance(accepted, str) else accepted if isinstance(accepted, Iterable) else []
     accepted = {a for a in accepted if isinstance(a, str)}
     messages: list[CheckMessage] = []

@@ -109,3 +109,10 @@ def test_check_sweep_schedule__a_sweep_routed_to_queue_by_the_products_routes_pa
     configured = {"DURABLE_AGENTS": {"QUEUE": "durable"}, "CELERY_BEAT_SCHEDULE": {"s": SWEEP_ENTRY}, **overrides}
     with override_settings(**configured):
         assert ids() == [], f"the sweep goes to 'durable' ({overrides}), yet W008 says it goes elsewhere"
+
+
+def test_check_serializer__accept_content_none_accepts_everything_pickle_too():
+    """Celery reads CELERY_ACCEPT_CONTENT = None as "accept any content type": JSON is accepted (no E008), and so
+    is pickle (W002)."""
+    with override_settings(CELERY_ACCEPT_CONTENT=None):
+        assert ids() == ["durable_agents.W002"]
