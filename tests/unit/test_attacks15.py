@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import tomllib
+from pathlib import Path
+
 import pytest
 from django.core.checks import ERROR, run_checks
 from django.test import override_settings
 from kombu import Queue
 
 from durable_agents.conf import SETTINGS
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def durable_messages() -> list:
@@ -116,3 +121,13 @@ def test_check_serializer__accept_content_none_accepts_everything_pickle_too():
     is pickle (W002)."""
     with override_settings(CELERY_ACCEPT_CONTENT=None):
         assert ids() == ["durable_agents.W002"]
+
+
+def test_package__the_testing_extra_is_what_the_readme_says_it_is():
+    """README sold `durable-agents[testing]` as "the pytest plugin"; the wheel declares no pytest11 entry point and
+    durable_agents has no fixtures: the worker fixtures live in this repository's tests/conftest.py only."""
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    plugins = pyproject["project"].get("entry-points", {}).get("pytest11", {})
+    readme = (ROOT / "README.md").read_text()
+    if not plugins:
+        assert "pytest plugin" not in readme, "README promises a pytest plugin that the package does not ship"
