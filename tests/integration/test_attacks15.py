@@ -6,13 +6,15 @@ The holes: a configuration the checks pass, after which runs stop progressing fo
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 from django.conf import settings
 from django.test import override_settings
 
-from durable_agents import api, tasks
+from durable_agents import api, clock, tasks
+from durable_agents.engine.sweep import sweep
 from durable_agents.models import StepStatus
 from durable_agents.testing import wait_for_run
 from tests.integration.test_example_environment import load_settings
@@ -102,3 +104,20 @@ def test_environment__a_hostile_value_stops_the_process_naming_the_variable(tmp_
     assert f"ImproperlyConfigured: {variable} must be" in loaded.stderr, loaded.stderr[-800:]
     assert repr(value) in loaded.stderr, "the message should quote the bad value"
     assert "ValueError" not in loaded.stderr and "OverflowError" not in loaded.stderr, loaded.stderr[-800:]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_sweep__re_wakes_a_lost_model_step_on_the_model_queue_and_a_plain_one_on_queue():
+    """What held: the sweep asks the waker for MODEL_QUEUE when the lost run's next step waits on the model, and for
+    no queue otherwise (tasks.wake then sends it to QUEUE)."""
+    durable = _durable(QUEUE="durable", MODEL_QUEUE="durable-model", WAKER=f"{__name__}.record_wake")
+    with override_settings(DURABLE_AGENTS=durable):
+        model = api.start("agent_charge", {"message": "charge order 7"})
+        plain = api.start("noop", {"steps": 1})
+        woken.clear()
+        clock.advance(timedelta(minutes=5))  # both messages lost: no progress for longer than IDLE_RESWEEP_SECONDS
+        try:
+            sweep()
+        finally:
+            clock.reset()
+    assert sorted(woken) == sorted([(str(model.id), {"queue": "durable-model"}), (str(plain.id), {})]), woken
