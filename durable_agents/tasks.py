@@ -9,10 +9,13 @@ a slow notification receiver never holds a worker slot a step is waiting for.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from celery import shared_task
+from celery.signals import worker_ready
+from django.core import checks
 from django.db import InterfaceError, OperationalError, connections
 
 from durable_agents.conf import settings as durable_settings
@@ -23,6 +26,7 @@ from durable_agents.engine.wake import queue_for
 from durable_agents.engine.wake import wake as engine_wake
 
 T = TypeVar("T")
+logger = logging.getLogger("durable_agents.engine")
 
 
 def _dropping_dead_connections(work: Callable[[], T]) -> T:
@@ -106,3 +110,11 @@ def enqueue_notification(effect_id: int) -> None:
 def _routed(queue: str) -> dict[str, str]:
     """An explicit queue wins over the product's CELERY_TASK_ROUTES; none leaves routing to Celery."""
     return {"queue": queue} if queue else {}
+
+
+@worker_ready.connect
+def _check_configuration(**_: Any) -> None:
+    """A worker runs the app's system checks as it starts, as `manage.py` does: a misconfigured worker (its own
+    environment, its own settings) says so in its log instead of leaving runs stuck."""
+    for message in checks.run_checks(tags=["durable_agents"], include_deployment_checks=True):
+        logger.log(logging.ERROR if message.is_serious() else logging.WARNING, "%s", message)

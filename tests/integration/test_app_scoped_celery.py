@@ -14,7 +14,7 @@ from django.test import override_settings
 
 from durable_agents import api, tasks
 from durable_agents.models import StepStatus
-from durable_agents.testing import wait_for_run
+from durable_agents.testing import wait_for, wait_for_run
 
 OWN_QUEUE = "durable-own"
 ROOT = Path(__file__).resolve().parents[2]
@@ -71,3 +71,15 @@ def test_celery__the_queue_setting_sends_every_durable_message_to_the_apps_own_w
             app.conf.update(before)
             app.amqp.flush_routes()
     assert api.get(run.id).steps.filter(status=StepStatus.DONE).count() == 3
+
+
+@pytest.mark.django_db(transaction=True)
+def test_celery__a_worker_runs_the_system_checks_as_it_starts(start_worker):
+    """Workers never run `manage.py`: a worker started with a misspelled setting says so in its own log."""
+    worker = start_worker(env={"DURABLE_TEST_SETTINGS": json.dumps({"LEASE_SECOND": 5})})
+    wait_for(
+        lambda: "durable_agents.E002" in worker.log_path.read_text(),
+        timeout=120,
+        what="the worker's log to report the misspelled setting",
+    )
+    assert "Did you mean 'LEASE_SECONDS'?" in worker.log_path.read_text()
