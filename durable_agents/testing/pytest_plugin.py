@@ -116,7 +116,12 @@ def worker_env(transactional_db: None, broker_url: str, pytestconfig: pytest.Con
 
     Workers see only what is committed, so a test using it runs in real transactions (`transactional_db`).
     """
-    settings_module = pytestconfig.getini("durable_worker_settings") or getattr(settings, "SETTINGS_MODULE", "")
+    # The environment first: under override_settings, settings.SETTINGS_MODULE is None.
+    settings_module = (
+        pytestconfig.getini("durable_worker_settings")
+        or os.environ.get("DJANGO_SETTINGS_MODULE")
+        or getattr(settings, "SETTINGS_MODULE", None)
+    )
     if not settings_module:
         raise pytest.UsageError("worker_env: Django is not configured from a module; set durable_worker_settings")
     env = {
