@@ -2,7 +2,8 @@
 in-process runs and registries a test can add to.
 
 Installed with durable_agents, it is loaded by pytest itself (the `durable_agents` entry point of group
-`pytest11`); from a source checkout, `-p durable_agents.testing.pytest_plugin`. It needs pytest-django, and
+`pytest11`); from a source checkout, `-p durable_agents.testing.pytest_plugin` (not both: pytest refuses one
+module registered under two names). It needs pytest-django, and
 settings that read the database from DATABASE_URL (dj-database-url) and the broker from CELERY_BROKER_URL:
 that is how worker subprocesses are pointed at the test database and broker. Example::
 
