@@ -85,9 +85,10 @@ def database_url(db: dict[str, Any]) -> str:
     engine = db["ENGINE"].rsplit(".", 1)[-1]
     if engine == "sqlite3":
         if not db["NAME"] or str(db["NAME"]).startswith(("file:memorydb", ":memory:")):
-            raise pytest.UsageError(
+            pytest.fail(
                 "worker_env: the SQLite test database is in memory, where no worker can reach it; give it a file "
-                "(DATABASES['default']['TEST']['NAME'])"
+                "(DATABASES['default']['TEST']['NAME'])",
+                pytrace=False,
             )
         return f"sqlite:///{db['NAME']}"
     scheme = {"postgresql": "postgres", "mysql": "mysql"}.get(engine, engine)
@@ -124,7 +125,7 @@ def worker_env(transactional_db: None, broker_url: str, pytestconfig: pytest.Con
         or getattr(settings, "SETTINGS_MODULE", None)
     )
     if not settings_module:
-        raise pytest.UsageError("worker_env: Django is not configured from a module; set durable_worker_settings")
+        pytest.fail("worker_env: Django is not configured from a module; set durable_worker_settings", pytrace=False)
     env = {
         "DJANGO_SETTINGS_MODULE": settings_module,
         "DATABASE_URL": database_url(connection.settings_dict),
