@@ -40,7 +40,8 @@ import hashlib
 import inspect
 import json
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from decimal import InvalidOperation
 from typing import Any, Generic, ParamSpec, TypeVar, overload
@@ -229,6 +230,21 @@ class ToolRegistry:
 
     def unregister(self, name: str) -> None:
         self._tools.pop(name, None)
+
+    @contextmanager
+    def isolated(self) -> Iterator[ToolRegistry]:
+        """Undo, at the end of the block, every registration and removal made in it: for tests.
+
+        Example::
+
+            with tools.isolated():
+                tool(ping)          # the name "ping" is taken inside the block only
+        """
+        saved = dict(self._tools)
+        try:
+            yield self
+        finally:
+            self._tools = saved
 
     def get(self, name: str) -> Tool[..., Any]:
         try:

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import random
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 from decimal import Decimal
@@ -249,6 +250,22 @@ class Registry:
             self._workflows.pop(name, None)
         else:
             self._workflows.get(name, {}).pop(version, None)
+
+    @contextmanager
+    def isolated(self) -> Iterator[Registry]:
+        """Undo, at the end of the block, every registration and removal made in it: for tests.
+
+        Example::
+
+            with registry.isolated():
+                workflow("scratch", steps=[call("only", fn)])
+            registry.names()   # "scratch" is gone
+        """
+        saved = {name: dict(versions) for name, versions in self._workflows.items()}
+        try:
+            yield self
+        finally:
+            self._workflows = saved
 
     def get(self, name: str, version: int | None = None) -> Workflow:
         versions = self._workflows.get(name)

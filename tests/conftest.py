@@ -1,71 +1,62 @@
-"""Fixtures for real-service tests: the Postgres test database, a clean Redis broker DB, worker processes."""
+"""The test suite's two sessions, and the fixtures of durable_agents' pytest plugin.
+
+The library's tests run on tests/settings.py, which knows nothing of the example project (project/). The
+example project's tests (EXAMPLE_TESTS) need its `refunds` app installed in the test process, and Django reads
+its settings once per process: so they run in a pytest session of their own, on tests/example_settings.py,
+which tests/test_example_project.py starts; this session does not collect them. `python -m pytest` runs both.
+To run some of them directly: `python -m pytest --ds tests.example_settings tests/chaos/test_sigkill.py`.
+"""
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-import redis
-from django.conf import settings
-from django.db import connection
+from django.apps import apps
 
-from durable_agents.testing import WorkerProcess
+from durable_agents.testing import pytest_plugin
 
 ROOT = Path(__file__).resolve().parent.parent
+TESTS = ROOT / "tests"
+EXAMPLE_TESTS = (
+    "tests/chaos",
+    "tests/e2e/test_demo.py",
+    "tests/e2e/test_sqlite_smoke.py",
+    "tests/integration/test_refund_agent.py",
+    "tests/integration/test_secret_key.py",
+)
+EXAMPLE_SETTINGS = "tests.example_settings"
 
 
-@pytest.fixture
-def broker_url() -> Iterator[str]:
-    """The test broker (a Redis DB of its own), emptied before each test so no stale message leaks in."""
-    url = settings.CELERY_BROKER_URL
-    if url.startswith("redis://"):
-        redis.Redis.from_url(url).flushdb()
-    yield url
+def is_example_session() -> bool:
+    """True in the session of the example project's tests (its settings install project.refunds)."""
+    return apps.is_installed("project.refunds")
 
 
-@pytest.fixture
-def worker_env(transactional_db: Any, broker_url: str) -> dict[str, str]:
-    """Environment that points a worker subprocess at this test's database and broker."""
-    db = connection.settings_dict
-    if db["ENGINE"].endswith("postgresql"):
-        url = f"postgres://{db['USER'] or 'postgres'}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
-    else:
-        url = f"sqlite:///{db['NAME']}"
-    return {
-        "DJANGO_SETTINGS_MODULE": "tests.settings",
-        "DATABASE_URL": url,
-        "CELERY_BROKER_URL": broker_url,
-        "PYTHONUNBUFFERED": "1",
-    }
+def is_example_test(path: Path) -> bool:
+    return any(path == ROOT / test or (ROOT / test) in path.parents for test in EXAMPLE_TESTS)
 
 
-@pytest.fixture
-def start_worker(
-    worker_env: dict[str, str], tmp_path: Path, request: pytest.FixtureRequest
-) -> Iterator[Callable[..., WorkerProcess]]:
-    """Factory: start_worker(beat=False, pool="solo", concurrency=1, env={...}) → a running WorkerProcess.
-
-    `env` adds to the worker environment (e.g. DURABLE_VAR_DIR: a machine with a disk of its own).
-    Every worker is SIGKILLed at teardown, before the database is flushed.
-    """
-    started: list[WorkerProcess] = []
-    artifacts = (
-        Path(os.environ["DURABLE_TEST_ARTIFACTS"]) / request.node.name
-        if "DURABLE_TEST_ARTIFACTS" in os.environ
-        else tmp_path
-    )
-    artifacts.mkdir(parents=True, exist_ok=True)
-
-    def start(*, env: dict[str, str] | None = None, **kwargs: Any) -> WorkerProcess:
-        worker = WorkerProcess(
-            env={**worker_env, **(env or {})}, cwd=ROOT, log_path=artifacts / f"worker-{len(started)}.log", **kwargs
+def require_example_session() -> None:
+    """Stop, saying how to run them, when the example project's tests are asked for on the library's settings."""
+    if not is_example_session():
+        raise pytest.UsageError(
+            f"the example project's tests run on its own settings: add --ds {EXAMPLE_SETTINGS} "
+            "(a plain `python -m pytest` runs them through tests/test_example_project.py)"
         )
-        started.append(worker.start())
-        return worker
 
-    yield start
-    for worker in started:
-        worker.kill()
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Installed, durable_agents brings the plugin in by its `pytest11` entry point; from a checkout it is not,
+    # so it is registered here, under the same name. pluggy refuses one module under two names.
+    if not config.pluginmanager.is_registered(pytest_plugin):
+        config.pluginmanager.register(pytest_plugin, "durable_agents")
+    asked = [(config.invocation_params.dir / arg.split("::")[0]).resolve() for arg in config.args]
+    if any(is_example_test(path) for path in asked):
+        require_example_session()
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    if not is_example_session() and is_example_test(collection_path):
+        return True
+    return None

@@ -1,26 +1,124 @@
-"""Settings for the test suite and the worker subprocesses it starts: real Postgres and Redis, short leases."""
+"""Settings of the library's tests and the worker subprocesses they start: real Postgres and Redis, short leases.
+
+Standalone: the example project (project/) is not needed to test the library. Its own tests run on
+tests/example_settings.py (see tests/conftest.py). From the environment:
+
+DATABASE_URL           default: postgres://postgres@127.0.0.1:5432/durable_agents (SQLite URLs work for workers)
+CELERY_BROKER_URL      default: redis://127.0.0.1:6379/15
+DJANGO_DB_POOL         N: a psycopg pool of at most N connections per process (the model worker's tests)
+DURABLE_TEST_SETTINGS  a JSON object merged into DURABLE_AGENTS: per-test settings for worker subprocesses
+DURABLE_NOTIFY_QUEUE   a queue of their own for notification deliveries
+"""
 
 import json
 import os
 import tempfile
+from datetime import timedelta
+from pathlib import Path
+
+import dj_database_url
 
 os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/durable_agents")
 os.environ.setdefault("CELERY_BROKER_URL", "redis://127.0.0.1:6379/15")
-os.environ.setdefault("DURABLE_SWEEP_SECONDS", "0.5")
+# One var dir for this process and the workers it starts (they inherit the environment): media, beat schedules.
 os.environ.setdefault("DURABLE_VAR_DIR", tempfile.mkdtemp(prefix="durable-tests-"))
-# No DJANGO_SECRET_KEY in tests: a random key kept in the var dir, shared by the worker subprocesses.
-os.environ.setdefault("DJANGO_LOCAL_SECRET_KEY", "1")
+VAR_DIR = Path(os.environ["DURABLE_VAR_DIR"])
 
-from project.settings import *  # noqa: E402,F403
-from project.settings import INSTALLED_APPS, STATIC_ROOT, VAR_DIR  # noqa: E402
+# Not a secret: it signs the decision links of test runs only, and every worker of the suite must share it.
+SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY") or "durable-agents-tests-not-a-secret"
+DEBUG = False
+ALLOWED_HOSTS = ["localhost", "127.0.0.1", "testserver"]
 
-INSTALLED_APPS = [*INSTALLED_APPS, "tests.testapp"]
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django_celery_results",
+    "durable_agents",
+    "tests.testapp",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "tests.urls"
+LOGIN_URL = "admin:login"  # decision links send people who are not signed in to the admin's login, then back
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATABASES = {"default": dj_database_url.config(conn_max_age=600, conn_health_checks=True)}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # Workers of the SQLite tests share one file: wait for the write lock instead of failing.
+    DATABASES["default"]["OPTIONS"] = {
+        "timeout": 30,
+        "transaction_mode": "IMMEDIATE",
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+    }
+DB_POOL_SIZE = int(os.environ.get("DJANGO_DB_POOL", "0"))
+if DB_POOL_SIZE and DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+    # As in production (project/settings.py): the pool keeps the connections, Django gives them back.
+    DATABASES["default"].update(CONN_MAX_AGE=0, CONN_HEALTH_CHECKS=False)
+    DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+        "min_size": 1,
+        "max_size": DB_POOL_SIZE,
+        "timeout": 60,
+        "max_idle": 60,
+    }
+if os.environ.get("DJANGO_DB_APPLICATION_NAME") and DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+    DATABASES["default"].setdefault("OPTIONS", {})["application_name"] = os.environ["DJANGO_DB_APPLICATION_NAME"]
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+USE_TZ = True
+TIME_ZONE = "UTC"
+STATIC_URL = "static/"
 MEDIA_ROOT = VAR_DIR / "media"
-# The live server serves static files from the apps themselves; an empty STATIC_ROOT keeps WhiteNoise from
-# warning, on every test's first request, that collectstatic never ran.
-STATIC_ROOT.mkdir(exist_ok=True)
 EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
+DEFAULT_FROM_EMAIL = "durable-agents@localhost"
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "loggers": {"durable_agents": {"handlers": ["console"], "level": os.environ.get("DURABLE_LOG_LEVEL", "WARNING")}},
+}
+
+# Celery as the README configures it: no global task setting (the durable tasks carry their own options: late
+# acks, requeued when a worker is lost, JSON, no results); one message at a time per worker process.
+CELERY_BROKER_URL = os.environ["CELERY_BROKER_URL"]
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_DB_REUSE_MAX = 0 if DB_POOL_SIZE else 1_000_000
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+CELERY_BEAT_SCHEDULE = {
+    "durable-agents-sweep": {
+        "task": "durable_agents.sweep",
+        "schedule": timedelta(seconds=float(os.environ.get("DURABLE_SWEEP_SECONDS", "0.5"))),
+        "options": {"expires": 30},
+    },
+}
 
 DURABLE_AGENTS = {
     # Short leases so a killed worker's run is recovered within seconds; the heartbeat keeps slow steps alive.

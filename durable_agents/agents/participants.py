@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import hashlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from django.utils.module_loading import import_string
@@ -130,6 +131,26 @@ class ParticipantRegistry:
     def register(self, name: str, participant: Participant) -> Participant:
         self._participants[name] = participant
         return participant
+
+    def unregister(self, name: str) -> None:
+        """Forget `name`; "anthropic" is then made afresh on next use (its client reads the environment again)."""
+        self._participants.pop(name, None)
+
+    @contextmanager
+    def isolated(self) -> Iterator[ParticipantRegistry]:
+        """Undo, at the end of the block, every registration and removal made in it: for tests.
+
+        Example::
+
+            with participants.isolated():
+                participants.register("anthropic", ScriptedParticipant(script))
+        """
+        saved = dict(self._participants)
+        try:
+            yield self
+        finally:
+            with self._lock:
+                self._participants = saved
 
     def get(self, name: str) -> Participant:
         if name not in self._participants and name == "anthropic":

@@ -44,8 +44,28 @@ def wait_for_run(run_id: uuid.UUID | str, statuses: str | Iterable[str] = "compl
     return wait_for(reached, timeout=timeout, what=f"run {run_id} to become {'/'.join(sorted(wanted))}")
 
 
+def celery_app_for(env: Mapping[str, str]) -> str:
+    """The Celery app (`celery -A APP`) of a worker with environment `env`: DURABLE_CELERY_APP, else the top
+    package of DJANGO_SETTINGS_MODULE, where Celery's Django layout puts it (`proj/settings.py`, `proj/celery.py`).
+
+    Example::
+
+        celery_app_for({"DJANGO_SETTINGS_MODULE": "mysite.settings.test"})   # "mysite"
+    """
+    if env.get("DURABLE_CELERY_APP"):
+        return env["DURABLE_CELERY_APP"]
+    if not env.get("DJANGO_SETTINGS_MODULE"):
+        raise ValueError(
+            "which Celery app should the worker start? Set DJANGO_SETTINGS_MODULE (the app is looked for in its "
+            "top package), DURABLE_CELERY_APP, or pass app= (what `celery -A` takes)"
+        )
+    return env["DJANGO_SETTINGS_MODULE"].split(".", 1)[0]
+
+
 class WorkerProcess:
     """A real `celery worker` subprocess in its own process group, so SIGKILL takes all of it.
+
+    `app` is what `celery -A` takes; by default it follows the environment (`celery_app_for`).
 
     Usage::
 
@@ -59,7 +79,7 @@ class WorkerProcess:
         *,
         env: Mapping[str, str] | None = None,
         inherit_env: bool = True,
-        app: str = "project",
+        app: str | None = None,
         pool: str = "solo",
         concurrency: int = 1,
         beat: bool = False,
@@ -77,7 +97,7 @@ class WorkerProcess:
             "-m",
             "celery",
             "-A",
-            app,
+            app or celery_app_for(self.env),
             "worker",
             "--pool",
             pool,

@@ -13,7 +13,11 @@ from django.test.utils import override_settings
 from durable_agents.testing.fake_anthropic import FakeAnthropic
 from tests.chaos.fleet import API_KEY, DJANGO_SECRET_KEY
 from tests.chaos.services import WAKE_BROKER_ENV, rabbit_vhost, rabbitmq_available
-from tests.chaos.workload import Model
+from tests.conftest import require_example_session
+
+require_example_session()  # before the workload imports the example project's models
+
+from tests.chaos.workload import Model  # noqa: E402
 
 SECRET_SCAN = "tests/chaos/test_secret_scan.py"
 

@@ -30,7 +30,7 @@ def test_celery__each_task_is_acks_late_json_and_resultless_whatever_the_global_
     )
     probe = (
         "import django; django.setup()\n"
-        "from project.celery import app\n"
+        "from tests.celery import app\n"
         "from durable_agents import tasks\n"
         "assert app.conf.task_serializer == 'pickle'\n"
         "for t in (tasks.advance, tasks.sweep, tasks.deliver_notification):\n"

@@ -621,7 +621,7 @@ def test_durable_effect__hostile_input_is_a_one_line_error_not_a_traceback(worke
     HOOKS.clear()
     effect = Effect.objects.get(run=run)
     done = subprocess.run(
-        [sys.executable, "manage.py", "durable_effect", effect.idempotency_key, *extra],
+        [sys.executable, "-m", "django", "durable_effect", effect.idempotency_key, *extra],
         cwd=ROOT,
         env={**worker_env},
         capture_output=True,

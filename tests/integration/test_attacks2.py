@@ -672,7 +672,7 @@ def test_checkpoint__on_sqlite_moves_the_run_past_a_step_it_did_not_write(worker
     env = {**worker_env, "DATABASE_URL": f"sqlite:///{tmp_path / 'embedded.sqlite3'}"}
     for command in (["migrate", "-v0"], ["shell", "-c", CHECKPOINT_A_STEP_NO_LONGER_LIVE]):
         done = subprocess.run(
-            [sys.executable, "manage.py", *command], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+            [sys.executable, "-m", "django", *command], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
         )
         assert done.returncode == 0, done.stderr[-2000:]
     sqlite = json.loads(done.stdout.strip().splitlines()[-1])

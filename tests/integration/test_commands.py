@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def manage(worker_env):
     def run(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "manage.py", *args],
+            [sys.executable, "-m", "django", *args],
             cwd=ROOT,
             env={**worker_env},
             capture_output=True,

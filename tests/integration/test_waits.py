@@ -18,7 +18,7 @@ from durable_agents.engine.sweep import sweep
 from durable_agents.links import decision_path
 from durable_agents.models import Effect, Event, Run, RunStatus, Wait, WaitStatus
 from durable_agents.testing import deliver_notifications, drive, wait_for, wait_for_run
-from project.celery import app as celery_app
+from tests.celery import app as celery_app
 from tests.testapp.models import Execution, LedgerEntry
 
 pytestmark = pytest.mark.django_db(transaction=True)
