@@ -11,6 +11,8 @@ from django.core.serializers.json import DjangoJSONEncoder
 from durable_agents.errors import DurableAgentsError
 
 USER_MISTAKE = 2
+# Every command that takes a run id resolves it with operations.resolve_run_id, so the admin's short ids work.
+RUN_ID_HELP = "a run's id, or its first 6 or more characters (as the admin and durable_runs show them)"
 
 
 class DurableCommand(BaseCommand):

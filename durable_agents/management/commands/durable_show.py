@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from durable_agents import operations
-from durable_agents.management.commands._base import DurableCommand
+from durable_agents.management.commands._base import RUN_ID_HELP, DurableCommand
 
 
 class Command(DurableCommand):
@@ -13,7 +13,7 @@ class Command(DurableCommand):
 
     def add_arguments(self, parser: Any) -> None:
         super().add_arguments(parser)
-        parser.add_argument("run_id")
+        parser.add_argument("run_id", help=RUN_ID_HELP)
 
     def handle(self, *args: Any, **options: Any) -> None:
         data = operations.describe_run(options["run_id"])
