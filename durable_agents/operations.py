@@ -134,12 +134,15 @@ def list_runs(
 
 
 def run_summary(run: Run) -> dict[str, Any]:
+    """One run's row. Steps are numbered from 1 as the admin shows them: `step_number` is the step the run is at
+    (None once its plan is done); `cursor` stays the 0-based plan index JSON consumers already read."""
     return {
         "id": str(run.id),
         "workflow": run.workflow,
         "version": run.workflow_version,
         "status": run.status,
         "cursor": run.cursor,
+        "step_number": run.cursor + 1 if run.cursor < run.step_count else None,
         "steps": run.step_count,
         "idempotency_key": run.idempotency_key,
         "created_at": _iso(run.created_at),
@@ -180,6 +183,7 @@ def describe_run(run_id: uuid.UUID | str, *, events: int = 200) -> dict[str, Any
                 "name": s.name,
                 "kind": s.kind,
                 "position": s.position,
+                "number": s.position + 1,
                 "status": s.status,
                 "attempts": s.attempts,
                 "started_at": _iso(s.started_at),

@@ -223,3 +223,17 @@ def test_resolve_run_id__edges_of_the_range():
         assert operations.resolve_run_id(top.id) == str(top.id)
         assert operations.resolve_run_id(str(top.id).replace("-", "")) == str(top.id)
     assert not queries, "a whole id needs no query to resolve"
+
+
+def test_commands__steps_are_numbered_from_1_as_in_the_admin(manage):
+    run = api.start("noop", {"steps": 2})
+    shown = json.loads(manage("durable_show", str(run.id), "--json").stdout)
+    assert [(s["position"], s["number"]) for s in shown["step_rows"]] == [(0, 1), (1, 2)]
+    assert (shown["cursor"], shown["step_number"]) == (0, 1), "JSON keeps cursor 0-based; step_number is the admin's"
+    text = manage("durable_show", str(run.id)).stdout
+    assert "step 1/2" in text and "     1  tick-1" in text and "     2  tick-2" in text, text
+    assert "step 1/2" in manage("durable_runs").stdout
+    drive(run.id)
+    listed = json.loads(manage("durable_runs", "--json").stdout)
+    assert (listed[0]["cursor"], listed[0]["step_number"]) == (2, None), listed
+    assert "2/2 steps done" in manage("durable_runs").stdout

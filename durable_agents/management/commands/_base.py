@@ -34,6 +34,13 @@ class DurableCommand(BaseCommand):
         self.stdout.write(json.dumps(data, indent=2, cls=DjangoJSONEncoder))
 
 
+def step_progress(summary: dict[str, Any]) -> str:
+    """Where a run is in its plan, numbered from 1 as the admin numbers steps: "step 2/3", "3/3 steps done"."""
+    if summary["step_number"] is None:
+        return f"{summary['steps']}/{summary['steps']} steps done"
+    return f"step {summary['step_number']}/{summary['steps']}"
+
+
 def parse_json_option(text: str | None, what: str) -> Any:
     """The option's JSON value; invalid JSON, and the NaN/Infinity that json.loads accepts, are exit code 2."""
     if text is None:

@@ -1,11 +1,14 @@
-"""durable_runs [--status S] [--workflow W] [--stuck] [--older-than 2h] [--limit N] [--json]: list runs."""
+"""durable_runs [--status S] [--workflow W] [--stuck] [--older-than 2h] [--limit N] [--json]: list runs.
+
+Each row says where the run is, steps numbered from 1 as in the admin.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 from durable_agents import operations
-from durable_agents.management.commands._base import DurableCommand
+from durable_agents.management.commands._base import DurableCommand, step_progress
 
 
 class Command(DurableCommand):
@@ -40,5 +43,5 @@ class Command(DurableCommand):
         for row in rows:
             self.stdout.write(
                 f"{row['id']}  {row['workflow']}@{row['version']}  {row['status']:<9}  "
-                f"step {row['cursor']}/{row['steps']}  created {row['created_at']}"
+                f"{step_progress(row)}  created {row['created_at']}"
             )
