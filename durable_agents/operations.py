@@ -24,7 +24,7 @@ from durable_agents.errors import (
     InvalidTransitionError,
     RunNotFoundError,
 )
-from durable_agents.models import ACTIVE_RUN_STATUSES, Effect, EffectStatus, Run, RunStatus, Step
+from durable_agents.models import ACTIVE_RUN_STATUSES, Effect, EffectStatus, Run, RunStatus, Step, Wait, WaitStatus
 from durable_agents.storable import check_text, shown, whole_number
 
 DURATION_RE = re.compile(r"^\s*(\d{1,12}(?:\.\d{1,9})?)\s*([smhdw])\s*$")
@@ -150,6 +150,20 @@ def run_summary(run: Run) -> dict[str, Any]:
         "finished_at": _iso(run.finished_at),
         "error": run.error,
     }
+
+
+def summarize_runs(runs: Iterable[Run]) -> list[dict[str, Any]]:
+    """`run_summary` of each run, plus `open_wait` ({id, kind, name}, or None): the id `durable_decide` takes."""
+    runs = list(runs)
+    waiting = [run.id for run in runs if run.status == RunStatus.WAITING]
+    # One query for the page, on the one-open-wait-per-run index, however many runs wait.
+    waits = Wait.objects.filter(run_id__in=waiting, status=WaitStatus.OPEN).only("id", "run_id", "kind", "name")
+    open_waits = {wait.run_id: wait for wait in waits} if waiting else {}
+    return [{**run_summary(run), "open_wait": _wait_brief(open_waits.get(run.id))} for run in runs]
+
+
+def _wait_brief(wait: Wait | None) -> dict[str, Any] | None:
+    return {"id": wait.pk, "kind": wait.kind, "name": wait.name} if wait else None
 
 
 def describe_run(run_id: uuid.UUID | str, *, events: int = 200) -> dict[str, Any]:

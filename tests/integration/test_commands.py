@@ -16,7 +16,7 @@ from django.test.utils import CaptureQueriesContext
 
 from durable_agents import api, operations
 from durable_agents.errors import RunNotFoundError
-from durable_agents.models import Event, Run, RunStatus
+from durable_agents.models import Event, Run, RunStatus, Wait, WaitStatus
 from durable_agents.testing import drive
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -237,3 +237,17 @@ def test_commands__steps_are_numbered_from_1_as_in_the_admin(manage):
     listed = json.loads(manage("durable_runs", "--json").stdout)
     assert (listed[0]["cursor"], listed[0]["step_number"]) == (2, None), listed
     assert "2/2 steps done" in manage("durable_runs").stdout
+
+
+def test_commands__runs_shows_the_open_wait_of_a_waiting_run(manage):
+    waiting = drive(api.start("approve_charge", {"order_id": "CLI-1"}).id)
+    assert waiting.status == RunStatus.WAITING, waiting.error
+    wait = Wait.objects.get(run=waiting, status=WaitStatus.OPEN)
+    api.start("noop", {"steps": 1})
+    rows = {row["id"]: row for row in json.loads(manage("durable_runs", "--json").stdout)}
+    assert rows[str(waiting.id)]["open_wait"] == {"id": wait.pk, "kind": wait.kind, "name": wait.name}
+    assert [row["open_wait"] for row in rows.values() if row["id"] != str(waiting.id)] == [None]
+    text = manage("durable_runs", "--status", "waiting").stdout
+    assert f"wait {wait.pk} ({wait.kind}" in text, f"durable_decide needs the wait id; durable_runs printed {text}"
+    decided = manage("durable_decide", str(wait.pk), "--approve")
+    assert decided.returncode == 0, decided.stderr
