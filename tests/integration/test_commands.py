@@ -251,3 +251,8 @@ def test_commands__runs_shows_the_open_wait_of_a_waiting_run(manage):
     assert f"wait {wait.pk} ({wait.kind}" in text, f"durable_decide needs the wait id; durable_runs printed {text}"
     decided = manage("durable_decide", str(wait.pk), "--approve")
     assert decided.returncode == 0, decided.stderr
+
+
+def test_commands__an_empty_list_says_so(manage):
+    assert manage("durable_runs").stdout.strip() == "no runs match"
+    assert json.loads(manage("durable_runs", "--json").stdout) == []

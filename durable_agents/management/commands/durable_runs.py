@@ -41,6 +41,8 @@ class Command(DurableCommand):
         if options["json"]:
             self.emit_json(rows)
             return
+        if not rows:
+            self.stdout.write("no runs match")
         for row in rows:
             self.stdout.write(
                 f"{row['id']}  {row['workflow']}@{row['version']}  {row['status']:<9}  "
