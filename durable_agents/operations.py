@@ -1,4 +1,4 @@
-"""What operators can ask and do, shared by the management commands and the admin: list, show, act on batches."""
+"""What operators can ask and do, shared by the management commands and the admin: find, list, show, act on batches."""
 
 from __future__ import annotations
 
@@ -24,13 +24,74 @@ from durable_agents.errors import (
     InvalidTransitionError,
     RunNotFoundError,
 )
-from durable_agents.models import ACTIVE_RUN_STATUSES, Effect, EffectStatus, Run, RunStatus, Step
+from durable_agents.models import ACTIVE_RUN_STATUSES, Effect, EffectStatus, Run, RunStatus, Step, Wait, WaitStatus
 from durable_agents.storable import check_text, shown, whole_number
 
 DURATION_RE = re.compile(r"^\s*(\d{1,12}(?:\.\d{1,9})?)\s*([smhdw])\s*$")
 DURATION_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
 # Longer ago than this is before any run; it also keeps `now - duration` inside datetime's range.
 MAX_DURATION = timedelta(days=100 * 365)
+# The admin and the demo print a run id's first 8 characters; 6 keep a typo from matching a run by chance.
+MIN_PREFIX = 6
+AMBIGUOUS_SHOWN = 3
+HEX_RE = re.compile(r"^[0-9a-f]+$")
+
+
+def resolve_run_id(text: uuid.UUID | str) -> str:
+    """A run id, or the first characters of one (6 or more, dashes optional) → the id of the one run it names.
+
+    `resolve_run_id("3f9c2a1b")` is the full id ("3f9c2a1b-…") of the only run whose id starts so. A whole UUID
+    comes back as written canonically, without a query (the action that follows says if no run has it). Too
+    short, no match or several matches are a RunNotFoundError whose one line says what to give instead.
+    """
+    if isinstance(text, uuid.UUID):
+        return str(text)
+    try:
+        return str(uuid.UUID(text))
+    except (ValueError, TypeError, AttributeError):
+        pass
+    given = text.strip() if isinstance(text, str) else ""
+    digits = given.replace("-", "").lower()
+    if not HEX_RE.match(digits) or len(digits) > 32:
+        raise RunNotFoundError(
+            f"no run has id {shown(text)}; give a run id or its first {MIN_PREFIX}+ characters "
+            "(list runs with `manage.py durable_runs`)"
+        )
+    if len(digits) < MIN_PREFIX:
+        raise RunNotFoundError(
+            f"run id prefix {shown(given)} is too short: give at least {MIN_PREFIX} characters of the id "
+            "(list runs with `manage.py durable_runs`)"
+        )
+    matches = list(_ids_starting_with(digits)[: AMBIGUOUS_SHOWN + 1])
+    if not matches:
+        raise RunNotFoundError(
+            f"no run has an id starting with {shown(given)}; list runs with `manage.py durable_runs`"
+        )
+    if len(matches) > 1:
+        some = ", ".join(str(m) for m in matches[:AMBIGUOUS_SHOWN])
+        more = ", …" if len(matches) > AMBIGUOUS_SHOWN else ""
+        raise RunNotFoundError(
+            f"run id prefix {shown(given)} matches several runs ({some}{more}); give more characters"
+        )
+    return str(matches[0])
+
+
+def _ids_starting_with(digits: str) -> QuerySet[Run, uuid.UUID]:
+    # A prefix is a range of UUIDs, [prefix000…, next prefix000…): a scan of the primary key index, where a
+    # LIKE on the id cast to text would read every run. UUIDs order as their hex digits (bytewise on Postgres,
+    # as 32-character strings on SQLite).
+    shift = 4 * (32 - len(digits))
+    low = int(digits, 16) << shift
+    high = (int(digits, 16) + 1) << shift
+    ids = Run.objects.filter(id__gte=uuid.UUID(int=low))
+    if high < 1 << 128:  # a prefix of all f's has no upper bound
+        ids = ids.filter(id__lt=uuid.UUID(int=high))
+    return ids.order_by("id").values_list("id", flat=True)
+
+
+def find_run(text: uuid.UUID | str) -> Run:
+    """The run an operator named by its id or by a unique prefix of it (see `resolve_run_id`)."""
+    return get_run(resolve_run_id(text))
 
 
 def parse_duration(text: str) -> timedelta:
@@ -73,12 +134,15 @@ def list_runs(
 
 
 def run_summary(run: Run) -> dict[str, Any]:
+    """One run's row. Steps are numbered from 1 as the admin shows them: `step_number` is the step the run is at
+    (None once its plan is done); `cursor` stays the 0-based plan index JSON consumers already read."""
     return {
         "id": str(run.id),
         "workflow": run.workflow,
         "version": run.workflow_version,
         "status": run.status,
         "cursor": run.cursor,
+        "step_number": run.cursor + 1 if run.cursor < run.step_count else None,
         "steps": run.step_count,
         "idempotency_key": run.idempotency_key,
         "created_at": _iso(run.created_at),
@@ -88,9 +152,23 @@ def run_summary(run: Run) -> dict[str, Any]:
     }
 
 
+def summarize_runs(runs: Iterable[Run]) -> list[dict[str, Any]]:
+    """`run_summary` of each run, plus `open_wait` ({id, kind, name}, or None): the id `durable_decide` takes."""
+    runs = list(runs)
+    waiting = [run.id for run in runs if run.status == RunStatus.WAITING]
+    # One query for the page, on the one-open-wait-per-run index, however many runs wait.
+    waits = Wait.objects.filter(run_id__in=waiting, status=WaitStatus.OPEN).only("id", "run_id", "kind", "name")
+    open_waits = {wait.run_id: wait for wait in waits} if waiting else {}
+    return [{**run_summary(run), "open_wait": _wait_brief(open_waits.get(run.id))} for run in runs]
+
+
+def _wait_brief(wait: Wait | None) -> dict[str, Any] | None:
+    return {"id": wait.pk, "kind": wait.kind, "name": wait.name} if wait else None
+
+
 def describe_run(run_id: uuid.UUID | str, *, events: int = 200) -> dict[str, Any]:
-    """Everything an operator needs about one run: the row, its live and superseded steps, its history."""
-    run = get_run(run_id)
+    """Everything an operator needs about one run (its id or a unique prefix): the row, its steps, its history."""
+    run = find_run(run_id)
     steps = Step.objects.filter(run=run).order_by("position", "id")
     history = list(run.events.order_by("-id")[:events])[::-1]
     return {
@@ -119,6 +197,7 @@ def describe_run(run_id: uuid.UUID | str, *, events: int = 200) -> dict[str, Any
                 "name": s.name,
                 "kind": s.kind,
                 "position": s.position,
+                "number": s.position + 1,
                 "status": s.status,
                 "attempts": s.attempts,
                 "started_at": _iso(s.started_at),
@@ -245,7 +324,7 @@ def act_on_all(
     refusal: Callable[[Run], str | None],
     act: Callable[[Run], Run],
 ) -> list[Run]:
-    """Check every run first (it exists, its state allows `verb`), then act on all in one transaction.
+    """Check every run first (its id or prefix names one, its state allows `verb`), then act on all in one transaction.
 
     A batch with bad ids changes nothing and names each bad id with its reason. A run that changes between
     the check and the action (a race with a worker or another operator) rolls the whole batch back: the
@@ -254,12 +333,12 @@ def act_on_all(
     """
     given = list(run_ids)
     if len(given) == 1:
-        return [act(get_run(given[0]))]
+        return [act(find_run(given[0]))]
     runs: dict[uuid.UUID, Run] = {}
     problems: list[str] = []
     for run_id in given:
         try:
-            run = get_run(run_id)
+            run = find_run(run_id)
         except DurableAgentsError as exc:
             problems.append(str(exc))
             continue

@@ -5,14 +5,18 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from durable_agents import api, operations
-from durable_agents.models import Event, Run, RunStatus
+from durable_agents.errors import RunNotFoundError
+from durable_agents.models import Event, Run, RunStatus, Wait, WaitStatus
 from durable_agents.testing import drive
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -71,6 +75,11 @@ def test_commands__start_show_runs_cancel_resume_round_trip(manage):
         (["durable_show", "00000000-0000-0000-0000-000000000000"], "no run has id"),
         (["durable_cancel", "not-a-run"], "no run has id"),
         (["durable_resume", "not-a-run"], "no run has id"),
+        (["durable_show", "abc12"], "give at least 6 characters of the id"),
+        (["durable_cancel", "abc-12"], "give at least 6 characters of the id"),
+        (["durable_show", "abcdef99"], "no run has an id starting with 'abcdef99'; list runs with"),
+        (["durable_swap", "abcdef99", "anthropic"], "no run has an id starting with 'abcdef99'"),
+        (["durable_budget", "abcdef99", "--tokens", "5"], "no run has an id starting with 'abcdef99'"),
         (["durable_runs", "--older-than", "soon"], "invalid duration 'soon'"),
         (["durable_runs", "--status", "lost"], "unknown status 'lost'"),
     ],
@@ -143,3 +152,107 @@ def test_commands__a_run_finishing_between_the_check_and_the_cancel_rolls_the_ba
     assert "is already completed" in message and f"({first.id}) were not changed either" in message, message
     assert Run.objects.get(pk=first.id).status == RunStatus.PENDING, "the batch cancelled a run, then refused"
     assert not Event.objects.filter(run_id=first.id).exists(), "a rolled-back cancel left its event"
+
+
+def run_with_id(run_id: str) -> Run:
+    """A bare pending run whose id the test chooses, so that two ids can share a prefix."""
+    return Run.objects.create(id=uuid.UUID(run_id), workflow="noop", workflow_version=1, input={}, input_hash="-")
+
+
+def test_commands__an_8_character_prefix_names_a_run_for_show_and_cancel(manage):
+    run = api.start("noop", {"steps": 1})
+    short = str(run.id)[:8]
+    shown = manage("durable_show", short, "--json")
+    assert shown.returncode == 0, f"durable_show {short} (as the admin prints ids) failed: {shown.stderr}"
+    assert json.loads(shown.stdout)["id"] == str(run.id)
+    dashed = manage("durable_show", str(run.id)[:13].upper())
+    assert dashed.returncode == 0 and str(run.id) in dashed.stdout, f"a dashed upper-case prefix: {dashed.stderr}"
+    cancelled = manage("durable_cancel", short, "--json")
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert json.loads(cancelled.stdout) == [{"id": str(run.id), "status": "cancelled"}]
+
+
+def test_commands__an_ambiguous_prefix_exits_2_naming_some_matches(manage):
+    first = run_with_id("abcdef12-0000-4000-8000-000000000001")
+    run_with_id("abcdef13-0000-4000-8000-000000000002")
+    for args in (
+        ["durable_show", "abcdef1"],
+        ["durable_cancel", "ABCDEF"],
+        ["durable_budget", "abc-def", "--tokens", "9"],
+    ):
+        result = manage(*args)
+        assert result.returncode == 2, f"{args}: exit {result.returncode}, stderr {result.stderr}"
+        assert "matches several runs" in result.stderr and "give more characters" in result.stderr, result.stderr
+        assert str(first.id) in result.stderr and "Traceback" not in result.stderr, result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert set(Run.objects.values_list("status", flat=True)) == {RunStatus.PENDING}, "a refused prefix changed a run"
+    unique = manage("durable_show", "abcdef12", "--json")
+    assert json.loads(unique.stdout)["id"] == str(first.id), unique.stderr
+
+
+def test_commands__a_batch_with_an_ambiguous_prefix_changes_nothing():
+    run_with_id("abcdef12-0000-4000-8000-000000000001")
+    run_with_id("abcdef13-0000-4000-8000-000000000002")
+    other = api.start("noop", {"steps": 1})
+    with pytest.raises(CommandError) as raised:
+        call_command("durable_cancel", str(other.id)[:8], "abcdef1")
+    assert raised.value.returncode == 2 and "nothing changed" in str(raised.value), raised.value
+    assert "'abcdef1' matches several runs" in str(raised.value), raised.value
+    assert Run.objects.get(pk=other.id).status == RunStatus.PENDING
+
+
+def test_resolve_run_id__a_prefix_is_a_primary_key_range_not_a_text_match():
+    run = run_with_id("abcdef12-3456-4000-8000-000000000001")
+    run_with_id("abcdef13-0000-4000-8000-000000000002")
+    with CaptureQueriesContext(connection) as queries:
+        assert operations.resolve_run_id("ABCDEF12-34") == str(run.id)
+    assert len(queries) == 1, [q["sql"] for q in queries]
+    sql = queries[0]["sql"]
+    assert '"id" >=' in sql and '"id" <' in sql, f"a prefix must become a range on the primary key: {sql}"
+    assert "LIKE" not in sql.upper() and "::text" not in sql, f"a text match reads every run: {sql}"
+
+
+def test_resolve_run_id__edges_of_the_range():
+    top = run_with_id("ffffffff-ffff-4fff-bfff-ffffffffffff")
+    below = run_with_id("abcdeeff-ffff-4fff-bfff-ffffffffffff")
+    assert operations.resolve_run_id("ffffff") == str(top.id), "a prefix of all f's has no upper bound"
+    assert operations.resolve_run_id("abcdee") == str(below.id)
+    with pytest.raises(RunNotFoundError, match="no run has an id starting with 'abcdef'"):
+        operations.resolve_run_id("abcdef")  # the next prefix up must not reach back into abcdee…
+    with CaptureQueriesContext(connection) as queries:
+        assert operations.resolve_run_id(top.id) == str(top.id)
+        assert operations.resolve_run_id(str(top.id).replace("-", "")) == str(top.id)
+    assert not queries, "a whole id needs no query to resolve"
+
+
+def test_commands__steps_are_numbered_from_1_as_in_the_admin(manage):
+    run = api.start("noop", {"steps": 2})
+    shown = json.loads(manage("durable_show", str(run.id), "--json").stdout)
+    assert [(s["position"], s["number"]) for s in shown["step_rows"]] == [(0, 1), (1, 2)]
+    assert (shown["cursor"], shown["step_number"]) == (0, 1), "JSON keeps cursor 0-based; step_number is the admin's"
+    text = manage("durable_show", str(run.id)).stdout
+    assert "step 1/2" in text and "     1  tick-1" in text and "     2  tick-2" in text, text
+    assert "step 1/2" in manage("durable_runs").stdout
+    drive(run.id)
+    listed = json.loads(manage("durable_runs", "--json").stdout)
+    assert (listed[0]["cursor"], listed[0]["step_number"]) == (2, None), listed
+    assert "2/2 steps done" in manage("durable_runs").stdout
+
+
+def test_commands__runs_shows_the_open_wait_of_a_waiting_run(manage):
+    waiting = drive(api.start("approve_charge", {"order_id": "CLI-1"}).id)
+    assert waiting.status == RunStatus.WAITING, waiting.error
+    wait = Wait.objects.get(run=waiting, status=WaitStatus.OPEN)
+    api.start("noop", {"steps": 1})
+    rows = {row["id"]: row for row in json.loads(manage("durable_runs", "--json").stdout)}
+    assert rows[str(waiting.id)]["open_wait"] == {"id": wait.pk, "kind": wait.kind, "name": wait.name}
+    assert [row["open_wait"] for row in rows.values() if row["id"] != str(waiting.id)] == [None]
+    text = manage("durable_runs", "--status", "waiting").stdout
+    assert f"wait {wait.pk} ({wait.kind}" in text, f"durable_decide needs the wait id; durable_runs printed {text}"
+    decided = manage("durable_decide", str(wait.pk), "--approve")
+    assert decided.returncode == 0, decided.stderr
+
+
+def test_commands__an_empty_list_says_so(manage):
+    assert manage("durable_runs").stdout.strip() == "no runs match"
+    assert json.loads(manage("durable_runs", "--json").stdout) == []

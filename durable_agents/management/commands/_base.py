@@ -11,6 +11,8 @@ from django.core.serializers.json import DjangoJSONEncoder
 from durable_agents.errors import DurableAgentsError
 
 USER_MISTAKE = 2
+# Every command that takes a run id resolves it with operations.resolve_run_id, so the admin's short ids work.
+RUN_ID_HELP = "a run's id, or its first 6 or more characters (as the admin and durable_runs show them)"
 
 
 class DurableCommand(BaseCommand):
@@ -30,6 +32,13 @@ class DurableCommand(BaseCommand):
 
     def emit_json(self, data: Any) -> None:
         self.stdout.write(json.dumps(data, indent=2, cls=DjangoJSONEncoder))
+
+
+def step_progress(summary: dict[str, Any]) -> str:
+    """Where a run is in its plan, numbered from 1 as the admin numbers steps: "step 2/3", "3/3 steps done"."""
+    if summary["step_number"] is None:
+        return f"{summary['steps']}/{summary['steps']} steps done"
+    return f"step {summary['step_number']}/{summary['steps']}"
 
 
 def parse_json_option(text: str | None, what: str) -> Any:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from durable_agents import operations
-from durable_agents.management.commands._base import DurableCommand
+from durable_agents.management.commands._base import RUN_ID_HELP, DurableCommand
 
 
 class Command(DurableCommand):
@@ -13,7 +13,7 @@ class Command(DurableCommand):
 
     def add_arguments(self, parser: Any) -> None:
         super().add_arguments(parser)
-        parser.add_argument("run_ids", nargs="+", metavar="RUN_ID")
+        parser.add_argument("run_ids", nargs="+", metavar="RUN_ID", help=RUN_ID_HELP)
         parser.add_argument("--reason", default="", help="why (recorded in the history)")
         parser.add_argument("--compensate", action="store_true", help="first undo applied effects, newest first (saga)")
         parser.add_argument("--as", dest="actor", default="cli", help="who is acting (recorded in the history)")

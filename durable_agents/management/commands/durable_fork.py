@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from durable_agents import api
-from durable_agents.management.commands._base import DurableCommand, parse_json_option
+from durable_agents import api, operations
+from durable_agents.management.commands._base import RUN_ID_HELP, DurableCommand, parse_json_option
 
 
 class Command(DurableCommand):
@@ -13,15 +13,16 @@ class Command(DurableCommand):
 
     def add_arguments(self, parser: Any) -> None:
         super().add_arguments(parser)
-        parser.add_argument("run_id")
+        parser.add_argument("run_id", help=RUN_ID_HELP)
         parser.add_argument("--at-step", required=True, help="the first step the fork executes again")
         parser.add_argument("--input", help="new run input as JSON (default: the source's input)")
         parser.add_argument("--as", dest="actor", default="cli")
 
     def handle(self, *args: Any, **options: Any) -> None:
         new_input = parse_json_option(options["input"], "--input")
-        fork = api.fork(options["run_id"], options["at_step"], input=new_input, actor=options["actor"])
+        source = operations.resolve_run_id(options["run_id"])
+        fork = api.fork(source, options["at_step"], input=new_input, actor=options["actor"])
         if options["json"]:
-            self.emit_json({"id": str(fork.id), "forked_from": options["run_id"], "status": fork.status})
+            self.emit_json({"id": str(fork.id), "forked_from": source, "status": fork.status})
         else:
             self.stdout.write(str(fork.id))

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from durable_agents import api
-from durable_agents.management.commands._base import DurableCommand
+from durable_agents import api, operations
+from durable_agents.management.commands._base import RUN_ID_HELP, DurableCommand
 
 
 class Command(DurableCommand):
@@ -17,15 +17,14 @@ class Command(DurableCommand):
 
     def add_arguments(self, parser: Any) -> None:
         super().add_arguments(parser)
-        parser.add_argument("run_id")
+        parser.add_argument("run_id", help=RUN_ID_HELP)
         parser.add_argument("--version", dest="workflow_version", type=int, required=True)
         parser.add_argument("--replan", action="store_true", help="take the new version's plan for what is left")
         parser.add_argument("--as", dest="actor", default="cli")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        run = api.migrate(
-            options["run_id"], options["workflow_version"], replan=options["replan"], actor=options["actor"]
-        )
+        run_id = operations.resolve_run_id(options["run_id"])
+        run = api.migrate(run_id, options["workflow_version"], replan=options["replan"], actor=options["actor"])
         if options["json"]:
             self.emit_json({"id": str(run.id), "version": run.workflow_version, "status": run.status})
         else:

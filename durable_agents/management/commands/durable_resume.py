@@ -7,7 +7,7 @@ from typing import Any
 from django.core.management.base import CommandError
 
 from durable_agents import api, operations
-from durable_agents.management.commands._base import USER_MISTAKE, DurableCommand
+from durable_agents.management.commands._base import RUN_ID_HELP, USER_MISTAKE, DurableCommand
 
 
 class Command(DurableCommand):
@@ -15,7 +15,7 @@ class Command(DurableCommand):
 
     def add_arguments(self, parser: Any) -> None:
         super().add_arguments(parser)
-        parser.add_argument("run_ids", nargs="+", metavar="RUN_ID")
+        parser.add_argument("run_ids", nargs="+", metavar="RUN_ID", help=RUN_ID_HELP)
         parser.add_argument("--from-step", help="re-execute from this step (later checkpoints are superseded)")
         parser.add_argument("--as", dest="actor", default="cli", help="who is acting (recorded in the history)")
 
@@ -23,7 +23,8 @@ class Command(DurableCommand):
         if options["from_step"] is not None:
             if len(options["run_ids"]) > 1:
                 raise CommandError("--from-step takes exactly one RUN_ID", returncode=USER_MISTAKE)
-            results = [api.resume(options["run_ids"][0], options["from_step"], actor=options["actor"])]
+            run_id = operations.resolve_run_id(options["run_ids"][0])
+            results = [api.resume(run_id, options["from_step"], actor=options["actor"])]
         else:
             # All or nothing: every id must exist and be resumable before any run changes.
             results = operations.resume_runs(options["run_ids"], actor=options["actor"])

@@ -1,11 +1,15 @@
-"""durable_runs [--status S] [--workflow W] [--stuck] [--older-than 2h] [--limit N] [--json]: list runs."""
+"""durable_runs [--status S] [--workflow W] [--stuck] [--older-than 2h] [--limit N] [--json]: list runs.
+
+Each row says where the run is (steps numbered from 1, as in the admin) and, for a waiting run, the id of its
+open wait, which `durable_decide` takes.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 from durable_agents import operations
-from durable_agents.management.commands._base import DurableCommand
+from durable_agents.management.commands._base import DurableCommand, step_progress
 
 
 class Command(DurableCommand):
@@ -33,12 +37,21 @@ class Command(DurableCommand):
             version_drift=options["version_drift"],
             limit=options["limit"],
         )
-        rows = [operations.run_summary(run) for run in runs]
+        rows = operations.summarize_runs(runs)
         if options["json"]:
             self.emit_json(rows)
             return
+        if not rows:
+            self.stdout.write("no runs match")
         for row in rows:
             self.stdout.write(
                 f"{row['id']}  {row['workflow']}@{row['version']}  {row['status']:<9}  "
-                f"step {row['cursor']}/{row['steps']}  created {row['created_at']}"
+                f"{step_progress(row)}  created {row['created_at']}{_open_wait(row['open_wait'])}"
             )
+
+
+def _open_wait(wait: dict[str, Any] | None) -> str:
+    if wait is None:
+        return ""
+    what = f"{wait['kind']} {wait['name']}" if wait["name"] else wait["kind"]
+    return f"  wait {wait['id']} ({what})"

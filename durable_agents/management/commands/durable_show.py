@@ -1,11 +1,11 @@
-"""durable_show RUN_ID [--json]: a run, its steps (status, attempts, timings) and its events."""
+"""durable_show RUN_ID [--json]: a run, its steps (numbered from 1, as in the admin) and its events."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from durable_agents import operations
-from durable_agents.management.commands._base import DurableCommand
+from durable_agents.management.commands._base import RUN_ID_HELP, DurableCommand, step_progress
 
 
 class Command(DurableCommand):
@@ -13,7 +13,7 @@ class Command(DurableCommand):
 
     def add_arguments(self, parser: Any) -> None:
         super().add_arguments(parser)
-        parser.add_argument("run_id")
+        parser.add_argument("run_id", help=RUN_ID_HELP)
 
     def handle(self, *args: Any, **options: Any) -> None:
         data = operations.describe_run(options["run_id"])
@@ -23,7 +23,7 @@ class Command(DurableCommand):
         write = self.stdout.write
         write(f"run {data['id']}  {data['workflow']}@{data['version']}  {data['status']}")
         finished = data["finished_at"] or "-"
-        write(f"  step {data['cursor']}/{data['steps']}  created {data['created_at']}  finished {finished}")
+        write(f"  {step_progress(data)}  created {data['created_at']}  finished {finished}")
         if data["error"]:
             write(f"  error: {data['error']['type']}: {data['error']['message']} (step {data['error']['step']})")
         usage = data["usage"]
@@ -37,7 +37,7 @@ class Command(DurableCommand):
             took = f"{s['duration_ms']} ms" if s["duration_ms"] is not None else "-"
             tokens = s["tokens"]["input"] + s["tokens"]["output"]
             spent = f"  {tokens} tokens ${s['cost_usd']}" if tokens else ""
-            write(f"  {s['position']:>4}  {s['step_id']:<24} {s['status']:<10} attempts {s['attempts']}  {took}{spent}")
+            write(f"  {s['number']:>4}  {s['step_id']:<24} {s['status']:<10} attempts {s['attempts']}  {took}{spent}")
         if data["effects"]:
             write("effects:")
         for e in data["effects"]:

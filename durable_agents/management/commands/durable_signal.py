@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from durable_agents import api
-from durable_agents.management.commands._base import DurableCommand, parse_json_option
+from durable_agents import api, operations
+from durable_agents.management.commands._base import RUN_ID_HELP, DurableCommand, parse_json_option
 
 
 class Command(DurableCommand):
@@ -13,14 +13,15 @@ class Command(DurableCommand):
 
     def add_arguments(self, parser: Any) -> None:
         super().add_arguments(parser)
-        parser.add_argument("run_id")
+        parser.add_argument("run_id", help=RUN_ID_HELP)
         parser.add_argument("name")
         parser.add_argument("--payload", help="JSON payload, e.g. '{\"paid\": true}'")
         parser.add_argument("--as", dest="actor", default="cli")
 
     def handle(self, *args: Any, **options: Any) -> None:
         payload = parse_json_option(options["payload"], "--payload")
-        wait = api.send_signal(options["run_id"], options["name"], payload, by=options["actor"])
+        run_id = operations.resolve_run_id(options["run_id"])
+        wait = api.send_signal(run_id, options["name"], payload, by=options["actor"])
         if options["json"]:
             self.emit_json({"wait": wait.pk, "run": str(wait.run_id), "delivered": wait.step_id is not None})
         else:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from durable_agents import api
-from durable_agents.management.commands._base import DurableCommand
+from durable_agents import api, operations
+from durable_agents.management.commands._base import RUN_ID_HELP, DurableCommand
 
 
 class Command(DurableCommand):
@@ -13,12 +13,13 @@ class Command(DurableCommand):
 
     def add_arguments(self, parser: Any) -> None:
         super().add_arguments(parser)
-        parser.add_argument("run_id")
+        parser.add_argument("run_id", help=RUN_ID_HELP)
         parser.add_argument("participant")
         parser.add_argument("--as", dest="actor", default="cli", help="who is acting (recorded in the history)")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        run = api.swap_participant(options["run_id"], options["participant"], actor=options["actor"])
+        run_id = operations.resolve_run_id(options["run_id"])
+        run = api.swap_participant(run_id, options["participant"], actor=options["actor"])
         if options["json"]:
             self.emit_json({"id": str(run.id), "participant": run.participant})
         else:
