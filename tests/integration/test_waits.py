@@ -55,9 +55,11 @@ def test_approval__wait_survives_a_worker_sigkill_and_resumes_on_approve(start_w
     assert Execution.objects.filter(run_id=run.id, step_id="charge").count() == 1
     decided = Event.objects.get(run=run, kind="wait_decided")
     assert decided.actor == "alice" and decided.detail["comment"] == "looks right"
+    # If the killed worker had claimed the request mid-send, it is due again only after the claim's hold
+    # (NOTIFY_SEND_TIMEOUT_SECONDS plus the first backoff: tens of seconds with the defaults): wait past it.
     sent = wait_for(
         lambda: Effect.objects.filter(tool="notify.requested", run=run, status="applied").first(),
-        timeout=30,
+        timeout=120,
         what="the approval request to be delivered (even if its worker died)",
     )
     assert "/durable/waits/" in sent.args["link"] and Effect.objects.filter(tool="notify.requested").count() == 1
