@@ -1,16 +1,19 @@
-"""An unexpected step error keeps its traceback: on the run, the step and the event, and in the log — bounded,
-and with no secret in it."""
+"""An unexpected step error keeps its traceback: on the run, the step and the event, in durable_show, on the
+run page and in the worker's log (once) — bounded, and with no secret in it."""
 
 from __future__ import annotations
 
 import inspect
+import io
 import json
 import logging
 
 import pytest
+from django.core.management import call_command
 
 from durable_agents import api
 from durable_agents.engine.retry import TRACEBACK_MAX_CHARS
+from durable_agents.management.commands import durable_show
 from durable_agents.models import Event, Run, RunStatus, Step
 from durable_agents.testing import drive
 from tests.testapp import workflows
@@ -99,3 +102,36 @@ def test_failure__a_library_error_raised_on_purpose_has_no_traceback():
     assert run.error == {"type": "RetryableError", "message": "flaky failure 4", "step": "flaky"}, (
         "a RetryableError's message is its diagnosis: no traceback is stored (retry.has_traceback)"
     )
+
+
+def test_durable_show__prints_the_end_of_the_traceback_under_the_error():
+    run = drive(api.start("crashes").id)
+
+    out = io.StringIO()
+    call_command("durable_show", str(run.id), stdout=out)
+    lines = out.getvalue().splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("  error: ZeroDivisionError"))
+    shown = lines[at + 1 : at + 1 + len(run.error["traceback"].splitlines())]
+    assert shown == ["    " + line for line in run.error["traceback"].splitlines()], (
+        f"the traceback is printed, indented, under the error:\n{out.getvalue()}"
+    )
+    events = lines[lines.index("events:") :]
+    assert not any("Traceback" in line for line in events), "event lines stay one line each; --json has it all"
+
+    out = io.StringIO()
+    call_command("durable_show", str(run.id), "--json", stdout=out)
+    data = json.loads(out.getvalue())
+    assert data["error"]["traceback"] == run.error["traceback"]
+
+
+def test_durable_show__a_long_traceback_shows_its_last_lines(monkeypatch):
+    monkeypatch.setattr(durable_show, "TRACEBACK_LINES_SHOWN", 4)
+    run = drive(api.start("crashes").id)
+
+    out = io.StringIO()
+    call_command("durable_show", str(run.id), stdout=out)
+    lines = out.getvalue().splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("  error: ZeroDivisionError"))
+    cut = len(run.error["traceback"].splitlines()) - 4
+    assert lines[at + 1] == f"    [… {cut} earlier lines of the traceback: durable_show --json has them]"
+    assert lines[at + 2 : at + 6] == ["    " + line for line in run.error["traceback"].splitlines()[-4:]]
