@@ -10,6 +10,7 @@ import logging
 
 import pytest
 from django.core.management import call_command
+from django.urls import reverse
 
 from durable_agents import api
 from durable_agents.engine.retry import TRACEBACK_MAX_CHARS
@@ -135,3 +136,14 @@ def test_durable_show__a_long_traceback_shows_its_last_lines(monkeypatch):
     cut = len(run.error["traceback"].splitlines()) - 4
     assert lines[at + 1] == f"    [… {cut} earlier lines of the traceback: durable_show --json has them]"
     assert lines[at + 2 : at + 6] == ["    " + line for line in run.error["traceback"].splitlines()[-4:]]
+
+
+def test_run_page__shows_the_traceback_collapsed_under_the_error(admin_client):
+    run = drive(api.start("crashes").id)
+
+    html = admin_client.get(reverse("admin:durable_agents_run_change", args=[run.pk])).content.decode()
+
+    block = html[html.index('<details class="durable-details" id="error-traceback">') :]
+    block = block[: block.index("</details>")]
+    assert "<summary>traceback</summary>" in block and "in share_of" in block
+    assert "return total / parts" in block and "ZeroDivisionError: division by zero" in block
