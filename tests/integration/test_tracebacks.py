@@ -16,7 +16,7 @@ from durable_agents import api
 from durable_agents.engine.retry import TRACEBACK_MAX_CHARS
 from durable_agents.management.commands import durable_show
 from durable_agents.models import Event, Run, RunStatus, Step
-from durable_agents.testing import drive
+from durable_agents.testing import drive, wait_for, wait_for_run
 from tests.testapp import workflows
 
 pytestmark = pytest.mark.django_db
@@ -147,3 +147,21 @@ def test_run_page__shows_the_traceback_collapsed_under_the_error(admin_client):
     block = block[: block.index("</details>")]
     assert "<summary>traceback</summary>" in block and "in share_of" in block
     assert "return total / parts" in block and "ZeroDivisionError: division by zero" in block
+
+
+@pytest.mark.django_db(transaction=True)
+def test_worker_log__a_step_error_is_logged_once_with_its_traceback(start_worker):
+    worker = start_worker()
+    run = api.start("crashes")
+
+    wait_for_run(run.id, "failed", timeout=60)
+    line = f"run_id={run.id} step_id=crash attempt=1 step error ZeroDivisionError: division by zero"
+
+    def logged() -> str:
+        text = worker.log_path.read_text()  # appended to by earlier runs of this test: only this run counts
+        return text[text.index(line) :] if line in text else ""
+
+    log = wait_for(logged, what="the worker to log the step error")
+
+    assert log.count(line) == 1, f"the step error is logged once, not twice (project/settings.py LOGGING):\n{log}"
+    assert f"line {share_of_line()}, in share_of" in log, f"the log line carries the traceback:\n{log}"
