@@ -79,11 +79,13 @@ def classify(exc: BaseException, policy: RetryPolicy, step_id: str) -> Failure:
 def has_traceback(exc: BaseException) -> bool:
     """Whether `exc` is stored with its traceback: unless it is one of this library's errors, raised on purpose.
 
-    A DurableAgentsError (RetryableError, PermanentError, ModelUnavailableError…) is raised deliberately, with
-    a message written to be the diagnosis; its frames would only repeat the message's where (and a 429 storm
-    would store one per attempt). Anything else — a bug, a library the step calls — is a surprise whose
-    message rarely says where: it keeps its traceback. So does a library error raised `from` a surprise
-    (`raise RetryableError("…") from exc`): the cause is the surprise, and chaining it asks to keep it.
+    A DurableAgentsError (RetryableError, PermanentError, ToolFailedError…) raised on its own is deliberate,
+    with a message written to be the diagnosis; its frames would only say again where the message came from.
+    Anything else — a bug, a library the step calls — is a surprise whose message rarely says where: it keeps
+    its traceback. So does a library error raised `from` a surprise (`raise RetryableError("…") from exc`, the
+    agent loop's wrap of a crashed tool, the model errors mapped from the SDK's): chaining asks to keep the
+    cause, and the stored text shows both. The bound holds per attempt, so a retried step stores at most
+    attempts × TRACEBACK_MAX_CHARS.
     """
     seen: set[int] = set()
     cause: BaseException | None = exc
