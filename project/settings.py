@@ -215,12 +215,15 @@ MEDIA_ROOT = VAR_DIR / "media"
 EMAIL_BACKEND = os.environ.get("DJANGO_EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
 DEFAULT_FROM_EMAIL = os.environ.get("DJANGO_DEFAULT_FROM_EMAIL", "durable-agents@localhost")
 
+# The one handler is the root logger's: a Celery worker gives the root a handler of its own unless it has one
+# already, so a handler on the durable_agents logger printed each of its lines twice in a worker's log.
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "loggers": {"durable_agents": {"handlers": ["console"], "level": os.environ.get("DURABLE_LOG_LEVEL", "WARNING")}},
+    "root": {"handlers": ["console"], "level": "WARNING"},
+    "loggers": {"durable_agents": {"level": os.environ.get("DURABLE_LOG_LEVEL", "WARNING")}},
 }
 
 # Celery: Redis wakes workers; Postgres holds the truth. At-least-once delivery, made safe by the claim.

@@ -119,11 +119,11 @@ def advance(run_id: uuid.UUID | str) -> Outcome:
 def _fail_unrecorded(claim: Claim, step: Step, exc: Exception) -> Outcome:
     """The step's outcome could not be recorded (the database refused a value, or a bug): fail the step with
     that error, so the lease is released and the body does not re-run on every expiry."""
-    logger.exception("run %s step %s: the step's outcome could not be recorded", claim.run_id, step.step_id)
-    failure = classify(
-        PermanentError(f"the step's outcome could not be recorded: {type(exc).__name__}: {exc}"),
-        RetryPolicy(),
-        step.step_id,
+    error = PermanentError(f"the step's outcome could not be recorded: {type(exc).__name__}: {exc}")
+    error.__cause__ = exc  # the bug's traceback is kept with the failure (retry.has_traceback)
+    failure = classify(error, RetryPolicy(), step.step_id)
+    logger.error(
+        "run %s step %s: the step's outcome could not be recorded\n%s", claim.run_id, step.step_id, failure.traceback
     )
     try:
         return _fail(claim, step, failure, compensate=False)
@@ -176,7 +176,11 @@ def _advance(claim: Claim, step: Step, claimed_at: float) -> Outcome:
             raise
         except Exception as exc:  # noqa: BLE001 - every failure is classified and persisted below
             failure = classify(exc, policy, step.step_id)
-            log.warning("step error %s: %s", failure.type, failure.message)
+            # The stored traceback, not exc_info: the log gets the same redacted, bounded text as the run.
+            if failure.traceback:
+                log.warning("step error %s: %s\n%s", failure.type, failure.message, failure.traceback)
+            else:
+                log.warning("step error %s: %s", failure.type, failure.message)
             if failure.transient and claim.attempt < policy.attempts_allowed:
                 return _retry(claim, step, failure, _delay(policy, claim.attempt, failure))
             return _fail(claim, step, failure, compensate=compensate)

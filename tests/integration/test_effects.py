@@ -129,7 +129,12 @@ def test_saga__compensation_survives_sigkill_mid_compensation(start_worker):
 def test_saga__workflow_policy_compensates_on_failure():
     run = drive(api.start("charge_then_break", {"order_id": "C-1"}).id)
     assert run.status == RunStatus.FAILED
-    assert run.error == {"type": "ValueError", "message": "the order data is malformed", "step": "broken"}
+    assert {k: run.error[k] for k in ("type", "message", "step")} == {
+        "type": "ValueError",
+        "message": "the order data is malformed",
+        "step": "broken",
+    }
+    assert "in _permanent" in run.error["traceback"], "an unexpected error keeps its traceback"
     assert list(LedgerEntry.objects.order_by("id").values_list("kind", flat=True)) == ["charge", "refund"]
     assert Effect.objects.get(kind="effect").status == EffectStatus.COMPENSATED
 

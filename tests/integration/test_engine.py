@@ -77,7 +77,12 @@ def test_failure__permanent_error_stops_at_once(start_worker):
 
     run = wait_for_run(run.id, "failed", timeout=60)
 
-    assert run.error == {"type": "ValueError", "message": "the order data is malformed", "step": "broken"}
+    assert {k: run.error[k] for k in ("type", "message", "step")} == {
+        "type": "ValueError",
+        "message": "the order data is malformed",
+        "step": "broken",
+    }
+    assert "in _permanent" in run.error["traceback"], "an unexpected error keeps its traceback"
     assert executions_per_step(run.id) == {"first": 1, "broken": 1}
     assert Step.objects.get(run=run, step_id="never").status == StepStatus.PENDING
 

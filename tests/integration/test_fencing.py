@@ -74,6 +74,7 @@ def test_advance__an_outcome_the_database_refuses_fails_the_step_and_releases_th
         "the lease stayed held: the step would re-run on every expiry"
     )
     assert "could not be recorded" in run.error["message"] and "DataError" in run.error["message"]
+    assert "in _commit" in run.error["traceback"], "the refused write's traceback is kept to find the bug by"
     assert Execution.objects.filter(run_id=run.id).count() == 1
 
 
@@ -82,7 +83,7 @@ def test_advance__an_error_message_postgres_cannot_store_is_still_recorded():
     with mock.patch.object(transitions, "checkpoint", side_effect=ValueError("bad \x00 byte \ud800")):
         assert advance(run.id) is Outcome.FAILED
     error = Run.objects.get(pk=run.id).error
-    assert "bad \\u0000 byte" in error["message"], error
+    assert "bad \\u0000 byte" in error["message"] and "bad \\u0000 byte \\ud800" in error["traceback"], error
 
 
 # --- Item 9: leases, wake-ups and deadlines on the database's clock ---------------------------------------

@@ -118,6 +118,45 @@ def _raises_unstorable(ctx: StepContext) -> Any:
 workflow("raises_unstorable", steps=[call("bad", _raises_unstorable)])
 
 
+# --- Unexpected errors: stored with their tracebacks (bounded, redacted) ----------------------------------
+
+
+def share_of(total: int, parts: int) -> float:
+    return total / parts  # parts == 0: the ZeroDivisionError whose traceback names this line
+
+
+def _crashes(ctx: StepContext) -> dict[str, Any]:
+    record_execution(ctx)
+    return {"share": share_of(100, ctx.input.get("parts", 0))}
+
+
+LEAKED_KEY = "sk-ant-api03-Leak3dKeyF0rTests_0123456789abcdefABCDEF-xyzQ"
+
+
+def _leaks_secrets(ctx: StepContext) -> dict[str, Any]:
+    api_key = LEAKED_KEY  # a local holding a secret: never part of a stored traceback
+    service_token = os.environ["DURABLE_TEST_SERVICE_TOKEN"]
+    headers = {"Authorization": f"Bearer {service_token}", "x-api-key": api_key}
+    raise ConnectionRefusedError(f"upstream refused {headers} with password=hunter2-{service_token} for {api_key}")
+
+
+def _recurses(ctx: StepContext, depth: int = 0) -> Any:
+    return _recurses(ctx, depth + 1)
+
+
+def _flaky_io(ctx: StepContext) -> dict[str, Any]:
+    record_execution(ctx)
+    if ctx.attempt <= ctx.input.get("failures", 0):
+        raise ConnectionResetError(f"the peer reset attempt {ctx.attempt}")
+    return {"ok_after": ctx.attempt}
+
+
+workflow("crashes", steps=[call("crash", _crashes)])
+workflow("leaks_secrets", steps=[call("leak", _leaks_secrets, retry=RetryPolicy(max_attempts=1))])
+workflow("recurses", steps=[call("recurse", _recurses)])
+workflow("flaky_io", steps=[call("io", _flaky_io, retry=RetryPolicy(max_attempts=3))])
+
+
 # --- Effects: a transactional ledger tool with its compensator, and an external HTTP tool ------------------
 
 

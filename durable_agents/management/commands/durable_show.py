@@ -7,6 +7,9 @@ from typing import Any
 from durable_agents import operations
 from durable_agents.management.commands._base import RUN_ID_HELP, DurableCommand, step_progress
 
+# The lines of a run error's traceback the text output shows: the innermost frames and the exception.
+TRACEBACK_LINES_SHOWN = 20
+
 
 class Command(DurableCommand):
     help = "Show one run: status, steps and history."
@@ -26,6 +29,8 @@ class Command(DurableCommand):
         write(f"  {step_progress(data)}  created {data['created_at']}  finished {finished}")
         if data["error"]:
             write(f"  error: {data['error']['type']}: {data['error']['message']} (step {data['error']['step']})")
+            for line in _traceback_tail(data["error"]):
+                write(f"    {line}")
         usage = data["usage"]
         budget = f" of {usage['token_budget']}" if usage["token_budget"] is not None else ""
         write(
@@ -49,4 +54,22 @@ class Command(DurableCommand):
             write(f"wait {w['id']}: {w['kind']} {w['name']} {w['status']}{who}  deadline {w['deadline'] or '-'}")
         write("events:")
         for e in data["events"]:
-            write(f"  {e['at']}  {e['kind']:<24} {e['step_id'] or '-':<16} {e['actor'] or ''} {e['detail'] or ''}")
+            detail = _brief(e["detail"]) or ""
+            write(f"  {e['at']}  {e['kind']:<24} {e['step_id'] or '-':<16} {e['actor'] or ''} {detail}")
+
+
+def _traceback_tail(error: dict[str, Any]) -> list[str]:
+    """The end of a stored traceback (where it happened, and what): the whole of it is in --json."""
+    lines = str(error.get("traceback") or "").splitlines()
+    if len(lines) <= TRACEBACK_LINES_SHOWN:
+        return lines
+    cut = len(lines) - TRACEBACK_LINES_SHOWN
+    return [f"[… {cut} earlier lines of the traceback: durable_show --json has them]", *lines[-TRACEBACK_LINES_SHOWN:]]
+
+
+def _brief(detail: Any) -> Any:
+    """An event's detail for one line: an error's traceback is left to --json."""
+    error = detail.get("error") if isinstance(detail, dict) else None
+    if isinstance(error, dict) and "traceback" in error:
+        return {**detail, "error": {k: v for k, v in error.items() if k != "traceback"}}
+    return detail
