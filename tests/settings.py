@@ -98,11 +98,14 @@ EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
 DEFAULT_FROM_EMAIL = "durable-agents@localhost"
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
+# One handler, on the root logger: Celery adds its own to the root when it has none, and a second one on
+# `durable_agents` would print every line twice.
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
-    "loggers": {"durable_agents": {"handlers": ["console"], "level": os.environ.get("DURABLE_LOG_LEVEL", "WARNING")}},
+    "root": {"handlers": ["console"], "level": "WARNING"},
+    "loggers": {"durable_agents": {"level": os.environ.get("DURABLE_LOG_LEVEL", "WARNING")}},
 }
 
 # Celery as the README configures it: no global task setting (the durable tasks carry their own options: late

@@ -163,5 +163,5 @@ def test_worker_log__a_step_error_is_logged_once_with_its_traceback(start_worker
 
     log = wait_for(logged, what="the worker to log the step error")
 
-    assert log.count(line) == 1, f"the step error is logged once, not twice (project/settings.py LOGGING):\n{log}"
+    assert log.count(line) == 1, f"the step error is logged once, not twice (the settings LOGGING):\n{log}"
     assert f"line {share_of_line()}, in share_of" in log, f"the log line carries the traceback:\n{log}"
