@@ -170,3 +170,12 @@ def test_admin_overview__shows_the_health_panel():
     assert "the sweep has not run for 10 min — is celery beat up?" in html
     assert "a@h (pid 5, celery" in html
     assert read_presence().live_workers[0].hostname == "a@h"
+
+
+def test_status__a_gevent_worker_on_a_database_pool_appears_too(start_worker):
+    """The model worker's shape: its heartbeat takes a connection outside the pool, as the lease renewer does."""
+    worker = start_worker(pool="gevent", concurrency=10, env={"DJANGO_DB_POOL": "1"})
+
+    seen = wait_until_alive(worker)
+
+    assert seen["hostname"].startswith(f"{worker.name}@")
