@@ -154,6 +154,12 @@ def _problems(presence: Presence, stuck: int) -> tuple[str, ...]:
             return (f"no worker has reported in — are the workers up?{runs}",)
         silent = ago((presence.now - presence.last_worker_seen).total_seconds())
         return (f"no worker has been seen for {silent} — are the workers up?{runs}",)
+    unserved = _unserved_queues(presence.live_workers)
+    if unserved:
+        return tuple(
+            f"no live worker consumes the queue {queue!r} ({key}) — start one with `--queues {queue}`{runs}"
+            for key, queue in unserved
+        )
     lag = presence.sweep_lag
     if lag is None:
         return (f"the sweep has never run — is celery beat up, with durable_agents.sweep scheduled?{runs}",)
@@ -165,6 +171,16 @@ def _problems(presence: Presence, stuck: int) -> tuple[str, ...]:
             "`durable_runs --stuck`: does a worker consume each run's queue, does a step never finish?",
         )
     return ()
+
+
+def _unserved_queues(workers: tuple[WorkerSeen, ...]) -> list[tuple[str, str]]:
+    """The configured queues (QUEUE, MODEL_QUEUE, NOTIFY_QUEUE) no live worker consumes, as (setting, queue).
+    Only when every live worker said what it consumes; a queue left empty means Celery's default (not known here)."""
+    if not workers or not all(w.queues for w in workers):
+        return []
+    consumed = {queue for w in workers for queue in w.queues}
+    configured = [(key, getattr(settings, key)) for key in ("QUEUE", "MODEL_QUEUE", "NOTIFY_QUEUE")]
+    return [(key, queue) for key, queue in configured if queue and queue not in consumed]
 
 
 def _runs(stuck: int) -> str:

@@ -179,3 +179,13 @@ def test_status__a_gevent_worker_on_a_database_pool_appears_too(start_worker):
     seen = wait_until_alive(worker)
 
     assert seen["hostname"].startswith(f"{worker.name}@")
+
+
+def test_status__a_configured_queue_no_live_worker_consumes_is_named(settings):
+    settings.DURABLE_AGENTS = {**settings.DURABLE_AGENTS, "MODEL_QUEUE": "model"}
+    sweep()
+    record_beat("worker:d@h:8", ProcessHeartbeat.Kind.WORKER, hostname="d@h", pid=8, queues=["celery"])
+
+    health = system_health()
+
+    assert health.verdict == "no live worker consumes the queue 'model' (MODEL_QUEUE) — start one with `--queues model`"
