@@ -93,6 +93,30 @@ SETTINGS: dict[str, Setting] = {
         above=0,
         at_most=LONGEST_SECONDS,
     ),
+    "SWEEP_LATE_AFTER_SECONDS": Setting(
+        120.0,
+        float,
+        "the sweep not run for this long (it is scheduled every few seconds) makes `durable_status` ask if beat is up",
+        above=0,
+        at_most=LONGEST_SECONDS,
+    ),
+    "WORKER_HEARTBEAT_SECONDS": Setting(
+        10.0, float, "each worker records that it is alive this often (one UPDATE)", above=0, at_most=LONGEST_SECONDS
+    ),
+    "WORKER_GONE_AFTER_SECONDS": Setting(
+        60.0,
+        float,
+        "a worker not heard from for this long counts as gone",
+        above=0,
+        at_most=LONGEST_SECONDS,
+    ),
+    "HEARTBEAT_KEEP_SECONDS": Setting(
+        86400.0,
+        float,
+        "the sweep forgets workers not heard from for this long",
+        above=0,
+        at_most=LONGEST_SECONDS,
+    ),
     "RESULT_INLINE_MAX_BYTES": Setting(
         64 * 1024,
         int,

@@ -1,5 +1,5 @@
 """Prometheus metrics, computed from the database at scrape time: runs by status, stuck runs, the oldest
-running and waiting runs, step latency and retries — per workflow.
+running and waiting runs, step latency and retries — per workflow; and the sweep's lag and the live workers.
 
 Postgres is the source of truth and workers are many short-lived processes, so nothing is counted in
 process memory: a custom collector runs a handful of aggregate queries when Prometheus scrapes. Step
@@ -50,6 +50,7 @@ except ImportError as missing:  # an optional extra: say which
 
 from durable_agents import clock
 from durable_agents.conf import settings
+from durable_agents.health import read_presence
 from durable_agents.models import Event, Run, RunStatus, Step
 from durable_agents.workflows import registry
 
@@ -147,9 +148,26 @@ class DatabaseCollector(Collector):
         yield _per_workflow(
             "durable_step_retries_recent", f"Step retries scheduled {window}.", workflows, figures.retries
         )
+        yield from _health_gauges(now)
         scrape = GaugeMetricFamily("durable_metrics_scrape_seconds", "Time the database queries of this scrape took.")
         scrape.add_metric([], time.perf_counter() - began)
         yield scrape
+
+
+def _health_gauges(now: datetime) -> Iterator[GaugeMetricFamily]:
+    """The sweep's lag and the live workers, from the heartbeat table (one query of a tiny table)."""
+    presence = read_presence(now)
+    lag = GaugeMetricFamily(
+        "durable_sweep_lag_seconds",
+        "Seconds since the sweep last completed a pass (+Inf: never); beat runs it every few seconds.",
+    )
+    lag.add_metric([], math.inf if presence.sweep_lag is None else presence.sweep_lag)
+    yield lag
+    workers = GaugeMetricFamily(
+        "durable_live_workers", "Workers heard from in the last DURABLE_AGENTS['WORKER_GONE_AFTER_SECONDS']."
+    )
+    workers.add_metric([], len(presence.live_workers))
+    yield workers
 
 
 def _per_workflow(name: str, documentation: str, workflows: list[str], values: dict[str, float]) -> GaugeMetricFamily:

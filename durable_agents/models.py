@@ -415,3 +415,30 @@ class Event(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} {self.step_id}".strip()
+
+
+class ProcessHeartbeat(models.Model):
+    """The last time a background process showed life, on the database's clock: one row per thing.
+
+    The sweep writes the row named "sweep" at the end of every pass; each Celery worker writes its own
+    ("worker:<hostname>:<pid>") every WORKER_HEARTBEAT_SECONDS from a thread of its main process, and deletes
+    it on a warm shutdown. A tiny table: `durable_status`, the metrics and the console read all of it.
+    """
+
+    class Kind(models.TextChoices):
+        SWEEP = "sweep"
+        WORKER = "worker"
+
+    name = models.CharField(max_length=300, primary_key=True)
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    hostname = models.CharField(max_length=255, blank=True, default="")
+    pid = models.PositiveIntegerField(null=True, blank=True)
+    queues = models.JSONField(default=list, blank=True)
+    started_at = models.DateTimeField(db_default=Now())
+    last_seen = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        ordering = ["kind", "name"]
+
+    def __str__(self) -> str:
+        return self.name

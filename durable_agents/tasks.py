@@ -10,16 +10,18 @@ a slow notification receiver never holds a worker slot a step is waiting for.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from celery import shared_task
-from celery.signals import worker_ready
+from celery.signals import worker_ready, worker_shutdown
 from django.core import checks
 from django.db import InterfaceError, OperationalError, connections
 
 from durable_agents.conf import settings as durable_settings
 from durable_agents.engine import advance as engine_advance
+from durable_agents.engine import heartbeats as engine_heartbeats
 from durable_agents.engine import outbox as engine_outbox
 from durable_agents.engine import sweep as engine_sweep
 from durable_agents.engine.wake import queue_for
@@ -118,3 +120,24 @@ def _check_configuration(**_: Any) -> None:
     environment, its own settings) says so in its log instead of leaving runs stuck."""
     for message in checks.run_checks(tags=["durable_agents"], include_deployment_checks=True):
         logger.log(logging.ERROR if message.is_serious() else logging.WARNING, "%s", message)
+
+
+_heartbeat: engine_heartbeats.WorkerHeartbeat | None = None
+
+
+@worker_ready.connect
+def _start_heartbeat(sender: Any = None, **_: Any) -> None:
+    """A ready worker records that it is alive every WORKER_HEARTBEAT_SECONDS (`durable_status` lists it)."""
+    global _heartbeat
+    hostname = getattr(sender, "hostname", None) or "celery"
+    queues = [queue.name for queue in getattr(getattr(sender, "task_consumer", None), "queues", None) or []]
+    _heartbeat = engine_heartbeats.WorkerHeartbeat(hostname, pid=os.getpid(), queues=queues).start()
+
+
+@worker_shutdown.connect
+def _stop_heartbeat(**_: Any) -> None:
+    """A worker leaving warmly removes its row: it has not died, it is not there."""
+    global _heartbeat
+    if _heartbeat is not None:
+        _heartbeat.stop()
+        _heartbeat = None

@@ -118,6 +118,25 @@ def renew_leases(claims: list[Claim], db: Any = None) -> tuple[set[Claim], set[C
     return renewed, lost
 
 
+def outside_the_pool(alias: str, label: str) -> Any | None:
+    """A new connection like the default one but outside its pool, for a background thread; None if the default
+    connection has no pool (use it). Its application_name gets `:label`, told apart in pg_stat_activity.
+
+    Example::
+
+        own = outside_the_pool("durable_renewer", "lease-renewer")
+        db = own or connections["default"]
+    """
+    default = connections["default"]
+    if not (default.settings_dict.get("OPTIONS") or {}).get("pool"):
+        return None
+    settings_dict = {**default.settings_dict, "OPTIONS": dict(default.settings_dict["OPTIONS"])}
+    settings_dict["OPTIONS"].pop("pool")
+    if settings_dict["OPTIONS"].get("application_name"):
+        settings_dict["OPTIONS"]["application_name"] += f":{label}"
+    return load_backend(settings_dict["ENGINE"]).DatabaseWrapper(settings_dict, alias=alias)
+
+
 class Heartbeat:
     """Keeps a claim's lease alive while its step runs; `lost` turns True if another worker took the run.
 
@@ -182,16 +201,9 @@ class _Renewer:
         """The default connection; or, when it comes from a pool (the model worker), one of the renewer's own
         outside the pool: steps that hold every pooled connection (tools waiting on HTTP) must not stop the
         heartbeat of every other conversation."""
-        default = connections["default"]
-        if not (default.settings_dict.get("OPTIONS") or {}).get("pool"):
-            return default
         if self._own is None:
-            settings_dict = {**default.settings_dict, "OPTIONS": dict(default.settings_dict["OPTIONS"])}
-            settings_dict["OPTIONS"].pop("pool")
-            if settings_dict["OPTIONS"].get("application_name"):  # told apart from the pool's in pg_stat_activity
-                settings_dict["OPTIONS"]["application_name"] += ":lease-renewer"
-            self._own = load_backend(settings_dict["ENGINE"]).DatabaseWrapper(settings_dict, alias="durable_renewer")
-        return self._own
+            self._own = outside_the_pool("durable_renewer", "lease-renewer")
+        return self._own or connections["default"]
 
     def _renew(self, due: list[Heartbeat]) -> None:
         try:

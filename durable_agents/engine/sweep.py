@@ -5,6 +5,8 @@ the sweep, nor the worker slot it runs in.
 
 Safe to run concurrently and repeatedly: rows are picked with SKIP LOCKED, each run is re-woken at most
 once per IDLE_RESWEEP_SECONDS, and a duplicate wake-up is harmless (the claim lets one worker in).
+
+Each completed pass records itself (engine/heartbeats.py), so `durable_status` can tell that beat is down.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from django.db.models import Q
 
 from durable_agents import clock
 from durable_agents.conf import settings
+from durable_agents.engine.heartbeats import prune_heartbeats, record_sweep
 from durable_agents.engine.outbox import enqueue_due as enqueue_due_notifications
 from durable_agents.engine.records import locked
 from durable_agents.engine.runs import settle_cancellation
@@ -76,4 +79,7 @@ def sweep() -> SweepReport:
     cancelled = sum(bool(settle_cancellation(run_id)) for run_id in list(pending_cancels))
     waits = sweep_waits(now)
     notifications = enqueue_due_notifications()
+    prune_heartbeats(now)
+    # Last, so the row says when a pass last completed: a sweep that fails every time shows as late.
+    record_sweep()
     return SweepReport(woken=len(ids), cancelled=cancelled, notifications=notifications, **waits)

@@ -30,6 +30,19 @@ def test_sqlite__noop_run_completes_on_embedded_defaults(tmp_path):
         assert result.returncode == 0, result.stderr
         return result.stdout
 
+    def health() -> dict:
+        # durable_status exits 1 while unhealthy (e.g. before the worker's first heartbeat): read its JSON anyway.
+        result = subprocess.run(
+            [sys.executable, "manage.py", "durable_status", "--json"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert result.returncode in (0, 1), result.stderr
+        return json.loads(result.stdout)
+
     manage("migrate", "--verbosity", "0")
     run_id = manage("durable_start", "noop", "--input", '{"steps": 5}').strip()
     with WorkerProcess(env=env, inherit_env=False, cwd=ROOT, log_path=tmp_path / "worker.log"):
@@ -37,5 +50,11 @@ def test_sqlite__noop_run_completes_on_embedded_defaults(tmp_path):
         while (shown := json.loads(manage("durable_show", run_id, "--json")))["status"] != "completed":
             assert time.monotonic() < deadline, f"run did not complete on SQLite: {shown['status']}"
             time.sleep(0.5)
+        manage("durable_sweep")
+        # The heartbeats' SQLite path: the worker is listed and, the sweep just run, all is well.
+        while not (status := health())["ok"]:
+            assert time.monotonic() < deadline, f"durable_status on SQLite: {status['verdict']}"
+            time.sleep(0.5)
     assert [s["status"] for s in shown["step_rows"]] == ["done"] * 5
+    assert len(status["live_workers"]) == 1, status
     assert (tmp_path / "durable_agents.sqlite3").exists(), "the embedded default is a SQLite file under var/"
