@@ -420,7 +420,17 @@ class DurableMachine(RuleBasedStateMachine):
         try:
             api.decide(wait_id, approve, by="machine", via="form")
         except WaitClosedError:
-            assert before[wait_id] != WaitStatus.OPEN, f"wait {wait_id} is open, yet its decision was refused"
+            if before[wait_id] == WaitStatus.OPEN:
+                # Open, but past its deadline (time advanced with no sweep since): the decision is refused and
+                # the deadline's policy applies instead (DESIGN: a decision after the deadline is refused).
+                deadline = Wait.objects.values_list("deadline", flat=True).get(pk=wait_id)
+                assert deadline is not None and deadline <= clock.now(), (
+                    f"wait {wait_id} is open and within its deadline, yet its decision was refused"
+                )
+                assert self._waits(run_id)[wait_id] == WaitStatus.EXPIRED, (
+                    f"wait {wait_id}: a decision after its deadline was refused, but its policy was not applied"
+                )
+                return
             assert self._waits(run_id) == before and self._run(run_id).status == status, (
                 f"run {run_id}: a refused decision on closed wait {wait_id} changed the run or its waits"
             )
