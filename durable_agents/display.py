@@ -1,0 +1,33 @@
+"""One way to show a moment: `2026-12-01 14:03:07 EST`, in the current time zone, with the zone named.
+
+Every page of the console, the e-mails and the decision page use this (`{% load durable %}` then
+`{{ value|when }}`), so one screen never mixes local and UTC times or two formats. `when_precise` adds
+milliseconds for the step and attempt tables, where ordering within a second matters.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.utils import timezone
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
+
+
+def when_text(value: datetime | None, *, precise: bool = False) -> str:
+    """The moment as text in the current time zone, its zone named; "" for None."""
+    if value is None:
+        return ""
+    local = timezone.localtime(value) if timezone.is_aware(value) else value
+    clock = local.strftime("%Y-%m-%d %H:%M:%S")
+    if precise:
+        clock += f".{local.microsecond // 1000:03d}"
+    zone = local.strftime("%Z") or "UTC"
+    return f"{clock} {zone}"
+
+
+def when_html(value: datetime | None, *, precise: bool = False) -> SafeString:
+    """A <time> element: the moment as `when_text` shows it, the exact ISO instant in its datetime attribute."""
+    if value is None:
+        return format_html('<span class="durable-quiet">{}</span>', "—")
+    return format_html('<time datetime="{}">{}</time>', value.isoformat(), when_text(value, precise=precise))

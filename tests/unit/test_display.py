@@ -1,0 +1,28 @@
+"""One timestamp format across the console: the current zone, named; milliseconds where asked."""
+
+from datetime import UTC, datetime
+
+from django.template import engines
+from django.utils import timezone
+
+from durable_agents.display import when_html, when_text
+
+MOMENT = datetime(2026, 12, 1, 12, 3, 7, 123456, tzinfo=UTC)
+
+
+def test_the_zone_is_always_named():
+    assert when_text(MOMENT) == "2026-12-01 12:03:07 UTC"
+    with timezone.override("America/New_York"):
+        assert when_text(MOMENT) == "2026-12-01 07:03:07 EST"
+
+
+def test_precise_adds_milliseconds_and_the_element_keeps_the_exact_instant():
+    html = when_html(MOMENT, precise=True)
+    assert html == '<time datetime="2026-12-01T12:03:07.123456+00:00">2026-12-01 12:03:07.123 UTC</time>'
+
+
+def test_the_template_filters_render_a_dash_for_nothing():
+    rendered = engines["django"].from_string("{% load durable %}{{ a|when }} | {{ b|when_precise }}")
+    out = rendered.render({"a": MOMENT, "b": None})
+    moment = '<time datetime="2026-12-01T12:03:07.123456+00:00">2026-12-01 12:03:07 UTC</time>'
+    assert out == f'{moment} | <span class="durable-quiet">—</span>'
