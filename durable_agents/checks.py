@@ -431,13 +431,12 @@ def check_anthropic_key(app_configs: Sequence[Any] | None = None, **kwargs: Any)
     """W006 (deploy): steps that ask Claude find an API key in the environment (the SDK reads it from there)."""
     if os.environ.get("ANTHROPIC_API_KEY") or os.environ.get("ANTHROPIC_AUTH_TOKEN"):
         return []
-    asking = [f"{definition.label} step {step.name!r}" for definition, step in _steps_asking_claude()]
+    asking = _steps_asking_claude_label()
     if not asking:
         return []
-    more = f" (and {len(asking) - 3} more)" if len(asking) > 3 else ""
     return [
         Warning(
-            f"{', '.join(asking[:3])}{more} ask Claude, and ANTHROPIC_API_KEY is not set: those steps will fail with "
+            f"{asking} ask Claude, and ANTHROPIC_API_KEY is not set: those steps will fail with "
             "an authentication error.",
             hint="Set ANTHROPIC_API_KEY in the environment of every worker (it is never stored), "
             "or give those steps a registered participant.",
@@ -451,17 +450,23 @@ def check_anthropic_sdk(app_configs: Sequence[Any] | None = None, **kwargs: Any)
     """E007: steps that ask Claude can import the SDK (an optional extra of the package)."""
     if importlib.util.find_spec("anthropic") is not None:
         return []
-    asking = [f"{definition.label} step {step.name!r}" for definition, step in _steps_asking_claude()]
+    asking = _steps_asking_claude_label()
     if not asking:
         return []
-    more = f" (and {len(asking) - 3} more)" if len(asking) > 3 else ""
     return [
         Error(
-            f"{', '.join(asking[:3])}{more} ask Claude, and the anthropic SDK is not installed: those steps fail.",
+            f"{asking} ask Claude, and the anthropic SDK is not installed: those steps fail.",
             hint='pip install "durable-agents[anthropic]", or give those steps a registered participant.',
             id="durable_agents.E007",
         )
     ]
+
+
+def _steps_asking_claude_label() -> str:
+    """The steps that ask Claude, for a message: the first three named, the rest counted; "" if none."""
+    asking = [f"{definition.label} step {step.name!r}" for definition, step in _steps_asking_claude()]
+    more = f" (and {len(asking) - 3} more)" if len(asking) > 3 else ""
+    return f"{', '.join(asking[:3])}{more}" if asking else ""
 
 
 def _steps_asking_claude() -> Iterator[tuple[Workflow, StepDef]]:
