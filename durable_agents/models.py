@@ -79,6 +79,12 @@ class Run(models.Model):
     lease_token = models.BigIntegerField(default=0)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     previous_lease_owner = models.CharField(max_length=200, blank=True, default="")
+    # Set by the claim statement itself (no extra write): when the current attempt took the lease, and, captured
+    # like previous_lease_owner, when the previous holder had taken it and when its lease ran out. A takeover
+    # records them, so an attempt whose worker died is drawn on the run's timeline.
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    previous_claimed_at = models.DateTimeField(null=True, blank=True)
+    previous_lease_expires_at = models.DateTimeField(null=True, blank=True)
 
     input_tokens = models.BigIntegerField(default=0)
     output_tokens = models.BigIntegerField(default=0)

@@ -8,12 +8,25 @@ cursor, the latest turns, effects and events.
 from __future__ import annotations
 
 import json
+from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from django.utils.dateparse import parse_datetime
+
 from durable_agents.admin.filters import stuck_reason
-from durable_agents.admin.timeline import Retry, WaitSpan, render_timeline
+from durable_agents.admin.timeline import (
+    Attempt,
+    EffectMark,
+    History,
+    Retry,
+    Stuck,
+    WaitSpan,
+    human_duration,
+    render_timeline,
+)
+from durable_agents.display import when_text
 from durable_agents.errors import UnknownWorkflowError
 from durable_agents.models import (
     ACTIVE_RUN_STATUSES,
@@ -21,6 +34,7 @@ from durable_agents.models import (
     EffectStatus,
     Event,
     Run,
+    RunStatus,
     Step,
     StepStatus,
     Turn,
@@ -62,6 +76,47 @@ def as_text(value: Any) -> Text:
     return Text(compact[: PREVIEW_CHARS - 1] + "…", pretty)
 
 
+@dataclass(frozen=True)
+class Failure:
+    """A failed attempt of a step, from its `step_retry` or `failed` event: kept after a retry clears the
+    step's error."""
+
+    event: Event
+    attempt: int
+    error: str
+    retried: bool
+
+
+@dataclass(frozen=True)
+class RunningStep:
+    """The step a worker executes now: the run's cursor under a held lease. The engine writes the step row
+    only when the attempt ends (a claim is one statement on the run), so this is read from the run."""
+
+    step: Step
+    attempt: int
+    worker: str
+    started: datetime | None
+    lease_expires_at: datetime | None
+    expired_for: str  # "" while the lease is live
+
+    @property
+    def number(self) -> int:
+        return self.step.position + 1
+
+
+@dataclass(frozen=True)
+class StepRow:
+    """A row of the steps table: the step as the history tells it, not only as its row was last written."""
+
+    step: Step
+    result: Text
+    status: str
+    attempts: int
+    started: datetime | None
+    failures: list[Failure]
+    undone: list[Effect]
+
+
 @dataclass
 class RunPage:
     run: Run
@@ -72,7 +127,7 @@ class RunPage:
     steps_after: int
     last_committed: Step | None
     in_flight: list[Effect]
-    retries: list[Event]
+    retries: list[Failure]
     retry_count_shown: int
     turns: list[tuple[Turn, Text, Text]]
     effects: list[Effect]
@@ -81,10 +136,26 @@ class RunPage:
     latest_version: int | None
     # The run's waits, newest first; an open one is approved or rejected with the run's decide actions.
     waits: list[Wait] = field(default_factory=list)
+    running: RunningStep | None = None
+    failed_count_shown: int = 0
+    failures: dict[str, list[Failure]] = field(default_factory=dict)
 
     @property
     def open_wait(self) -> Wait | None:
+        if self.run.is_finished:
+            return None
         return next((w for w in self.waits if w.status == WaitStatus.OPEN), None)
+
+    @property
+    def wait_rows(self) -> list[tuple[Wait, str]]:
+        """Each wait with the status to show: a wait still open on a finished run went with it."""
+        return [(w, _wait_status(w, self.run)) for w in self.waits]
+
+    @property
+    def next_step(self) -> Step | None:
+        return next(
+            (s for s in self.steps if s.position == self.run.cursor and s.status != StepStatus.SUPERSEDED), None
+        )
 
     @property
     def total_tokens(self) -> int:
@@ -92,8 +163,24 @@ class RunPage:
         return run.input_tokens + run.output_tokens + run.cache_write_tokens + run.cache_read_tokens
 
     @property
-    def step_rows(self) -> list[tuple[Step, Text]]:
-        return [(step, as_text(step.result)) for step in self.steps]
+    def step_rows(self) -> list[StepRow]:
+        return [self._step_row(step) for step in self.steps]
+
+    def _step_row(self, step: Step) -> StepRow:
+        live = step.status != StepStatus.SUPERSEDED
+        failures = list(self.failures.get(step.step_id, [])) if live else []
+        if step.status == StepStatus.FAILED and failures and not failures[-1].retried:
+            failures.pop()  # the step's own error says it
+        undone = [e for e in self.effects if e.step_id == step.pk and _undone(e)] if live else []
+        status = _step_status(step, self.run, undone)
+        seen = max((f.attempt for f in self.failures.get(step.step_id, [])), default=0) if live else 0
+        attempts, started = max(step.attempts, seen), step.started_at
+        if self.running is not None and self.running.step.pk == step.pk:
+            status, attempts, started = StepStatus.RUNNING, self.running.attempt, self.running.started or started
+        return StepRow(step, as_text(step.result), status, attempts, started, failures, undone)
+
+
+HISTORY_KINDS = ("step_retry", "failed", "lease_takeover", "swept")
 
 
 def build_run_page(run: Run, *, now: datetime) -> RunPage:
@@ -113,7 +200,8 @@ def build_run_page(run: Run, *, now: datetime) -> RunPage:
         .first()
     )
     in_flight = list(Effect.objects.filter(run=run, status=EffectStatus.PENDING).select_related("step")[:20])
-    retries = list(Event.objects.filter(run=run, kind="step_retry").order_by("-id")[:RETRIES_READ])[::-1]
+    # Retries, failures, takeovers and sweeps: every attempt that did not end in the step's row.
+    history = list(Event.objects.filter(run=run, kind__in=HISTORY_KINDS).order_by("-id")[:RETRIES_READ])[::-1]
     turns = list(
         Turn.objects.filter(run=run)
         .select_related("step")
@@ -133,22 +221,16 @@ def build_run_page(run: Run, *, now: datetime) -> RunPage:
         .defer("step__context", "step__result")
         .order_by("-id")[:WAITS_SHOWN]
     )
-    shown = {step.step_id for step in steps}
-    origin = run.started_at or run.created_at
+    failures = [_failure(e) for e in history if e.kind in ("step_retry", "failed")]
+    by_step: dict[str, list[Failure]] = defaultdict(list)
+    for failure in failures:
+        by_step[failure.event.step_id].append(failure)
+    running = _running_step(run, steps, now)
     timeline = render_timeline(
         steps,
-        [
-            Retry(e.step_id, e.created_at, int(e.detail.get("attempt") or 0), _error_line(e.detail.get("error")))
-            for e in retries
-            if e.step_id in shown
-        ],
-        [
-            WaitSpan(w.step.step_id, w.created_at, _wait_end(w), _wait_label(w))
-            for w in waits
-            if w.step is not None and w.step.step_id in shown
-        ],
+        _history(run, steps, history, waits, effects[::-1], running, now),
         now=now,
-        origin=origin,
+        origin=run.started_at or run.created_at,
         active=run.status in ACTIVE_RUN_STATUSES,
     )
     try:
@@ -164,27 +246,192 @@ def build_run_page(run: Run, *, now: datetime) -> RunPage:
         steps_after=max(0, run.step_count - high),
         last_committed=last_committed,
         in_flight=in_flight,
-        retries=retries[-RETRIES_LISTED:][::-1],
-        retry_count_shown=len(retries),
+        retries=failures[-RETRIES_LISTED:][::-1],
+        retry_count_shown=sum(f.retried for f in failures),
+        failed_count_shown=sum(not f.retried for f in failures),
+        failures=dict(by_step),
         turns=[(t, as_text(_transcript(t.content)), as_text(t.tool_results)) for t in reversed(turns)],
         effects=effects[::-1],
         events=[(e, as_text(e.detail)) for e in reversed(events)],
         timeline=timeline,
         latest_version=latest_version,
         waits=waits,
+        running=running,
     )
 
 
-def _wait_end(wait: Wait) -> datetime | None:
-    if wait.status == WaitStatus.OPEN:
+def _running_step(run: Run, steps: list[Step], now: datetime) -> RunningStep | None:
+    """The live step under the cursor of a run a worker holds (or held: its lease may have run out)."""
+    if run.status != RunStatus.RUNNING or not run.lease_owner or run.cursor >= run.step_count:
         return None
+    step = next((s for s in steps if s.position == run.cursor and s.status != StepStatus.SUPERSEDED), None)
+    if step is None:
+        return None
+    expires = run.lease_expires_at
+    expired = expires is not None and expires < now
+    return RunningStep(
+        step=step,
+        attempt=run.attempt,
+        worker=run.lease_owner,
+        started=run.claimed_at,
+        lease_expires_at=expires,
+        expired_for=human_duration((now - expires).total_seconds()) if expired and expires else "",
+    )
+
+
+def _history(
+    run: Run,
+    steps: list[Step],
+    events: list[Event],
+    waits: list[Wait],
+    effects: list[Effect],
+    running: RunningStep | None,
+    now: datetime,
+) -> History:
+    """What the timeline draws besides the steps' rows: every attempt the events and the run's lease tell."""
+    shown = {step.step_id for step in steps}
+    attempts: list[Attempt] = []
+    stuck: list[Stuck] = []
+    for event in events:
+        if event.step_id not in shown:
+            continue
+        if event.kind in ("step_retry", "failed"):
+            began = _moment(event.detail.get("started_at"))
+            if began is not None:
+                note = _error_line(event.detail.get("error")) + (", retried" if event.kind == "step_retry" else "")
+                attempt = int(event.detail.get("attempt") or 0)
+                attempts.append(Attempt(event.step_id, attempt, began, event.created_at, "failed", note=note))
+        elif event.kind == "lease_takeover":
+            attempts_stuck = _taken_over(event)
+            if attempts_stuck is not None:
+                attempts.append(attempts_stuck[0])
+                stuck.append(attempts_stuck[1])
+    if running is not None and running.started is not None:
+        step_id, expires = running.step.step_id, running.lease_expires_at
+        if running.expired_for and expires is not None:
+            attempts.append(
+                Attempt(
+                    step_id,
+                    running.attempt,
+                    running.started,
+                    expires,
+                    "lease expired",
+                    running.worker,
+                    f"its lease ran out at {when_text(expires)}; the worker is presumed dead",
+                )
+            )
+            stuck.append(
+                Stuck(
+                    step_id,
+                    expires,
+                    now,
+                    f"stuck {running.expired_for}: the lease of {running.worker} expired at {when_text(expires)} "
+                    "and no worker has taken the run over (is the sweep, celery beat, running?)",
+                )
+            )
+        else:
+            attempts.append(Attempt(step_id, running.attempt, running.started, now, "running", running.worker))
+    return History(
+        retries=[
+            Retry(e.step_id, e.created_at, int(e.detail.get("attempt") or 0), _error_line(e.detail.get("error")))
+            for e in events
+            if e.kind == "step_retry" and e.step_id in shown
+        ],
+        waits=[
+            WaitSpan(w.step.step_id, w.created_at, _wait_end(w, run), _wait_label(w, run))
+            for w in waits
+            if w.step is not None and w.step.step_id in shown
+        ],
+        attempts=attempts,
+        stuck=stuck,
+        effects=[
+            EffectMark(e.step.step_id, e.applied_at or e.created_at, _effect_label(e))
+            for e in effects
+            if e.step is not None and e.step.step_id in shown
+        ],
+    )
+
+
+def _taken_over(event: Event) -> tuple[Attempt, Stuck] | None:
+    """A takeover's dead attempt (claimed, lease out) and the stretch until the takeover nobody worked."""
+    detail = event.detail
+    began, expired = _moment(detail.get("previous_claimed_at")), _moment(detail.get("previous_expires_at"))
+    if began is None or expired is None:
+        return None  # recorded before takeovers kept the dead attempt's times
+    owner = str(detail.get("previous_owner") or "")
+    number = int(detail.get("attempt") or 0)
+    waited = human_duration((event.created_at - expired).total_seconds())
+    return (
+        Attempt(
+            event.step_id,
+            number,
+            began,
+            max(expired, began),
+            "killed",
+            owner,
+            f"its lease ran out at {when_text(expired)}; taken over at {when_text(event.created_at)}",
+        ),
+        Stuck(
+            event.step_id,
+            expired,
+            max(event.created_at, expired),
+            f"stuck {waited}: the lease of {owner} expired at {when_text(expired)}, "
+            f"taken over at {when_text(event.created_at)}",
+        ),
+    )
+
+
+def _failure(event: Event) -> Failure:
+    return Failure(
+        event, int(event.detail.get("attempt") or 0), _error_line(event.detail.get("error")), event.kind == "step_retry"
+    )
+
+
+def _moment(value: Any) -> datetime | None:
+    return parse_datetime(value) if isinstance(value, str) else None
+
+
+def _undone(effect: Effect) -> bool:
+    return effect.status == EffectStatus.COMPENSATED or getattr(effect, "compensation", None) is not None
+
+
+def _step_status(step: Step, run: Run, undone: list[Effect]) -> str:
+    """The status to show: a skipped step whose effects a saga undid was compensated; a step left waiting
+    by a cancelled run was cancelled with it (the engine keeps its row waiting so a resume re-asks)."""
+    if step.status == StepStatus.SKIPPED and undone:
+        return "compensated"
+    if step.status == StepStatus.WAITING and run.status == RunStatus.CANCELLED:
+        return "cancelled"
+    return step.status
+
+
+def _wait_status(wait: Wait, run: Run) -> str:
+    if wait.status == WaitStatus.OPEN and run.is_finished:
+        return f"{run.status} with its run"
+    return wait.status
+
+
+def _effect_label(effect: Effect) -> str:
+    parts = [
+        f"{effect.tool} {effect.status}",
+        f"key {effect.idempotency_key}",
+        f"invoked {when_text(effect.created_at)}",
+    ]
+    if effect.applied_at:
+        parts.append(f"applied {when_text(effect.applied_at)}")
+    return ", ".join(parts)
+
+
+def _wait_end(wait: Wait, run: Run) -> datetime | None:
+    if wait.status == WaitStatus.OPEN:
+        return run.finished_at if run.is_finished else None
     return wait.decided_at or wait.updated_at
 
 
-def _wait_label(wait: Wait) -> str:
-    parts = [f"{wait.kind} {wait.name}".strip(), wait.status]
+def _wait_label(wait: Wait, run: Run) -> str:
+    parts = [f"{wait.kind} {wait.name}".strip(), _wait_status(wait, run)]
     if wait.deadline:
-        parts.append(f"deadline {wait.deadline:%Y-%m-%d %H:%M} UTC")
+        parts.append(f"deadline {when_text(wait.deadline)}")
     if wait.decided_by:
         parts.append(f"decided by {wait.decided_by}")
     return ", ".join(parts)

@@ -102,7 +102,7 @@ def advance(run_id: uuid.UUID | str) -> Outcome:
         return Outcome.SKIPPED
     claim, step = claimed
     if claim.previous_owner:
-        record_event(claim.run_id, "lease_takeover", previous_owner=claim.previous_owner, token=claim.token)
+        _record_takeover(claim, step)
     if step is None:
         return _finish_empty(claim)
     try:
@@ -114,6 +114,24 @@ def advance(run_id: uuid.UUID | str) -> Outcome:
         raise  # the database cannot be reached: the lease expires and the sweep re-wakes the run
     except Exception as exc:  # noqa: BLE001 - a transition failed: fail the step rather than hold the lease
         return _fail_unrecorded(claim, step, exc)
+
+
+def _record_takeover(claim: Claim, step: Step | None) -> None:
+    """The previous holder died holding the lease: its attempt (claimed when, lease out when) is history."""
+    record_event(
+        claim.run_id,
+        "lease_takeover",
+        step_id=step.step_id if step is not None else "",
+        previous_owner=claim.previous_owner,
+        token=claim.token,
+        attempt=claim.attempt - 1,
+        previous_claimed_at=_iso(claim.previous_claimed_at),
+        previous_expires_at=_iso(claim.previous_expires_at),
+    )
+
+
+def _iso(moment: Any) -> str | None:
+    return moment.isoformat() if moment is not None else None
 
 
 def _fail_unrecorded(claim: Claim, step: Step, exc: Exception) -> Outcome:
@@ -288,6 +306,7 @@ def _retry(claim: Claim, step: Step, failure: Failure, delay: float) -> Outcome:
             "step_retry",
             step_id=step.step_id,
             attempt=claim.attempt,
+            started_at=_iso(claim.claimed_at),
             delay_seconds=round(delay, 3),
             error=error,
         )
@@ -324,7 +343,14 @@ def _fail(claim: Claim, step: Step, failure: Failure, *, compensate: bool) -> Ou
     with transaction.atomic():
         compensating = transitions.fail_txn(claim.run_id, step.pk, error, claim=claim, compensate=undo)
         Step.objects.filter(pk=step.pk).update(attempts=claim.attempt, started_at=claim.claimed_at)
-        record_event(claim.run_id, "failed", step_id=step.step_id, attempt=claim.attempt, error=error)
+        record_event(
+            claim.run_id,
+            "failed",
+            step_id=step.step_id,
+            attempt=claim.attempt,
+            started_at=_iso(claim.claimed_at),
+            error=error,
+        )
         send_on_commit(step_failed, run_id=claim.run_id, step_id=step.step_id, attempt=claim.attempt, error=error)
         if compensating:
             wake_on_commit(claim.run_id)

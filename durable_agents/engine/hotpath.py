@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from datetime import timedelta
+from datetime import datetime, timedelta
 from functools import cache
 from typing import Any
 
@@ -34,7 +34,10 @@ RUN_FIELDS = _in_model_order(Run, {"id", "workflow", "workflow_version", "input"
 STEP_FIELDS = _in_model_order(
     Step, {"id", "run_id", "step_id", "name", "position", "kind", "status", "args", "depends_on", "fresh_for"}
 )
-CLAIM_RETURNS = "lease_token, cursor, step_count, attempt, previous_lease_owner, finish_as"
+CLAIM_RETURNS = (
+    "lease_token, cursor, step_count, attempt, previous_lease_owner, finish_as, previous_claimed_at, "
+    "previous_lease_expires_at"
+)
 
 
 def is_available() -> bool:
@@ -43,6 +46,7 @@ def is_available() -> bool:
 
 def _claim_update_sql() -> str:
     # Postgres: the database's time in the statement. SQLite (in this process): the time as parameters.
+    # The previous holder's claim and expiry are kept by this same statement: a takeover draws its attempt.
     now, expires = (
         ("(STATEMENT_TIMESTAMP() + %(shift)s)", "(STATEMENT_TIMESTAMP() + %(shift)s + %(lease)s)")
         if is_available()
@@ -53,6 +57,7 @@ def _claim_update_sql() -> str:
     return f"""
         UPDATE {table}
            SET status = %(running)s, previous_lease_owner = lease_owner, lease_owner = %(owner)s,
+               previous_claimed_at = claimed_at, previous_lease_expires_at = lease_expires_at, claimed_at = {now},
                lease_token = lease_token + 1, lease_expires_at = {expires}, attempt = attempt + 1,
                started_at = COALESCE(started_at, {now}), wake_at = NULL
          WHERE id = %(id)s AND status IN ({sources}) AND cancel_requested_at IS NULL
@@ -79,7 +84,8 @@ def claim(run_id: uuid.UUID, owner: str, lease: timedelta) -> Claim | None:
 
 
 def _claim_of(run_id: uuid.UUID, owner: str, row: Any) -> Claim:
-    token, position, step_count, attempt, previous_owner, finish_as, claimed_at = row[:7]
+    token, position, step_count, attempt, previous_owner, finish_as = row[:6]
+    previous_claimed, previous_expiry, claimed_at = row[6:9]
     return Claim(
         run_id=run_id,
         token=token,
@@ -90,7 +96,16 @@ def _claim_of(run_id: uuid.UUID, owner: str, row: Any) -> Claim:
         previous_owner=previous_owner or "",
         finish_as=finish_as or "",
         claimed_at=claimed_at,
+        previous_claimed_at=_as_datetime(previous_claimed),
+        previous_expires_at=_as_datetime(previous_expiry),
     )
+
+
+def _as_datetime(value: Any) -> datetime | None:
+    # Postgres returns an aware datetime; SQLite's raw cursor the stored text.
+    if value is None or isinstance(value, datetime):
+        return value
+    return connection.ops.convert_datetimefield_value(value, None, connection)
 
 
 @cache
@@ -103,7 +118,7 @@ def _claim_and_load_sql() -> str:
     # the plan as it was before: a differing updated_at says the plan may have changed (a saga planned, a
     # migration), and the step is then read again (`stale`).
     return f"""
-        WITH c AS ({_claim_update_sql()} RETURNING *, (STATEMENT_TIMESTAMP() + %(shift)s) AS claimed_at)
+        WITH c AS ({_claim_update_sql()} RETURNING *)
         SELECT {", ".join(f"c.{col}" for col in CLAIM_RETURNS.split(", "))}, c.claimed_at,
                seen.updated_at IS DISTINCT FROM c.updated_at AS stale, {run_cols}, {step_cols}
           FROM c JOIN {Run._meta.db_table} seen ON seen.id = c.id

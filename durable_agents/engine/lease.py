@@ -48,6 +48,9 @@ class Claim:
     finish_as: str = ""
     # When the claim took the lease, on the database's clock: the step's start.
     claimed_at: datetime | None = None
+    # The holder this claim took over from (previous_owner): when it had claimed, and when its lease ran out.
+    previous_claimed_at: datetime | None = None
+    previous_expires_at: datetime | None = None
 
 
 def as_uuid(run_id: uuid.UUID | str) -> uuid.UUID:
