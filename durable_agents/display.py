@@ -7,7 +7,7 @@ milliseconds for the step and attempt tables, where ordering within a second mat
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.utils import timezone
 from django.utils.html import format_html
@@ -31,3 +31,29 @@ def when_html(value: datetime | None, *, precise: bool = False) -> SafeString:
     if value is None:
         return format_html('<span class="durable-quiet">{}</span>', "—")
     return format_html('<time datetime="{}">{}</time>', value.isoformat(), when_text(value, precise=precise))
+
+
+def human_duration(seconds: float) -> str:
+    """A short human duration: 0, 250ms, 1.5s, 2m30s, 3h, 2d4h."""
+    if seconds <= 0:
+        return "0"
+    if seconds < 1:
+        return f"{seconds * 1000:.0f}ms"
+    if seconds < 60:
+        return f"{seconds:.1f}".rstrip("0").rstrip(".") + "s"
+    delta = timedelta(seconds=round(seconds))
+    days, rest = delta.days, delta.seconds
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d{hours}h" if hours else f"{days}d"
+    if hours:
+        return f"{hours}h{minutes}m" if minutes else f"{hours}h"
+    return f"{minutes}m{secs}s" if secs else f"{minutes}m"
+
+
+def ago_text(value: datetime | None, now: datetime) -> str:
+    """How long before `now` the moment was, e.g. "2.9s ago", "4m ago"; "" for None."""
+    if value is None:
+        return ""
+    return f"{human_duration((now - value).total_seconds())} ago"

@@ -10,12 +10,12 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
 
-from durable_agents.display import when_text
+from durable_agents.display import human_duration, when_text
 from durable_agents.models import Step, StepStatus
 
 # The drawing's own units: the SVG scales to the page's width (width 100%, this viewBox), so at 1280 px a
@@ -398,22 +398,3 @@ def _stuck(stretch: Stuck, x: Callable[[datetime], float], top: int) -> list[str
             f'font-weight="bold">{text}</text>'
         )
     return parts
-
-
-def human_duration(seconds: float) -> str:
-    """A short human duration: 0, 250ms, 1.5s, 2m30s, 3h, 2d4h."""
-    if seconds <= 0:
-        return "0"
-    if seconds < 1:
-        return f"{seconds * 1000:.0f}ms"
-    if seconds < 60:
-        return f"{seconds:.1f}".rstrip("0").rstrip(".") + "s"
-    delta = timedelta(seconds=round(seconds))
-    days, rest = delta.days, delta.seconds
-    hours, rest = divmod(rest, 3600)
-    minutes, secs = divmod(rest, 60)
-    if days:
-        return f"{days}d{hours}h" if hours else f"{days}d"
-    if hours:
-        return f"{hours}h{minutes}m" if minutes else f"{hours}h"
-    return f"{minutes}m{secs}s" if secs else f"{minutes}m"

@@ -7,7 +7,7 @@ from datetime import datetime
 from django import template
 from django.utils.safestring import SafeString
 
-from durable_agents.display import when_html
+from durable_agents.display import ago_text, when_html
 
 register = template.Library()
 
@@ -22,3 +22,9 @@ def when(value: datetime | None) -> SafeString:
 def when_precise(value: datetime | None) -> SafeString:
     """As `when`, with milliseconds: for step and attempt times."""
     return when_html(value, precise=True)
+
+
+@register.filter
+def ago(value: datetime | None, now: datetime) -> str:
+    """`{{ run.updated_at|ago:page.now }}` → "4m12s ago", in the console's one duration style."""
+    return ago_text(value, now)
