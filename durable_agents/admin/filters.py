@@ -13,9 +13,9 @@ from django.db.models import QuerySet
 from django.db.models.fields.json import KT
 from django.http import HttpRequest
 
-from durable_agents.admin.timeline import human_duration
 from durable_agents.clock import DbNow
 from durable_agents.conf import settings
+from durable_agents.health import ago
 from durable_agents.models import ACTIVE_RUN_STATUSES, RUNNABLE_RUN_STATUSES, Run, RunStatus, WaitStatus
 from durable_agents.operations import drifted_runs
 from durable_agents.workflows import registry
@@ -51,14 +51,14 @@ def stuck_reason(run: Run, now: datetime) -> str:
     Run.objects.stuck(), for a loaded row (no query)."""
     if run.status == RunStatus.RUNNING and run.lease_expires_at is not None and run.lease_expires_at < now:
         holder = run.lease_owner or "unknown"
-        return f"lease expired {human_duration((now - run.lease_expires_at).total_seconds())} ago (worker {holder})"
+        return f"lease expired {ago((now - run.lease_expires_at).total_seconds())} ago (worker {holder})"
     if run.status not in RUNNABLE_RUN_STATUSES or run.updated_at >= now - stuck_after():
         return ""
-    idle = human_duration((now - run.updated_at).total_seconds())
+    idle = ago((now - run.updated_at).total_seconds())
     if run.status == RunStatus.RUNNING:
         return f"running but no progress for {idle} (worker {run.lease_owner or 'unknown'})"
     if run.wake_at is not None and run.wake_at < now:
-        return f"wake time passed {human_duration((now - run.wake_at).total_seconds())} ago, not picked up"
+        return f"wake time passed {ago((now - run.wake_at).total_seconds())} ago, not picked up"
     return f"runnable but not picked up for {idle}"
 
 

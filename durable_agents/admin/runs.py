@@ -260,7 +260,7 @@ class RunAdmin(admin.ModelAdmin):
         preview = message if len(message) <= ERROR_PREVIEW else message[: ERROR_PREVIEW - 1] + "…"
         step = f" (step {error['step']})" if error.get("step") else ""
         return format_html(
-            '<div class="durable-error-cell" title="{}: {}{}"><strong>{}</strong>: {}</div>',
+            '<div class="durable-error-cell" title="{}: {}{}"><strong>{}:</strong> {}</div>',
             kind,
             message,
             step,
