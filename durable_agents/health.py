@@ -132,12 +132,13 @@ def read_presence(now: datetime | None = None) -> Presence:
     return Presence(now, last_sweep, tuple(workers), last_worker_seen)
 
 
-def system_health(*, count_by_status: bool = True) -> Health:
-    """Presence, stuck runs and the verdict. `count_by_status=False` skips counting every run by status
-    (the console's overview counts them its own way)."""
+def system_health(*, count_by_status: bool = True, stuck: int | None = None) -> Health:
+    """Presence, stuck runs and the verdict. `count_by_status=False` skips counting every run by status, and
+    `stuck` is the number of stuck runs when the caller counted them already (the console's overview)."""
     presence = read_presence()
-    stuck_after = timedelta(seconds=float(settings.STUCK_AFTER_SECONDS))
-    stuck = Run.objects.stuck(now=presence.now, stuck_after=stuck_after)[:STUCK_COUNT_CAP].count()
+    if stuck is None:
+        stuck_after = timedelta(seconds=float(settings.STUCK_AFTER_SECONDS))
+        stuck = Run.objects.stuck(now=presence.now, stuck_after=stuck_after)[:STUCK_COUNT_CAP].count()
     by_status = None
     if count_by_status:
         counted = dict(Run.objects.values_list("status").annotate(n=Count("*")).order_by())

@@ -13,9 +13,9 @@ from django.db.models import QuerySet
 from django.db.models.fields.json import KT
 from django.http import HttpRequest
 
-from durable_agents import clock
-from durable_agents.admin.timeline import human_duration
+from durable_agents.clock import DbNow
 from durable_agents.conf import settings
+from durable_agents.health import ago
 from durable_agents.models import ACTIVE_RUN_STATUSES, RUNNABLE_RUN_STATUSES, Run, RunStatus, WaitStatus
 from durable_agents.operations import drifted_runs
 from durable_agents.workflows import registry
@@ -25,6 +25,9 @@ AGING = {
     "1d": ("open > 1 day", timedelta(days=1)),
     "3d": ("open > 3 days", timedelta(days=3)),
 }
+# The run list's filter on the status field (list_filter "status"): Django's own parameter for it. Links to
+# the list by status use it, so they highlight that filter and compose with the sidebar's other links.
+STATUS_PARAMETER = "status__exact"
 # Error types are offered from this many most recent failed runs (an index range, not a table scan).
 ERROR_TYPE_SAMPLE = 2000
 
@@ -34,19 +37,29 @@ def stuck_after() -> timedelta:
 
 
 def stuck_runs(queryset: QuerySet[Run] | None = None) -> QuerySet[Run]:
-    """Running with an expired lease, or runnable with no progress for STUCK_AFTER_SECONDS."""
+    """Running with an expired lease, or runnable with no progress for STUCK_AFTER_SECONDS.
+
+    Compared with the database's time inside the statement (DbNow): no round trip to read the clock first.
+    """
     runs = Run.objects.all() if queryset is None else queryset
-    return runs.stuck(now=clock.now(), stuck_after=stuck_after())
+    return runs.stuck(now=DbNow(), stuck_after=stuck_after())
 
 
 def stuck_reason(run: Run, now: datetime) -> str:
-    """Why `run` is stuck ("" if it is not): the rule of Run.objects.stuck(), for a loaded row (no query)."""
+    """Why `run` is stuck ("" if it is not), as on-call reads it: "lease expired 4 min ago (worker w-3)",
+    "runnable but not picked up for 9 min", "wake time passed 12 min ago, not picked up". The rule of
+    Run.objects.stuck(), for a loaded row (no query)."""
     if run.status == RunStatus.RUNNING and run.lease_expires_at is not None and run.lease_expires_at < now:
-        holder = run.lease_owner or "its worker"
-        return f"the lease of {holder} expired {human_duration((now - run.lease_expires_at).total_seconds())} ago"
-    if run.status in RUNNABLE_RUN_STATUSES and run.updated_at < now - stuck_after():
-        return f"no progress for {human_duration((now - run.updated_at).total_seconds())}"
-    return ""
+        holder = run.lease_owner or "unknown"
+        return f"lease expired {ago((now - run.lease_expires_at).total_seconds())} ago (worker {holder})"
+    if run.status not in RUNNABLE_RUN_STATUSES or run.updated_at >= now - stuck_after():
+        return ""
+    idle = ago((now - run.updated_at).total_seconds())
+    if run.status == RunStatus.RUNNING:
+        return f"running but no progress for {idle} (worker {run.lease_owner or 'unknown'})"
+    if run.wake_at is not None and run.wake_at < now:
+        return f"wake time passed {ago((now - run.wake_at).total_seconds())} ago, not picked up"
+    return f"runnable but not picked up for {idle}"
 
 
 def is_stuck(run: Run, now: datetime) -> bool:
@@ -88,7 +101,7 @@ class AgingFilter(admin.SimpleListFilter):
     def queryset(self, request: HttpRequest, queryset: QuerySet[Run]) -> QuerySet[Run]:
         if self.value() not in AGING:
             return queryset
-        return queryset.filter(status__in=ACTIVE_RUN_STATUSES, created_at__lt=clock.now() - AGING[self.value()][1])
+        return queryset.filter(status__in=ACTIVE_RUN_STATUSES, created_at__lt=DbNow(-AGING[self.value()][1]))
 
 
 class ErrorTypeFilter(admin.SimpleListFilter):
@@ -125,7 +138,7 @@ class WaitDeadlineFilter(admin.SimpleListFilter):
         if self.value() != "overdue":
             return queryset
         # A run has at most one open wait (a unique constraint), so the join cannot duplicate rows.
-        return queryset.filter(waits__status=WaitStatus.OPEN, waits__deadline__lt=clock.now())
+        return queryset.filter(waits__status=WaitStatus.OPEN, waits__deadline__lt=DbNow())
 
 
 # Version drift: not offered yet (issue 8 defers it).

@@ -1,17 +1,20 @@
 """The console's overview: runs by status, stuck runs, the oldest running and the oldest waiting run, and the
 system's health (the sweep's lag, live workers and the verdict of health.system_health).
 
-A fixed handful of indexed queries whatever the table size: counts stop at the exact-count limit and
-are estimated beyond it.
+A fixed handful of indexed queries whatever the table size: the statuses are counted in one statement (each
+stopping at the exact-count limit, estimated beyond it), stuck runs once for the card and the verdict.
+Each card links to the list filtered by the list's own filter parameter, so a card's link highlights the
+filter in the sidebar and a later click there replaces it instead of contradicting it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from urllib.parse import urlencode
 
-from durable_agents import clock
-from durable_agents.admin.counting import RowCount, estimated_count
-from durable_agents.admin.filters import stuck_runs
+from durable_agents.admin.counting import RowCount, counts_by_value, estimated_count
+from durable_agents.admin.filters import STATUS_PARAMETER, StuckFilter, WaitDeadlineFilter, stuck_runs
+from durable_agents.clock import DbNow
 from durable_agents.health import Health, system_health
 from durable_agents.models import Run, RunStatus, Wait
 
@@ -19,25 +22,48 @@ SUMMARY_FIELDS = ("id", "workflow", "workflow_version", "status", "created_at", 
 
 
 @dataclass(frozen=True)
+class Card:
+    """A count and the run list's query string that shows what it counts."""
+
+    label: str
+    count: RowCount
+    link: str
+
+
+@dataclass(frozen=True)
 class Overview:
-    by_status: list[tuple[str, RowCount]]
-    stuck: RowCount
+    by_status: list[Card]
+    stuck: Card
     oldest_running: Run | None
     oldest_waiting: Run | None
-    waits_past_deadline: RowCount
+    waits_past_deadline: Card
     health: Health
 
 
 def build_overview() -> Overview:
     runs = Run.objects.only(*SUMMARY_FIELDS)
+    counts = counts_by_value(Run, "status", list(RunStatus.values))
+    stuck = estimated_count(stuck_runs(), selective=True)
+    # One statement, two index probes. A waiting run last changed when it started waiting: the
+    # (status, updated_at) index answers "waiting the longest".
+    running = runs.filter(status=RunStatus.RUNNING).order_by("created_at")[:1]
+    waiting = runs.filter(status=RunStatus.WAITING).order_by("updated_at")[:1]
+    oldest = {run.status: run for run in running.union(waiting, all=True)}
     return Overview(
-        by_status=[(status, estimated_count(Run.objects.filter(status=status))) for status in RunStatus.values],
-        stuck=estimated_count(stuck_runs(), selective=True),
-        oldest_running=runs.filter(status=RunStatus.RUNNING).order_by("created_at").first(),
-        # A waiting run last changed when it started waiting: the (status, updated_at) index answers this.
-        oldest_waiting=runs.filter(status=RunStatus.WAITING).order_by("updated_at").first(),
+        by_status=[Card(status, counts[status], _link(STATUS_PARAMETER, status)) for status in RunStatus.values],
+        stuck=Card("stuck", stuck, _link(StuckFilter.parameter_name, "yes")),
+        oldest_running=oldest.get(RunStatus.RUNNING),
+        oldest_waiting=oldest.get(RunStatus.WAITING),
         # The open-deadline partial index answers this; a run has at most one open wait.
-        waits_past_deadline=estimated_count(Wait.objects.open().filter(deadline__lt=clock.now())),
-        # The cards above count runs by status their own way (estimates past a limit): not again here.
-        health=system_health(count_by_status=False),
+        waits_past_deadline=Card(
+            "waits past deadline",
+            estimated_count(Wait.objects.open().filter(deadline__lt=DbNow())),
+            _link(WaitDeadlineFilter.parameter_name, "overdue"),
+        ),
+        # The cards above count runs by status and stuck runs their own way: not again here.
+        health=system_health(count_by_status=False, stuck=stuck.value),
     )
+
+
+def _link(parameter: str, value: str) -> str:
+    return "?" + urlencode({parameter: value})

@@ -45,16 +45,19 @@ from durable_agents.admin.filters import (
     VersionDriftFilter,
     WaitDeadlineFilter,
     WorkflowFilter,
-    is_stuck,
+    stuck_reason,
 )
 from durable_agents.admin.overview import build_overview
 from durable_agents.admin.run_page import build_run_page
 from durable_agents.admin.timeline import human_duration
 from durable_agents.clock import DbNow
+from durable_agents.display import when_text
 from durable_agents.models import Run, Step
 
 HEX = frozenset("0123456789abcdef")
 STUCK_BADGE = mark_safe(' <span class="durable-badge durable-stuck">stuck</span>')
+# The error column shows this much of the message; the whole of it is in the cell's title.
+ERROR_PREVIEW = 90
 
 
 # Filters that usually select few runs. Postgres overestimates their matches (e.g. old `updated_at` and
@@ -159,6 +162,7 @@ class RunAdmin(admin.ModelAdmin):
         "short_id",
         "workflow_label",
         "status_badge",
+        "error_summary",
         "current_step",
         "age",
         "last_progress",
@@ -230,19 +234,38 @@ class RunAdmin(admin.ModelAdmin):
 
     @admin.display(description="workflow")
     def workflow_label(self, run: Run) -> str:
-        return f"{run.workflow}@{run.workflow_version}"
+        label = f"{run.workflow}@{run.workflow_version}"
+        if not run.idempotency_key:
+            return label
+        return format_html(
+            '{}<div class="durable-key durable-mono" title="idempotency key">{}</div>', label, run.idempotency_key
+        )
 
     @admin.display(description="status")
     def status_badge(self, run: Run) -> str:
+        """The status, and when the run is stuck, why: in the row, not only in a tooltip."""
+        reason = stuck_reason(run, _now(run))
+        badge = format_html('<span class="durable-badge durable-{}">{}</span>', run.status, run.status)
+        if not reason:
+            return badge
+        return format_html('{}{}<div class="durable-reason">{}</div>', badge, STUCK_BADGE, reason)
+
+    @admin.display(description="error")
+    def error_summary(self, run: Run) -> str:
+        """The error's type and the start of its message; the whole message in the title."""
         error = run.error if isinstance(run.error, dict) else {}
-        title = f"{error.get('type', '')}: {error.get('message', '')}" if error else run.status
-        stuck = is_stuck(run, _now(run))
+        if not error:
+            return ""
+        kind, message = str(error.get("type") or "Error"), str(error.get("message") or "")
+        preview = message if len(message) <= ERROR_PREVIEW else message[: ERROR_PREVIEW - 1] + "…"
+        step = f" (step {error['step']})" if error.get("step") else ""
         return format_html(
-            '<span class="durable-badge durable-{}" title="{}">{}</span>{}',
-            run.status,
-            title,
-            run.status,
-            STUCK_BADGE if stuck else "",
+            '<div class="durable-error-cell" title="{}: {}{}"><strong>{}:</strong> {}</div>',
+            kind,
+            message,
+            step,
+            kind,
+            preview,
         )
 
     @admin.display(description="current step")
@@ -253,11 +276,20 @@ class RunAdmin(admin.ModelAdmin):
 
     @admin.display(description="age", ordering="created_at")
     def age(self, run: Run) -> str:
-        return human_duration((_now(run) - run.created_at).total_seconds())
+        """How long ago the run started; the moment itself (with its zone) in the title."""
+        return format_html(
+            '<span title="created {}">{}</span>',
+            when_text(run.created_at),
+            human_duration((_now(run) - run.created_at).total_seconds()),
+        )
 
     @admin.display(description="last progress", ordering="updated_at")
     def last_progress(self, run: Run) -> str:
-        return f"{human_duration((_now(run) - run.updated_at).total_seconds())} ago"
+        return format_html(
+            '<span title="{}">{} ago</span>',
+            when_text(run.updated_at),
+            human_duration((_now(run) - run.updated_at).total_seconds()),
+        )
 
     @admin.display(description="attempt")
     def attempts(self, run: Run) -> int:
