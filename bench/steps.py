@@ -1,10 +1,13 @@
 """Step cost: sequential durable no-op steps and one-step-run throughput, beside raw Celery no-op tasks.
 
-    python bench/steps.py [--steps 500] [--runs 500] [--workers 2]
+    python bench/steps.py [--steps 500] [--runs 500] [--workers 2] [--slice-ms 100]
 
 Needs Postgres and Redis (scripts/test starts them). Prints figures and ratios; asserts nothing.
 Both sides use the same broker, worker pool and Celery settings (acks_late, prefetch 1), measured in the
-same run. Postgres figures come from pg_stat_database deltas: transactions, and new sessions per step.
+same run. The durable side runs twice, with eager continuation (EAGER_SLICE_MS=--slice-ms: a worker runs a
+run's next steps itself) and without (0: one step per task, a broker hop per step). Postgres figures come
+from pg_stat_database deltas: transactions, and new sessions per step. BENCH_DATABASE and BENCH_BROKER_URL
+name the database (dropped and created) and the Redis database (emptied) it uses.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-DB_NAME = "durable_bench"
+DB_NAME = os.environ.get("BENCH_DATABASE", "durable_bench")
 BROKER = os.environ.get("BENCH_BROKER_URL", "redis://127.0.0.1:6379/14")
 os.environ.update(
     DJANGO_SETTINGS_MODULE="project.settings",
@@ -63,9 +66,15 @@ def pg_counters() -> tuple[int, int]:
         return cursor.fetchone()
 
 
-def start_workers(n: int) -> list[WorkerProcess]:
+def start_workers(n: int, slice_ms: int) -> list[WorkerProcess]:
     workers = [
-        WorkerProcess(name=f"bench-{i}", extra_args=["--include", "bench.baseline"], cwd=ROOT).start() for i in range(n)
+        WorkerProcess(
+            name=f"bench-{i}",
+            env={"DURABLE_EAGER_SLICE_MS": str(slice_ms)},
+            extra_args=["--include", "bench.baseline"],
+            cwd=ROOT,
+        ).start()
+        for i in range(n)
     ]
     # Warm up: one hop through each worker so imports and connections are made before timing.
     key = f"warm-{uuid.uuid4()}"
@@ -132,33 +141,53 @@ def statements_per_step() -> int:
     return len(queries.captured_queries)
 
 
+def measure(workers: int, slice_ms: int, steps: int, runs: int) -> dict[str, float]:
+    """Both sides' figures with the durable workers' EAGER_SLICE_MS at `slice_ms`."""
+    redis.Redis.from_url(BROKER).flushdb()
+    started = start_workers(workers, slice_ms)
+    try:
+        raw_hop, durable_step, xacts, sessions = sequential(steps)
+        raw_tps, durable_tps, starts = throughput(runs)
+    finally:
+        for worker in started:
+            worker.stop()
+    return {
+        "raw_hop": raw_hop,
+        "step": durable_step,
+        "xacts": xacts,
+        "sessions": sessions,
+        "raw_tps": raw_tps,
+        "tps": durable_tps,
+        "starts": starts,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=500)
     parser.add_argument("--runs", type=int, default=500)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--slice-ms", type=int, default=100)
     args = parser.parse_args()
-    redis.Redis.from_url(BROKER).flushdb()
-    workers = start_workers(args.workers)
-    try:
-        raw_hop, durable_step, xacts, sessions = sequential(args.steps)
-        raw_tps, durable_tps, starts = throughput(args.runs)
-    finally:
-        for worker in workers:
-            worker.stop()
+    modes = {f"eager {args.slice_ms} ms": args.slice_ms, "one step per task": 0}
+    figures = {name: measure(args.workers, ms, args.steps, args.runs) for name, ms in modes.items()}
     statements = statements_per_step()
     print(f"\nstep cost — {args.workers} solo workers, Redis broker, Postgres, same Celery settings both sides")
-    print(f"{'measure':<44} {'raw celery':>12} {'durable':>12} {'ratio':>8}")
-    print(
-        f"{'sequential no-op step latency (ms)':<44} {raw_hop * 1000:>12.2f} {durable_step * 1000:>12.2f} "
-        f"{durable_step / raw_hop:>8.2f}"
-    )
-    print(f"{'one-step runs per second':<44} {raw_tps:>12.0f} {durable_tps:>12.0f} {raw_tps / durable_tps:>8.2f}")
-    print(f"api.start() calls per second from one process: {starts:.0f}")
-    print(
-        f"postgres per durable step: {xacts:.2f} transactions, {sessions:.3f} new connections; "
-        f"{statements} SQL statements in one advance (in-process)"
-    )
+    print(f"{'durable workers':<20} {'measure':<36} {'raw celery':>11} {'durable':>10} {'ratio':>7}")
+    for name, f in figures.items():
+        print(
+            f"{name:<20} {'sequential no-op step latency (ms)':<36} {f['raw_hop'] * 1000:>11.2f} "
+            f"{f['step'] * 1000:>10.2f} {f['step'] / f['raw_hop']:>7.2f}"
+        )
+        print(
+            f"{name:<20} {'one-step runs per second':<36} {f['raw_tps']:>11.0f} {f['tps']:>10.0f} "
+            f"{f['raw_tps'] / f['tps']:>7.2f}"
+        )
+        print(
+            f"{name:<20} postgres per durable step: {f['xacts']:.2f} transactions, {f['sessions']:.3f} new "
+            f"connections; api.start() {f['starts']:.0f}/s from one process"
+        )
+    print(f"{statements} SQL statements in one advance (in-process)")
 
 
 if __name__ == "__main__":

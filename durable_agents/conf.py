@@ -163,6 +163,21 @@ SETTINGS: dict[str, Setting] = {
     "MAX_CLAIMS_PER_STEP": Setting(
         25, int, "a step claimed this many times without finishing (its worker keeps dying) fails", at_least=1
     ),
+    "EAGER_SLICE_MS": Setting(
+        100.0,
+        float,
+        "a worker that committed a step claims and runs the next one itself, without a broker hop, while its task "
+        "has run for less than this; 0: one step per task",
+        at_least=0,
+        at_most=LONGEST_SECONDS,
+    ),
+    "EAGER_MAX_STEPS": Setting(
+        50,
+        int,
+        "the most steps one task runs after the one it was sent for (within EAGER_SLICE_MS); 0: one step per task",
+        at_least=0,
+        at_most=MOST_ROWS,
+    ),
     "EFFECT_MAX_INVOCATIONS": Setting(
         10, int, "an effect invoked this many times without a recorded outcome goes to an operator", at_least=1
     ),

@@ -51,7 +51,8 @@ JSON = {"serializer": "json", "ignore_result": True}
 
 @shared_task(bind=True, name="durable_agents.advance", acks_late=True, reject_on_worker_lost=True, **JSON)
 def advance(self: Any, run_id: str) -> str:
-    """Advance run `run_id` by one step (or pass the message on to the queue its next step belongs to)."""
+    """Advance run `run_id` by one step, and by the next ones while the eager slice allows (or pass the message on
+    to the queue its next step belongs to)."""
     delivered_on = (getattr(self.request, "delivery_info", None) or {}).get("routing_key")
     return _dropping_dead_connections(lambda: _advance_or_pass_on(run_id, delivered_on))
 
@@ -70,7 +71,17 @@ def _advance_or_pass_on(run_id: str, delivered_on: str | None) -> str:
     ):
         engine_wake(run_id)
         return "passed on"
-    return engine_advance.advance(run_id).value
+    return engine_advance.advance_slice(run_id, serves=_queues_served(delivered_on)).value
+
+
+def _queues_served(delivered_on: str | None) -> frozenset[str | None]:
+    """The steps this delivery's worker may run eagerly after its own (None: the default queue's): those of the
+    queue the message came from, so a model-bound step still goes to the model queue's workers and a plain step
+    to prefork (both, if MODEL_QUEUE is the plain steps' queue)."""
+    model_queue = durable_settings.MODEL_QUEUE
+    if not model_queue or delivered_on != model_queue:
+        return frozenset({None})
+    return frozenset({model_queue, None}) if delivered_on in _plain_steps_queue() else frozenset({model_queue})
 
 
 def _plain_steps_queue() -> set[str]:

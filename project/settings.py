@@ -280,6 +280,8 @@ DURABLE_AGENTS = {
     # "durable-model" (the Procfile sets it for every process): steps that wait on Claude go to the gevent
     # model worker (Procfile `model_worker`). Empty, the default: every step on the default queue.
     "MODEL_QUEUE": os.environ.get("DURABLE_MODEL_QUEUE", ""),
+    # A worker runs a run's next steps itself, without a broker hop, for up to this many ms; 0: one step per task.
+    "EAGER_SLICE_MS": float(env_count("DURABLE_EAGER_SLICE_MS", 100)),
 }
 
 # Behind a proxy that ends HTTPS (Heroku's router, a load balancer), the admin's and the decision page's forms

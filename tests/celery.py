@@ -2,14 +2,33 @@
 
 Worker subprocesses start with `celery -A tests` (durable_agents.testing.workers.celery_app_for finds it here, in
 the package of tests/settings.py), and the test process publishes its wake-ups through it.
+
+DURABLE_TEST_COUNT_DELIVERIES=1 in a worker's environment: each `durable_agents.advance` delivery it starts is
+counted in the broker's Redis database, under `deliveries_key(run_id)`.
 """
 
 import os
+from typing import Any
 
 from celery import Celery
+from celery.signals import task_prerun
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
 
 app = Celery("tests")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+
+
+def deliveries_key(run_id: object) -> str:
+    return f"durable-test:deliveries:{run_id}"
+
+
+if os.environ.get("DURABLE_TEST_COUNT_DELIVERIES"):
+
+    @task_prerun.connect
+    def _count_delivery(task: Any = None, args: Any = None, **_: Any) -> None:
+        if task is not None and task.name == "durable_agents.advance" and args:
+            import redis
+
+            redis.Redis.from_url(os.environ["CELERY_BROKER_URL"]).incr(deliveries_key(args[0]))

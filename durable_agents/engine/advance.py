@@ -1,4 +1,5 @@
 """advance(run_id): claim the run, execute exactly one step outside any transaction, commit it fenced.
+advance_slice(run_id): the same, then the next steps in this process while the slice allows (engine/eager.py).
 
 claim (1 statement: lease + step) → guard → execute (heartbeat renews the lease) → one fenced
 transition (checkpoint, retry, failure, park, re-plan) → wake the next step on commit.
@@ -28,6 +29,7 @@ from durable_agents.conf import settings
 from durable_agents.engine import transitions
 from durable_agents.engine.context import StepContext
 from durable_agents.engine.control import ExtendPlan, Park, Rerun, WaitSpec
+from durable_agents.engine.eager import DEFAULT_QUEUE, Slice
 from durable_agents.engine.events import record_event
 from durable_agents.engine.lease import Claim, Heartbeat, as_uuid, lease_seconds, renew_lease
 from durable_agents.engine.payloads import store_result
@@ -84,7 +86,34 @@ class Outcome(StrEnum):
 
 def advance(run_id: uuid.UUID | str) -> Outcome:
     """Advance one run by exactly one step. Safe to call any number of times, concurrently."""
-    claimed = transitions.claim_run(as_uuid(run_id))
+    run_id = as_uuid(run_id)
+    return _advance_claimed(run_id, transitions.claim_run(run_id), None)
+
+
+def advance_slice(run_id: uuid.UUID | str, *, serves: frozenset[str | None] = DEFAULT_QUEUE) -> Outcome:
+    """Advance one run by one step, then by the steps after it in this process while the slice allows (eager
+    continuation, engine/eager.py: what it guarantees); the outcome of the last step run. Safe to call any
+    number of times, concurrently. `serves`: the queues whose steps this worker runs (None: the default)."""
+    run_id = as_uuid(run_id)
+    eager = Slice.start(serves)
+    outcome = _advance_claimed(run_id, transitions.claim_run(run_id), eager)
+    while eager.take():
+        following = _advance_claimed(run_id, _claim_kept(run_id), eager)
+        outcome = outcome if following in (Outcome.SKIPPED, Outcome.NOT_FOUND) else following
+    return outcome
+
+
+def _claim_kept(run_id: uuid.UUID) -> tuple[Claim, Step | None] | None:
+    """The claim of a run this task kept instead of waking it: if the claim cannot be made, the wake-up it
+    replaced is sent, so the run is never left without one."""
+    try:
+        return transitions.claim_run(run_id)
+    except BaseException:
+        wake(run_id)
+        raise
+
+
+def _advance_claimed(run_id: uuid.UUID, claimed: tuple[Claim, Step | None] | None, eager: Slice | None) -> Outcome:
     claimed_at = time.monotonic()
     if claimed is None:
         # Most unclaimable deliveries are duplicates: a read, not a write, tells whether a cancel waits.
@@ -106,7 +135,7 @@ def advance(run_id: uuid.UUID | str) -> Outcome:
     if step is None:
         return _finish_empty(claim)
     try:
-        return _advance(claim, step, claimed_at)
+        return _advance(claim, step, claimed_at, eager)
     except LeaseLostError:
         # Another worker holds the run now: this worker's work is discarded, never recorded as a failure.
         return _rejected(claim, step)
@@ -149,7 +178,7 @@ def _fail_unrecorded(claim: Claim, step: Step, exc: Exception) -> Outcome:
         return _rejected(claim, step)
 
 
-def _advance(claim: Claim, step: Step, claimed_at: float) -> Outcome:
+def _advance(claim: Claim, step: Step, claimed_at: float, eager: Slice | None) -> Outcome:
     run = step.run
     log = run_logger("durable_agents.engine", run.id, step.step_id, claim.attempt)
     try:
@@ -202,7 +231,7 @@ def _advance(claim: Claim, step: Step, claimed_at: float) -> Outcome:
             if failure.transient and claim.attempt < policy.attempts_allowed:
                 return _retry(claim, step, failure, _delay(policy, claim.attempt, failure))
             return _fail(claim, step, failure, compensate=compensate)
-    return _commit(claim, step, stored)
+    return _commit(claim, step, stored, eager)
 
 
 def _delay(policy: RetryPolicy, attempt: int, failure: Failure) -> float:
@@ -253,7 +282,7 @@ def _execute(definition: StepDef, ctx: StepContext) -> Any:
     return definition.fn(ctx)
 
 
-def _commit(claim: Claim, step: Step, stored: Any) -> Outcome:
+def _commit(claim: Claim, step: Step, stored: Any, eager: Slice | None) -> Outcome:
     last = claim.cursor + 1 >= claim.step_count
     # On Postgres one autocommit statement: no BEGIN/COMMIT round trips on the hot path.
     committed = transitions.checkpoint(claim, step, stored, final=last)
@@ -267,7 +296,10 @@ def _commit(claim: Claim, step: Step, stored: Any) -> Outcome:
     if last:
         # The last step committed while a cancel was requested: settle it now (its saga, if asked).
         return _settled(settle_cancellation(claim.run_id), otherwise=Outcome.COMMITTED)
-    wake(claim.run_id)
+    if eager is None:
+        wake(claim.run_id)
+    else:
+        eager.hand_on(claim.run_id)
     return Outcome.COMMITTED
 
 
@@ -479,4 +511,4 @@ def _rejected(claim: Claim, step: Step) -> Outcome:
     return Outcome.LEASE_LOST
 
 
-__all__ = ["Outcome", "advance"]
+__all__ = ["Outcome", "advance", "advance_slice"]

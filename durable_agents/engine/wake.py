@@ -65,10 +65,15 @@ def queue_for(run_id: uuid.UUID | str, kind: str | None = None) -> str | None:
     if not model_queue:
         return None
     if kind is None:
-        cursor = Run.objects.filter(pk=run_id).values("cursor")[:1]
-        steps = Step.objects.live().filter(run_id=run_id, position=Subquery(cursor))
-        kind = steps.values_list("kind", flat=True).first()
+        kind = next_kind(run_id)
     return model_queue if kind in MODEL_BOUND_KINDS else None
+
+
+def next_kind(run_id: uuid.UUID | str) -> str | None:
+    """The kind of the step under the run's cursor (one query); None if there is none."""
+    cursor = Run.objects.filter(pk=run_id).values("cursor")[:1]
+    steps = Step.objects.live().filter(run_id=run_id, position=Subquery(cursor))
+    return steps.values_list("kind", flat=True).first()
 
 
 def wake_on_commit(run_id: uuid.UUID | str, countdown: float | None = None, *, kind: str | None = None) -> None:

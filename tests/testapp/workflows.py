@@ -433,4 +433,66 @@ TICKER = agent(
 workflow("agent_ticks", steps=[TICKER])
 workflow("agent_ticks_capped", steps=[TICKER], token_budget=12_000)
 
+# --- Eager continuation: each step says which Celery task and which claim ran it -----------------------------
+
+
+@tool(effectful=True, transactional=True)
+def eager_ledger(step_id: str, *, idempotency_key: str) -> dict[str, Any]:
+    """One ledger entry per step: an effect through the effect API, applied exactly once."""
+    LedgerEntry.objects.create(idempotency_key=idempotency_key, order_id=step_id, amount=Decimal(1), kind="eager")
+    return {"entered": step_id}
+
+
+def _celery_task_id() -> str | None:
+    from celery import current_task
+
+    return current_task.request.id if current_task else None
+
+
+def _eager_step(ctx: StepContext) -> dict[str, Any]:
+    record_execution(ctx)
+    if ctx.input.get("effects"):
+        ctx.call_tool(eager_ledger, {"step_id": ctx.step_id})
+    low, high = ctx.input.get("sleep_ms", [0, 0])
+    if high:
+        time.sleep(random.uniform(low, high) / 1000)
+    return {"token": ctx.lease_token, "task": _celery_task_id(), "pid": os.getpid()}
+
+
+def _eager_flaky(ctx: StepContext) -> dict[str, Any]:
+    if ctx.attempt == 1:
+        record_execution(ctx)
+        raise RetryableError("the first attempt fails")
+    return _eager_step(ctx)
+
+
+workflow(
+    "eager",
+    steps=[call("work", _eager_step)],
+    plan=lambda inp: [PlannedStep(f"s{i:03d}", "work") for i in range(1, inp.get("steps", 1) + 1)],
+    description="N steps that record their execution, claim and task",
+)
+workflow(
+    "eager_wait",
+    steps=[call("a", _eager_step), call("b", _eager_step), wait_for_signal("go"), call("c", _eager_step)],
+)
+workflow(
+    "eager_retry",
+    steps=[
+        call("a", _eager_step),
+        call("flaky", _eager_flaky, retry=RetryPolicy(max_attempts=3)),
+        call("c", _eager_step),
+    ],
+)
+workflow(
+    "eager_model",
+    steps=[
+        call("a", _eager_step),
+        call("b", _eager_step),
+        approval("approve", question="Go on?", reject="continue"),
+        call("c", _eager_step),
+    ],
+)
+
+
 from tests.testapp import machine, plans, trust  # noqa: E402,F401  (register the other tests' workflows)

@@ -1,0 +1,84 @@
+"""Eager continuation: the task that committed a step claims the run's next step itself, without a broker hop.
+
+A task sent for a run advances it one step as always; if that step was a plain checkpoint (not the run's last)
+and the slice allows — the task has run for less than EAGER_SLICE_MS, it has run fewer than EAGER_MAX_STEPS
+steps after its first, and the next step belongs to a queue this worker serves (with a MODEL_QUEUE, a
+model-bound step goes to the model queue's workers, a plain one to the default queue's) — it sends no wake-up
+and claims the run again: a new claim with a new fencing token, the same statement and rules as a fresh
+delivery's. Anything else ends the slice and the run is handed on exactly as before: a wait, a retry (with its
+delay), a failure, a re-plan or version check, a completion, a cancel request, an exception. Either setting at
+0 keeps strictly one step per task.
+
+What holds (the guarantees of DESIGN.md §2 are those of one step per task, step by step):
+
+* Each step is still one claim and one fenced checkpoint. A duplicate delivery, the sweep or a thawed zombie
+  meets the same lease: while a slice holds the run nobody else runs its step, and a slice's claim that finds
+  the run held, finished, parked or not found simply ends the slice (the holder owns the run's next wake-up).
+  A claim refused because a cancel is requested settles the cancellation, as a fresh delivery would.
+* A wake-up is never lost. The wake-up for the next step is left unsent only when this task goes on to claim
+  it; if that claim raises (the database unreachable), the wake-up is sent before the error propagates. If
+  the worker dies between the commit and the next claim, the run is running with its lease released and no
+  message sent for it, and two things wake it: the task's own message, acknowledged only when the whole slice
+  returns (acks_late, requeued when a pool process is lost), is delivered again and its claim takes the
+  step under the cursor (a message carries a run, never a step, so a redelivery after a commit advances);
+  and the sweep re-wakes a runnable run with a free lease and no progress for IDLE_RESWEEP_SECONDS. A death
+  after the next claim is a death mid-step: the lease expires and the sweep re-wakes the run.
+* A step body runs at least once, and again only after a death or a lost lease, as with one step per task;
+  effects through the effect API apply once (their keys do not depend on which task ran the step).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+
+from durable_agents.conf import settings
+from durable_agents.engine.wake import next_kind, queue_for, wake
+
+# The default queue's steps (None: not the model queue), which a worker of a plain delivery runs.
+DEFAULT_QUEUE = frozenset({None})
+
+
+@dataclass
+class Slice:
+    """One task's budget of eager steps, and whether its last commit handed the run on to its next claim."""
+
+    serves: frozenset[str | None]
+    deadline: float
+    steps_left: int
+    goes_on: bool = False
+
+    @classmethod
+    def start(cls, serves: frozenset[str | None] = DEFAULT_QUEUE) -> Slice:
+        """A slice starting now, for a worker that runs the steps woken on `serves` (None: the default queue)."""
+        slice_seconds = float(settings.EAGER_SLICE_MS) / 1000
+        steps = int(settings.EAGER_MAX_STEPS) if slice_seconds > 0 else 0
+        return cls(serves=serves, deadline=time.monotonic() + slice_seconds, steps_left=steps)
+
+    def hand_on(self, run_id: uuid.UUID) -> None:
+        """After a plain checkpoint of a step that is not the run's last: keep the run for this task's next claim
+        if the slice allows, else wake it through the broker as one step per task does."""
+        if self.steps_left <= 0 or time.monotonic() >= self.deadline:
+            wake(run_id)
+            return
+        kind = None
+        if settings.MODEL_QUEUE:
+            try:
+                kind = next_kind(run_id)
+            except Exception:  # noqa: BLE001 - the safe way on is the broker; wake() says if it cannot either
+                wake(run_id)
+                return
+            if queue_for(run_id, kind or "") not in self.serves:
+                wake(run_id, kind=kind)
+                return
+        self.steps_left -= 1
+        self.goes_on = True
+
+    def take(self) -> bool:
+        """True once after each commit that kept the run for this task."""
+        goes_on, self.goes_on = self.goes_on, False
+        return goes_on
+
+
+__all__ = ["DEFAULT_QUEUE", "Slice"]
