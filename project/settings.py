@@ -148,7 +148,8 @@ WSGI_APPLICATION = "project.wsgi.application"
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
-        "DIRS": [],
+        # project/templates: the site's own pages, e.g. 403.html in the admin's look.
+        "DIRS": [BASE_DIR / "project" / "templates"],
         "APP_DIRS": True,
         "OPTIONS": {
             "context_processors": [

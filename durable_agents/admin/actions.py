@@ -16,19 +16,22 @@ from typing import Any
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
-from django.core.exceptions import PermissionDenied
 from django.db.models import Q, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
 
 from durable_agents import api
+from durable_agents.admin.forbidden import forbidden
 from durable_agents.agents.participants import participants
 from durable_agents.decisions import describe_closed, wait_label
 from durable_agents.engine.records import let_go
-from durable_agents.errors import DurableAgentsError, WaitClosedError
-from durable_agents.models import ACTIVE_RUN_STATUSES, EffectKind, EffectStatus, Run, RunStatus, Step, Wait
+from durable_agents.engine.wake import MODEL_BOUND_KINDS
+from durable_agents.errors import DurableAgentsError, UnknownWorkflowError, WaitClosedError
+from durable_agents.models import EffectKind, EffectStatus, Run, RunStatus, Step, StepKind, Wait
+from durable_agents.states import RUN_RULES, RunOp
 from durable_agents.storable import BIGINT_MAX
+from durable_agents.workflows import registry
 
 # Bulk actions act on at most this many runs at once; select fewer (filter first) for more.
 BULK_LIMIT = 500
@@ -89,6 +92,20 @@ def _compensated(run: Run) -> bool:
     return bool(run.finish_as) and let_go(run)
 
 
+# Steps that spend tokens on a participant: a budget or a participant swap changes nothing in a run without one.
+# (An approval is model-bound for its queue only when it asks the participant for its brief.)
+MODEL_STEP_KINDS = MODEL_BOUND_KINDS - {StepKind.APPROVAL}
+
+
+def _uses_a_model(run: Run) -> bool:
+    """Whether `run`'s workflow has a model step (agent, judge, planner): from the registry, else its plan."""
+    try:
+        definition = registry.get(run.workflow, run.workflow_version)
+    except UnknownWorkflowError:
+        return Step.objects.filter(run_id=run.pk, kind__in=MODEL_STEP_KINDS).exists()
+    return any(step.kind in MODEL_STEP_KINDS for step in definition.steps)
+
+
 def unresolved_effects(run: Run) -> Any:
     """The run's effects whose outcome nobody knows: external calls invoked without a recorded outcome."""
     return (
@@ -134,6 +151,20 @@ def _resolve(run: Run, data: dict[str, Any], actor: str) -> Run:
     return run
 
 
+def stale_decision(wait: Wait, shown_args_hash: str | None) -> str | None:
+    """Why a decision form showing `wait` (and, for a tool call, the arguments hashing to `shown_args_hash`)
+    must decide nothing now, or None. Every decision form of the console checks this before deciding; the
+    API's compare-and-set is the last referee."""
+    if not wait.is_open:
+        return describe_closed(wait)
+    if shown_args_hash is not None and shown_args_hash != wait.args_hash:
+        return (
+            f"{wait_label(wait)} asks for another call than the one your page showed; nothing was decided. "
+            "Read it again, then decide."
+        )
+    return None
+
+
 class DecisionForm(RunActionForm):
     """Approve or reject the one wait this form showed; its id travels with the form.
 
@@ -143,6 +174,8 @@ class DecisionForm(RunActionForm):
     """
 
     wait = forms.IntegerField(required=False, widget=forms.HiddenInput)
+    # The arguments shown (a tool approval's hash): a form whose call changed decides nothing.
+    args_hash = forms.CharField(required=False, widget=forms.HiddenInput)
     comment = forms.CharField(
         required=False,
         max_length=2000,
@@ -159,6 +192,7 @@ class DecisionForm(RunActionForm):
         else:
             self.shown_wait = Wait.objects.open().filter(run=run).first()
             self.fields["wait"].initial = self.shown_wait.pk if self.shown_wait else None
+            self.fields["args_hash"].initial = self.shown_wait.args_hash if self.shown_wait else ""
         if self.shown_wait is not None:
             self.fields["brief"] = forms.CharField(
                 required=False,
@@ -167,7 +201,7 @@ class DecisionForm(RunActionForm):
                 label=self.shown_wait.question[:80] or wait_label(self.shown_wait),
                 widget=forms.Textarea(attrs={"rows": 14, "cols": 90}),
             )
-            self.order_fields(["wait", "brief", "comment"])
+            self.order_fields(["wait", "args_hash", "brief", "comment"])
 
     def clean(self) -> dict[str, Any]:
         data = super().clean()
@@ -179,9 +213,11 @@ class DecisionForm(RunActionForm):
         return data
 
     def stale_reason(self) -> str | None:
-        if self.shown_wait is not None and not self.shown_wait.is_open:
-            return describe_closed(self.shown_wait)
-        return None
+        if self.shown_wait is None:
+            return None
+        # Forms rendered before the hash travelled with them post none: the wait id alone binds those.
+        shown = self.data.get("args_hash") if self.is_bound and "args_hash" in self.data else None
+        return stale_decision(self.shown_wait, shown)
 
 
 class ReplanForm(RunActionForm):
@@ -217,6 +253,8 @@ class RunAction:
     destructive: bool = False
     # A further condition on the run, beyond its status (one query at most, run page only).
     when: Callable[[Run], bool] | None = None
+    # What happened, said of the run the action returned: "done" only when the change itself is made.
+    outcome: Callable[[Run], str] = lambda run: "done"
 
     @property
     def permission(self) -> str:
@@ -236,6 +274,27 @@ class RunAction:
 
 
 NOT_COMPLETED = tuple(s for s in RunStatus.values if s != RunStatus.COMPLETED)
+# Resume continues a failed or cancelled run, or re-wakes a runnable one (the state machine's two operations).
+RESUMABLE = tuple(sorted(RUN_RULES[RunOp.RESUME].sources | RUN_RULES[RunOp.WAKE_UP].sources))
+CANCELLABLE = tuple(sorted(RUN_RULES[RunOp.CANCEL].sources))
+RERUNNABLE = tuple(sorted(RUN_RULES[RunOp.RERUN].sources))
+
+
+def _scheduled(run: Run) -> str:
+    return "scheduled — a worker will pick the run up"
+
+
+def _cancel_outcome(run: Run) -> str:
+    if run.status == RunStatus.CANCELLED:
+        return "done — the run is cancelled"
+    if run.finish_as:
+        return "scheduled — a worker undoes the run's effects, newest first, then it ends cancelled"
+    return "requested — the run stops once the step executing now is checkpointed"
+
+
+def _decided(run: Run) -> str:
+    return "recorded — the run is scheduled to resume; a worker will pick it up"
+
 
 ACTIONS: dict[str, RunAction] = {
     action.slug: action
@@ -244,11 +303,12 @@ ACTIONS: dict[str, RunAction] = {
             "resume",
             "Resume",
             "resume_run",
-            (RunStatus.CANCELLED, RunStatus.PENDING, RunStatus.RUNNING),
+            tuple(s for s in RESUMABLE if s != RunStatus.FAILED),
             "A cancelled run continues at the step it stopped on; a pending or running run is woken again "
             "(safe if its worker is alive: the lease lets only one of them commit).",
             lambda run, data, actor: api.resume(run.pk, actor=actor),
             when=lambda run: not _compensated(run),
+            outcome=_scheduled,
         ),
         RunAction(
             "retry",
@@ -258,27 +318,30 @@ ACTIONS: dict[str, RunAction] = {
             "The failed step runs again from attempt 1; committed steps are not repeated.",
             lambda run, data, actor: api.resume(run.pk, actor=actor),
             when=lambda run: not _compensated(run),
+            outcome=_scheduled,
         ),
         RunAction(
             "cancel",
             "Cancel",
             "cancel_run",
-            ACTIVE_RUN_STATUSES,
+            CANCELLABLE,
             "The run stops; a step executing now finishes and is checkpointed first. Applied effects stay applied.",
             lambda run, data, actor: api.cancel(run.pk, data.get("reason", ""), compensate=False, actor=actor),
             CancelForm,
             destructive=True,
+            outcome=_cancel_outcome,
         ),
         RunAction(
             "compensate",
             "Cancel and compensate",
             "cancel_run",
-            ACTIVE_RUN_STATUSES,
+            CANCELLABLE,
             "The run undoes its applied effects, newest first, each through its tool's compensating tool "
             "exactly once, then ends cancelled.",
             lambda run, data, actor: api.cancel(run.pk, data.get("reason", ""), compensate=True, actor=actor),
             CancelForm,
             destructive=True,
+            outcome=_cancel_outcome,
         ),
         RunAction(
             "budget",
@@ -290,15 +353,17 @@ ACTIONS: dict[str, RunAction] = {
                 run.pk, tokens=data.get("tokens"), cost_usd=data.get("cost_usd"), actor=actor
             ),
             BudgetForm,
+            when=_uses_a_model,
         ),
         RunAction(
             "swap",
             "Swap participant",
             "swap_participant",
-            ACTIVE_RUN_STATUSES,
+            CANCELLABLE,
             "The next model turn is asked of this participant; earlier turns stay as journaled.",
             lambda run, data, actor: api.swap_participant(run.pk, data["participant"], actor=actor),
             SwapForm,
+            when=_uses_a_model,
         ),
         RunAction(
             "approve",
@@ -309,6 +374,7 @@ ACTIONS: dict[str, RunAction] = {
             "approve path. If the run has moved on to another request meanwhile, nothing is decided.",
             lambda run, data, actor: _decide(run, True, data, actor),
             DecisionForm,
+            outcome=_decided,
         ),
         RunAction(
             "reject",
@@ -320,17 +386,21 @@ ACTIONS: dict[str, RunAction] = {
             lambda run, data, actor: _decide(run, False, data, actor),
             DecisionForm,
             destructive=True,
+            outcome=_decided,
         ),
         RunAction(
             "replan",
             "Re-plan from a step",
             "replan_run",
-            (RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.COMPLETED, RunStatus.PENDING, RunStatus.RUNNING),
+            RERUNNABLE,
             "The run executes again from the chosen step: later checkpoints are kept as superseded history, "
             "planner steps plan afresh, and effects already applied are reused, never repeated.",
             lambda run, data, actor: api.resume(run.pk, data["step_id"], actor=actor),
             ReplanForm,
             destructive=True,
+            # A saga (compensating, or compensated) is never re-run into: fork it instead.
+            when=lambda run: not run.finish_as,
+            outcome=_scheduled,
         ),
         RunAction(
             "resolve",
@@ -364,7 +434,7 @@ def run_action_view(model_admin: admin.ModelAdmin, request: HttpRequest, object_
     if run is None:
         raise Http404("no run has that id")
     if not model_admin.has_view_permission(request, run) or not action.is_allowed(request.user):
-        raise PermissionDenied(f"{action.label} needs the permission {action.permission}")
+        return forbidden(request, action.permission, f"{action.label.lower()} runs", site=model_admin.admin_site)
     run_url = reverse("admin:durable_agents_run_change", args=[run.pk])
     form = action.form_class(request.POST if request.method == "POST" else None, run=run)
     # Before the status check: "the request you saw was decided by X" says more than "the run is pending".
@@ -377,11 +447,13 @@ def run_action_view(model_admin: admin.ModelAdmin, request: HttpRequest, object_
         return HttpResponseRedirect(run_url)
     if request.method == "POST" and form.is_valid():
         try:
-            action.perform(run, form.cleaned_data, request.user.get_username())
+            after = action.perform(run, form.cleaned_data, request.user.get_username())
         except DurableAgentsError as exc:
             messages.error(request, f"{action.label} failed: {exc}")
         else:
-            messages.success(request, f"{action.label}: done for run {run.pk}. It is recorded in the run's events.")
+            messages.success(
+                request, f"{action.label}: {action.outcome(after)} (run {run.pk}). It is recorded in the run's events."
+            )
         return HttpResponseRedirect(run_url)
     context = {
         **model_admin.admin_site.each_context(request),
@@ -429,7 +501,7 @@ def resume_selected(model_admin: admin.ModelAdmin, request: HttpRequest, queryse
             failures.append(f"Run {pk}: {exc}")
         else:
             done += 1
-    _report(request, "Resumed", done, failures)
+    _report(request, "Resume scheduled (a worker picks each up) for", done, failures)
 
 
 @admin.action(description="Cancel selected runs…", permissions=["cancel"])

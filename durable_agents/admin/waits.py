@@ -1,5 +1,6 @@
-"""Pending approvals: open waits sorted by deadline, with their briefs, approved or rejected in bulk after a
-confirmation page that lists exactly the waits decided."""
+"""The approvals queue: open waits sorted by deadline, each question as its tool and arguments with the brief,
+decided one at a time on the wait's own page or in bulk after a confirmation page that lists exactly the
+waits decided. Every form decides exactly the wait (and the call) it showed."""
 
 from __future__ import annotations
 
@@ -9,42 +10,73 @@ from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.db.models import F, QuerySet
-from django.http import HttpRequest
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.defaultfilters import pluralize
+from django.template.loader import render_to_string
 from django.template.response import TemplateResponse
-from django.urls import reverse
+from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
+from django.utils.safestring import SafeString
+from django.utils.timesince import timesince
+from django.views.decorators.http import require_POST
 
-from durable_agents import api
-from durable_agents.admin.actions import BULK_LIMIT
+from durable_agents import api, clock
+from durable_agents.admin.actions import BULK_LIMIT, stale_decision
+from durable_agents.admin.forbidden import forbidden
+from durable_agents.admin.questions import asks
 from durable_agents.clock import DbNow
 from durable_agents.decisions import describe_closed, wait_label
+from durable_agents.display import when_html, when_text
 from durable_agents.errors import DurableAgentsError, WaitClosedError
 from durable_agents.models import Wait, WaitKind, WaitStatus
+
+DECIDE_PERMISSION = "durable_agents.decide_wait"
 
 
 class OpenApprovalFilter(admin.SimpleListFilter):
     title = "state"
     parameter_name = "state"
+    # The queue an approver works from, shown (and highlighted) when no state is chosen.
+    default = "open"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [("pending", "Pending approvals"), ("overdue", "Past deadline"), ("all", "All waits")]
+        return [("open", "Open approvals"), ("overdue", "Past deadline"), ("all", "All waits")]
+
+    def current(self) -> str:
+        # "pending": what the default was called before; old bookmarks keep working.
+        value = self.value()
+        return self.default if value in (None, "pending") else str(value)
 
     def choices(self, changelist: Any) -> Any:
-        # "Pending approvals" is the default view: an approver's queue.
-        for choice in super().choices(changelist):
-            if choice["query_string"] == changelist.get_query_string(remove=[self.parameter_name]):
-                continue
-            yield choice
+        # No "All" entry of Django's: "All waits" is one of the lookups, and the default is highlighted as chosen.
+        for lookup, title in self.lookup_choices:
+            yield {
+                "selected": self.current() == lookup,
+                "query_string": changelist.get_query_string({self.parameter_name: lookup}),
+                "display": title,
+            }
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Wait]) -> QuerySet[Wait]:
-        value = self.value() or "pending"
+        value = self.current()
         if value == "all":
             return queryset
         pending = queryset.filter(status=WaitStatus.OPEN, kind=WaitKind.APPROVAL)
         if value == "overdue":
             return pending.filter(deadline__lt=DbNow())
         return pending
+
+
+class WaitDecisionForm(forms.Form):
+    """The wait page's decision: approve or reject, a comment, and the call the page showed (its args hash)."""
+
+    decision = forms.ChoiceField(choices=[("approve", "Approve"), ("reject", "Reject")])
+    args_hash = forms.CharField(required=False, widget=forms.HiddenInput)
+    comment = forms.CharField(
+        required=False,
+        max_length=2000,
+        widget=forms.Textarea(attrs={"rows": 3, "cols": 70}),
+        help_text="Recorded with the decision, with your name.",
+    )
 
 
 class BulkDecisionForm(forms.Form):
@@ -94,7 +126,9 @@ def _decide_selected(
         if done:
             done_verb = "Approved" if approved else "Rejected"
             messages.success(
-                request, f"{done_verb} {done} wait{pluralize(done)}; the runs resume, each recorded in its events."
+                request,
+                f"{done_verb} {done} wait{pluralize(done)}; each run is scheduled to resume (a worker picks it up), "
+                "each decision recorded in its events.",
             )
         _report_failures(request, failures)
         return None
@@ -117,7 +151,7 @@ def _decide_selected(
         **model_admin.admin_site.each_context(request),
         "title": f"{verb} {len(waits)} wait{pluralize(len(waits))}?",
         "opts": Wait._meta,
-        "waits": waits,
+        "waits": [(wait, asks(wait)) for wait in waits],
         "form": form,
         "approved": approved,
         "verb": verb,
@@ -150,7 +184,8 @@ def reject_selected(model_admin: Any, request: HttpRequest, queryset: QuerySet[W
 
 @admin.register(Wait)
 class WaitAdmin(admin.ModelAdmin):
-    list_display = ("id", "run_link", "name", "question", "deadline", "reminders_sent", "created_at", "status")
+    list_display = ("id", "asks_column", "run_link", "age", "deadline_column", "reminders_sent", "status")
+    list_display_links = ("id",)
     list_filter = (OpenApprovalFilter, "kind")
     list_select_related = ("run",)
     search_fields = ("=run__id", "name", "question")
@@ -159,11 +194,105 @@ class WaitAdmin(admin.ModelAdmin):
     show_full_result_count = False
     # Soonest deadline first; waits without one after those that have one.
     ordering = (F("deadline").asc(nulls_last=True), "created_at")
+    change_list_template = "admin/durable_agents/wait/change_list.html"
+
+    @admin.display(description="asks")
+    def asks_column(self, wait: Wait) -> SafeString:
+        context = {"asks": asks(wait), "wait": wait, "show_brief": True}
+        return render_to_string("admin/durable_agents/wait/_asks.html", context)
 
     @admin.display(description="run")
     def run_link(self, wait: Wait) -> str:
         url = reverse("admin:durable_agents_run_change", args=[wait.run_id])
         return format_html('<a href="{}">{} {}</a>', url, str(wait.run_id)[:8], wait.run.workflow)
+
+    @admin.display(description="age", ordering="created_at")
+    def age(self, wait: Wait) -> str:
+        return format_html(
+            '<span title="opened {}">{}</span>', when_text(wait.created_at), timesince(wait.created_at, clock.now())
+        )
+
+    @admin.display(description="deadline", ordering="deadline")
+    def deadline_column(self, wait: Wait) -> str:
+        if wait.deadline is None:
+            return when_html(None)
+        overdue = wait.is_open and wait.deadline < clock.now()
+        return format_html('<span class="{}">{}</span>', "durable-overdue" if overdue else "", when_html(wait.deadline))
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        return super().changelist_view(request, {"title": "Approvals and waits", **(extra_context or {})})
+
+    def get_urls(self) -> list[URLPattern]:
+        decide = self.admin_site.admin_view(require_POST(self.decide_view))
+        return [path("<path:object_id>/decide/", decide, name="durable_agents_wait_decide"), *super().get_urls()]
+
+    def change_view(
+        self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        """The wait's page: what it asks (tool and arguments), its brief and run, and the decision form."""
+        wait = self._wait(request, object_id)
+        if not self.has_view_permission(request, wait):
+            return forbidden(request, "durable_agents.view_wait", "view waits", site=self.admin_site)
+        may_decide = self.has_decide_permission(request)
+        decidable = wait.is_open and wait.kind == WaitKind.APPROVAL
+        context = {
+            **self.admin_site.each_context(request),
+            "title": f"Wait {wait.pk}: {wait_label(wait)}",
+            "opts": Wait._meta,
+            "wait": wait,
+            "asks": asks(wait),
+            "may_decide": may_decide,
+            "decide_permission": DECIDE_PERMISSION,
+            "form": WaitDecisionForm(initial={"args_hash": wait.args_hash}) if may_decide and decidable else None,
+            "decide_url": reverse("admin:durable_agents_wait_decide", args=[wait.pk]),
+            "overdue": wait.is_open and wait.deadline is not None and wait.deadline < clock.now(),
+            "now": clock.now(),
+        }
+        return TemplateResponse(request, "admin/durable_agents/wait/wait_page.html", context)
+
+    def decide_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """Approve or reject exactly the wait (and call) the page showed, with the comment; then back to it."""
+        if not self.has_decide_permission(request):
+            return forbidden(request, DECIDE_PERMISSION, "decide approvals", site=self.admin_site)
+        wait = self._wait(request, object_id)
+        page = reverse("admin:durable_agents_wait_change", args=[wait.pk])
+        form = WaitDecisionForm(request.POST)
+        if not form.is_valid():
+            problems = "; ".join(f"{field}: {' '.join(errors)}" for field, errors in form.errors.items())
+            messages.error(request, f"Nothing was decided: {problems}.")
+            return HttpResponseRedirect(page)
+        stale = stale_decision(wait, form.cleaned_data["args_hash"])
+        if stale:
+            messages.error(request, stale)
+            return HttpResponseRedirect(page)
+        approved = form.cleaned_data["decision"] == "approve"
+        try:
+            api.decide(
+                wait.pk, approved, by=request.user.get_username(), comment=form.cleaned_data["comment"], via="admin"
+            )
+        except WaitClosedError:
+            # Closed between the check above and the decision: the API's compare-and-set is the referee.
+            messages.error(request, describe_closed(wait))
+        except DurableAgentsError as exc:
+            messages.error(request, f"Nothing was decided: {exc}")
+        else:
+            verb, route = ("Approved", "approve") if approved else ("Rejected", "reject")
+            messages.success(
+                request,
+                f"{verb} {wait_label(wait)}, with your comment. Its run is scheduled to resume: a worker will pick "
+                f"it up and take the {route} path.",
+            )
+        return HttpResponseRedirect(page)
+
+    def _wait(self, request: HttpRequest, object_id: str) -> Wait:
+        wait = (
+            self.get_queryset(request).select_related("run", "step").filter(pk=object_id).first()
+            if str(object_id).isdecimal()
+            else None
+        )
+        if wait is None:
+            raise Http404("no wait has that id")
+        return wait
 
     def has_view_permission(self, request: HttpRequest, obj: Wait | None = None) -> bool:
         # Approvers see the queue they work from, even without the generic view permission.
@@ -173,7 +302,7 @@ class WaitAdmin(admin.ModelAdmin):
         return super().has_module_permission(request) or self.has_decide_permission(request)
 
     def has_decide_permission(self, request: HttpRequest) -> bool:
-        return request.user.has_perm("durable_agents.decide_wait")
+        return request.user.has_perm(DECIDE_PERMISSION)
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

@@ -59,6 +59,7 @@ def changes_since(wait: Wait) -> str:
     return f"Opened {age} ago. Since then: " + "; ".join(f"{e.kind} {e.step_id}".strip() for e in events)
 
 
+# {name}: the workflow, the run's short id and what is asked, e.g. "refund_agent run 3f2a9c1e — issue_refund".
 SUBJECTS = {
     "requested": "Approval needed: {name}",
     "reminder": "Reminder {number}: approval still needed: {name}",
@@ -68,9 +69,15 @@ SUBJECTS = {
 }
 
 
+def subject_name(wait: Wait) -> str:
+    """Which request a subject line is about, told apart in an inbox: workflow, run and the tool or approval."""
+    workflow = Run.objects.filter(pk=wait.run_id).values_list("workflow", flat=True).first() or "run"
+    return f"{workflow} run {str(wait.run_id)[:8]} — {wait.name or f'{wait.kind} {wait.pk}'}"
+
+
 def notification_for(wait: Wait, kind: str, number: int = 1) -> Notification:
     """The message of one notification about `wait`: the brief, what changed since, and the decision link."""
-    name = wait.name or f"{wait.kind} {wait.pk}"
+    name = subject_name(wait)
     body = wait.brief or wait.question
     if kind in ("reminder", "warning", "escalation"):
         body = f"{changes_since(wait)}\n\n{body}"

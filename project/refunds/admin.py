@@ -7,8 +7,15 @@ import uuid
 from django.contrib import admin
 from django.urls import reverse
 from django.utils.html import format_html
+from django_celery_results.models import ChordCounter, GroupResult, TaskResult
 
 from project.refunds.models import Order, OutboundEmail, Refund, money
+
+# Every durable_agents task ignores its result (the run's rows are the record), so django_celery_results'
+# tables stay empty: its admin section would only be noise. The app stays installed for the result backend.
+for unused in (TaskResult, GroupResult, ChordCounter):
+    if admin.site.is_registered(unused):
+        admin.site.unregister(unused)
 
 
 def run_id_of(idempotency_key: str) -> uuid.UUID | None:

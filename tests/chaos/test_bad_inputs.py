@@ -61,6 +61,7 @@ class World:
     wait: Wait
     closed: Wait
     refund: Run
+    model: Run  # pending, with a model step: budget and participant actions apply to it
 
 
 @pytest.fixture
@@ -83,7 +84,8 @@ def world(monkeypatch) -> World:
         "waiting",
         "completed",
     )
-    return World(done, pending, failed, waiting, Wait.objects.get(run=waiting), closed, refund)
+    model = api.start("agent_ticks", {"ticks": 1})
+    return World(done, pending, failed, waiting, Wait.objects.get(run=waiting), closed, refund, model)
 
 
 def snapshot() -> dict[str, Any]:
@@ -662,11 +664,11 @@ def action_url(run_id: Any, slug: str) -> str:
 
 
 ADMIN_CASES = [
-    ("budget-negative-tokens", "pending", "budget", {"tokens": "-5"}, 200, "greater than or equal to 0"),
-    ("budget-empty", "pending", "budget", {}, 200, "Give a token budget, a cost budget, or both."),
-    ("budget-cost-not-a-number", "pending", "budget", {"cost_usd": "lots"}, 200, "Enter a number."),
-    ("budget-cost-too-precise", "pending", "budget", {"cost_usd": "1.1234567"}, 200, "decimal places"),
-    ("swap-unknown-participant", "pending", "swap", {"participant": "gpt-17"}, 200, "Select a valid choice."),
+    ("budget-negative-tokens", "model", "budget", {"tokens": "-5"}, 200, "greater than or equal to 0"),
+    ("budget-empty", "model", "budget", {}, 200, "Give a token budget, a cost budget, or both."),
+    ("budget-cost-not-a-number", "model", "budget", {"cost_usd": "lots"}, 200, "Enter a number."),
+    ("budget-cost-too-precise", "model", "budget", {"cost_usd": "1.1234567"}, 200, "decimal places"),
+    ("swap-unknown-participant", "model", "swap", {"participant": "gpt-17"}, 200, "Select a valid choice."),
     ("cancel-reason-too-long", "pending", "cancel", {"reason": "x" * 1001}, 200, "at most 1000 characters"),
     ("cancel-a-completed-run", "done", "cancel", {"reason": "x"}, 302, "Cancel does not apply to a completed run."),
     ("retry-a-completed-run", "done", "retry", {}, 302, "does not apply to a completed run."),

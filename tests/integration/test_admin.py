@@ -429,13 +429,13 @@ ACTION_CASES = {
         lambda run: run.finish_as == RunStatus.CANCELLED,
     ),
     "budget": (
-        lambda: api.start("noop", {"steps": 1}),
+        lambda: api.start("agent_ticks", {"ticks": 1}),
         {"tokens": "50000", "cost_usd": "2.50"},
         "budget_set",
         lambda run: run.token_budget == 50000 and run.cost_budget_usd == Decimal("2.5"),
     ),
     "swap": (
-        lambda: api.start("noop", {"steps": 1}),
+        lambda: api.start("agent_ticks", {"ticks": 1}),
         {"participant": "anthropic"},
         "participant_swapped",
         lambda run: run.participant == "anthropic",
@@ -458,7 +458,9 @@ def test_action__with_permission_goes_through_the_api_and_is_recorded_with_the_u
     assert check(run), f"{slug} did not take effect: status {run.status}"
     recorded = [e for e in events(run, kind) if e.actor == "operator"]
     assert len(recorded) == 1, f"{slug} must be recorded once as a {kind!r} event by the operator"
-    assert "done for run" in response.content.decode(), "success is reported as an admin message"
+    assert f"(run {run.pk}). It is recorded in the run" in response.content.decode(), (
+        "success is reported as an admin message"
+    )
 
 
 @pytest.mark.parametrize("slug", ACTION_CASES)
@@ -530,7 +532,7 @@ def test_action__that_does_not_apply_to_the_status_is_refused_with_a_message(ope
 
 
 def test_action__budget_form_needs_a_value(operator):
-    run = api.start("noop", {"steps": 1})
+    run = api.start("agent_ticks", {"ticks": 1})
     response = operator.post(action_url(run, "budget"), {})
     assert response.status_code == 200 and "Give a token budget, a cost budget, or both." in response.content.decode()
     assert not events(run, "budget_set")
@@ -543,7 +545,7 @@ def test_bulk__resume_selected_stuck_runs(operator, viewer):
         {"action": "resume_selected", "index": 0, "_selected_action": [str(r.pk) for r in stuck]},
         follow=True,
     )
-    assert "Resumed 3 runs" in response.content.decode()
+    assert "Resume scheduled (a worker picks each up) for 3 runs" in response.content.decode()
     assert Event.objects.filter(run__in=stuck, kind="woken", actor="operator").count() == 3
 
     action_form = viewer.get(LIST).context["action_form"]
