@@ -17,7 +17,7 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
-from django.utils.timesince import timesince
+from django.utils.text import Truncator
 from django.views.decorators.http import require_POST
 
 from durable_agents import api, clock
@@ -26,7 +26,7 @@ from durable_agents.admin.forbidden import forbidden
 from durable_agents.admin.questions import asks
 from durable_agents.clock import DbNow
 from durable_agents.decisions import describe_closed, wait_label
-from durable_agents.display import when_html, when_text
+from durable_agents.display import ago_text, when_html, when_text
 from durable_agents.errors import DurableAgentsError, WaitClosedError
 from durable_agents.models import Wait, WaitKind, WaitStatus
 
@@ -182,6 +182,11 @@ def reject_selected(model_admin: Any, request: HttpRequest, queryset: QuerySet[W
     return _decide_selected(model_admin, request, queryset, False)
 
 
+def _now(wait: Wait) -> Any:
+    """The database's time as read with the row (the list's queryset annotates it), else read now."""
+    return getattr(wait, "db_now", None) or clock.now()
+
+
 @admin.register(Wait)
 class WaitAdmin(admin.ModelAdmin):
     list_display = ("id", "asks_column", "run_link", "age", "deadline_column", "reminders_sent", "status")
@@ -192,6 +197,11 @@ class WaitAdmin(admin.ModelAdmin):
     actions = [approve_selected, reject_selected]
     readonly_fields = [f.name for f in Wait._meta.fields]
     show_full_result_count = False
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Wait]:
+        # The database's time read with the rows: ages and overdue marks without a query per row.
+        return super().get_queryset(request).annotate(db_now=DbNow())
+
     # Soonest deadline first; waits without one after those that have one.
     ordering = (F("deadline").asc(nulls_last=True), "created_at")
     change_list_template = "admin/durable_agents/wait/change_list.html"
@@ -209,14 +219,14 @@ class WaitAdmin(admin.ModelAdmin):
     @admin.display(description="age", ordering="created_at")
     def age(self, wait: Wait) -> str:
         return format_html(
-            '<span title="opened {}">{}</span>', when_text(wait.created_at), timesince(wait.created_at, clock.now())
+            '<span title="opened {}">{}</span>', when_text(wait.created_at), ago_text(wait.created_at, _now(wait))
         )
 
     @admin.display(description="deadline", ordering="deadline")
     def deadline_column(self, wait: Wait) -> str:
         if wait.deadline is None:
             return when_html(None)
-        overdue = wait.is_open and wait.deadline < clock.now()
+        overdue = wait.is_open and wait.deadline < _now(wait)
         return format_html('<span class="{}">{}</span>', "durable-overdue" if overdue else "", when_html(wait.deadline))
 
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
@@ -237,7 +247,7 @@ class WaitAdmin(admin.ModelAdmin):
         decidable = wait.is_open and wait.kind == WaitKind.APPROVAL
         context = {
             **self.admin_site.each_context(request),
-            "title": f"Wait {wait.pk}: {wait_label(wait)}",
+            "title": f"Wait {wait.pk} · {wait.kind}: {Truncator(wait.question or wait.name).chars(80)}",
             "opts": Wait._meta,
             "wait": wait,
             "asks": asks(wait),

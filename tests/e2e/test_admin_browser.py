@@ -138,7 +138,7 @@ def test_operator_journey__login_filter_stuck_open_timeline_resume(live_server, 
 
         page.click("#action-resume")
         page.wait_for_selector(".messagelist .success")
-        assert "Resume: done" in page.locator(".messagelist").inner_text()
+        assert "Resume: scheduled" in page.locator(".messagelist").inner_text()
         page.screenshot(path=str(artifacts / "04-resumed.png"), full_page=True)
 
     woken = Event.objects.filter(run=stuck, kind="woken")
@@ -188,7 +188,8 @@ def test_approver_journey__stale_form_refused_spent_link_explained_bulk_approve_
     run = drive(api.start("two_refunds", {}).id)
     small = Wait.objects.get(run=run, status=WaitStatus.OPEN)
     charge = drive(api.start("approve_charge", {"order_id": "BR-1"}).id)
-    small_link, charge_link = decision_path(small), decision_path(Wait.objects.get(run=charge))
+    charge_wait = Wait.objects.get(run=charge)
+    small_link, charge_link = decision_path(small), decision_path(charge_wait)
     base = live_server.url
 
     with chromium_page() as page:
@@ -211,6 +212,12 @@ def test_approver_journey__stale_form_refused_spent_link_explained_bulk_approve_
         page.screenshot(path=str(artifacts / "07-spent-link.png"), full_page=True)
 
         page.goto(f"{base}/admin/durable_agents/wait/")
+        assert "Approvals and waits" in page.locator("#content h1").inner_text()
+        page.screenshot(path=str(artifacts / "08a-approvals-queue.png"), full_page=True)
+        page.goto(f"{base}/admin/durable_agents/wait/{charge_wait.pk}/change/")
+        assert page.locator("input[value=Approve], button:has-text('Approve')").count() >= 1
+        page.screenshot(path=str(artifacts / "08b-wait-page.png"), full_page=True)
+        page.goto(f"{base}/admin/durable_agents/wait/")
         page.check("#action-toggle")
         page.select_option("select[name=action]", "approve_selected")
         page.click("button[name=index]")
@@ -229,6 +236,10 @@ def test_approver_journey__stale_form_refused_spent_link_explained_bulk_approve_
         refusal = page.locator("#content-main").inner_text()
         assert "may not decide approvals" in refusal and "Charge" not in refusal, refusal
         page.screenshot(path=str(artifacts / "10-link-refused.png"), full_page=True)
+        response = page.goto(f"{base}/admin/durable_agents/run/{charge.pk}/actions/approve/")
+        assert response is not None and response.status == 403
+        assert "durable_agents.decide_wait" in page.locator("#content").inner_text()
+        page.screenshot(path=str(artifacts / "10a-styled-403.png"), full_page=True)
 
     decided = Wait.objects.filter(decided_by="manager-1").order_by("pk")
     assert [(w.status, w.decision["comment"]) for w in decided] == [("approved", "both verified")] * 2
