@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from django.utils.text import Truncator
 
+from durable_agents.display import when_text
 from durable_agents.models import Wait
 
 QUESTION_CHARS = 120
@@ -35,7 +36,7 @@ def describe_closed(wait: Wait) -> str:
     if wait.decided_by:
         sentence += f" by {wait.decided_by}"
     if wait.decided_at:
-        sentence += f" at {wait.decided_at:%Y-%m-%d %H:%M:%S} UTC"
+        sentence += f" at {when_text(wait.decided_at)}"
     sentence += "; nothing was decided."
     current = (
         Wait.objects.open()

@@ -9,6 +9,7 @@ admin error messages, never a traceback.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -292,6 +293,14 @@ def _cancel_outcome(run: Run) -> str:
     return "requested — the run stops once the step executing now is checkpointed"
 
 
+def _bulk_cancel_verb(run: Run) -> str:
+    if run.status == RunStatus.CANCELLED:
+        return "Cancelled"
+    if run.finish_as:
+        return "Started undoing the effects (then cancelling) of"
+    return "Asked to stop, once the step executing now is checkpointed,"
+
+
 def _decided(run: Run) -> str:
     return "recorded — the run is scheduled to resume; a worker will pick it up"
 
@@ -515,15 +524,20 @@ def cancel_selected(
     form = CancelForm(request.POST if request.POST.get("confirm") == "yes" else None)
     if request.POST.get("confirm") == "yes" and form.is_valid():
         compensate = request.POST.get("compensate") == "on"
-        done, failures = 0, []
+        outcomes: Counter[str] = Counter()
+        failures = []
+        actor = request.user.get_username()
         for pk, _status in rows:
             try:
-                api.cancel(pk, form.cleaned_data["reason"], compensate=compensate, actor=request.user.get_username())
+                run = api.cancel(pk, form.cleaned_data["reason"], compensate=compensate, actor=actor)
             except DurableAgentsError as exc:
                 failures.append(f"Run {pk}: {exc}")
             else:
-                done += 1
-        _report(request, "Cancelled" + (" (compensating)" if compensate else ""), done, failures)
+                outcomes[_bulk_cancel_verb(run)] += 1
+        # A run a worker holds is only asked to stop, a saga only begun: each outcome is reported as what it is.
+        for verb, count in sorted(outcomes.items()):
+            _report(request, verb, count, [])
+        _report(request, "", 0, failures)
         return None
     runs = list(queryset.order_by("-created_at").only("id", "workflow", "workflow_version", "status")[:BULK_LIMIT])
     context = {

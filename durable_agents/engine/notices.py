@@ -13,6 +13,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.utils.timesince import timesince
 
 from durable_agents import clock
+from durable_agents.display import when_text
 from durable_agents.links import decision_url
 from durable_agents.models import Effect, EffectStatus, Event, Run, Step, StepStatus, Wait
 from durable_agents.notify import Notification
@@ -32,7 +33,7 @@ def template_brief(run: Run, *, question: str, on_approve: str, on_reject: str, 
     lines = [
         f"Decision needed: {question}",
         "",
-        f"Run {run.id} ({run.workflow} v{run.workflow_version}), started {run.created_at:%Y-%m-%d %H:%M} UTC.",
+        f"Run {run.id} ({run.workflow} v{run.workflow_version}), started {when_text(run.created_at)}.",
         f"Input: {short(run.input, 300)}",
     ]
     if context:
@@ -82,7 +83,7 @@ def notification_for(wait: Wait, kind: str, number: int = 1) -> Notification:
     if kind in ("reminder", "warning", "escalation"):
         body = f"{changes_since(wait)}\n\n{body}"
     if wait.deadline and kind != "expired":
-        body = f"Deadline: {wait.deadline:%Y-%m-%d %H:%M} UTC\n\n{body}"
+        body = f"Deadline: {when_text(wait.deadline)}\n\n{body}"
     recipients = list(wait.notify_to)
     if kind == "escalation" and wait.escalate_to:
         recipients.append(wait.escalate_to)

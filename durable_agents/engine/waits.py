@@ -21,6 +21,7 @@ from django.db.models import DateTimeField, ExpressionWrapper, F, Q, Value
 from durable_agents import clock
 from durable_agents.clock import DbNow
 from durable_agents.conf import settings
+from durable_agents.display import when_text
 from durable_agents.engine import transitions
 from durable_agents.engine.approvals import latest_wait
 from durable_agents.engine.control import WaitSpec
@@ -139,7 +140,7 @@ def _close_txn(
 def _closed(wait: Wait) -> WaitClosedError:
     wait.refresh_from_db()
     who = f" by {wait.decided_by}" if wait.decided_by else ""
-    when = f" at {wait.decided_at:%Y-%m-%d %H:%M:%S} UTC" if wait.decided_at else ""
+    when = f" at {when_text(wait.decided_at)}" if wait.decided_at else ""
     return WaitClosedError(f"wait {wait.pk} is already {wait.status}{who}{when}; nothing changed")
 
 

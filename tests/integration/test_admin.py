@@ -25,6 +25,7 @@ from durable_agents.admin.timeline import human_duration
 from durable_agents.engine.advance import advance
 from durable_agents.models import Effect, EffectStatus, Event, Run, RunStatus, Step, Turn, Wait
 from durable_agents.testing import drive
+from durable_agents.testing.runs import take_lease
 
 pytestmark = pytest.mark.django_db
 
@@ -570,6 +571,22 @@ def test_bulk__cancel_selected_confirms_then_cancels_and_reports_errors(operator
     html = response.content.decode()
     assert "Cancelled 2 runs" in html and "is already completed" in html, "the finished run is reported, not raised"
     assert Event.objects.filter(run__in=open_runs, kind="cancelled", actor="operator").count() == 2
+
+
+def test_bulk__cancel_reports_a_run_a_worker_holds_as_asked_to_stop_not_cancelled(operator):
+    idle = api.start("noop", {"steps": 2})
+    held = api.start("noop", {"steps": 2})
+    take_lease(held.id)  # a worker executes its step now: the cancel can only be requested
+    selected = [str(idle.pk), str(held.pk)]
+    response = operator.post(
+        LIST,
+        {"action": "cancel_selected", "index": 0, "_selected_action": selected, "confirm": "yes", "reason": "bulk"},
+        follow=True,
+    )
+    html = response.content.decode()
+    assert "Cancelled 1 run;" in html
+    assert "Asked to stop, once the step executing now is checkpointed, 1 run;" in html
+    assert Run.objects.get(pk=held.pk).status == RunStatus.RUNNING
 
 
 def test_timeline__durations_read_like_an_operator_writes_them():
