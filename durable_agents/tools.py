@@ -67,6 +67,19 @@ R = TypeVar("R")
 TOOL_NAME_RE = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 
 
+def canonical_args(args: Any) -> str:
+    """Sorted-keys compact JSON of a call's arguments; TypeError or ValueError if they are not JSON."""
+    return json.dumps(args, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def args_digest(args: Any) -> str:
+    """The hash an approval and an effect store for a call's arguments (`Tool.args_hash`); "" if not JSON."""
+    try:
+        return hashlib.sha256(canonical_args(args).encode()).hexdigest()
+    except (TypeError, ValueError):
+        return ""
+
+
 @dataclass(frozen=True, eq=False)
 class Tool(Generic[P, R]):
     """A function the model may call, with its schema and effect policy. Build it with `@tool`.
@@ -162,7 +175,7 @@ class Tool(Generic[P, R]):
     def canonical_args(self, args: Mapping[str, Any]) -> str:
         """Sorted-keys compact JSON: equal arguments give equal text, whatever their key order."""
         try:
-            return json.dumps(args, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+            return canonical_args(args)
         except (TypeError, ValueError) as exc:
             message = f"arguments: not JSON-serialisable ({exc})"
             raise ToolArgumentsError(f"invalid arguments for tool {self.name!r}: {message}", errors=[message]) from exc

@@ -9,7 +9,6 @@ authorises. When none of those is whole, the approver reads the question and the
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ from typing import Any
 from django.core.serializers.json import DjangoJSONEncoder
 
 from durable_agents.models import Turn, Wait, WaitKind
+from durable_agents.tools import args_digest
 
 # `Allow <tool>(<json>)?`: the question engine/approvals.py asks for a tool call.
 TOOL_QUESTION = re.compile(r"\AAllow (?P<tool>[\w.-]+)\((?P<args>.*)\)\?\Z", re.S)
@@ -54,12 +54,15 @@ class Asks:
         return bool(self.tool)
 
 
-def asks(wait: Wait) -> Asks:
-    """What `wait` asks; a tool approval whose arguments can be recovered whole comes with its arguments."""
+def asks(wait: Wait, *, look_further: bool = True) -> Asks:
+    """What `wait` asks; a tool approval whose arguments can be recovered whole comes with its arguments.
+
+    `look_further=False` reads the question only (no query): for lists, where a row must cost nothing.
+    """
     question = wait.question or wait.name or wait.kind
     if wait.kind != WaitKind.APPROVAL or not wait.args_hash or not wait.name:
         return Asks(question=question)
-    args = _recovered_args(wait)
+    args = _recovered_args(wait, look_further)
     if args is None:
         return Asks(question=question, tool=wait.name)
     return Asks(question=question, tool=wait.name, arguments=tuple(_argument(k, v) for k, v in sorted(args.items())))
@@ -70,18 +73,9 @@ def _argument(name: str, value: Any) -> Argument:
     return Argument(name=str(name), text=text)
 
 
-def digest(args: Any) -> str:
-    """The hash a tool approval stores for `args` (as Tool.args_hash: sorted-keys compact JSON, SHA-256)."""
-    try:
-        text = json.dumps(args, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-    except (TypeError, ValueError):
-        return ""
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-def _recovered_args(wait: Wait) -> dict[str, Any] | None:
-    for candidate in _candidates(wait):
-        if isinstance(candidate, dict) and digest(candidate) == wait.args_hash:
+def _recovered_args(wait: Wait, look_further: bool) -> dict[str, Any] | None:
+    for candidate in _candidates(wait, look_further):
+        if isinstance(candidate, dict) and args_digest(candidate) == wait.args_hash:
             return candidate
     return None
 
@@ -93,12 +87,12 @@ def _json_or_none(text: str) -> Any:
         return None
 
 
-def _candidates(wait: Wait) -> Any:
+def _candidates(wait: Wait, look_further: bool) -> Any:
     """Where the call's arguments may be found, cheapest first (the question costs no query)."""
     found = TOOL_QUESTION.match(wait.question)
     if found and found.group("tool") == wait.name:
         yield _json_or_none(found.group("args"))
-    if wait.step_id is None:
+    if wait.step_id is None or not look_further:
         return
     step_args = wait.step.args if wait.step is not None else {}
     if isinstance(step_args, dict):

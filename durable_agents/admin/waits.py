@@ -151,7 +151,7 @@ def _decide_selected(
         **model_admin.admin_site.each_context(request),
         "title": f"{verb} {len(waits)} wait{pluralize(len(waits))}?",
         "opts": Wait._meta,
-        "waits": [(wait, asks(wait)) for wait in waits],
+        "waits": [(wait, asks(wait, look_further=False)) for wait in waits],
         "form": form,
         "approved": approved,
         "verb": verb,
@@ -208,7 +208,7 @@ class WaitAdmin(admin.ModelAdmin):
 
     @admin.display(description="asks")
     def asks_column(self, wait: Wait) -> SafeString:
-        context = {"asks": asks(wait), "wait": wait, "show_brief": True}
+        context = {"asks": asks(wait, look_further=False), "wait": wait, "show_brief": True}
         return render_to_string("admin/durable_agents/wait/_asks.html", context)
 
     @admin.display(description="run")

@@ -8,7 +8,9 @@ import re
 import pytest
 from django.contrib.auth.models import Permission, User
 from django.contrib.contenttypes.models import ContentType
+from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from durable_agents import api
@@ -176,3 +178,18 @@ def test_email_subject__names_the_workflow_the_run_and_the_tool():
     assert notification_for(plain, "reminder", 2).subject.startswith(
         "Reminder 2: approval still needed: approve_charge run "
     )
+
+
+def test_queue__a_page_of_calls_too_long_for_their_question_costs_the_same_queries_as_one():
+    """The list reads each call's arguments from its question only: a row costs no query, and a call whose
+    question was cut short says its arguments are on the wait page."""
+    operator = login("operator", codenames=("decide_wait",))
+    tool_approval("L" * 300)
+    with CaptureQueriesContext(connection) as one:
+        assert operator.get(WAITS).status_code == 200
+    for n in range(5):
+        tool_approval(f"{n}" * 300)
+    with CaptureQueriesContext(connection) as six:
+        html = operator.get(WAITS).content.decode()
+    assert len(six) == len(one), [q["sql"][:120] for q in six.captured_queries]
+    assert html.count("big_refund") >= 6
