@@ -6,16 +6,20 @@ real `celery worker` processes (tests/integration/test_eager.py's helpers).
 
 from __future__ import annotations
 
+import html
+import re
 from collections import Counter
 
 import pytest
 from django.conf import settings
+from django.db import connection
 from django.test.utils import override_settings
 
 from durable_agents import api
 from durable_agents.engine.advance import Outcome, advance_slice
 from durable_agents.models import Event, Run, RunStatus, Step, StepStatus
 from durable_agents.signals import run_finished, step_committed
+from tests.integration.test_admin import LIST, login
 
 ON = {"EAGER_SLICE_MS": 600_000.0, "EAGER_MAX_STEPS": 50}
 OFF = {"EAGER_SLICE_MS": 0.0}
@@ -78,3 +82,58 @@ def test_signals__a_receiver_that_raises_neither_fails_the_run_nor_loses_a_wake_
     assert not kinds & {"failed", "zombie_commit_rejected"}, f"the operator is told a lie: {kinds}"
     assert receivers == {**{("step_committed", f"tick-{i}"): 1 for i in (1, 2, 3)}, ("run_finished", "completed"): 1}
     assert len(outcomes) == (1 if mode is ON else 3)
+
+
+# --- the run list: hostile parameters, estimated counts ---------------------------------------------------------
+
+HOSTILE = [
+    "status__exact=bogus",
+    "status__exact=running&status__exact=failed",
+    "stuck=maybe",
+    "stuck=yes&stuck=no",
+    "aging=bogus",
+    "p=999999999999999999999",
+    "p=-1",
+    "p=abc",
+    "o=999",
+    "o=1.-2.x",
+    "q=" + "x" * 10_000,
+    "q=%27%3B+DROP+TABLE+durable_agents_run%3B--",
+    "q=%E2%80%AEevil",
+    "created_at__year=99999",
+    "created_at__year=-5",
+    "created_at__month=13&created_at__year=2026",
+    "created_at__day=40&created_at__month=2&created_at__year=2026",
+    "created_at__gte=notadate",
+    "workflow_version__exact=abc",
+]
+# Postgres text cannot hold NUL, and the admin filters on any local field named in the address.
+WITH_NUL = ["workflow", "error_type", "status__exact", "lease_owner", "idempotency_key", "q"]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("query", HOSTILE + [f"{name}=a%00b" for name in WITH_NUL])
+def test_run_list__a_hostile_address_is_never_a_server_error(query):
+    api.start("noop", {"steps": 1})
+    response = login("operator-hostile").get(f"{LIST}?{query}")
+    assert response.status_code in (200, 302, 400), f"?{query[:80]}: {response.status_code}"
+    if "%00" in query:
+        assert response.status_code == 400 and b"NUL character" in response.content, "a clear message"
+
+
+@pytest.mark.django_db
+def test_run_list__every_count_shown_past_the_exact_limit_says_it_is_an_estimate():
+    Run.objects.bulk_create(
+        Run(workflow="noop", workflow_version=1, input={}, input_hash="-", status=RunStatus.COMPLETED)
+        for _ in range(120)
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(f"ANALYZE {Run._meta.db_table}")
+    client = login("operator-estimates", codenames=("resume_run", "cancel_run"))
+    with override_settings(DURABLE_AGENTS={**settings.DURABLE_AGENTS, "ADMIN_EXACT_COUNT_LIMIT": 5}):
+        for query in ("", "?status__exact=completed"):
+            page = html.unescape(client.get(LIST + query).content.decode())
+            text = re.sub(r"<[^>]+>", "", page)
+            shown = re.findall(r"(≈ )?\b(1[0-9][0-9])\b (results?|runs|selected)", text)
+            assert {kind for _, _, kind in shown} >= {"results", "runs", "selected"}, shown
+            assert all(estimate for estimate, _, _ in shown), f"{query or 'the list'}: an estimate shown as exact"
