@@ -8,18 +8,21 @@ from __future__ import annotations
 
 import html
 import re
+import xml.etree.ElementTree as ET
 from collections import Counter
+from datetime import timedelta
 
 import pytest
 from django.conf import settings
 from django.db import connection
 from django.test.utils import override_settings
 
-from durable_agents import api
+from durable_agents import api, clock
 from durable_agents.engine.advance import Outcome, advance_slice
 from durable_agents.models import Event, Run, RunStatus, Step, StepStatus
 from durable_agents.signals import run_finished, step_committed
 from tests.integration.test_admin import LIST, login
+from tests.integration.test_run_page import page, svg_of
 
 ON = {"EAGER_SLICE_MS": 600_000.0, "EAGER_MAX_STEPS": 50}
 OFF = {"EAGER_SLICE_MS": 0.0}
@@ -137,3 +140,52 @@ def test_run_list__every_count_shown_past_the_exact_limit_says_it_is_an_estimate
             shown = re.findall(r"(≈ )?\b(1[0-9][0-9])\b (results?|runs|selected)", text)
             assert {kind for _, _, kind in shown} >= {"results", "runs", "selected"}, shown
             assert all(estimate for estimate, _, _ in shown), f"{query or 'the list'}: an estimate shown as exact"
+
+
+# --- the run page: hostile data, clocks that disagree -----------------------------------------------------------
+
+HOSTILE_TEXT = "<script>alert(1)</script></svg>\"'&\u202eevil"
+SVG = "{http://www.w3.org/2000/svg}"
+# Event details the engine never writes, but an older version, a hand edit or a damaged row may hold.
+DAMAGED = [
+    ("step_retry", {"started_at": "2026-02-30T00:00:00+00:00", "attempt": 1, "error": {"type": HOSTILE_TEXT}}),
+    ("failed", {"started_at": "2026-01-01T00:00:00", "attempt": "abc", "error": HOSTILE_TEXT}),
+    ("failed", {"started_at": 12345, "attempt": 1.5}),
+    ("lease_takeover", {"previous_claimed_at": "2026-01-01T00:00:00", "previous_expires_at": "2026-01-01T00:01:00Z"}),
+    ("lease_takeover", {"previous_claimed_at": "2026-13-01T00:00:00Z", "previous_expires_at": "x", "attempt": "x"}),
+    ("step_retry", ["not", "a", "mapping"]),
+    ("failed", "a string"),
+]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("kind", "detail"), DAMAGED)
+def test_run_page__an_event_the_engine_never_wrote_does_not_take_the_page_down(kind, detail):
+    run = api.start("noop", {"steps": 2})
+    Event.objects.create(run=run, kind=kind, step_id="tick-1", detail=detail)
+    shown = page(login("operator-damaged"), run)
+    assert "<script>alert" not in shown
+    ET.fromstring(svg_of(shown))
+
+
+@pytest.mark.django_db
+def test_run_page__a_claim_stamped_after_now_and_a_lease_out_before_it_draw_nothing_past_now():
+    clock.reset()
+    run = api.start("noop", {"steps": 2})
+    now = clock.now()
+    Step.objects.filter(run=run, position=0).update(step_id=f"s{HOSTILE_TEXT}")
+    Run.objects.filter(pk=run.pk).update(
+        status=RunStatus.RUNNING,
+        lease_owner=HOSTILE_TEXT,
+        attempt=3,
+        claimed_at=now + timedelta(hours=1),
+        lease_expires_at=now - timedelta(hours=1),
+    )
+    shown = page(login("operator-clocks"), run)
+    assert "<script>alert" not in shown and "</svg>\"" not in shown
+    svg = ET.fromstring(svg_of(shown))
+    now_x = next(float(line.get("x1")) for line in svg.iter(f"{SVG}line") if line.findtext(f"{SVG}title") == "now")
+    for bar in svg.iter(f"{SVG}rect"):
+        if "attempt" in (bar.get("class") or ""):
+            right = float(bar.get("x")) + float(bar.get("width"))
+            assert right <= now_x + 2.1, f"{bar.findtext(f'{SVG}title')}: drawn past now"
