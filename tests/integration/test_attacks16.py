@@ -18,7 +18,7 @@ from django.db import connection
 from django.test.utils import override_settings
 
 from durable_agents import api, clock
-from durable_agents.engine.advance import Outcome, advance_slice
+from durable_agents.engine.advance import Outcome, advance, advance_slice
 from durable_agents.models import Event, Run, RunStatus, Step, StepStatus
 from durable_agents.signals import run_finished, step_committed
 from tests.integration.test_admin import LIST, login
@@ -63,7 +63,7 @@ def receivers():
 
     connected = [(step_committed, fail), (run_finished, fail), (step_committed, count_step), (run_finished, count_run)]
     for n, (signal, receiver) in enumerate(connected):
-        signal.connect(receiver, dispatch_uid=f"attacks16-{n}")
+        signal.connect(receiver, weak=False, dispatch_uid=f"attacks16-{n}")
     yield sent
     for n, (signal, _) in enumerate(connected):
         signal.disconnect(dispatch_uid=f"attacks16-{n}")
@@ -85,6 +85,73 @@ def test_signals__a_receiver_that_raises_neither_fails_the_run_nor_loses_a_wake_
     assert not kinds & {"failed", "zombie_commit_rejected"}, f"the operator is told a lie: {kinds}"
     assert receivers == {**{("step_committed", f"tick-{i}"): 1 for i in (1, 2, 3)}, ("run_finished", "completed"): 1}
     assert len(outcomes) == (1 if mode is ON else 3)
+
+
+# --- the gap between a slice's commit and its next claim ---------------------------------------------------------
+# A step_committed receiver runs exactly there (after the commit, before hand_on and the next claim): whatever an
+# operator, a duplicate delivery or the sweep can do in that gap, it does here, deterministically.
+
+
+def _in_the_gap(after_step: str, act):
+    done: list[bool] = []
+
+    def receiver(step_id: str, run_id, **_: object) -> None:
+        if step_id == after_step and not done:
+            done.append(True)
+            act(run_id)
+
+    step_committed.connect(receiver, weak=False, dispatch_uid="attacks16-gap")
+    return receiver
+
+
+def _live(run_id) -> list[tuple[str, str]]:
+    return list(Step.objects.live().filter(run_id=run_id).order_by("position").values_list("step_id", "status"))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_gap__a_duplicate_delivery_takes_the_run_and_the_slice_steps_aside():
+    run = api.start("noop", {"steps": 4})
+    outcomes = []
+    _in_the_gap("tick-1", lambda run_id: outcomes.append(advance(run_id)))
+    try:
+        with _in_process(**ON):
+            outcomes.append(advance_slice(run.id))
+    finally:
+        step_committed.disconnect(dispatch_uid="attacks16-gap")
+    # The duplicate ran tick-2 and woke the run (one step per task); the slice claimed after it, ran tick-3, 4.
+    assert outcomes == [Outcome.COMMITTED, Outcome.COMPLETED], "the duplicate ran tick-2, the slice the rest"
+    assert Run.objects.get(pk=run.id).status == RunStatus.COMPLETED
+    assert _live(run.id) == [(f"tick-{i}", StepStatus.DONE) for i in range(1, 5)]
+    assert Step.objects.filter(run_id=run.id).count() == 4, "no step was run twice"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_gap__a_cancel_stops_the_slice_before_its_next_step():
+    run = api.start("noop", {"steps": 4})
+    _in_the_gap("tick-2", lambda run_id: api.cancel(run_id, "enough", actor="op"))
+    try:
+        with _in_process(**ON):
+            advance_slice(run.id)
+    finally:
+        step_committed.disconnect(dispatch_uid="attacks16-gap")
+    assert Run.objects.get(pk=run.id).status == RunStatus.CANCELLED
+    assert [status for _, status in _live(run.id)] == ["done", "done", "pending", "pending"]
+    assert woken == [], "nothing is left to wake"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_gap__a_rerun_from_an_earlier_step_is_what_the_slice_runs_next():
+    run = api.start("noop", {"steps": 3})
+    _in_the_gap("tick-2", lambda run_id: api.resume(run_id, from_step="tick-1", actor="op"))
+    try:
+        with _in_process(**ON):
+            assert advance_slice(run.id) == Outcome.COMPLETED
+    finally:
+        step_committed.disconnect(dispatch_uid="attacks16-gap")
+    assert _live(run.id) == [(f"tick-{i}", StepStatus.DONE) for i in range(1, 4)]
+    superseded = Step.objects.filter(run_id=run.id, status=StepStatus.SUPERSEDED).values_list("step_id", flat=True)
+    assert sorted(superseded) == ["tick-1", "tick-2", "tick-3"], "the plan before the rerun stays as history"
+    assert woken == [str(run.id)], "the rerun's own wake-up, which finds the run done"
 
 
 # --- the run list: hostile parameters, estimated counts ---------------------------------------------------------
@@ -182,7 +249,7 @@ def test_run_page__a_claim_stamped_after_now_and_a_lease_out_before_it_draw_noth
         lease_expires_at=now - timedelta(hours=1),
     )
     shown = page(login("operator-clocks"), run)
-    assert "<script>alert" not in shown and "</svg>\"" not in shown
+    assert "<script>alert" not in shown and '</svg>"' not in shown
     svg = ET.fromstring(svg_of(shown))
     now_x = next(float(line.get("x1")) for line in svg.iter(f"{SVG}line") if line.findtext(f"{SVG}title") == "now")
     for bar in svg.iter(f"{SVG}rect"):
