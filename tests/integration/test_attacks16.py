@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import html
 import re
+import signal
 import xml.etree.ElementTree as ET
 from collections import Counter
 from datetime import timedelta
@@ -21,8 +22,11 @@ from durable_agents import api, clock
 from durable_agents.engine.advance import Outcome, advance, advance_slice
 from durable_agents.models import Event, Run, RunStatus, Step, StepStatus
 from durable_agents.signals import run_finished, step_committed
+from durable_agents.testing import wait_for, wait_for_run
 from tests.integration.test_admin import LIST, login
+from tests.integration.test_eager import _assert_once_each_under_increasing_tokens, _worker
 from tests.integration.test_run_page import page, svg_of
+from tests.testapp.models import Execution
 
 ON = {"EAGER_SLICE_MS": 600_000.0, "EAGER_MAX_STEPS": 50}
 OFF = {"EAGER_SLICE_MS": 0.0}
@@ -62,11 +66,11 @@ def receivers():
         sent["run_finished", status] += 1
 
     connected = [(step_committed, fail), (run_finished, fail), (step_committed, count_step), (run_finished, count_run)]
-    for n, (signal, receiver) in enumerate(connected):
-        signal.connect(receiver, weak=False, dispatch_uid=f"attacks16-{n}")
+    for n, (sent_by, receiver) in enumerate(connected):
+        sent_by.connect(receiver, weak=False, dispatch_uid=f"attacks16-{n}")
     yield sent
-    for n, (signal, _) in enumerate(connected):
-        signal.disconnect(dispatch_uid=f"attacks16-{n}")
+    for n, (sent_by, _) in enumerate(connected):
+        sent_by.disconnect(dispatch_uid=f"attacks16-{n}")
 
 
 @pytest.mark.django_db(transaction=True)
@@ -152,6 +156,51 @@ def test_gap__a_rerun_from_an_earlier_step_is_what_the_slice_runs_next():
     superseded = Step.objects.filter(run_id=run.id, status=StepStatus.SUPERSEDED).values_list("step_id", flat=True)
     assert sorted(superseded) == ["tick-1", "tick-2", "tick-3"], "the plan before the rerun stays as history"
     assert woken == [str(run.id)], "the rerun's own wake-up, which finds the run done"
+
+
+# --- a worker frozen mid-slice ----------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_sigstop__a_worker_frozen_mid_slice_and_thawed_after_a_takeover_commits_nothing_it_ran_before(start_worker):
+    """What the thawed worker may still do: finish the step body it was in (a plain step is at-least-once), then
+    fail to commit it (its token is stale), and end its slice; or, frozen between a commit and its next claim,
+    make that claim, which finds the run held (and ends the slice) or free (and is a fresh claim like any
+    delivery's). It never commits a step it ran before another worker took the run."""
+    steps = 30
+    frozen = _worker(start_worker, {**ON, "EAGER_MAX_STEPS": 1000})
+    run = api.start("eager", {"steps": steps, "sleep_ms": [150, 250]})
+    wait_for(lambda: Execution.objects.filter(run_id=run.id).count() >= 4, timeout=60, what="four steps")
+    frozen.signal(signal.SIGSTOP)
+    try:
+        done_at_freeze = Step.objects.filter(run_id=run.id, status=StepStatus.DONE).count()
+        successor = _worker(start_worker, {**ON, "EAGER_MAX_STEPS": 1000}, beat=True)
+        wait_for(
+            lambda: Step.objects.filter(run_id=run.id, status=StepStatus.DONE).count() >= done_at_freeze + 3,
+            timeout=60,
+            what="the successor to take over and commit three steps",
+        )
+    finally:
+        frozen.signal(signal.SIGCONT)
+    wait_for_run(run.id, "completed", timeout=120)
+    results = _assert_once_each_under_increasing_tokens(run.id, steps)
+    frozen_pids = frozen.pids()
+    twice = {step_id: pids for step_id, pids in _executions_by_step(run.id).items() if len(pids) > 1}
+    assert len(twice) <= 1, f"only the step the worker was frozen in may run again: {twice}"
+    for step_id, pids in twice.items():
+        committed = Step.objects.get(run_id=run.id, step_id=step_id).result
+        assert pids[0] in frozen_pids and committed["pid"] not in frozen_pids, f"{step_id}: a stale attempt committed"
+    assert len(results) == steps
+    for rejected in Event.objects.filter(run_id=run.id, kind="zombie_commit_rejected"):
+        assert frozen.owns(rejected.detail["owner"]) and rejected.detail["current_token"] > rejected.detail["token"]
+    assert any(r["pid"] in successor.pids() for r in results), "the successor took the run over"
+
+
+def _executions_by_step(run_id) -> dict[str, list[int]]:
+    by_step: dict[str, list[int]] = {}
+    for step_id, pid in Execution.objects.filter(run_id=run_id).order_by("id").values_list("step_id", "pid"):
+        by_step.setdefault(step_id, []).append(pid)
+    return by_step
 
 
 # --- the run list: hostile parameters, estimated counts ---------------------------------------------------------
