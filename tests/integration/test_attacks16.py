@@ -16,6 +16,7 @@ from datetime import timedelta
 import pytest
 from django.conf import settings
 from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.test.utils import override_settings
 
 from durable_agents import api, clock
@@ -305,3 +306,37 @@ def test_run_page__a_claim_stamped_after_now_and_a_lease_out_before_it_draw_noth
         if "attempt" in (bar.get("class") or ""):
             right = float(bar.get("x")) + float(bar.get("width"))
             assert right <= now_x + 2.1, f"{bar.findtext(f'{SVG}title')}: drawn past now"
+
+
+def _history_of(run: Run, attempts: int) -> None:
+    """`attempts` failed, retried and taken-over attempts of the run's first step, as the engine records them."""
+    now = clock.now()
+    events = []
+    for n in range(attempts):
+        began, ended = now - timedelta(seconds=2 * (attempts - n)), now - timedelta(seconds=2 * (attempts - n) - 1)
+        kind = ("step_retry", "failed", "lease_takeover")[n % 3]
+        detail = {"attempt": n + 1, "started_at": began.isoformat(), "error": {"type": "E", "message": "x" * 500}}
+        if kind == "lease_takeover":
+            detail = {
+                "attempt": n + 1,
+                "previous_owner": f"host:{n}",
+                "previous_claimed_at": began.isoformat(),
+                "previous_expires_at": ended.isoformat(),
+                "token": n,
+            }
+        events.append(Event(run=run, kind=kind, step_id="tick-1", detail=detail))
+    Event.objects.bulk_create(events)
+
+
+@pytest.mark.django_db
+def test_run_page__ten_thousand_attempts_read_in_the_same_queries_and_render_in_bounded_size():
+    client = login("operator-history")
+    sizes, counts = [], []
+    for attempts in (3, 10_000):
+        run = api.start("noop", {"steps": 2})
+        _history_of(run, attempts)
+        with CaptureQueriesContext(connection) as queries:
+            sizes.append(len(page(client, run)))
+        counts.append(len(queries.captured_queries))
+    assert counts[0] == counts[1], f"queries grow with the history: {counts}"
+    assert sizes[1] < 2_000_000, f"the page grows with the history: {sizes}"
