@@ -1,6 +1,7 @@
 """Django signals for the lifecycle of runs, steps and waits, so projects can hook alerts and metrics.
 
-Each is sent after the transaction that made the change commits (never for a rolled-back change).
+Each is sent after the transaction that made the change commits (never for a rolled-back change). A receiver
+that raises is logged and changes nothing: the change is committed, and the run goes on.
 
 Example::
 
@@ -37,4 +38,11 @@ wait_closed = Signal()
 def send_on_commit(signal: Signal, **kwargs: Any) -> None:
     """Send `signal` once the current transaction commits; free when nobody listens (the step loop)."""
     if signal.has_listeners():
-        transaction.on_commit(lambda: signal.send(sender=None, **kwargs))
+        transaction.on_commit(lambda: _send(signal, kwargs))
+
+
+def _send(signal: Signal, kwargs: dict[str, Any]) -> None:
+    """Send to every receiver, whatever one raises (Django logs it on `django.dispatch`): a pager that is down
+    must not fail the run whose step just committed (the engine would take the error for its own, after the
+    commit), nor keep its wake-up unsent."""
+    signal.send_robust(sender=None, **kwargs)

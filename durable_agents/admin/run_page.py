@@ -10,9 +10,11 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
+from django.conf import settings
+from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from durable_agents.admin.filters import stuck_reason
@@ -296,16 +298,19 @@ def _history(
         if event.step_id not in shown:
             continue
         if event.kind in ("step_retry", "failed"):
-            began = _moment(event.detail.get("started_at"))
+            detail = _detail(event)
+            began = _moment(detail.get("started_at"))
             if began is not None:
-                note = _error_line(event.detail.get("error")) + (", retried" if event.kind == "step_retry" else "")
-                attempt = int(event.detail.get("attempt") or 0)
-                attempts.append(Attempt(event.step_id, attempt, began, event.created_at, "failed", note=note))
+                note = _error_line(detail.get("error")) + (", retried" if event.kind == "step_retry" else "")
+                attempt = _number(detail.get("attempt"))
+                ended = event.created_at
+                attempts.append(Attempt(event.step_id, attempt, min(began, ended), ended, "failed", note=note))
         elif event.kind == "lease_takeover":
             attempts_stuck = _taken_over(event)
             if attempts_stuck is not None:
                 attempts.append(attempts_stuck[0])
                 stuck.append(attempts_stuck[1])
+    # An attempt never ends before it begins on the drawing, whatever clocks wrote its times.
     if running is not None and running.started is not None:
         step_id, expires = running.step.step_id, running.lease_expires_at
         if running.expired_for and expires is not None:
@@ -313,7 +318,7 @@ def _history(
                 Attempt(
                     step_id,
                     running.attempt,
-                    running.started,
+                    min(running.started, expires),
                     expires,
                     "lease expired",
                     running.worker,
@@ -330,10 +335,11 @@ def _history(
                 )
             )
         else:
-            attempts.append(Attempt(step_id, running.attempt, running.started, now, "running", running.worker))
+            began = min(running.started, now)  # a claim stamped after this page's now (clocks apart) began by now
+            attempts.append(Attempt(step_id, running.attempt, began, now, "running", running.worker))
     return History(
         retries=[
-            Retry(e.step_id, e.created_at, int(e.detail.get("attempt") or 0), _error_line(e.detail.get("error")))
+            Retry(e.step_id, e.created_at, _number(_detail(e).get("attempt")), _error_line(_detail(e).get("error")))
             for e in events
             if e.kind == "step_retry" and e.step_id in shown
         ],
@@ -354,12 +360,12 @@ def _history(
 
 def _taken_over(event: Event) -> tuple[Attempt, Stuck] | None:
     """A takeover's dead attempt (claimed, lease out) and the stretch until the takeover nobody worked."""
-    detail = event.detail
+    detail = _detail(event)
     began, expired = _moment(detail.get("previous_claimed_at")), _moment(detail.get("previous_expires_at"))
     if began is None or expired is None:
         return None  # recorded before takeovers kept the dead attempt's times
     owner = str(detail.get("previous_owner") or "")
-    number = int(detail.get("attempt") or 0)
+    number = _number(detail.get("attempt"))
     waited = human_duration((event.created_at - expired).total_seconds())
     return (
         Attempt(
@@ -382,13 +388,36 @@ def _taken_over(event: Event) -> tuple[Attempt, Stuck] | None:
 
 
 def _failure(event: Event) -> Failure:
-    return Failure(
-        event, int(event.detail.get("attempt") or 0), _error_line(event.detail.get("error")), event.kind == "step_retry"
-    )
+    detail = _detail(event)
+    return Failure(event, _number(detail.get("attempt")), _error_line(detail.get("error")), event.kind == "step_retry")
+
+
+# An event's detail is any JSON: written by an older version, by hand, or damaged. The page reads what it can
+# of it and draws nothing from the rest, rather than failing for the one operator who needs it.
+
+
+def _detail(event: Event) -> dict[str, Any]:
+    return event.detail if isinstance(event.detail, dict) else {}
 
 
 def _moment(value: Any) -> datetime | None:
-    return parse_datetime(value) if isinstance(value, str) else None
+    """A moment the engine wrote as ISO text; None if missing or not a moment. Without a zone: UTC."""
+    if not isinstance(value, str):
+        return None
+    try:
+        moment = parse_datetime(value)
+    except ValueError:  # well-formed but impossible, e.g. February 30th
+        return None
+    if moment is not None and settings.USE_TZ and timezone.is_naive(moment):
+        return moment.replace(tzinfo=UTC)
+    return moment
+
+
+def _number(value: Any) -> int:
+    try:
+        return int(value or 0)
+    except (TypeError, ValueError, OverflowError):
+        return 0
 
 
 def _undone(effect: Effect) -> bool:

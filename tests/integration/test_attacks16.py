@@ -1,0 +1,384 @@
+"""Attacks on what iteration 16 landed: eager continuation, the run page's truth, the run list.
+
+In-process tests use a recording WAKER and transactional databases (signals are sent on commit); worker tests run
+real `celery worker` processes (tests/integration/test_eager.py's helpers).
+"""
+
+from __future__ import annotations
+
+import html
+import re
+import signal
+import xml.etree.ElementTree as ET
+from collections import Counter
+from datetime import timedelta
+
+import pytest
+from django.conf import settings
+from django.db import connection
+from django.test.utils import CaptureQueriesContext, override_settings
+
+from durable_agents import api, clock
+from durable_agents.engine.advance import Outcome, advance, advance_slice
+from durable_agents.models import Event, Run, RunStatus, Step, StepStatus
+from durable_agents.signals import run_finished, step_committed
+from durable_agents.testing import wait_for, wait_for_run
+from tests.integration.test_admin import LIST, login
+from tests.integration.test_eager import _assert_once_each_under_increasing_tokens, _worker
+from tests.integration.test_run_page import page, svg_of
+from tests.testapp.models import Execution
+
+ON = {"EAGER_SLICE_MS": 600_000.0, "EAGER_MAX_STEPS": 50}
+OFF = {"EAGER_SLICE_MS": 0.0}
+MODES = pytest.mark.parametrize("mode", [ON, OFF], ids=["slice_on", "slice_off"])
+woken: list[str] = []
+
+
+def record_wake(run_id: str, countdown: float | None = None, **routed: str) -> None:
+    """A WAKER that only records what the engine asked for."""
+    woken.append(str(run_id))
+
+
+def _in_process(**changes: object):
+    woken.clear()
+    return override_settings(DURABLE_AGENTS={**settings.DURABLE_AGENTS, "WAKER": f"{__name__}.record_wake", **changes})
+
+
+# --- signals: a receiver that raises ----------------------------------------------------------------------------
+
+
+class PagerDown(Exception):
+    pass
+
+
+@pytest.fixture
+def receivers():
+    """A step_committed and a run_finished receiver that raise, then one of each that counts."""
+    sent: Counter[tuple[str, str]] = Counter()
+
+    def fail(**_: object) -> None:
+        raise PagerDown("the pager is down")
+
+    def count_step(step_id: str, **_: object) -> None:
+        sent["step_committed", step_id] += 1
+
+    def count_run(status: str, **_: object) -> None:
+        sent["run_finished", status] += 1
+
+    connected = [(step_committed, fail), (run_finished, fail), (step_committed, count_step), (run_finished, count_run)]
+    for n, (sent_by, receiver) in enumerate(connected):
+        sent_by.connect(receiver, weak=False, dispatch_uid=f"attacks16-{n}")
+    yield sent
+    for n, (sent_by, _) in enumerate(connected):
+        sent_by.disconnect(dispatch_uid=f"attacks16-{n}")
+
+
+@pytest.mark.django_db(transaction=True)
+@MODES
+def test_signals__a_receiver_that_raises_neither_fails_the_run_nor_loses_a_wake_up(receivers, mode):
+    run = api.start("noop", {"steps": 3})
+    with _in_process(**mode):
+        outcomes = [advance_slice(run.id)]
+        while outcomes[-1] == Outcome.COMMITTED:
+            assert woken.pop() == str(run.id), "a committed step's run was left without a wake-up"
+            outcomes.append(advance_slice(run.id))
+    run = Run.objects.get(pk=run.id)
+    assert run.status == RunStatus.COMPLETED, f"{outcomes}: a receiver's error became the run's"
+    assert set(Step.objects.filter(run_id=run.id).values_list("status", flat=True)) == {StepStatus.DONE}
+    kinds = set(Event.objects.filter(run_id=run.id).values_list("kind", flat=True))
+    assert not kinds & {"failed", "zombie_commit_rejected"}, f"the operator is told a lie: {kinds}"
+    assert receivers == {**{("step_committed", f"tick-{i}"): 1 for i in (1, 2, 3)}, ("run_finished", "completed"): 1}
+    assert len(outcomes) == (1 if mode is ON else 3)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    ("bounds", "steps_in_task", "wakes"),
+    [
+        ({"EAGER_SLICE_MS": 1e9, "EAGER_MAX_STEPS": 10**9}, 5, 0),  # the largest the settings accept
+        ({"EAGER_SLICE_MS": 1e-9, "EAGER_MAX_STEPS": 10**9}, 1, 1),  # a slice over before its first commit
+        ({"EAGER_SLICE_MS": 1e9, "EAGER_MAX_STEPS": 1}, 2, 1),
+    ],
+    ids=["largest", "tiniest_slice", "one_more_step"],
+)
+def test_bounds__the_slice_settings_at_their_limits_run_every_step_once_and_wake_what_they_leave(
+    receivers, bounds, steps_in_task, wakes
+):
+    run = api.start("noop", {"steps": 5})
+    with _in_process(**bounds):
+        advance_slice(run.id)
+        assert Run.objects.get(pk=run.id).cursor == steps_in_task
+        assert len(woken) == wakes
+        while Run.objects.get(pk=run.id).status == RunStatus.RUNNING:
+            advance_slice(run.id)
+    assert Run.objects.get(pk=run.id).status == RunStatus.COMPLETED
+    assert sum(n for (signal_name, _), n in receivers.items() if signal_name == "step_committed") == 5
+    assert receivers["run_finished", "completed"] == 1
+
+
+# --- the gap between a slice's commit and its next claim ---------------------------------------------------------
+# A step_committed receiver runs exactly there (after the commit, before hand_on and the next claim): whatever an
+# operator, a duplicate delivery or the sweep can do in that gap, it does here, deterministically.
+
+
+def _in_the_gap(after_step: str, act):
+    done: list[bool] = []
+
+    def receiver(step_id: str, run_id, **_: object) -> None:
+        if step_id == after_step and not done:
+            done.append(True)
+            act(run_id)
+
+    step_committed.connect(receiver, weak=False, dispatch_uid="attacks16-gap")
+    return receiver
+
+
+def _live(run_id) -> list[tuple[str, str]]:
+    return list(Step.objects.live().filter(run_id=run_id).order_by("position").values_list("step_id", "status"))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_gap__a_duplicate_delivery_takes_the_run_and_the_slice_steps_aside():
+    run = api.start("noop", {"steps": 4})
+    outcomes = []
+    _in_the_gap("tick-1", lambda run_id: outcomes.append(advance(run_id)))
+    try:
+        with _in_process(**ON):
+            outcomes.append(advance_slice(run.id))
+    finally:
+        step_committed.disconnect(dispatch_uid="attacks16-gap")
+    # The duplicate ran tick-2 and woke the run (one step per task); the slice claimed after it, ran tick-3, 4.
+    assert outcomes == [Outcome.COMMITTED, Outcome.COMPLETED], "the duplicate ran tick-2, the slice the rest"
+    assert Run.objects.get(pk=run.id).status == RunStatus.COMPLETED
+    assert _live(run.id) == [(f"tick-{i}", StepStatus.DONE) for i in range(1, 5)]
+    assert Step.objects.filter(run_id=run.id).count() == 4, "no step was run twice"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_gap__a_cancel_stops_the_slice_before_its_next_step():
+    run = api.start("noop", {"steps": 4})
+    _in_the_gap("tick-2", lambda run_id: api.cancel(run_id, "enough", actor="op"))
+    try:
+        with _in_process(**ON):
+            advance_slice(run.id)
+    finally:
+        step_committed.disconnect(dispatch_uid="attacks16-gap")
+    assert Run.objects.get(pk=run.id).status == RunStatus.CANCELLED
+    assert [status for _, status in _live(run.id)] == ["done", "done", "pending", "pending"]
+    assert woken == [], "nothing is left to wake"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_gap__a_rerun_from_an_earlier_step_is_what_the_slice_runs_next():
+    run = api.start("noop", {"steps": 3})
+    _in_the_gap("tick-2", lambda run_id: api.resume(run_id, from_step="tick-1", actor="op"))
+    try:
+        with _in_process(**ON):
+            assert advance_slice(run.id) == Outcome.COMPLETED
+    finally:
+        step_committed.disconnect(dispatch_uid="attacks16-gap")
+    assert _live(run.id) == [(f"tick-{i}", StepStatus.DONE) for i in range(1, 4)]
+    superseded = Step.objects.filter(run_id=run.id, status=StepStatus.SUPERSEDED).values_list("step_id", flat=True)
+    assert sorted(superseded) == ["tick-1", "tick-2", "tick-3"], "the plan before the rerun stays as history"
+    assert woken == [str(run.id)], "the rerun's own wake-up, which finds the run done"
+
+
+# --- a worker frozen mid-slice ----------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_sigstop__a_worker_frozen_mid_slice_and_thawed_after_a_takeover_commits_nothing_it_ran_before(start_worker):
+    """What the thawed worker may still do: finish the step body it was in (a plain step is at-least-once), then
+    fail to commit it (its token is stale), and end its slice; or, frozen between a commit and its next claim,
+    make that claim, which finds the run held (and ends the slice) or free (and is a fresh claim like any
+    delivery's). It never commits a step it ran before another worker took the run."""
+    steps = 30
+    frozen = _worker(start_worker, {**ON, "EAGER_MAX_STEPS": 1000})
+    run = api.start("eager", {"steps": steps, "sleep_ms": [150, 250]})
+    wait_for(lambda: Execution.objects.filter(run_id=run.id).count() >= 4, timeout=60, what="four steps")
+    frozen.signal(signal.SIGSTOP)
+    try:
+        done_at_freeze = Step.objects.filter(run_id=run.id, status=StepStatus.DONE).count()
+        successor = _worker(start_worker, {**ON, "EAGER_MAX_STEPS": 1000}, beat=True)
+        wait_for(
+            lambda: Step.objects.filter(run_id=run.id, status=StepStatus.DONE).count() >= done_at_freeze + 3,
+            timeout=60,
+            what="the successor to take over and commit three steps",
+        )
+    finally:
+        frozen.signal(signal.SIGCONT)
+    wait_for_run(run.id, "completed", timeout=120)
+    results = _assert_once_each_under_increasing_tokens(run.id, steps)
+    frozen_pids = frozen.pids()
+    twice = {step_id: pids for step_id, pids in _executions_by_step(run.id).items() if len(pids) > 1}
+    assert len(twice) <= 1, f"only the step the worker was frozen in may run again: {twice}"
+    for step_id, pids in twice.items():
+        committed = Step.objects.get(run_id=run.id, step_id=step_id).result
+        assert pids[0] in frozen_pids and committed["pid"] not in frozen_pids, f"{step_id}: a stale attempt committed"
+    assert len(results) == steps
+    for rejected in Event.objects.filter(run_id=run.id, kind="zombie_commit_rejected"):
+        assert frozen.owns(rejected.detail["owner"]) and rejected.detail["current_token"] > rejected.detail["token"]
+    assert any(r["pid"] in successor.pids() for r in results), "the successor took the run over"
+
+
+def _executions_by_step(run_id) -> dict[str, list[int]]:
+    by_step: dict[str, list[int]] = {}
+    for step_id, pid in Execution.objects.filter(run_id=run_id).order_by("id").values_list("step_id", "pid"):
+        by_step.setdefault(step_id, []).append(pid)
+    return by_step
+
+
+# --- the run list: hostile parameters, estimated counts ---------------------------------------------------------
+
+HOSTILE = [
+    "status__exact=bogus",
+    "status__exact=running&status__exact=failed",
+    "stuck=maybe",
+    "stuck=yes&stuck=no",
+    "aging=bogus",
+    "p=999999999999999999999",
+    "p=-1",
+    "p=abc",
+    "o=999",
+    "o=1.-2.x",
+    "q=" + "x" * 10_000,
+    "q=%27%3B+DROP+TABLE+durable_agents_run%3B--",
+    "q=%E2%80%AEevil",
+    "created_at__year=99999",
+    "created_at__year=-5",
+    "created_at__month=13&created_at__year=2026",
+    "created_at__day=40&created_at__month=2&created_at__year=2026",
+    "created_at__gte=notadate",
+    "workflow_version__exact=abc",
+]
+# Postgres text cannot hold NUL, and the admin filters on any local field named in the address.
+WITH_NUL = ["workflow", "error_type", "status__exact", "lease_owner", "idempotency_key", "q"]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("query", HOSTILE + [f"{name}=a%00b" for name in WITH_NUL])
+def test_run_list__a_hostile_address_is_never_a_server_error(query):
+    api.start("noop", {"steps": 1})
+    response = login("operator-hostile").get(f"{LIST}?{query}")
+    assert response.status_code in (200, 302, 400), f"?{query[:80]}: {response.status_code}"
+    if "%00" in query:
+        assert response.status_code == 400 and b"NUL character" in response.content, "a clear message"
+
+
+@pytest.mark.django_db
+def test_run_list__every_count_shown_past_the_exact_limit_says_it_is_an_estimate():
+    Run.objects.bulk_create(
+        Run(workflow="noop", workflow_version=1, input={}, input_hash="-", status=RunStatus.COMPLETED)
+        for _ in range(120)
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(f"ANALYZE {Run._meta.db_table}")
+    client = login("operator-estimates", codenames=("resume_run", "cancel_run"))
+    with override_settings(DURABLE_AGENTS={**settings.DURABLE_AGENTS, "ADMIN_EXACT_COUNT_LIMIT": 5}):
+        for query in ("", "?status__exact=completed"):
+            page = html.unescape(client.get(LIST + query).content.decode())
+            text = re.sub(r"<[^>]+>", "", page)
+            shown = re.findall(r"(≈ )?\b(1[0-9][0-9])\b (results?|runs|selected)", text)
+            assert {kind for _, _, kind in shown} >= {"results", "runs", "selected"}, shown
+            assert all(estimate for estimate, _, _ in shown), f"{query or 'the list'}: an estimate shown as exact"
+
+
+# --- the run page: hostile data, clocks that disagree -----------------------------------------------------------
+
+HOSTILE_TEXT = "<script>alert(1)</script></svg>\"'&\u202eevil"
+SVG = "{http://www.w3.org/2000/svg}"
+# Event details the engine never writes, but an older version, a hand edit or a damaged row may hold.
+DAMAGED = [
+    ("step_retry", {"started_at": "2026-02-30T00:00:00+00:00", "attempt": 1, "error": {"type": HOSTILE_TEXT}}),
+    ("failed", {"started_at": "2026-01-01T00:00:00", "attempt": "abc", "error": HOSTILE_TEXT}),
+    ("failed", {"started_at": 12345, "attempt": 1.5}),
+    ("lease_takeover", {"previous_claimed_at": "2026-01-01T00:00:00", "previous_expires_at": "2026-01-01T00:01:00Z"}),
+    ("lease_takeover", {"previous_claimed_at": "2026-13-01T00:00:00Z", "previous_expires_at": "x", "attempt": "x"}),
+    ("step_retry", ["not", "a", "mapping"]),
+    ("failed", "a string"),
+]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("kind", "detail"), DAMAGED)
+def test_run_page__an_event_the_engine_never_wrote_does_not_take_the_page_down(kind, detail):
+    run = api.start("noop", {"steps": 2})
+    Event.objects.create(run=run, kind=kind, step_id="tick-1", detail=detail)
+    shown = page(login("operator-damaged"), run)
+    assert "<script>alert" not in shown
+    ET.fromstring(svg_of(shown))
+
+
+@pytest.mark.django_db
+def test_run_page__a_claim_stamped_after_now_and_a_lease_out_before_it_draw_nothing_past_now():
+    clock.reset()
+    run = api.start("noop", {"steps": 2})
+    now = clock.now()
+    Step.objects.filter(run=run, position=0).update(step_id=f"s{HOSTILE_TEXT}")
+    Run.objects.filter(pk=run.pk).update(
+        status=RunStatus.RUNNING,
+        lease_owner=HOSTILE_TEXT,
+        attempt=3,
+        claimed_at=now + timedelta(hours=1),
+        lease_expires_at=now - timedelta(hours=1),
+    )
+    shown = page(login("operator-clocks"), run)
+    assert "<script>alert" not in shown and '</svg>"' not in shown
+    svg = ET.fromstring(svg_of(shown))
+    now_x = next(float(line.get("x1")) for line in svg.iter(f"{SVG}line") if line.findtext(f"{SVG}title") == "now")
+    for bar in svg.iter(f"{SVG}rect"):
+        if "attempt" in (bar.get("class") or ""):
+            right = float(bar.get("x")) + float(bar.get("width"))
+            assert right <= now_x + 2.1, f"{bar.findtext(f'{SVG}title')}: drawn past now"
+
+
+def _history_of(run: Run, attempts: int) -> None:
+    """`attempts` failed, retried and taken-over attempts of the run's first step, as the engine records them."""
+    now = clock.now()
+    events = []
+    for n in range(attempts):
+        began, ended = now - timedelta(seconds=2 * (attempts - n)), now - timedelta(seconds=2 * (attempts - n) - 1)
+        kind = ("step_retry", "failed", "lease_takeover")[n % 3]
+        detail = {"attempt": n + 1, "started_at": began.isoformat(), "error": {"type": "E", "message": "x" * 500}}
+        if kind == "lease_takeover":
+            detail = {
+                "attempt": n + 1,
+                "previous_owner": f"host:{n}",
+                "previous_claimed_at": began.isoformat(),
+                "previous_expires_at": ended.isoformat(),
+                "token": n,
+            }
+        events.append(Event(run=run, kind=kind, step_id="tick-1", detail=detail))
+    Event.objects.bulk_create(events)
+
+
+@pytest.mark.django_db
+def test_run_page__ten_thousand_attempts_read_in_the_same_queries_and_render_in_bounded_size():
+    client = login("operator-history")
+    sizes, counts = [], []
+    for attempts in (3, 10_000):
+        run = api.start("noop", {"steps": 2})
+        _history_of(run, attempts)
+        with CaptureQueriesContext(connection) as queries:
+            sizes.append(len(page(client, run)))
+        counts.append(len(queries.captured_queries))
+    assert counts[0] == counts[1], f"queries grow with the history: {counts}"
+    assert sizes[1] < 2_000_000, f"the page grows with the history: {sizes}"
+
+
+@pytest.mark.django_db
+@pytest.mark.xfail(
+    strict=True,
+    reason="open: data is escaped but not bidi-isolated; needs <bdi> (or FSI/PDI in SVG "
+    "titles) around every data-derived text on the run page and list",
+)
+def test_run_page__a_right_to_left_override_in_a_worker_name_does_not_reverse_the_words_after_it():
+    run = api.start("noop", {"steps": 2})
+    Run.objects.filter(pk=run.pk).update(
+        status=RunStatus.RUNNING, lease_owner="host\u202e:42", claimed_at=clock.now(), lease_expires_at=clock.now()
+    )
+    shown = page(login("operator-bidi"), run)
+    for at in [m.start() for m in re.finditer("\u202e", shown)]:
+        before = shown[:at]
+        isolated = before.rfind("<bdi") > before.rfind("</bdi>") or before.rfind("\u2068") > before.rfind("\u2069")
+        assert isolated, f"an override reverses what follows it: {shown[at - 40 : at + 80]!r}"
