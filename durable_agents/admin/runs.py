@@ -28,7 +28,7 @@ from django.db.models import (
     Subquery,
     Value,
 )
-from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
+from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import path
 from django.utils import formats, timezone
@@ -45,6 +45,7 @@ from durable_agents.admin.filters import (
     VersionDriftFilter,
     WaitDeadlineFilter,
     WorkflowFilter,
+    refuse_nul,
     stuck_reason,
 )
 from durable_agents.admin.overview import build_overview
@@ -58,9 +59,6 @@ HEX = frozenset("0123456789abcdef")
 STUCK_BADGE = mark_safe(' <span class="durable-badge durable-stuck">stuck</span>')
 # The error column shows this much of the message; the whole of it is in the cell's title.
 ERROR_PREVIEW = 90
-NUL_IN_FILTER = (
-    "A filter or search value in this address contains a NUL character (%00), which no run can hold: remove it."
-)
 
 
 # Filters that usually select few runs. Postgres overestimates their matches (e.g. old `updated_at` and
@@ -307,9 +305,9 @@ class RunAdmin(admin.ModelAdmin):
         return f"${run.cost_usd:,.4f}"
 
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
-        if any("\x00" in value for _, values in request.GET.lists() for value in values):
-            # Postgres text cannot hold NUL: a filter on any field (the admin allows every local field) would 500.
-            return HttpResponseBadRequest(NUL_IN_FILTER, content_type="text/plain; charset=utf-8")
+        refused = refuse_nul(request)
+        if refused is not None:
+            return refused
         context = {"title": "Runs", "overview": build_overview(), **(extra_context or {})}
         return super().changelist_view(request, context)
 

@@ -22,6 +22,7 @@ from django.views.decorators.http import require_POST
 
 from durable_agents import api, clock
 from durable_agents.admin.actions import BULK_LIMIT, stale_decision
+from durable_agents.admin.filters import refuse_nul
 from durable_agents.admin.forbidden import forbidden
 from durable_agents.admin.questions import asks
 from durable_agents.clock import DbNow
@@ -230,6 +231,9 @@ class WaitAdmin(admin.ModelAdmin):
         return format_html('<span class="{}">{}</span>', "durable-overdue" if overdue else "", when_html(wait.deadline))
 
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        refused = refuse_nul(request)
+        if refused is not None:
+            return refused
         return super().changelist_view(request, {"title": "Approvals and waits", **(extra_context or {})})
 
     def get_urls(self) -> list[URLPattern]:

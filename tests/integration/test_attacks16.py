@@ -15,15 +15,18 @@ from datetime import timedelta
 
 import pytest
 from django.conf import settings
+from django.contrib.auth.models import Permission, User
+from django.contrib.contenttypes.models import ContentType
 from django.db import connection
 from django.test.utils import CaptureQueriesContext, override_settings
 
 from durable_agents import api, clock
 from durable_agents.engine.advance import Outcome, advance, advance_slice
-from durable_agents.models import Event, Run, RunStatus, Step, StepStatus
+from durable_agents.models import Event, Run, RunStatus, Step, StepStatus, Wait
 from durable_agents.signals import run_finished, step_committed
 from durable_agents.testing import wait_for, wait_for_run
 from tests.integration.test_admin import LIST, login
+from tests.integration.test_approvals_queue import WAITS
 from tests.integration.test_eager import _assert_once_each_under_increasing_tokens, _worker
 from tests.integration.test_run_page import page, svg_of
 from tests.testapp.models import Execution
@@ -263,6 +266,20 @@ def test_run_list__a_hostile_address_is_never_a_server_error(query):
     assert response.status_code in (200, 302, 400), f"?{query[:80]}: {response.status_code}"
     if "%00" in query:
         assert response.status_code == 400 and b"NUL character" in response.content, "a clear message"
+
+
+WAIT_FIELDS_WITH_NUL = ["name", "question", "kind", "kind__exact", "q"]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("name", WAIT_FIELDS_WITH_NUL)
+def test_wait_list__a_nul_in_the_address_is_a_400_saying_so(name):
+    client = login("operator-waits-nul")
+    User.objects.get(username="operator-waits-nul").user_permissions.add(
+        Permission.objects.get(content_type=ContentType.objects.get_for_model(Wait), codename="view_wait")
+    )
+    response = client.get(f"{WAITS}?{name}=a%00b")
+    assert response.status_code == 400 and b"NUL character" in response.content
 
 
 @pytest.mark.django_db
