@@ -11,7 +11,7 @@ from datetime import datetime, timedelta
 from django.contrib import admin
 from django.db.models import QuerySet
 from django.db.models.fields.json import KT
-from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
+from django.http import HttpRequest
 
 from durable_agents.clock import DbNow
 from durable_agents.conf import settings
@@ -157,16 +157,3 @@ class VersionDriftFilter(admin.SimpleListFilter):
         if self.value() != "yes":
             return queryset
         return queryset.filter(pk__in=drifted_runs().values("pk"))
-
-
-NUL_IN_FILTER = (
-    "A filter or search value in this address contains a NUL character (%00), which no row can hold: remove it."
-)
-
-
-def refuse_nul(request: HttpRequest) -> HttpResponse | None:
-    """A 400 saying what is wrong if the address holds a NUL: Postgres text cannot, and a filter on any field
-    (the admin allows every local field in the address) would be a 500."""
-    if any("\x00" in value for _, values in request.GET.lists() for value in values):
-        return HttpResponseBadRequest(NUL_IN_FILTER, content_type="text/plain; charset=utf-8")
-    return None

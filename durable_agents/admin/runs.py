@@ -45,9 +45,9 @@ from durable_agents.admin.filters import (
     VersionDriftFilter,
     WaitDeadlineFilter,
     WorkflowFilter,
-    refuse_nul,
     stuck_reason,
 )
+from durable_agents.admin.guards import refuse_nul, show_direction_controls
 from durable_agents.admin.overview import build_overview
 from durable_agents.admin.run_page import build_run_page
 from durable_agents.admin.timeline import human_duration
@@ -309,7 +309,7 @@ class RunAdmin(admin.ModelAdmin):
         if refused is not None:
             return refused
         context = {"title": "Runs", "overview": build_overview(), **(extra_context or {})}
-        return super().changelist_view(request, context)
+        return show_direction_controls(super().changelist_view(request, context))
 
     def change_view(
         self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: dict[str, Any] | None = None
@@ -329,7 +329,7 @@ class RunAdmin(admin.ModelAdmin):
             "run_actions": actions_for(run, request.user),
             **(extra_context or {}),
         }
-        return TemplateResponse(request, "admin/durable_agents/run/run_page.html", context)
+        return show_direction_controls(TemplateResponse(request, "admin/durable_agents/run/run_page.html", context))
 
     def get_urls(self) -> list[Any]:
         action = self.admin_site.admin_view(self.action_view)
@@ -339,4 +339,4 @@ class RunAdmin(admin.ModelAdmin):
         ]
 
     def action_view(self, request: HttpRequest, object_id: str, slug: str) -> HttpResponse:
-        return run_action_view(self, request, unquote(object_id), slug)
+        return show_direction_controls(run_action_view(self, request, unquote(object_id), slug))

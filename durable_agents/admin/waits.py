@@ -22,8 +22,8 @@ from django.views.decorators.http import require_POST
 
 from durable_agents import api, clock
 from durable_agents.admin.actions import BULK_LIMIT, stale_decision
-from durable_agents.admin.filters import refuse_nul
 from durable_agents.admin.forbidden import forbidden
+from durable_agents.admin.guards import refuse_nul, show_direction_controls
 from durable_agents.admin.questions import asks
 from durable_agents.clock import DbNow
 from durable_agents.decisions import describe_closed, wait_label
@@ -234,7 +234,8 @@ class WaitAdmin(admin.ModelAdmin):
         refused = refuse_nul(request)
         if refused is not None:
             return refused
-        return super().changelist_view(request, {"title": "Approvals and waits", **(extra_context or {})})
+        context = {"title": "Approvals and waits", **(extra_context or {})}
+        return show_direction_controls(super().changelist_view(request, context))
 
     def get_urls(self) -> list[URLPattern]:
         decide = self.admin_site.admin_view(require_POST(self.decide_view))
@@ -262,7 +263,7 @@ class WaitAdmin(admin.ModelAdmin):
             "overdue": wait.is_open and wait.deadline is not None and wait.deadline < clock.now(),
             "now": clock.now(),
         }
-        return TemplateResponse(request, "admin/durable_agents/wait/wait_page.html", context)
+        return show_direction_controls(TemplateResponse(request, "admin/durable_agents/wait/wait_page.html", context))
 
     def decide_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
         """Approve or reject exactly the wait (and call) the page showed, with the comment; then back to it."""
