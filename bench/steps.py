@@ -1,6 +1,6 @@
-"""Step cost: sequential durable no-op steps and one-step-run throughput, beside raw Celery no-op tasks.
+"""Step cost: sequential durable no-op steps and one-step-run throughput, beside raw Celery and DBOS.
 
-    python bench/steps.py [--steps 500] [--runs 500] [--workers 2] [--slice-ms 100]
+    python bench/steps.py [--steps 500] [--runs 500] [--workers 2] [--slice-ms 100] [--dbos | --no-dbos]
 
 Needs Postgres and Redis (scripts/test starts them). Prints figures and ratios; asserts nothing.
 Both sides use the same broker, worker pool and Celery settings (acks_late, prefetch 1), measured in the
@@ -8,11 +8,18 @@ same run. The durable side runs twice, with eager continuation (EAGER_SLICE_MS=-
 run's next steps itself) and without (0: one step per task, a broker hop per step). Postgres figures come
 from pg_stat_database deltas: transactions, and new sessions per step. BENCH_DATABASE and BENCH_BROKER_URL
 name the database (dropped and created) and the Redis database (emptied) it uses.
+
+DBOS Transact runs in the same run when bench/.venv-dbos exists (--dbos creates it with bench/dbos_env.sh,
+--no-dbos skips it): bench/dbos_steps.py, in that virtualenv, measures the same N steps and M one-step
+workflows through a DBOS queue served by --workers DBOS processes, on its own database BENCH_DATABASE_dbos.
+The ratios durable/DBOS print beside the goals of issue 17: a step no slower than DBOS's, one-step runs at
+2.5 times DBOS's queued workflows/s.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -23,6 +30,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 DB_NAME = os.environ.get("BENCH_DATABASE", "durable_bench")
+DBOS_PYTHON = ROOT / "bench" / ".venv-dbos" / "bin" / "python"
+STEP_GOAL, STEP_STRETCH, THROUGHPUT_GOAL = 1.0, 0.8, 2.5
 BROKER = os.environ.get("BENCH_BROKER_URL", "redis://127.0.0.1:6379/14")
 os.environ.update(
     DJANGO_SETTINGS_MODULE="project.settings",
@@ -162,32 +171,71 @@ def measure(workers: int, slice_ms: int, steps: int, runs: int) -> dict[str, flo
     }
 
 
+def measure_dbos(workers: int, steps: int, runs: int, create: bool) -> dict[str, float] | str:
+    """DBOS's figures from bench/dbos_steps.py in its own virtualenv, or why there are none."""
+    if create and not DBOS_PYTHON.exists():
+        subprocess.run([ROOT / "bench" / "dbos_env.sh"], check=True)
+    if not DBOS_PYTHON.exists():
+        return "not measured: bench/.venv-dbos is missing (run with --dbos to create it)"
+    command = [str(DBOS_PYTHON), str(ROOT / "bench" / "dbos_steps.py"), "--database", f"{DB_NAME}_dbos"]
+    command += ["--steps", str(steps), "--runs", str(runs), "--workers", str(workers)]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    if done.returncode != 0:
+        return f"not measured: bench/dbos_steps.py exited {done.returncode}\n{done.stderr[-2000:]}"
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def print_table(figures: dict[str, dict[str, float]], dbos: dict[str, float] | str, statements: int) -> None:
+    """One table for both durable modes, each ratio durable ÷ the other side, DBOS's beside its goal."""
+    measured = isinstance(dbos, dict)
+    print(f"{'durable workers':<20} {'measure':<36} {'raw celery':>10} {'DBOS':>7} {'durable':>8}", end="")
+    print(f" {'÷ raw':>6} {'÷ DBOS':>7}  goal ÷ DBOS")
+    for name, f in figures.items():
+        rows = (
+            ("sequential no-op step latency (ms)", f["raw_hop"] * 1000, "step", 1000, ".2f"),
+            ("one-step runs per second", f["raw_tps"], "tps", 1, ".0f"),
+        )
+        for measure, raw, key, scale, spec in rows:
+            ours = f[key] * scale
+            theirs = f"{dbos[key] * scale:>7{spec}}" if measured else f"{'—':>7}"
+            versus = f"{ours / (dbos[key] * scale):>7.2f}" if measured else f"{'—':>7}"
+            goal = f"≤ {STEP_GOAL:.2f} (stretch {STEP_STRETCH:.2f})" if key == "step" else f"≥ {THROUGHPUT_GOAL:.2f}"
+            print(
+                f"{name:<20} {measure:<36} {raw:>10{spec}} {theirs} {ours:>8{spec}} {ours / raw:>6.2f} {versus}  {goal}"
+            )
+        print(
+            f"{name:<20} postgres per durable step: {f['xacts']:.2f} transactions, {f['sessions']:.3f} new "
+            f"connections; api.start() {f['starts']:.0f}/s from one process"
+        )
+    print(f"{statements} SQL statements in one advance (in-process)")
+    if measured:
+        print(
+            f"DBOS {dbos['version']}: {dbos['workers']} executor processes, queue polled every {dbos['poll']:g} s, "
+            f"step timed inside its workflow; {dbos['xacts']:.2f} transactions in its database per step "
+            f"(its queue polls included); {dbos['enqueues']:.0f} enqueues/s in one transaction"
+        )
+    else:
+        print(f"DBOS {dbos}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=500)
     parser.add_argument("--runs", type=int, default=500)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--slice-ms", type=int, default=100)
+    parser.add_argument("--dbos", action="store_true", help="create bench/.venv-dbos first if it is missing")
+    parser.add_argument("--no-dbos", action="store_true", help="leave DBOS out")
     args = parser.parse_args()
     modes = {f"eager {args.slice_ms} ms": args.slice_ms, "one step per task": 0}
     figures = {name: measure(args.workers, ms, args.steps, args.runs) for name, ms in modes.items()}
     statements = statements_per_step()
-    print(f"\nstep cost — {args.workers} solo workers, Redis broker, Postgres, same Celery settings both sides")
-    print(f"{'durable workers':<20} {'measure':<36} {'raw celery':>11} {'durable':>10} {'ratio':>7}")
-    for name, f in figures.items():
-        print(
-            f"{name:<20} {'sequential no-op step latency (ms)':<36} {f['raw_hop'] * 1000:>11.2f} "
-            f"{f['step'] * 1000:>10.2f} {f['step'] / f['raw_hop']:>7.2f}"
-        )
-        print(
-            f"{name:<20} {'one-step runs per second':<36} {f['raw_tps']:>11.0f} {f['tps']:>10.0f} "
-            f"{f['raw_tps'] / f['tps']:>7.2f}"
-        )
-        print(
-            f"{name:<20} postgres per durable step: {f['xacts']:.2f} transactions, {f['sessions']:.3f} new "
-            f"connections; api.start() {f['starts']:.0f}/s from one process"
-        )
-    print(f"{statements} SQL statements in one advance (in-process)")
+    dbos = "skipped (--no-dbos)" if args.no_dbos else measure_dbos(args.workers, args.steps, args.runs, args.dbos)
+    print(
+        f"\nstep cost — {args.workers} solo workers, Redis broker, Postgres, same Celery settings for raw and durable;"
+        f" {args.steps} sequential steps, {args.runs} one-step runs"
+    )
+    print_table(figures, dbos, statements)
 
 
 if __name__ == "__main__":

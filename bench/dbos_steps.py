@@ -1,0 +1,211 @@
+"""DBOS's side of bench/steps.py: sequential no-op steps and one-step queued workflows, on Postgres.
+
+    bench/.venv-dbos/bin/python bench/dbos_steps.py --database NAME [--steps 500] [--runs 500] [--workers 2]
+
+Runs under bench/.venv-dbos (bench/requirements-dbos.txt), never the project's virtualenv, and imports
+nothing from the project. bench/steps.py runs it as a subprocess and reads the one JSON object it prints.
+The database NAME is dropped and created, and dropped at the end (`--keep` leaves it). `--workers` DBOS
+processes (`serve`) execute the queue, as the durable side's Celery workers do; this process only enqueues
+and watches, as the durable side's does. The queue is polled every `--poll` seconds, 0.05 rather than
+DBOS's default of 1: the best of 1, 0.2, 0.05 and 0.01 s in a trial on this machine, so DBOS is
+measured well tuned.
+
+* Sequential steps: one workflow of N `@DBOS.step` no-ops, enqueued; the workflow times its own body, so
+  the figure is the cost of a step and leaves out the queue's polling delay before the workflow starts.
+* One-step workflows: M enqueued in one transaction (`DBOSClient.enqueue_in_transaction`), so all become
+  visible at once, like the durable side's runs started in one transaction; workflows/s from that commit to
+  the last one's completion as DBOS records it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from importlib.metadata import version
+
+QUEUE = "bench"
+APP = "durable_bench_dbos"
+
+
+def database_url(name: str) -> str:
+    return f"postgresql://postgres@127.0.0.1:5432/{name}"
+
+
+def serve(name: str, poll: float, executor: str) -> None:
+    """One DBOS executor: launch, serve the queue until stdin closes (the parent ends or stops it)."""
+    from dbos import DBOS
+
+    DBOS(
+        config={
+            "name": APP,
+            "system_database_url": database_url(name),
+            "executor_id": executor,
+            "application_version": "bench",
+            "log_level": "ERROR",
+        }
+    )
+
+    @DBOS.step(name="bench_noop")
+    def noop_step() -> None:
+        """A step that does nothing: what is left is DBOS's own cost of a step."""
+
+    @DBOS.workflow(name="bench_steps")
+    def steps_workflow(steps: int) -> float:
+        began = time.perf_counter()
+        for _ in range(steps):
+            noop_step()
+        return time.perf_counter() - began
+
+    @DBOS.workflow(name="bench_one_step")
+    def one_step_workflow() -> None:
+        noop_step()
+
+    DBOS.launch()
+    DBOS.register_queue(QUEUE, polling_interval_sec=poll, on_conflict="always_update")
+    print("ready", flush=True)
+    sys.stdin.read()
+    DBOS.destroy()
+
+
+def psql(sql: str) -> None:
+    subprocess.run(["psql", "-h", "127.0.0.1", "-U", "postgres", "-qc", sql], check=True, capture_output=True)
+
+
+def prepare_database(name: str) -> None:
+    psql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    psql(f"CREATE DATABASE {name}")
+
+
+def start_servers(name: str, workers: int, poll: float) -> list[subprocess.Popen[str]]:
+    """Start the executors one after another: the first creates DBOS's schema, the rest find it made."""
+    servers = []
+    for i in range(workers):
+        server = subprocess.Popen(
+            [sys.executable, __file__, "serve", "--database", name, "--poll", str(poll), "--executor", f"bench-{i}"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        servers.append(server)
+        if server.stdout is None or server.stdout.readline().strip() != "ready":
+            raise SystemExit(f"DBOS executor {i} did not start")
+    return servers
+
+
+def stop_servers(servers: list[subprocess.Popen[str]]) -> None:
+    for server in servers:
+        if server.stdin:
+            server.stdin.close()
+    for server in servers:
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+
+
+def sequential(client, engine, steps: int) -> tuple[float, float]:
+    """Seconds per step of one workflow of `steps` no-op steps, timed inside the workflow, and Postgres
+    transactions per step (pg_stat_database, as the durable side counts them)."""
+    xacts0 = committed(engine)
+    handle = client.enqueue({"workflow_name": "bench_steps", "queue_name": QUEUE}, steps)
+    seconds = handle.get_result(polling_interval_sec=0.01)
+    xacts1 = committed(engine)
+    return seconds / steps, (xacts1 - xacts0) / steps
+
+
+def committed(engine) -> int:
+    """Transactions committed in this database so far; backends report at most once a second, when idle."""
+    import sqlalchemy as sa
+
+    time.sleep(1.5)
+    with engine.connect() as conn:
+        query = "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
+        return conn.execute(sa.text(query)).scalar_one()
+
+
+def throughput(client, engine, runs: int) -> tuple[float, float]:
+    """One-step workflows completed per second from the commit that enqueued them all, and enqueues/s."""
+    import sqlalchemy as sa
+
+    batch = uuid.uuid4().hex
+    made = time.time()
+    with engine.begin() as conn:
+        for i in range(runs):
+            client.enqueue_in_transaction(
+                conn, {"workflow_name": "bench_one_step", "queue_name": QUEUE, "workflow_id": f"{batch}-{i}"}
+            )
+        began = time.time()
+    enqueues = runs / (began - made)
+    done = sa.text(
+        "SELECT count(*), max(updated_at) FROM dbos.workflow_status"
+        " WHERE workflow_uuid LIKE :batch AND status = 'SUCCESS'"
+    )
+    deadline = time.monotonic() + 600
+    while True:
+        with engine.connect() as conn:
+            count, last = conn.execute(done, {"batch": f"{batch}-%"}).one()
+        if count == runs:
+            return runs / (last / 1000 - began), enqueues
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{count} of {runs} DBOS workflows finished in 600 s")
+        time.sleep(0.05)
+
+
+def measure(name: str, steps: int, runs: int, workers: int, poll: float) -> dict[str, object]:
+    import sqlalchemy as sa
+    from dbos import DBOSClient
+
+    prepare_database(name)
+    servers = start_servers(name, workers, poll)
+    client = DBOSClient(system_database_url=database_url(name), application_name=APP)
+    engine = sa.create_engine(database_url(name).replace("postgresql://", "postgresql+psycopg://"))
+    try:
+        sequential(client, engine, 20)
+        throughput(client, engine, 20)  # warm up: imports, connections, the queue's first polls
+        step, xacts = sequential(client, engine, steps)
+        tps, enqueues = throughput(client, engine, runs)
+    finally:
+        client.destroy()
+        engine.dispose()
+        stop_servers(servers)
+    return {
+        "version": version("dbos"),
+        "step": step,
+        "xacts": xacts,
+        "tps": tps,
+        "enqueues": enqueues,
+        "workers": workers,
+        "poll": poll,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("mode", nargs="?", choices=["measure", "serve"], default="measure")
+    parser.add_argument("--database", default=os.environ.get("BENCH_DATABASE", "durable_bench") + "_dbos")
+    parser.add_argument("--steps", type=int, default=500)
+    parser.add_argument("--runs", type=int, default=500)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--poll", type=float, default=0.05, help="the queue's polling interval, seconds")
+    parser.add_argument("--executor", default="bench")
+    parser.add_argument("--keep", action="store_true", help="leave the database in place afterwards")
+    args = parser.parse_args()
+    if args.mode == "serve":
+        serve(args.database, args.poll, args.executor)
+        return
+    try:
+        figures = measure(args.database, args.steps, args.runs, args.workers, args.poll)
+    finally:
+        if not args.keep:
+            psql(f"DROP DATABASE IF EXISTS {args.database} WITH (FORCE)")
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()
