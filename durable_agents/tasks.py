@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from celery import shared_task
-from celery.signals import worker_ready, worker_shutdown
+from celery.signals import celeryd_init, worker_ready, worker_shutdown
 from django.core import checks
 from django.db import InterfaceError, OperationalError, connections
 
@@ -24,6 +24,7 @@ from durable_agents.engine import advance as engine_advance
 from durable_agents.engine import heartbeats as engine_heartbeats
 from durable_agents.engine import outbox as engine_outbox
 from durable_agents.engine import sweep as engine_sweep
+from durable_agents.engine.lease import name_this_worker
 from durable_agents.engine.wake import queue_for
 from durable_agents.engine.wake import wake as engine_wake
 
@@ -123,6 +124,13 @@ def enqueue_notification(effect_id: int) -> None:
 def _routed(queue: str) -> dict[str, str]:
     """An explicit queue wins over the product's CELERY_TASK_ROUTES; none leaves routing to Celery."""
     return {"queue": queue} if queue else {}
+
+
+@celeryd_init.connect
+def _name_leases(sender: Any = None, **_: Any) -> None:
+    """Leases this worker takes name it as its heartbeat does (`celery@web-1:<pid>`), before its pool forks."""
+    if isinstance(sender, str) and sender:
+        name_this_worker(sender)
 
 
 @worker_ready.connect

@@ -35,6 +35,7 @@ from durable_agents.models import (
     Effect,
     EffectStatus,
     Event,
+    ProcessHeartbeat,
     Run,
     RunStatus,
     Step,
@@ -100,10 +101,20 @@ class RunningStep:
     started: datetime | None
     lease_expires_at: datetime | None
     expired_for: str  # "" while the lease is live
+    # The heartbeat of the worker the lease names (None: never seen), how long ago it was heard from, and
+    # whether it was heard from after the lease ran out.
+    node_seen: ProcessHeartbeat | None = None
+    node_seen_for: str = ""
+    node_alive: bool = False
 
     @property
     def number(self) -> int:
         return self.step.position + 1
+
+    @property
+    def node(self) -> str:
+        """The worker the lease names, without the pid of the process that holds it."""
+        return self.worker.rpartition(":")[0] or self.worker
 
 
 @dataclass(frozen=True)
@@ -271,6 +282,10 @@ def _running_step(run: Run, steps: list[Step], now: datetime) -> RunningStep | N
         return None
     expires = run.lease_expires_at
     expired = expires is not None and expires < now
+    node = run.lease_owner.rpartition(":")[0] or run.lease_owner
+    seen = (
+        ProcessHeartbeat.objects.filter(kind=ProcessHeartbeat.Kind.WORKER, hostname=node).order_by("-last_seen").first()
+    )
     return RunningStep(
         step=step,
         attempt=run.attempt,
@@ -278,6 +293,10 @@ def _running_step(run: Run, steps: list[Step], now: datetime) -> RunningStep | N
         started=run.claimed_at,
         lease_expires_at=expires,
         expired_for=human_duration((now - expires).total_seconds()) if expired and expires else "",
+        node_seen=seen,
+        node_seen_for=human_duration((now - seen.last_seen).total_seconds()) if seen else "",
+        # Heard from since the lease ran out: the worker lives and only the process holding the lease is silent.
+        node_alive=seen is not None and expires is not None and seen.last_seen > expires,
     )
 
 

@@ -28,9 +28,21 @@ from durable_agents.models import Run
 logger = logging.getLogger("durable_agents.engine")
 
 
+# The Celery worker's node name ("celery@web-1"), set as the worker starts, before its pool forks: a lease then
+# names the worker its heartbeat names, and the console can tell a dead pool process from a dead worker.
+_node = ""
+
+
+def name_this_worker(node: str) -> None:
+    """Leases taken in this process (and the pool processes it forks) name the worker `node`."""
+    global _node
+    _node = node
+
+
 def worker_id() -> str:
-    # Forked pool children inherit the module: take the pid at call time.
-    return f"{socket.gethostname()}:{os.getpid()}"
+    """`<node>:<pid>` — the Celery worker's name (else the host's) and the process holding the lease. Forked
+    pool children inherit the module: the pid is taken at call time."""
+    return f"{_node or socket.gethostname()}:{os.getpid()}"[:200]
 
 
 @dataclass(frozen=True)

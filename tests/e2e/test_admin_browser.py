@@ -414,7 +414,9 @@ def console_gaps(seen: dict[str, Any], *, step_id: str, owner: str) -> list[str]
         if "expired" not in row:
             gaps.append(f"the stuck list gives no reason at {width} px: {row!r}")
         running = seen[f"running step at {width}"]
-        lacking = [word for word in (step_id, "running", "attempt", owner, "expired") if word not in running]
+        # The worker died whole (SIGKILL of its process group): its heartbeat stopped before the lease ran out.
+        expected = (step_id, "running", "attempt", owner, "expired", "went silent too")
+        lacking = [word for word in expected if word not in running]
         if lacking:
             gaps.append(f"#running-step at {width} px lacks {lacking}: {running!r}")
         fit = seen[f"timeline at {width}"]

@@ -9,6 +9,8 @@ claim statement a worker runs) whose lease then runs out on the engine's clock (
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 
 import pytest
@@ -19,7 +21,20 @@ from django.urls import reverse
 
 from durable_agents import api, clock
 from durable_agents.engine.advance import Outcome, advance
-from durable_agents.models import Effect, EffectStatus, Event, Run, RunStatus, Step, StepStatus, Wait, WaitStatus
+from durable_agents.engine.heartbeats import record_beat
+from durable_agents.engine.lease import name_this_worker
+from durable_agents.models import (
+    Effect,
+    EffectStatus,
+    Event,
+    ProcessHeartbeat,
+    Run,
+    RunStatus,
+    Step,
+    StepStatus,
+    Wait,
+    WaitStatus,
+)
 from durable_agents.testing import drive
 from durable_agents.testing.runs import take_lease
 from tests.integration.test_admin import login
@@ -55,6 +70,16 @@ def section(html: str, element_id: str) -> str:
 
 def svg_of(html: str) -> str:
     return re.search(r'<svg[^>]*class="durable-timeline".*?</svg>', html, re.S).group(0)
+
+
+@contextmanager
+def override_lease_node(node: str) -> Iterator[None]:
+    """Leases taken meanwhile name the Celery worker `node`, as a worker's do once it starts."""
+    name_this_worker(node)
+    try:
+        yield
+    finally:
+        name_this_worker("")
 
 
 def killed_mid_step(workflow: str = "record", inp: dict | None = None) -> tuple[Run, str]:
@@ -209,4 +234,27 @@ def test_run_page__a_stuck_run_reads_as_many_queries_as_a_finished_one(operator)
 
     stuck, _ = killed_mid_step()
     finished = drive(api.start("flaky", {"failures": 2}).id)
-    assert count(stuck) == count(finished)
+    # One more for a held run: the heartbeat of the worker its lease names.
+    assert count(stuck) == count(finished) + 1
+
+
+@pytest.mark.parametrize(
+    ("heard", "says"),
+    [
+        (timedelta(0), "is alive (heartbeat"),  # it beat since the lease ran out: a pool process died
+        (DEAD_FOR, "went silent too (last heartbeat 9m"),  # heard from last as it claimed: it died with its process
+        (None, "no heartbeat from worker"),
+    ],
+)
+def test_stuck_run__the_page_says_whether_the_worker_the_lease_names_is_alive(operator, heard, says):
+    with override_lease_node("celery@web-7"):
+        run, worker = killed_mid_step()
+    assert worker.startswith("celery@web-7:"), "a lease names the Celery worker, as its heartbeat does"
+    if heard is not None:
+        clock.advance(-heard)
+        record_beat("worker:celery@web-7:1", ProcessHeartbeat.Kind.WORKER, hostname="celery@web-7", pid=1)
+        clock.advance(heard)
+
+    running = section(page(operator, run), "running-step")
+
+    assert says in running and "celery@web-7" in running, running
