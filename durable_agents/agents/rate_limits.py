@@ -34,7 +34,6 @@ from django.db import connection
 from durable_agents import clock
 from durable_agents.agents.messages import Usage
 from durable_agents.conf import settings
-from durable_agents.engine.records import release_connection
 from durable_agents.errors import ModelUnavailableError
 
 DIMENSIONS = ("requests_per_minute", "input_tokens_per_minute", "output_tokens_per_minute")
@@ -143,6 +142,9 @@ class RateLimiter:
                 retry_after=self.backend.last_wait,
             )
         if wait > 0:
+            # Imported here: claude.py (and so this module) loads before the app registry, the models after it.
+            from durable_agents.engine.records import release_connection
+
             release_connection()
             time.sleep(wait)
         return Reservation(bucket, limits, estimate, max_tokens, wait)
