@@ -37,7 +37,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-DB_NAME = "durable_bench_scale"
+DB_NAME = os.environ.get("BENCH_DB_NAME", "durable_bench_scale")
 BROKER = os.environ.get("BENCH_BROKER_URL", "redis://127.0.0.1:6379/12")
 MODEL_QUEUE = "durable-model"
 STARTERS = 8

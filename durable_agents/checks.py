@@ -12,6 +12,7 @@ Registered in `DurableAgentsConfig.ready()` under the tag `durable_agents`; `man
     E007  steps ask Claude, and the anthropic SDK is not installed
     E008  CELERY_ACCEPT_CONTENT does not accept JSON: workers drop every durable message
     E009  QUEUE, MODEL_QUEUE or NOTIFY_QUEUE is not declared, and Celery creates no missing queue
+    E010  RATE_LIMIT_BACKEND is neither "postgres" nor a Redis URL
     W000  a check could not run (its own bug; it reports instead of raising)
     W001  no `durable_agents.sweep` in CELERY_BEAT_SCHEDULE: runs whose message was lost are never woken
     W002  Celery may send or accept pickle
@@ -56,6 +57,7 @@ JSON = {"json", "application/json"}
 LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1", "0.0.0.0"}
 MODEL_KINDS = {StepKind.AGENT, StepKind.JUDGE, StepKind.PLANNER}
 ANTHROPIC = "anthropic"
+REDIS_SCHEMES = {"redis", "rediss", "unix"}
 
 
 def _never_raises(check: Check) -> Check:
@@ -462,6 +464,21 @@ def check_anthropic_sdk(app_configs: Sequence[Any] | None = None, **kwargs: Any)
     ]
 
 
+@_never_raises
+def check_rate_limit_backend(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> list[CheckMessage]:
+    """E010: the shared rate limits live in Postgres or in a Redis the URL names."""
+    backend = _value("RATE_LIMIT_BACKEND")
+    if backend == "postgres" or urlsplit(backend).scheme in REDIS_SCHEMES:
+        return []
+    return [
+        Error(
+            f"{_key('RATE_LIMIT_BACKEND')} is {backend!r}: the model rate limits cannot be shared.",
+            hint='Write "postgres", or a Redis URL every worker reaches, e.g. "redis://127.0.0.1:6379/0".',
+            id="durable_agents.E010",
+        )
+    ]
+
+
 def _steps_asking_claude_label() -> str:
     """The steps that ask Claude, for a message: the first three named, the rest counted; "" if none."""
     asking = [f"{definition.label} step {step.name!r}" for definition, step in _steps_asking_claude()]
@@ -494,5 +511,6 @@ CHECKS: tuple[Check, ...] = (
     check_base_url,
     check_decision_links,
     check_anthropic_sdk,
+    check_rate_limit_backend,
 )
 DEPLOY_CHECKS: tuple[Check, ...] = (check_database, check_anthropic_key)

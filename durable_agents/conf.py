@@ -66,6 +66,8 @@ class Setting:
 # (input, output, cache write, cache read) or with the 1 h cache write last (default: twice the input).
 Prices = dict[str, tuple[float, float, float, float] | tuple[float, float, float, float, float]]
 
+RateDimension = Literal["requests_per_minute", "input_tokens_per_minute", "output_tokens_per_minute"]
+
 # The longest duration and the largest SQL limit a setting may hold: about 31 years, a billion rows. Beyond them a
 # value passes every other bound and breaks at run time: `timedelta(seconds=1e300)` overflows in every sweep or
 # claim, STATEMENT_TIMESTAMP() + 1e12 s is out of a timestamp's range, a LIMIT of 10**19 out of a bigint's.
@@ -217,6 +219,33 @@ SETTINGS: dict[str, Setting] = {
         Prices,
         "USD per million tokens by model name prefix: input, output, cache write, cache read[, 1 h cache write]",
         at_least=0,
+    ),
+    "MODEL_RATE_LIMITS": Setting(
+        None,
+        dict[str, dict[RateDimension, float]] | None,
+        "calls per minute each model may take per API key, shared by every worker, by model name (exact, else the "
+        'longest prefix, else "*"): requests_per_minute, input_tokens_per_minute, output_tokens_per_minute; '
+        "None: no limiter",
+        above=0,
+    ),
+    "RATE_LIMIT_BACKEND": Setting(
+        "postgres",
+        str,
+        "where the shared limits are kept: \"postgres\" (the database's clock) or a redis:// URL (Redis' TIME)",
+    ),
+    "RATE_LIMIT_BURST_SECONDS": Setting(
+        1.0,
+        float,
+        "a limit lets this many seconds' worth of calls go at once (and at least one call), then paces them",
+        above=0,
+        at_most=LONGEST_SECONDS,
+    ),
+    "RATE_LIMIT_MAX_WAIT_SECONDS": Setting(
+        30.0,
+        float,
+        "a call waits in-process for capacity up to this long; a longer wait parks the step (retried then)",
+        at_least=0,
+        at_most=LONGEST_SECONDS,
     ),
     "NOTIFIER": Setting(
         "durable_agents.notify.EmailNotifier", str, "dotted path of the class that sends approval notifications"

@@ -448,3 +448,23 @@ class ProcessHeartbeat(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+class RateBucket(models.Model):
+    """The shared rate limit of one model and API key (rate_limits.py): when each of its buckets is next free.
+
+    A GCRA bucket per dimension keeps one number, its theoretical arrival time in seconds since the epoch on the
+    database's clock: a call may go once that, less the burst, has passed. One UPDATE ... RETURNING reserves a
+    call's share of all three at once. `key` is "<model>|<fingerprint of the API key>", never the key itself.
+    """
+
+    key = models.CharField(max_length=300, primary_key=True)
+    requests_tat = models.FloatField(default=0.0)
+    input_tat = models.FloatField(default=0.0)
+    output_tat = models.FloatField(default=0.0)
+    # The last reservation's outcome, for RETURNING: when the call may go, and whether it was reserved.
+    start_at = models.FloatField(default=0.0)
+    reserved = models.BooleanField(default=False)
+
+    def __str__(self) -> str:
+        return self.key

@@ -13,6 +13,7 @@ DURABLE_*                the app's knobs (DURABLE_AGENTS below); README, "Produc
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from datetime import timedelta
@@ -53,6 +54,19 @@ def env_seconds(name: str, default: float) -> float:
             f"it is {raw!r}"
         )
     return seconds
+
+
+def env_json(name: str) -> object:
+    """A JSON value from the environment variable `name`, or None if unset (a malformed one stops start-up)."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return None
+    try:
+        return json.loads(raw)
+    except ValueError as exc:
+        raise ImproperlyConfigured(
+            f'{name} must be JSON, e.g. \'{{"*": {{"requests_per_minute": 50}}}}\': {exc}'
+        ) from None
 
 
 def env_count(name: str, default: int) -> int:
@@ -283,6 +297,10 @@ DURABLE_AGENTS = {
     "MODEL_QUEUE": os.environ.get("DURABLE_MODEL_QUEUE", ""),
     # A worker runs a run's next steps itself, without a broker hop, for up to this many ms; 0: one step per task.
     "EAGER_SLICE_MS": float(env_count("DURABLE_EAGER_SLICE_MS", 100)),
+    # '{"*": {"requests_per_minute": 50, "input_tokens_per_minute": 30000}}': shared by every worker; unset: none.
+    "MODEL_RATE_LIMITS": env_json("DURABLE_MODEL_RATE_LIMITS"),
+    # "postgres" (the default) or a redis:// URL every worker reaches.
+    "RATE_LIMIT_BACKEND": os.environ.get("DURABLE_RATE_LIMIT_BACKEND", "").strip() or "postgres",
 }
 
 # Behind a proxy that ends HTTPS (Heroku's router, a load balancer), the admin's and the decision page's forms

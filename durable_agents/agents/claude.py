@@ -25,6 +25,7 @@ from typing import Any
 import anthropic
 import httpx2 as httpx
 
+from durable_agents.agents import rate_limits
 from durable_agents.agents.messages import ModelRequest, ModelResponse, Usage
 from durable_agents.conf import settings
 from durable_agents.errors import ModelRequestError, ModelUnavailableError
@@ -113,20 +114,40 @@ class AnthropicParticipant:
         return self._clients[next(self._turn) % len(self._clients)]
 
     def respond(self, request: ModelRequest) -> ModelResponse:
+        """Ask Claude, within the shared rate limit of the model and API key when MODEL_RATE_LIMITS sets one:
+        wait for room first, correct the reservation by the billed usage after, and pass a 429's retry-after on
+        to every other worker (rate_limits.py)."""
         kwargs = request.as_kwargs()
-        with map_errors():
-            if self.stream:
-                with self.client.messages.stream(**kwargs) as stream:
-                    message = stream.get_final_message()
-            else:
-                message = self.client.messages.create(**kwargs)
+        client = self.client
+        shared = rate_limits.limiter()
+        key = client.api_key or ""
+        reservation = shared.acquire(request.model, key, kwargs, request.max_tokens) if shared else None
+        try:
+            message = self._call(client, kwargs)
+        except ModelUnavailableError as exc:
+            if shared and reservation:
+                if exc.status == 429:
+                    shared.rate_limited(reservation, exc.retry_after)
+                else:
+                    shared.settle(reservation, Usage())
+            raise
+        usage = usage_of(message.usage)
+        if shared and reservation:
+            shared.settle(reservation, usage)
         return ModelResponse(
             content=tuple(block.model_dump(mode="json", exclude_none=True) for block in message.content),
             stop_reason=message.stop_reason or "",
             model=message.model,
-            usage=usage_of(message.usage),
+            usage=usage,
             request_id=getattr(message, "_request_id", None) or "",
         )
+
+    def _call(self, client: anthropic.Anthropic, kwargs: dict[str, Any]) -> Any:
+        with map_errors():
+            if self.stream:
+                with client.messages.stream(**kwargs) as stream:
+                    return stream.get_final_message()
+            return client.messages.create(**kwargs)
 
 
 def new_clients() -> list[anthropic.Anthropic]:

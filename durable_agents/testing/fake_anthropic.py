@@ -13,7 +13,8 @@ Point the real SDK at it and the whole client stack (retries, timeouts, SSE pars
 Concurrency: `latency=2.0` makes every answer take two seconds, like a model thinking; `in_flight` and
 `peak_in_flight` count requests being answered; `hold()` keeps requests waiting until `release()`, and
 `wait_in_flight(n, timeout)` waits until n are held, so a test can look at its workers while n conversations
-wait on the model.
+wait on the model. `requests_per_second=50` limits the API as Anthropic does (a bucket of 50 requests refilled at
+50 a second): a request beyond it is answered 429 with a `retry-after` and counted in `rate_limited`.
 
 What answers a `POST /v1/messages`, first match wins: the queue (`enqueue`, `fail_next`), then `responder`
 (a function of the `RecordedRequest`), then a plain `end_turn` text reply. `count_tokens`, auth failures and
@@ -30,6 +31,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import math
 import socket
 import struct
 import sys
@@ -239,9 +241,15 @@ class FakeAnthropic:
         clock: Callable[[], float] = time.monotonic,
         min_cache_tokens: int = 0,
         latency: float = 0.0,
+        requests_per_second: float | None = None,
     ) -> None:
         self.responder: Responder | None = responder
         self.latency = latency  # seconds every `/v1/messages` answer takes, like a model thinking
+        # The API's rate limit: a bucket of this many requests, refilled at this rate; beyond it, 429 + retry-after.
+        self.requests_per_second = requests_per_second
+        self.rate_limited = 0  # 429s served by that limit
+        self._allowance = float(requests_per_second or 0.0)
+        self._allowance_at = time.monotonic()
         self.errors: list[BaseException] = []  # exceptions raised by the responder, served as 500s
         self._host = host
         self._port = port
@@ -338,6 +346,7 @@ class FakeAnthropic:
             self._log.clear()
             self._cache.clear()
             self.errors.clear()
+            self.rate_limited = 0
 
     # -- concurrency -----------------------------------------------------------------------------------------
 
@@ -426,6 +435,12 @@ class FakeAnthropic:
         elif path == COUNT_TOKENS_PATH:
             input_tokens, creation, read = self._prompt_usage(body, update_cache=False)
             handler.send_json(200, {"input_tokens": input_tokens + creation + read})
+        elif (wait := self._over_rate_limit()) is not None:
+            handler.send_json(
+                429,
+                _error_body("rate_limit_error", f"over {self.requests_per_second:g} requests per second"),
+                {"retry-after": str(max(1, math.ceil(wait)))},
+            )
         else:
             with self._flying():
                 # Held at the gate, then the model's latency; a stopping fake drops the connection instead.
@@ -437,6 +452,21 @@ class FakeAnthropic:
                     handler.drop_connection()
                     return
                 self._answer(handler, request, self._next_action(request))
+
+    def _over_rate_limit(self) -> float | None:
+        """None if this request is within `requests_per_second` (taking its share), else seconds until it would be."""
+        rate = self.requests_per_second
+        if not rate:
+            return None
+        with self._lock:
+            now = time.monotonic()
+            self._allowance = min(rate, self._allowance + (now - self._allowance_at) * rate)
+            self._allowance_at = now
+            if self._allowance >= 1.0:
+                self._allowance -= 1.0
+                return None
+            self.rate_limited += 1
+            return (1.0 - self._allowance) / rate
 
     def _answer(self, handler: _Handler, request: RecordedRequest, action: Reply | Fault) -> None:
         if isinstance(action, Fault) and action.kind == "delay":

@@ -1,0 +1,348 @@
+"""Shared model rate limits: requests, input tokens and output tokens per minute, per model and API key.
+
+Every worker asks the same limiter (a row per bucket in Postgres, or a hash in Redis) before each call, so a
+thousand conversations on ten machines stay under the API's limits together instead of all meeting its 429s.
+
+Each dimension is a GCRA bucket: one number, its theoretical arrival time (TAT), on the backend's clock (the
+database's STATEMENT_TIMESTAMP, or Redis' TIME; never a worker's). A call costs 1 request, its input tokens and
+its max_tokens; each cost advances its bucket's TAT by cost / rate, and the call may go once every TAT, less
+RATE_LIMIT_BURST_SECONDS, has passed (a call larger than the burst goes alone, once its bucket is empty). A
+reservation is atomic over the three buckets (one UPDATE ... RETURNING, or one Lua script) and is a place in
+line: the caller sleeps until its start, holding no database connection, and callers after it line up behind.
+A wait longer than RATE_LIMIT_MAX_WAIT_SECONDS reserves nothing: the call raises ModelUnavailableError with
+`retry_after` the time until capacity, and the engine parks the step (releasing the worker) until then.
+
+Input tokens are an estimate before the call (about four characters a token of the request's JSON: count_tokens
+needs the network and costs a call of its own) and corrected after it by the tokens billed (uncached input and
+cache writes; cache reads do not count against the API's limit); output tokens are reserved as max_tokens and the
+unused rest refunded. A 429 empties the bucket until its `retry-after` has passed, so the other workers stop
+sending too. Buckets are named "<model>|<fingerprint>", the fingerprint a SHA-256 prefix of the API key: the key
+itself is never stored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from django.db import connection
+
+from durable_agents import clock
+from durable_agents.agents.messages import Usage
+from durable_agents.conf import settings
+from durable_agents.errors import ModelUnavailableError
+
+DIMENSIONS = ("requests_per_minute", "input_tokens_per_minute", "output_tokens_per_minute")
+FINGERPRINT_CHARS = 16
+CHARS_PER_TOKEN = 4
+# A Redis bucket outlives its last reservation by this long, then expires (a Postgres row stays: one per model).
+REDIS_KEEP_SECONDS = 86400
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-second rates of one model's buckets; 0: that dimension is not limited."""
+
+    requests: float = 0.0
+    input_tokens: float = 0.0
+    output_tokens: float = 0.0
+
+    @classmethod
+    def per_minute(cls, configured: dict[str, float]) -> Limits:
+        rates = [float(configured.get(name) or 0.0) / 60.0 for name in DIMENSIONS]
+        return cls(*rates)
+
+    def seconds(self, requests: float, input_tokens: float, output_tokens: float) -> tuple[float, float, float]:
+        """How far each bucket's TAT moves for this cost (negative: a refund)."""
+        pairs = ((requests, self.requests), (input_tokens, self.input_tokens), (output_tokens, self.output_tokens))
+        return tuple(cost / rate if rate else 0.0 for cost, rate in pairs)  # type: ignore[return-value]
+
+
+def limits_for(model: str) -> Limits | None:
+    """The limits of `model`: its own entry, else the longest prefix of its name, else "*"; None: unlimited."""
+    configured = settings.MODEL_RATE_LIMITS
+    if not configured:
+        return None
+    if model in configured:
+        return Limits.per_minute(configured[model])
+    prefixes = [name for name in configured if name != "*" and model.startswith(name)]
+    if prefixes:
+        return Limits.per_minute(configured[max(prefixes, key=len)])
+    return Limits.per_minute(configured["*"]) if "*" in configured else None
+
+
+def fingerprint(api_key: str) -> str:
+    """A short SHA-256 prefix naming an API key in bucket names: enough to tell keys apart, never the key."""
+    return hashlib.sha256(api_key.encode()).hexdigest()[:FINGERPRINT_CHARS]
+
+
+def estimate_input_tokens(request: dict[str, Any]) -> int:
+    """The input tokens of a Messages request, estimated offline: its JSON's characters / 4 (an estimate; the
+    call's billed usage corrects the bucket after)."""
+    return max(1, len(json.dumps(request, separators=(",", ":"), default=str)) // CHARS_PER_TOKEN)
+
+
+class Backend(Protocol):
+    @property
+    def last_wait(self) -> float:
+        """The wait the last refused reservation of this thread would have had."""
+        ...
+
+    def reserve(self, bucket: str, moves: tuple[float, float, float], burst: float, max_wait: float) -> float | None:
+        """Reserve a call: seconds until it may go; or None, reserving nothing, if that is more than `max_wait`
+        (then `last_wait` says how long)."""
+        ...
+
+    def debit(self, bucket: str, moves: tuple[float, float, float]) -> None:
+        """Move the TATs by `moves` (a correction after the call; negative refunds), never below now."""
+        ...
+
+    def block(self, bucket: str, seconds: float, burst: float) -> None:
+        """Empty every bucket until `seconds` from now (a 429's retry-after)."""
+        ...
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """A call's place in line: what was reserved, to correct once the usage is known."""
+
+    bucket: str
+    limits: Limits
+    input_tokens: int
+    output_tokens: int
+    waited: float
+
+
+class RateLimiter:
+    """Consulted by the Anthropic participant around each call: `acquire` before, `settle` or `rate_limited` after."""
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+
+    def acquire(self, model: str, api_key: str, request: dict[str, Any], max_tokens: int) -> Reservation | None:
+        """Wait for room for this call (holding no database connection), or raise ModelUnavailableError with
+        `retry_after` when the wait is longer than RATE_LIMIT_MAX_WAIT_SECONDS. None: the model is not limited."""
+        limits = limits_for(model)
+        if limits is None:
+            return None
+        bucket = f"{model}|{fingerprint(api_key)}"
+        estimate = estimate_input_tokens(request)
+        max_wait = float(settings.RATE_LIMIT_MAX_WAIT_SECONDS)
+        wait = self.backend.reserve(
+            bucket, limits.seconds(1, estimate, max_tokens), float(settings.RATE_LIMIT_BURST_SECONDS), max_wait
+        )
+        if wait is None:
+            raise ModelUnavailableError(
+                f"the shared rate limit of {model} has no room for {self.backend.last_wait:.1f} s "
+                f"(more than RATE_LIMIT_MAX_WAIT_SECONDS, {max_wait:g} s); the step waits without a worker",
+                retry_after=self.backend.last_wait,
+            )
+        if wait > 0:
+            # Imported here: claude.py (and so this module) loads before the app registry, the models after it.
+            from durable_agents.engine.records import release_connection
+
+            release_connection()
+            time.sleep(wait)
+        return Reservation(bucket, limits, estimate, max_tokens, wait)
+
+    def settle(self, reservation: Reservation, usage: Usage) -> None:
+        """Correct the estimate by the billed tokens: debit the input beyond it, refund the unused max_tokens."""
+        billed_input = usage.input_tokens + usage.cache_write_tokens
+        moves = reservation.limits.seconds(
+            0, billed_input - reservation.input_tokens, usage.output_tokens - reservation.output_tokens
+        )
+        if any(moves):
+            self.backend.debit(reservation.bucket, moves)
+
+    def rate_limited(self, reservation: Reservation, retry_after: float | None) -> None:
+        """A 429: nothing was billed (refund the tokens), and nobody sends until its retry-after has passed."""
+        self.settle(reservation, Usage())
+        if retry_after:
+            self.backend.block(reservation.bucket, retry_after, float(settings.RATE_LIMIT_BURST_SECONDS))
+
+
+# -- Postgres -------------------------------------------------------------------------------------------------------
+
+_NOW = "(EXTRACT(EPOCH FROM STATEMENT_TIMESTAMP() + %(shift)s))::float8"
+_COLUMNS = ("requests_tat", "input_tat", "output_tat")
+
+
+def _start_sql() -> str:
+    """When a reservation could go: after every bucket's TAT (plus its move) less the burst, or, for a call larger
+    than the burst, once its bucket is empty; never before now. Old column values only (SET sees the old row)."""
+    starts = [
+        f"LEAST(GREATEST(b.{column}, n.now) + %(move{i})s - %(burst)s, GREATEST(b.{column}, n.now))"
+        for i, column in enumerate(_COLUMNS)
+    ]
+    return f"GREATEST(n.now, {', '.join(starts)})"
+
+
+def _reserve_sql() -> str:
+    start = _start_sql()
+    granted = f"({start} - n.now <= %(max_wait)s)"
+    moved = ",\n".join(
+        f"{column} = CASE WHEN {granted} THEN GREATEST(b.{column}, n.now) + %(move{i})s ELSE b.{column} END"
+        for i, column in enumerate(_COLUMNS)
+    )
+    # One statement: the row lock it takes re-reads b.* before SET, so racing workers line up, never overbook.
+    return (
+        f"UPDATE durable_agents_ratebucket AS b SET {moved}, start_at = {start}, reserved = {granted} "
+        f"FROM (SELECT {_NOW} AS now) AS n WHERE b.key = %(key)s RETURNING b.reserved, b.start_at - n.now"
+    )
+
+
+def _debit_sql() -> str:
+    moved = ", ".join(
+        f"{column} = GREATEST(GREATEST(b.{column}, n.now) + %(move{i})s, n.now)" for i, column in enumerate(_COLUMNS)
+    )
+    return f"UPDATE durable_agents_ratebucket AS b SET {moved} FROM (SELECT {_NOW} AS now) AS n WHERE b.key = %(key)s"
+
+
+def _block_sql() -> str:
+    moved = ", ".join(f"{column} = GREATEST(b.{column}, n.now + %(until)s)" for column in _COLUMNS)
+    return f"UPDATE durable_agents_ratebucket AS b SET {moved} FROM (SELECT {_NOW} AS now) AS n WHERE b.key = %(key)s"
+
+
+class PostgresBackend:
+    """Buckets as rows of durable_agents_ratebucket, each reservation one UPDATE ... RETURNING on the database's
+    clock (shifted by `clock.advance()` in tests, like the engine's)."""
+
+    RESERVE, DEBIT, BLOCK = _reserve_sql(), _debit_sql(), _block_sql()
+
+    def __init__(self) -> None:
+        self.local = threading.local()
+
+    @property
+    def last_wait(self) -> float:
+        return getattr(self.local, "wait", 0.0)
+
+    def reserve(self, bucket: str, moves: tuple[float, float, float], burst: float, max_wait: float) -> float | None:
+        params = {"key": bucket, "burst": burst, "max_wait": max_wait, **_moves(moves)}
+        row = self._update(self.RESERVE, params, fetch=True)
+        reserved, wait = row
+        self.local.wait = max(float(wait), 0.0)
+        return self.local.wait if reserved else None
+
+    def debit(self, bucket: str, moves: tuple[float, float, float]) -> None:
+        self._update(self.DEBIT, {"key": bucket, **_moves(moves)})
+
+    def block(self, bucket: str, seconds: float, burst: float) -> None:
+        self._update(self.BLOCK, {"key": bucket, "until": seconds + burst})
+
+    def _update(self, sql: str, params: dict[str, Any], *, fetch: bool = False) -> Any:
+        params["shift"] = clock.offset()
+        with connection.cursor() as cursor:
+            for _ in range(2):
+                cursor.execute(sql, params)
+                if cursor.rowcount:
+                    return cursor.fetchone() if fetch else None
+                # First use of this bucket: make its row (all TATs in the past), then update it.
+                cursor.execute(
+                    "INSERT INTO durable_agents_ratebucket (key, requests_tat, input_tat, output_tat, start_at, "
+                    "reserved) VALUES (%s, 0, 0, 0, 0, false) ON CONFLICT (key) DO NOTHING",
+                    [params["key"]],
+                )
+        raise AssertionError(f"rate bucket {params['key']!r} vanished while in use")
+
+
+def _moves(moves: tuple[float, float, float]) -> dict[str, float]:
+    return {f"move{i}": float(move) for i, move in enumerate(moves)}
+
+
+# -- Redis ----------------------------------------------------------------------------------------------------------
+
+# KEYS[1]: the bucket's hash. ARGV: operation, test shift (s), burst, max wait / until, then the three moves.
+# Replies are strings: Redis would truncate a Lua number to an integer.
+LUA = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000 + tonumber(ARGV[2])
+local op, burst, limit = ARGV[1], tonumber(ARGV[3]), tonumber(ARGV[4])
+local names = {'requests', 'input', 'output'}
+local tats = redis.call('HMGET', KEYS[1], unpack(names))
+local latest = now
+for i = 1, 3 do
+  local tat = math.max(tonumber(tats[i]) or 0, now)
+  local move = tonumber(ARGV[4 + i])
+  if op == 'reserve' then
+    tats[i] = {tat, tat + move}
+    latest = math.max(latest, math.min(tat + move - burst, tat))
+  elseif op == 'debit' then
+    tats[i] = math.max(tat + move, now)
+  else
+    tats[i] = math.max(tat, now + limit)
+  end
+end
+if op == 'reserve' then
+  if latest - now > limit then
+    return {0, tostring(latest - now)}
+  end
+  for i = 1, 3 do tats[i] = tats[i][2] end
+end
+local furthest = now
+for i = 1, 3 do
+  redis.call('HSET', KEYS[1], names[i], tostring(tats[i]))
+  furthest = math.max(furthest, tats[i])
+end
+redis.call('EXPIRE', KEYS[1], math.ceil(furthest - now) + tonumber(ARGV[8]))
+return {1, tostring(latest - now)}
+"""
+
+
+class RedisBackend:
+    """Buckets as Redis hashes ("durable_agents:rate:<bucket>"), each operation one Lua script on Redis' TIME
+    (shifted by `clock.advance()` in tests)."""
+
+    _clients: dict[str, Any] = {}
+    _lock = threading.Lock()
+
+    def __init__(self, url: str) -> None:
+        import redis
+
+        with self._lock:
+            if url not in self._clients:
+                client = redis.Redis.from_url(url)
+                self._clients[url] = (client, client.register_script(LUA))
+        self.client, self.script = self._clients[url]
+        self.local = threading.local()
+
+    @property
+    def last_wait(self) -> float:
+        return getattr(self.local, "wait", 0.0)
+
+    def reserve(self, bucket: str, moves: tuple[float, float, float], burst: float, max_wait: float) -> float | None:
+        reserved, wait = self._run(bucket, "reserve", burst, max_wait, moves)
+        self.local.wait = max(float(wait), 0.0)
+        return self.local.wait if int(reserved) else None
+
+    def debit(self, bucket: str, moves: tuple[float, float, float]) -> None:
+        self._run(bucket, "debit", 0.0, 0.0, moves)
+
+    def block(self, bucket: str, seconds: float, burst: float) -> None:
+        self._run(bucket, "block", burst, seconds + burst, (0.0, 0.0, 0.0))
+
+    def _run(self, bucket: str, op: str, burst: float, limit: float, moves: tuple[float, float, float]) -> Any:
+        shift = clock.offset().total_seconds()
+        args = [op, repr(shift), repr(burst), repr(limit), *(repr(float(m)) for m in moves), REDIS_KEEP_SECONDS]
+        return self.script(keys=[f"durable_agents:rate:{bucket}"], args=args)
+
+
+def backend() -> Backend:
+    """The configured backend: RATE_LIMIT_BACKEND "postgres", or a redis:// (rediss://, unix://) URL."""
+    configured = str(settings.RATE_LIMIT_BACKEND)
+    if configured == "postgres":
+        return _postgres
+    return RedisBackend(configured)
+
+
+def limiter() -> RateLimiter | None:
+    """The process's limiter, or None when MODEL_RATE_LIMITS is empty (no call is limited, nothing is asked)."""
+    if not settings.MODEL_RATE_LIMITS:
+        return None
+    return RateLimiter(backend())
+
+
+_postgres = PostgresBackend()
