@@ -132,12 +132,24 @@ class EffectConflictError(RetryableError):
 
 
 class ModelUnavailableError(RetryableError):
-    """The model API could not answer now (connection, timeout, 429, 5xx, 529); the step retries."""
+    """The model API could not answer now (connection, timeout, 429, 5xx, 529); the step retries.
 
-    def __init__(self, message: str | None = None, *, retry_after: float | None = None, status: int | None = None):
+    `capacity_wait`: nothing failed — the shared rate limit (MODEL_RATE_LIMITS) has no room until `retry_after`;
+    the step waits that long without a worker, and the wait is not counted as an attempt.
+    """
+
+    def __init__(
+        self,
+        message: str | None = None,
+        *,
+        retry_after: float | None = None,
+        status: int | None = None,
+        capacity_wait: bool = False,
+    ):
         super().__init__(message)
         self.retry_after = retry_after
         self.status = status
+        self.capacity_wait = capacity_wait
 
 
 class ModelRequestError(PermanentError):

@@ -140,6 +140,7 @@ class RateLimiter:
                 f"the shared rate limit of {model} has no room for {self.backend.last_wait:.1f} s "
                 f"(more than RATE_LIMIT_MAX_WAIT_SECONDS, {max_wait:g} s); the step waits without a worker",
                 retry_after=self.backend.last_wait,
+                capacity_wait=True,
             )
         if wait > 0:
             # Imported here: claude.py (and so this module) loads before the app registry, the models after it.

@@ -54,6 +54,7 @@ from durable_agents.engine.wake import wake, wake_on_commit
 from durable_agents.errors import (
     DefinitionError,
     LeaseLostError,
+    ModelUnavailableError,
     PermanentError,
     UnknownToolError,
     UnknownWorkflowError,
@@ -221,17 +222,41 @@ def _advance(claim: Claim, step: Step, claimed_at: float, eager: Slice | None) -
             return _extend(claim, step, extension)
         except LeaseLostError:
             raise
+        except ModelUnavailableError as exc:
+            if exc.capacity_wait:
+                return _wait_for_capacity(claim, step, exc.retry_after)
+            return _failed(claim, step, exc, policy, compensate, log)
         except Exception as exc:  # noqa: BLE001 - every failure is classified and persisted below
-            failure = classify(exc, policy, step.step_id)
-            # The stored traceback, not exc_info: the log gets the same redacted, bounded text as the run.
-            if failure.traceback:
-                log.warning("step error %s: %s\n%s", failure.type, failure.message, failure.traceback)
-            else:
-                log.warning("step error %s: %s", failure.type, failure.message)
-            if failure.transient and claim.attempt < policy.attempts_allowed:
-                return _retry(claim, step, failure, _delay(policy, claim.attempt, failure))
-            return _fail(claim, step, failure, compensate=compensate)
+            return _failed(claim, step, exc, policy, compensate, log)
     return _commit(claim, step, stored, eager)
+
+
+def _failed(claim: Claim, step: Step, exc: Exception, policy: RetryPolicy, compensate: bool, log: Any) -> Outcome:
+    """The step raised: classify and persist the failure — a retry after a backoff, or the step's failure."""
+    failure = classify(exc, policy, step.step_id)
+    # The stored traceback, not exc_info: the log gets the same redacted, bounded text as the run.
+    if failure.traceback:
+        log.warning("step error %s: %s\n%s", failure.type, failure.message, failure.traceback)
+    else:
+        log.warning("step error %s: %s", failure.type, failure.message)
+    if failure.transient and claim.attempt < policy.attempts_allowed:
+        return _retry(claim, step, failure, _delay(policy, claim.attempt, failure))
+    return _fail(claim, step, failure, compensate=compensate)
+
+
+def _wait_for_capacity(claim: Claim, step: Step, seconds: float | None) -> Outcome:
+    """A shared limit (the model's rate limit) has no room for `seconds`: the run waits without a worker. Nothing
+    failed, so the attempt is given back (a long queue never exhausts the step's retries or trips the crash-loop
+    guard) and no jitter is added: the limiter's time is exact, and its queue orders the callers."""
+    cap = float(settings.RETRY_AFTER_MAX_SECONDS)
+    delay = cap if seconds is None or not math.isfinite(seconds) else min(max(seconds, 0.0), cap)
+    wake_at = DbNow(timedelta(seconds=delay))
+    with transaction.atomic():
+        transitions.hold_txn(claim, wake_at=wake_at, attempt=claim.attempt - 1, **transitions.RELEASED)
+        record_event(claim.run_id, "capacity_wait", step_id=step.step_id, seconds=round(delay, 3))
+        if delay <= float(settings.MAX_COUNTDOWN_SECONDS):
+            wake_on_commit(claim.run_id, countdown=delay)
+    return Outcome.RETRY
 
 
 def _delay(policy: RetryPolicy, attempt: int, failure: Failure) -> float:

@@ -27,7 +27,7 @@ from durable_agents.agents.messages import ModelRequest, Usage
 from durable_agents.agents.participants import participants
 from durable_agents.engine.advance import advance
 from durable_agents.errors import ModelUnavailableError
-from durable_agents.models import RateBucket, Run, RunStatus, Turn
+from durable_agents.models import Event, RateBucket, Run, RunStatus, Step, Turn
 from durable_agents.testing.fake_anthropic import FakeAnthropic, Fault, Reply
 from tests.integration.conftest import MODEL_QUEUE, ROUTED
 from tests.integration.test_agent_scale import start_conversations, wait_all_completed
@@ -160,6 +160,9 @@ def test_long_wait__parks_the_step_with_the_limiters_retry_after_and_the_run_com
         parked_for = (run.wake_at - clock.now()).total_seconds()
         assert parked_for >= 50, f"the step was retried {parked_for:.0f} s later, before the limit had room"
         assert Turn.objects.filter(run_id=run.id).count() == 1, "the first answer is journaled before the park"
+        assert run.attempt == 0, "waiting for capacity is not a failed attempt"
+        kinds = list(Event.objects.filter(run_id=run.id).values_list("kind", flat=True))
+        assert "capacity_wait" in kinds and "step_retry" not in kinds, kinds
 
         for _ in range(10):
             clock.advance(timedelta(seconds=61))
@@ -169,6 +172,7 @@ def test_long_wait__parks_the_step_with_the_limiters_retry_after_and_the_run_com
             if run.is_finished:
                 break
     assert run.status == RunStatus.COMPLETED, run.error
+    assert Step.objects.get(run_id=run.id, kind="agent").attempts == 1, "one attempt, however long it queued"
     assert [fake.count(r.conversation, r.turn) for r in fake.requests] == [1, 1], "a model call was asked twice"
     assert list(Turn.objects.filter(run_id=run.id).values_list("index", flat=True).order_by("index")) == [0, 1]
 
