@@ -1,4 +1,5 @@
-"""The step loop's statements: the claim (with the step's load, on Postgres) and the checkpoint commit.
+"""The step loop's statements: the claim (with the step's load, on Postgres), the checkpoint commit, and on an
+eager slice both at once (the commit of one step and the claim and load of the next: `commit_and_claim`).
 
 Only `transitions.py` calls this module: it is the fast implementation of two of its operations, built from
 the same rules (`states.RUN_RULES`). Each statement is one round trip and, in autocommit, one transaction:

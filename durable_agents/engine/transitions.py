@@ -9,7 +9,8 @@ writes (events, checkpoints, waits) commit with it or not at all.
 
 The step loop's claim is one `UPDATE ... RETURNING` statement (`hotpath.py`; with the step's load on
 Postgres), its checkpoint one statement on Postgres and an ORM transaction here on other databases; both are
-built from the same rules. A test fails if any other module writes a status.
+built from the same rules, and so is the eager slice's checkpoint that claims the next step in the same
+statement. A test fails if any other module writes a status.
 """
 
 from __future__ import annotations
