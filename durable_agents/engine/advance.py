@@ -98,8 +98,8 @@ def advance_slice(run_id: uuid.UUID | str, *, serves: frozenset[str | None] = DE
     run_id = as_uuid(run_id)
     eager = Slice.start(serves)
     outcome = _advance_claimed(run_id, transitions.claim_run(run_id), eager)
-    while eager.take():
-        following = _advance_claimed(run_id, _claim_kept(run_id), eager)
+    while (kept := eager.take()) is not None:
+        following = _advance_claimed(run_id, kept.claimed if kept.made else _claim_kept(run_id), eager)
         outcome = outcome if following in (Outcome.SKIPPED, Outcome.NOT_FOUND) else following
     return outcome
 
@@ -309,6 +309,8 @@ def _execute(definition: StepDef, ctx: StepContext) -> Any:
 
 def _commit(claim: Claim, step: Step, stored: Any, eager: Slice | None) -> Outcome:
     last = claim.cursor + 1 >= claim.step_count
+    if eager is not None and not last and eager.is_open() and transitions.claims_on_commit():
+        return _commit_and_claim(claim, step, stored, eager)
     # On Postgres one autocommit statement: no BEGIN/COMMIT round trips on the hot path.
     committed = transitions.checkpoint(claim, step, stored, final=last)
     if committed is transitions.Committed.LOST:
@@ -325,6 +327,23 @@ def _commit(claim: Claim, step: Step, stored: Any, eager: Slice | None) -> Outco
         wake(claim.run_id)
     else:
         eager.hand_on(claim.run_id)
+    return Outcome.COMMITTED
+
+
+def _commit_and_claim(claim: Claim, step: Step, stored: Any, eager: Slice) -> Outcome:
+    """A step the slice may go on from: one statement commits it and claims the next step for this task; a claim
+    refused (a cancel requested meanwhile) is followed as a refused claim of its own would be (engine/eager.py)."""
+    model_bound, plain = eager.runs()
+    try:
+        onward = transitions.checkpoint_and_claim(claim, step, stored, model_bound=model_bound, plain=plain)
+    except (OperationalError, InterfaceError):
+        # The answer is lost with the connection: the step may be committed with no wake-up sent for the next.
+        wake(claim.run_id)
+        raise
+    if onward.committed is transitions.Committed.LOST:
+        raise LeaseLostError()
+    send_on_commit(step_committed, run_id=claim.run_id, step_id=step.step_id, attempt=claim.attempt)
+    eager.carry_on(claim.run_id, onward.claimed, onward.kind)
     return Outcome.COMMITTED
 
 

@@ -4,10 +4,12 @@ A task sent for a run advances it one step as always; if that step was a plain c
 and the slice allows — the task has run for less than EAGER_SLICE_MS, it has run fewer than EAGER_MAX_STEPS
 steps after its first, and the next step belongs to a queue this worker serves (with a MODEL_QUEUE, a
 model-bound step goes to the model queue's workers, a plain one to the default queue's) — it sends no wake-up
-and claims the run again: a new claim with a new fencing token, the same statement and rules as a fresh
-delivery's. Anything else ends the slice and the run is handed on exactly as before: a wait, a retry (with its
-delay), a failure, a re-plan or version check, a completion, a cancel request, an exception. Either setting at
-0 keeps strictly one step per task.
+and claims the run again: a new claim with a new fencing token, by the rules of a fresh delivery's. On Postgres
+the commit's own statement makes that claim (hotpath.commit_and_claim: the checkpoint of step N, then the claim
+and load of step N+1 on the row as the checkpoint left it — one statement per step), so whether the slice would
+go on is decided before the commit; elsewhere the claim is a second statement. Anything else ends the slice and
+the run is handed on exactly as before: a wait, a retry (with its delay), a failure, a re-plan or version
+check, a completion, a cancel request, an exception. Either setting at 0 keeps strictly one step per task.
 
 What holds (the guarantees of DESIGN.md §2 are those of one step per task, step by step):
 
@@ -16,7 +18,8 @@ What holds (the guarantees of DESIGN.md §2 are those of one step per task, step
   the run held, finished, parked or not found simply ends the slice (the holder owns the run's next wake-up).
   A claim refused because a cancel is requested settles the cancellation, as a fresh delivery would.
 * A wake-up is never lost. The wake-up for the next step is left unsent only when this task goes on to claim
-  it; if that claim raises (the database unreachable), the wake-up is sent before the error propagates. If
+  it; if that claim raises (the database unreachable; on Postgres, the statement that commits and claims), the
+  wake-up is sent before the error propagates. If
   the worker dies between the commit and the next claim, the run is running with its lease released and no
   message sent for it, and two things wake it: the task's own message, acknowledged only when the whole slice
   returns (acks_late, requeued when a pool process is lost), is delivered again and its claim takes the
@@ -34,20 +37,31 @@ import uuid
 from dataclasses import dataclass
 
 from durable_agents.conf import settings
+from durable_agents.engine.lease import Claim
 from durable_agents.engine.wake import next_kind, queue_for, wake
+from durable_agents.models import Step
 
 # The default queue's steps (None: not the model queue), which a worker of a plain delivery runs.
 DEFAULT_QUEUE = frozenset({None})
 
 
+@dataclass(frozen=True)
+class Kept:
+    """A run this task goes on with: the next step's claim made by the commit itself (`made`; `claimed` None if
+    that claim was refused, as a claim of its own would have been), or (not `made`) a claim still to make."""
+
+    made: bool
+    claimed: tuple[Claim, Step | None] | None = None
+
+
 @dataclass
 class Slice:
-    """One task's budget of eager steps, and whether its last commit handed the run on to its next claim."""
+    """One task's budget of eager steps, and whether its last commit kept the run for this task."""
 
     serves: frozenset[str | None]
     deadline: float
     steps_left: int
-    goes_on: bool = False
+    kept: Kept | None = None
 
     @classmethod
     def start(cls, serves: frozenset[str | None] = DEFAULT_QUEUE) -> Slice:
@@ -56,10 +70,22 @@ class Slice:
         steps = int(settings.EAGER_MAX_STEPS) if slice_seconds > 0 else 0
         return cls(serves=serves, deadline=time.monotonic() + slice_seconds, steps_left=steps)
 
+    def is_open(self) -> bool:
+        """True if the slice may run another step: decided before a commit, which may then claim it too."""
+        return self.steps_left > 0 and time.monotonic() < self.deadline
+
+    def runs(self) -> tuple[bool, bool]:
+        """Whether this task runs (a model-bound step, any other step) itself: with a MODEL_QUEUE, a step goes to
+        its own queue's workers."""
+        model_queue = settings.MODEL_QUEUE
+        if not model_queue:
+            return True, True
+        return model_queue in self.serves, None in self.serves
+
     def hand_on(self, run_id: uuid.UUID) -> None:
         """After a plain checkpoint of a step that is not the run's last: keep the run for this task's next claim
         if the slice allows, else wake it through the broker as one step per task does."""
-        if self.steps_left <= 0 or time.monotonic() >= self.deadline:
+        if not self.is_open():
             wake(run_id)
             return
         kind = None
@@ -72,13 +98,24 @@ class Slice:
             if queue_for(run_id, kind or "") not in self.serves:
                 wake(run_id, kind=kind)
                 return
+        self._keep(Kept(made=False))
+
+    def carry_on(self, run_id: uuid.UUID, claimed: tuple[Claim, Step | None] | None, kind: str | None) -> None:
+        """After a commit that claimed the next step in the same statement (`claimed`; None if it could not): go on
+        with it — or, if it was not claimed because another queue's workers run it, wake them."""
+        if claimed is None and queue_for(run_id, kind or "") not in self.serves:
+            wake(run_id, kind=kind)
+            return
+        self._keep(Kept(made=True, claimed=claimed))
+
+    def _keep(self, kept: Kept) -> None:
         self.steps_left -= 1
-        self.goes_on = True
+        self.kept = kept
 
-    def take(self) -> bool:
-        """True once after each commit that kept the run for this task."""
-        goes_on, self.goes_on = self.goes_on, False
-        return goes_on
+    def take(self) -> Kept | None:
+        """Once after each commit that kept the run for this task: how it goes on."""
+        kept, self.kept = self.kept, None
+        return kept
 
 
-__all__ = ["DEFAULT_QUEUE", "Slice"]
+__all__ = ["DEFAULT_QUEUE", "Kept", "Slice"]

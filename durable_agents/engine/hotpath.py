@@ -1,4 +1,5 @@
-"""The step loop's statements: the claim (with the step's load, on Postgres) and the checkpoint commit.
+"""The step loop's statements: the claim (with the step's load, on Postgres), the checkpoint commit, and on an
+eager slice both at once (the commit of one step and the claim and load of the next: `commit_and_claim`).
 
 Only `transitions.py` calls this module: it is the fast implementation of two of its operations, built from
 the same rules (`states.RUN_RULES`). Each statement is one round trip and, in autocommit, one transaction:
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Mapping
 from datetime import datetime, timedelta
 from functools import cache
 from typing import Any
@@ -20,6 +22,7 @@ from django.db import connection
 from durable_agents import clock
 from durable_agents.engine.lease import Claim
 from durable_agents.engine.payloads import StoredResult
+from durable_agents.engine.wake import MODEL_BOUND_KINDS
 from durable_agents.models import Run, Step
 from durable_agents.states import RUN_RULES, STEP_RULES, RunOp, RunStatus, StepOp, StepStatus
 
@@ -44,25 +47,56 @@ def is_available() -> bool:
     return connection.vendor == "postgresql"
 
 
-def _claim_update_sql() -> str:
+def _clock() -> tuple[str, str]:
     # Postgres: the database's time in the statement. SQLite (in this process): the time as parameters.
+    if is_available():
+        return "(STATEMENT_TIMESTAMP() + %(shift)s)", "(STATEMENT_TIMESTAMP() + %(shift)s + %(lease)s)"
+    return "%(now)s", "%(expires)s"
+
+
+# What a commit writes to the run besides its cursor: the lease released. A claim in the same statement as the
+# commit (commit_and_claim) reads these columns as the commit left them, as a claim after it would.
+RELEASED_ROW = {"lease_owner": "''", "lease_expires_at": "NULL", "attempt": "0"}
+
+
+def _claim_sets(now: str, expires: str, row: Mapping[str, str]) -> dict[str, str]:
+    """What a claim writes, column by column, from the run's row as `row` has it (absent: the column itself)."""
+
+    def was(column: str) -> str:
+        return row.get(column, column)
+
     # The previous holder's claim and expiry are kept by this same statement: a takeover draws its attempt.
-    now, expires = (
-        ("(STATEMENT_TIMESTAMP() + %(shift)s)", "(STATEMENT_TIMESTAMP() + %(shift)s + %(lease)s)")
-        if is_available()
-        else ("%(now)s", "%(expires)s")
-    )
-    table = connection.ops.quote_name(Run._meta.db_table)
+    return {
+        "status": "%(running)s",
+        "previous_lease_owner": was("lease_owner"),
+        "lease_owner": "%(owner)s",
+        "previous_claimed_at": was("claimed_at"),
+        "previous_lease_expires_at": was("lease_expires_at"),
+        "claimed_at": now,
+        "lease_token": f"{was('lease_token')} + 1",
+        "lease_expires_at": expires,
+        "attempt": f"{was('attempt')} + 1",
+        "started_at": f"COALESCE({was('started_at')}, {now})",
+        "wake_at": "NULL",
+    }
+
+
+def _claimable(now: str, row: Mapping[str, str]) -> str:
+    """When a run may be claimed: runnable, no cancel requested, its lease free, due (`row` as for _claim_sets)."""
     sources = ", ".join(f"'{s}'" for s in sorted(RUN_RULES[RunOp.CLAIM].sources))
+    expiry = row.get("lease_expires_at", "lease_expires_at")
+    return (
+        f"status IN ({sources}) AND cancel_requested_at IS NULL"
+        f" AND ({expiry} IS NULL OR {expiry} < {now}) AND (wake_at IS NULL OR wake_at <= {now})"
+    )
+
+
+def _claim_update_sql() -> str:
+    now, expires = _clock()
+    sets = ", ".join(f"{column} = {value}" for column, value in _claim_sets(now, expires, {}).items())
     return f"""
-        UPDATE {table}
-           SET status = %(running)s, previous_lease_owner = lease_owner, lease_owner = %(owner)s,
-               previous_claimed_at = claimed_at, previous_lease_expires_at = lease_expires_at, claimed_at = {now},
-               lease_token = lease_token + 1, lease_expires_at = {expires}, attempt = attempt + 1,
-               started_at = COALESCE(started_at, {now}), wake_at = NULL
-         WHERE id = %(id)s AND status IN ({sources}) AND cancel_requested_at IS NULL
-           AND (lease_expires_at IS NULL OR lease_expires_at < {now})
-           AND (wake_at IS NULL OR wake_at <= {now})
+        UPDATE {connection.ops.quote_name(Run._meta.db_table)} SET {sets}
+         WHERE id = %(id)s AND {_claimable(now, {})}
     """
 
 
@@ -108,39 +142,53 @@ def _as_datetime(value: Any) -> datetime | None:
     return connection.ops.convert_datetimefield_value(value, None, connection)
 
 
-@cache
-def _claim_and_load_sql() -> str:
+def _load_sql(stale: str, first: str = "") -> str:
+    """The claimed run (`c`) with its step under the cursor, as this statement's snapshot has them; `stale`: the
+    plan may have changed under the claim's row lock; `first`: columns before these."""
     step = Step._meta.db_table
     run_cols = ", ".join(f"c.{name}" for name in RUN_FIELDS[1:])
     step_cols = ", ".join(f"s.{name}" for name in STEP_FIELDS)
+    return f"""
+        SELECT {first}{", ".join(f"c.{col}" for col in CLAIM_RETURNS.split(", "))}, c.claimed_at,
+               {stale} AS stale, {run_cols}, {step_cols}
+          FROM c JOIN {Run._meta.db_table} seen ON seen.id = c.id
+          LEFT JOIN {step} s ON s.run_id = c.id AND s.position = c.cursor AND s.status <> %(superseded)s
+    """
+
+
+@cache
+def _claim_and_load_sql() -> str:
     # `seen` is the run as this statement's snapshot has it; `c` the row the claim updated. A claim that waited
     # for another transaction's row lock updates the row that transaction committed, but the join still reads
     # the plan as it was before: a differing updated_at says the plan may have changed (a saga planned, a
     # migration), and the step is then read again (`stale`).
     return f"""
         WITH c AS ({_claim_update_sql()} RETURNING *)
-        SELECT {", ".join(f"c.{col}" for col in CLAIM_RETURNS.split(", "))}, c.claimed_at,
-               seen.updated_at IS DISTINCT FROM c.updated_at AS stale, {run_cols}, {step_cols}
-          FROM c JOIN {Run._meta.db_table} seen ON seen.id = c.id
-          LEFT JOIN {step} s ON s.run_id = c.id AND s.position = c.cursor AND s.status <> %(superseded)s
+        {_load_sql("seen.updated_at IS DISTINCT FROM c.updated_at")}
     """
 
 
 def claim_and_load(run_id: uuid.UUID, owner: str, lease: timedelta) -> tuple[Claim, Step | None] | None:
     """Claim the run and read its current step with the run's input, in one statement (Postgres)."""
-    params = {
-        "id": run_id,
+    params = {"id": run_id, **_claim_params(owner, lease)}
+    with connection.cursor() as cursor:
+        cursor.execute(_claim_and_load_sql(), params)
+        row = cursor.fetchone()
+    return None if row is None else _loaded(run_id, owner, row)
+
+
+def _claim_params(owner: str, lease: timedelta) -> dict[str, Any]:
+    return {
         "owner": owner,
         "running": RunStatus.RUNNING.value,
         "shift": clock.offset(),
         "lease": lease,
         "superseded": StepStatus.SUPERSEDED.value,
     }
-    with connection.cursor() as cursor:
-        cursor.execute(_claim_and_load_sql(), params)
-        row = cursor.fetchone()
-    if row is None:
-        return None
+
+
+def _loaded(run_id: uuid.UUID, owner: str, row: Any) -> tuple[Claim, Step | None]:
+    """The claim and its step from a row of `_load_sql`."""
     claimed = _claim_of(run_id, owner, row)
     width = len(CLAIM_RETURNS.split(", ")) + 2
     stale = row[width - 1]
@@ -169,12 +217,41 @@ def _decode(model: Any, names: tuple[str, ...], values: tuple[Any, ...]) -> list
     return out
 
 
+def _held(sources: frozenset[str], also: str = "") -> str:
+    """The commit's fence: the run's row, locked first, iff the claim still holds it at the step it claimed."""
+    return f"""
+        held AS (
+            SELECT id{also} FROM {Run._meta.db_table}
+             WHERE id = %(run_id)s AND lease_token = %(token)s
+               AND cursor = %(position)s AND step_count = %(step_count)s
+               AND status IN ({", ".join(f"'{s}'" for s in sorted(sources))})
+               FOR UPDATE
+        )"""
+
+
+def _step_done(now: str) -> str:
+    """The step's checkpoint, written only under the fence: a step no longer live is not written."""
+    step_sources = ", ".join(f"'{s}'" for s in sorted(STEP_RULES[StepOp.COMMIT].sources))
+    return f"""
+        done AS (
+            UPDATE {Step._meta.db_table}
+               SET status = %(done)s, result = %(result)s::jsonb, result_ref = %(ref)s, result_hash = %(sha)s,
+                   error = NULL, attempts = %(attempts)s, started_at = %(started)s, finished_at = {now},
+                   updated_at = {now}, observed_at = CASE WHEN fresh_for IS NULL THEN NULL ELSE %(started)s END
+             WHERE id = %(step_pk)s AND status IN ({step_sources}) AND EXISTS (SELECT 1 FROM held)
+         RETURNING id
+        )"""
+
+
+def _released() -> str:
+    return ", ".join(f"{column} = {value}" for column, value in RELEASED_ROW.items())
+
+
 @cache
 def _commit_sql(ending: bool) -> str:
-    run, step = Run._meta.db_table, Step._meta.db_table
+    run = Run._meta.db_table
     now = "(STATEMENT_TIMESTAMP() + %(shift)s)"
     run_sources = RUN_RULES[RunOp.COMPLETE if ending else RunOp.CHECKPOINT].sources
-    step_sources = ", ".join(f"'{s}'" for s in sorted(STEP_RULES[StepOp.COMMIT].sources))
     # The last step ends the run, unless a cancel is pending: then it is checkpointed and the cancellation
     # (with its compensation, if asked) is settled next. A requested stop is never lost to a completion.
     ends = "cancel_requested_at IS NULL" if ending else "FALSE"
@@ -188,24 +265,10 @@ def _commit_sql(ending: bool) -> str:
     # The run row is locked first, then the step is written, then the run only if the step was: a step that
     # is no longer live (superseded, failed by a deadline) moves no cursor and releases no lease.
     return f"""
-        WITH held AS (
-            SELECT id FROM {run}
-             WHERE id = %(run_id)s AND lease_token = %(token)s
-               AND cursor = %(position)s AND step_count = %(step_count)s
-               AND status IN ({", ".join(f"'{s}'" for s in sorted(run_sources))})
-               FOR UPDATE
-        ), s AS (
-            UPDATE {step}
-               SET status = %(done)s, result = %(result)s::jsonb, result_ref = %(ref)s, result_hash = %(sha)s,
-                   error = NULL, attempts = %(attempts)s, started_at = %(started)s, finished_at = {now},
-                   updated_at = {now}, observed_at = CASE WHEN fresh_for IS NULL THEN NULL ELSE %(started)s END
-             WHERE id = %(step_pk)s AND status IN ({step_sources}) AND EXISTS (SELECT 1 FROM held)
-         RETURNING id
-        )
+        WITH {_held(run_sources)}, {_step_done(now)}
         UPDATE {run}
-           SET cursor = %(cursor)s, attempt = 0, lease_owner = '', lease_expires_at = NULL,
-               updated_at = {now}{finish}
-         WHERE id IN (SELECT id FROM held) AND EXISTS (SELECT 1 FROM s)
+           SET cursor = %(cursor)s, {_released()}, updated_at = {now}{finish}
+         WHERE id IN (SELECT id FROM held) AND EXISTS (SELECT 1 FROM done)
      RETURNING {ends}
     """
 
@@ -219,7 +282,19 @@ def commit_checkpoint(claim: Claim, step: Step, stored: StoredResult, *, ending:
     if ending is not None:
         op = RunOp.COMPLETE if ending == RunStatus.COMPLETED else RunOp.FINISH
         assert RUN_RULES[op].allows(ending), f"a run cannot end {ending!r}"
-    params = {
+    params = _commit_params(claim, step, stored)
+    # A run that compensated ends cancelled or failed: it has no output.
+    params.update(ending=ending, output=None if claim.finish_as else _jsonb(stored.public_value))
+    with connection.cursor() as cursor:
+        cursor.execute(_commit_sql(ending is not None), params)
+        row = cursor.fetchone()
+    if row is None:
+        return "lost"
+    return "finished" if row[0] else "checkpointed"
+
+
+def _commit_params(claim: Claim, step: Step, stored: StoredResult) -> dict[str, Any]:
+    return {
         "run_id": claim.run_id,
         "token": claim.token,
         "cursor": claim.cursor + 1,
@@ -227,22 +302,74 @@ def commit_checkpoint(claim: Claim, step: Step, stored: StoredResult, *, ending:
         "step_count": claim.step_count,
         "shift": clock.offset(),
         "done": StepStatus.DONE.value,
-        "ending": ending,
         "step_pk": step.pk,
         "result": _jsonb(stored.inline),
-        # A run that compensated ends cancelled or failed: it has no output.
-        "output": None if claim.finish_as else _jsonb(stored.public_value),
         "ref": stored.ref,
         "sha": stored.sha256,
         "attempts": claim.attempt,
         "started": claim.claimed_at,
     }
+
+
+@cache
+def _commit_and_claim_sql() -> str:
+    run, step = Run._meta.db_table, Step._meta.db_table
+    now, expires = _clock()
+    # One UPDATE of the run row (a statement cannot update a row twice): the commit's writes, and the claim's
+    # over them where the claim is made, each claim write reading the row as the commit leaves it.
+    claims = _claim_sets(now, expires, RELEASED_ROW)
+    sets = ", ".join(
+        f"{column} = CASE WHEN h.go THEN {value} ELSE {RELEASED_ROW.get(column, column)} END"
+        for column, value in claims.items()
+    )
+    next_kind = (
+        f"(SELECT kind FROM {step} WHERE run_id = %(run_id)s AND position = %(cursor)s AND status <> %(superseded)s)"
+    )
+    served = f"CASE WHEN {next_kind} = ANY(%(model_kinds)s) THEN %(model_ok)s ELSE %(plain_ok)s END"
+    # `go` is decided under the row lock, on the row as the last transaction before it left it (a cancel
+    # requested while the step ran is seen); `locked_at` is that row's updated_at, which differs from the
+    # snapshot's (`seen`) if the plan may have changed meanwhile (claim_and_load's `stale`).
+    fence = _held(
+        RUN_RULES[RunOp.CHECKPOINT].sources,
+        f", updated_at AS locked_at, {next_kind} AS next_kind, ({_claimable(now, RELEASED_ROW)}) AND {served} AS go",
+    )
+    return f"""
+        WITH {fence}, {_step_done(now)},
+        c AS (
+            UPDATE {run} SET cursor = %(cursor)s, updated_at = {now}, {sets}
+              FROM held h
+             WHERE {run}.id = h.id AND EXISTS (SELECT 1 FROM done)
+         RETURNING {run}.*, h.go, h.next_kind, h.locked_at
+        )
+        {_load_sql("seen.updated_at IS DISTINCT FROM c.locked_at", first="c.go, c.next_kind, ")}
+    """
+
+
+def commit_and_claim(
+    claim: Claim, step: Step, stored: StoredResult, owner: str, lease: timedelta, *, model_bound: bool, plain: bool
+) -> tuple[str, tuple[Claim, Step | None] | None, str | None]:
+    """Commit a step that is not the run's last and, in the same statement, claim the run again for its next step
+    (a new token, attempt 1, `owner`) with the rules of a claim after the commit — if its next step is
+    one the caller runs (a model-bound one: `model_bound`; any other: `plain`).
+
+    ("lost", None, None): as commit_checkpoint, nothing was written. ("checkpointed", claimed, kind): the
+    checkpoint is written; `claimed` is the next step's claim and load as claim_and_load returns them, or None if
+    no claim was made (the run is then as commit_checkpoint leaves it); `kind` is the next step's kind.
+    """
+    params = {
+        **_commit_params(claim, step, stored),
+        **_claim_params(owner, lease),
+        "model_kinds": sorted(MODEL_BOUND_KINDS),
+        "model_ok": model_bound,
+        "plain_ok": plain,
+    }
     with connection.cursor() as cursor:
-        cursor.execute(_commit_sql(ending is not None), params)
+        cursor.execute(_commit_and_claim_sql(), params)
         row = cursor.fetchone()
     if row is None:
-        return "lost"
-    return "finished" if row[0] else "checkpointed"
+        return "lost", None, None
+    went, kind = row[0], row[1]
+    return "checkpointed", _loaded(claim.run_id, owner, row[2:]) if went else None, kind
 
 
 def _jsonb(value: Any) -> str | None:

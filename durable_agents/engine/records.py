@@ -6,8 +6,10 @@ import uuid
 from typing import Any, TypeVar
 
 from django.core.exceptions import ValidationError
-from django.db import connection
+from django.db import connection, transaction
 from django.db.models import Model, QuerySet
+from django.db.models.expressions import DatabaseDefault
+from django.db.models.sql import InsertQuery
 
 from durable_agents.errors import RunNotFoundError, WaitNotFoundError
 from durable_agents.models import Run, Step, StepKind, StepStatus, Wait
@@ -80,3 +82,38 @@ def locked(queryset: QuerySet[M]) -> QuerySet[M]:
     if connection.features.has_select_for_update_skip_locked:
         return queryset.select_for_update(skip_locked=True)
     return queryset
+
+
+def insert_run(run: Run, steps: list[Step]) -> None:
+    """Insert a new run and its plan rows in one statement on Postgres (one round trip, its own transaction: no
+    BEGIN or COMMIT trips); elsewhere in one transaction. IntegrityError (an idempotency key taken) writes nothing.
+    """
+    if connection.vendor != "postgresql":
+        with transaction.atomic():
+            run.save(force_insert=True)
+            Step.objects.bulk_create(steps)
+        return
+    # The run's database defaults (its created_at) come back, as `save` reads them back.
+    defaults = [f.attname for f in Run._meta.concrete_fields if isinstance(getattr(run, f.attname), DatabaseDefault)]
+    run_sql, params = _insert_sql(Run, [run])
+    columns = ", ".join(connection.ops.quote_name(name) for name in defaults) or "id"
+    sql = f"WITH r AS ({run_sql} RETURNING {columns})"
+    if steps:
+        # The steps' foreign keys are checked at the statement's end, when the run's row exists.
+        step_sql, step_params = _insert_sql(Step, steps)
+        sql, params = f"{sql}, s AS ({step_sql})", (*params, *step_params)
+    with connection.cursor() as cursor:
+        cursor.execute(f"{sql} SELECT {columns} FROM r", params)
+        row = cursor.fetchone()
+    for name, value in zip(defaults, row, strict=False):
+        setattr(run, name, value)
+    run._state.adding, run._state.db = False, connection.alias
+
+
+def _insert_sql(model: type[Model], objs: list[Any]) -> tuple[str, tuple[Any, ...]]:
+    """The ORM's own INSERT of `objs` (their defaults and pre-save values as `save` would write them)."""
+    fields = [f for f in model._meta.concrete_fields if not f.generated and not (f.primary_key and f.db_returning)]
+    query = InsertQuery(model)
+    query.insert_values(fields, objs)
+    [(sql, params)] = query.get_compiler(connection=connection).as_sql()
+    return sql, tuple(params)

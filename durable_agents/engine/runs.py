@@ -15,7 +15,7 @@ from django.db import IntegrityError, transaction
 from durable_agents.engine import transitions
 from durable_agents.engine.events import record_event
 from durable_agents.engine.payloads import check_input
-from durable_agents.engine.records import current_step_id, get_run, let_go, plan_row
+from durable_agents.engine.records import current_step_id, get_run, insert_run, let_go, plan_row
 from durable_agents.engine.transitions import Cancellation
 from durable_agents.engine.wake import wake_on_commit
 from durable_agents.errors import (
@@ -40,7 +40,8 @@ def start_run(
     idempotency_key: str | None = None,
     version: int | None = None,
 ) -> Run:
-    """Create a run and its plan rows in one transaction; a worker is woken once it commits."""
+    """Create a run and its plan rows in one statement (records.insert_run); a worker is woken once it commits
+    (the caller's transaction, if any; else at once, with the first step's kind, so its queue costs no query)."""
     run_input = {} if run_input is None else run_input
     definition = registry.get(workflow, version)
     input_hash = check_input(run_input)
@@ -59,19 +60,16 @@ def start_run(
         idempotency_key=idempotency_key,
         step_count=len(plan),
     )
+    rows = [plan_row(run.id, definition, element, position) for position, element in enumerate(plan)]
     try:
-        with transaction.atomic():
-            run.save(force_insert=True)
-            rows = Step.objects.bulk_create(
-                [plan_row(run.id, definition, element, position) for position, element in enumerate(plan)]
-            )
-            wake_on_commit(run.id, kind=rows[0].kind if rows else None)
+        insert_run(run, rows)
     except IntegrityError as exc:
         # Two starts with one key raced; the loser returns the winner's run (or the reuse error).
         existing = Run.objects.filter(idempotency_key=idempotency_key).first() if idempotency_key else None
         if existing is None:
             raise
         return _same_run_or_error(existing, definition.name, input_hash, cause=exc)
+    wake_on_commit(run.id, kind=rows[0].kind if rows else None)
     return run
 
 

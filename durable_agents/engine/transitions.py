@@ -9,7 +9,8 @@ writes (events, checkpoints, waits) commit with it or not at all.
 
 The step loop's claim is one `UPDATE ... RETURNING` statement (`hotpath.py`; with the step's load on
 Postgres), its checkpoint one statement on Postgres and an ORM transaction here on other databases; both are
-built from the same rules. A test fails if any other module writes a status.
+built from the same rules, and so is the eager slice's checkpoint that claims the next step in the same
+statement. A test fails if any other module writes a status.
 """
 
 from __future__ import annotations
@@ -167,6 +168,33 @@ def checkpoint(claim: Claim, step: Step, stored: StoredResult, *, final: bool) -
     except LeaseLostError:
         return Committed.LOST
     return Committed.FINISHED if finished else Committed.CHECKPOINTED
+
+
+def claims_on_commit() -> bool:
+    """True where `checkpoint_and_claim` commits a step and claims the next in one statement (Postgres)."""
+    return hotpath.is_available()
+
+
+@dataclass(frozen=True)
+class Onward:
+    """What `checkpoint_and_claim` did: the commit; the next step's claim (and load) if it was made; the next
+    step's kind (None: no step under the cursor), which names its queue when the claim was not made."""
+
+    committed: Committed
+    claimed: tuple[Claim, Step | None] | None = None
+    kind: str | None = None
+
+
+def checkpoint_and_claim(claim: Claim, step: Step, stored: StoredResult, *, model_bound: bool, plain: bool) -> Onward:
+    """Commit a step that is not the run's last as `checkpoint` does and, in the same statement, claim the run
+    for its next step as `claim_run` would right after — if the next step is one the caller runs (model-bound:
+    `model_bound`, any other: `plain`). A claim refused (a cancel requested meanwhile, a step for another queue)
+    leaves the run exactly as `checkpoint` does; LOST writes nothing. Postgres only (`claims_on_commit`)."""
+    lease = timedelta(seconds=lease_seconds())
+    committed, claimed, kind = hotpath.commit_and_claim(
+        claim, step, stored, worker_id(), lease, model_bound=model_bound, plain=plain
+    )
+    return Onward(Committed(committed), claimed, kind)
 
 
 def _ending(claim: Claim) -> str:

@@ -22,8 +22,10 @@ from django.test.utils import CaptureQueriesContext, override_settings
 from durable_agents import api, tasks
 from durable_agents.engine import transitions
 from durable_agents.engine.advance import Outcome, advance_slice
+from durable_agents.engine.payloads import StoredResult
 from durable_agents.models import Event, Run, RunStatus, Step, StepStatus, Wait
 from durable_agents.testing import wait_for, wait_for_run
+from durable_agents.workflows import call, workflow
 from tests.celery import deliveries_key
 from tests.integration.conftest import MODEL_QUEUE, ROUTED
 from tests.testapp.models import Execution, LedgerEntry
@@ -48,11 +50,14 @@ def _in_process(**changes: object):
 
 
 @pytest.mark.django_db
-def test_slice__a_run_completes_in_one_task_with_two_statements_per_step_and_no_wake_up():
+def test_slice__a_run_completes_in_one_task_with_one_statement_per_step_and_no_wake_up():
     run = api.start("noop", {"steps": 10})
     with _in_process(**{**ON, "EAGER_MAX_STEPS": 50}), CaptureQueriesContext(connection) as queries:
         assert advance_slice(run.id) == Outcome.COMPLETED
-    assert len(queries.captured_queries) == 20, "each step is still one claim and one fenced checkpoint"
+    # The first claim; then each step's commit claims the next (its token, its attempt) in the same statement.
+    assert len(queries.captured_queries) == 11, "a commit and the next claim are one statement"
+    results = _results(run.id)
+    assert [r["step"] for r in results] == [f"tick-{n}" for n in range(1, 11)]
     assert woken == [], "no wake-up is sent for a step this task claims itself"
 
 
@@ -63,7 +68,8 @@ def test_slice__ends_after_its_step_count_and_wakes_the_run_once(changes, steps)
     with _in_process(**{**ON, **changes}), CaptureQueriesContext(connection) as queries:
         assert advance_slice(run.id) == Outcome.COMMITTED
     assert Run.objects.get(pk=run.id).cursor == steps
-    assert len(queries.captured_queries) == 2 * steps
+    # The first claim, one statement per step the slice went on from, then the last step's plain commit.
+    assert len(queries.captured_queries) == steps + 1
     assert woken == [(str(run.id), {})], "the slice hands the run to the broker exactly as one step per task does"
 
 
@@ -78,21 +84,107 @@ def test_slice__a_model_bound_next_step_goes_to_the_model_queue_unless_this_work
 
 
 @pytest.mark.django_db
-def test_slice__a_claim_that_raises_sends_the_wake_up_it_replaced(monkeypatch):
+def test_slice__a_commit_and_claim_whose_answer_is_lost_still_wakes_the_run(monkeypatch):
     run = api.start("noop", {"steps": 5})
-    real_claim, calls = transitions.claim_run, []
+    real, calls = transitions.checkpoint_and_claim, []
 
-    def claim_then_lose_the_database(run_id):
-        calls.append(run_id)
-        if len(calls) == 2:
-            raise OperationalError("the server closed the connection unexpectedly")
-        return real_claim(run_id)
+    def commit_then_lose_the_connection(*args, **kwargs):
+        calls.append(real(*args, **kwargs))
+        raise OperationalError("the server closed the connection unexpectedly")
 
-    monkeypatch.setattr(transitions, "claim_run", claim_then_lose_the_database)
+    monkeypatch.setattr(transitions, "checkpoint_and_claim", commit_then_lose_the_connection)
     with _in_process(**ON), pytest.raises(OperationalError):
         advance_slice(run.id)
-    assert Run.objects.get(pk=run.id).cursor == 1
-    assert woken == [(str(run.id), {})], "a kept run whose claim failed must still be woken"
+    assert Run.objects.get(pk=run.id).cursor == 1 and calls[0].claimed is not None
+    assert woken == [(str(run.id), {})], "a run whose next claim went unanswered must still be woken"
+
+
+def _claimed(run_id) -> tuple:
+    claimed = transitions.claim_run(run_id)
+    assert claimed is not None
+    return claimed
+
+
+def _commit_and_claim(claimed: tuple, value: dict) -> transitions.Onward:
+    claim, step = claimed
+    return transitions.checkpoint_and_claim(claim, step, StoredResult(value), model_bound=True, plain=True)
+
+
+def _row(run_id) -> dict:
+    return Run.objects.filter(pk=run_id).values(
+        "cursor", "lease_token", "attempt", "lease_owner", "lease_expires_at", "previous_lease_owner", "status"
+    )[0]
+
+
+@pytest.mark.django_db
+def test_commit_and_claim__takes_the_next_step_with_the_next_token_and_a_first_attempt():
+    run = api.start("noop", {"steps": 3})
+    _claimed(run.id)
+    Run.objects.filter(pk=run.id).update(lease_expires_at=None)  # that worker died: the step's second claim
+    claim, step = claimed = _claimed(run.id)
+    assert claim.attempt == 2
+    onward = _commit_and_claim(claimed, {"one": 1})
+    assert onward.committed is transitions.Committed.CHECKPOINTED and onward.kind == "call"
+    following, next_step = onward.claimed
+    assert (following.token, following.attempt, following.cursor) == (claim.token + 1, 1, 1)
+    assert following.previous_owner == "" and following.previous_claimed_at == claim.claimed_at
+    assert next_step.step_id == "tick-2" and next_step.run.input == {"steps": 3}
+    row = _row(run.id)
+    assert row["lease_token"] == claim.token + 1 and row["attempt"] == 1 and row["cursor"] == 1
+    assert row["lease_owner"] == following.owner and row["lease_expires_at"] and row["previous_lease_owner"] == ""
+    first = Step.objects.get(pk=step.pk)
+    assert first.status == StepStatus.DONE and first.result == {"one": 1} and first.attempts == 2
+    with _in_process(**ON):
+        assert advance_slice(run.id) == Outcome.SKIPPED, "the next step is held by the claim just made"
+
+
+@pytest.mark.django_db
+def test_commit_and_claim__a_zombie_writes_nothing():
+    run = api.start("noop", {"steps": 3})
+    zombie = _claimed(run.id)
+    Run.objects.filter(pk=run.id).update(lease_expires_at=None)  # its lease ran out and another worker took over
+    holder, _ = _claimed(run.id)
+    before = _row(run.id)
+    onward = _commit_and_claim(zombie, {"late": True})
+    assert onward == transitions.Onward(transitions.Committed.LOST)
+    assert _row(run.id) == before and before["lease_token"] == holder.token
+    assert Step.objects.get(pk=zombie[1].pk).status == StepStatus.PENDING, "the zombie's checkpoint was not written"
+
+
+@pytest.mark.django_db
+def test_commit_and_claim__a_cancel_requested_while_the_step_ran_is_settled_not_claimed():
+    def requests_a_cancel(ctx):
+        api.cancel(ctx.run.id, "enough")
+        return {"step": ctx.step.step_id}
+
+    workflow("cancelled_mid_step", steps=[call("a", requests_a_cancel), call("b", _never)], replace=True)
+    run = api.start("cancelled_mid_step")
+    with _in_process(**ON), CaptureQueriesContext(connection) as queries:
+        assert advance_slice(run.id) == Outcome.CANCELLED
+    assert any("AS go" in q["sql"] for q in queries.captured_queries), "the step was committed by commit_and_claim"
+    run.refresh_from_db()
+    assert run.status == RunStatus.CANCELLED and run.cursor == 1 and not run.lease_owner
+    assert Step.objects.get(run=run, step_id="a").status == StepStatus.DONE
+    assert Step.objects.get(run=run, step_id="b").status == StepStatus.PENDING
+    kinds = list(Event.objects.filter(run_id=run.id).order_by("id").values_list("kind", flat=True))
+    assert kinds[-2:] == ["cancel_requested", "cancelled"] and "lease_takeover" not in kinds
+    assert woken == []
+
+
+@pytest.mark.django_db
+def test_commit_and_claim__a_refused_claim_leaves_the_run_as_a_plain_commit_does():
+    run = api.start("noop", {"steps": 3})
+    claimed = _claimed(run.id)
+    api.cancel(run.id, "enough")
+    onward = _commit_and_claim(claimed, {"one": 1})
+    assert onward.committed is transitions.Committed.CHECKPOINTED and onward.claimed is None
+    row = _row(run.id)
+    assert row == {**row, "cursor": 1, "lease_token": claimed[0].token, "attempt": 0, "lease_owner": ""}
+    assert row["lease_expires_at"] is None and row["status"] == RunStatus.RUNNING
+
+
+def _never(ctx):
+    raise AssertionError("a step after a cancel request ran")
 
 
 # --- real workers ----------------------------------------------------------------------------------------------
