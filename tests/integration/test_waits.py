@@ -48,6 +48,16 @@ def test_approval__wait_survives_a_worker_sigkill_and_resumes_on_approve(start_w
 
     wait = Wait.objects.get(run=run)
     assert "Charge the customer 40.00?" in wait.brief and "If you approve: the card is charged 40.00" in wait.brief
+    # The request reaches the approver even if the killed worker held it: the sweep re-sends it. (Checked before
+    # the decision: a request for a wait decided meanwhile is rightly never sent.) If the killed worker had
+    # claimed it mid-send, it is due again only after the claim's hold (NOTIFY_SEND_TIMEOUT_SECONDS plus the
+    # first backoff: tens of seconds with the defaults): wait past it.
+    sent = wait_for(
+        lambda: Effect.objects.filter(tool="notify.requested", run=run, status="applied").first(),
+        timeout=120,
+        what="the approval request to be delivered (even if its worker died)",
+    )
+    assert "/durable/waits/" in sent.args["link"]
     api.decide(wait.pk, True, by="alice", comment="looks right")
     run = wait_for_run(run.id, "completed", timeout=60)
 
@@ -55,14 +65,7 @@ def test_approval__wait_survives_a_worker_sigkill_and_resumes_on_approve(start_w
     assert Execution.objects.filter(run_id=run.id, step_id="charge").count() == 1
     decided = Event.objects.get(run=run, kind="wait_decided")
     assert decided.actor == "alice" and decided.detail["comment"] == "looks right"
-    # If the killed worker had claimed the request mid-send, it is due again only after the claim's hold
-    # (NOTIFY_SEND_TIMEOUT_SECONDS plus the first backoff: tens of seconds with the defaults): wait past it.
-    sent = wait_for(
-        lambda: Effect.objects.filter(tool="notify.requested", run=run, status="applied").first(),
-        timeout=120,
-        what="the approval request to be delivered (even if its worker died)",
-    )
-    assert "/durable/waits/" in sent.args["link"] and Effect.objects.filter(tool="notify.requested").count() == 1
+    assert Effect.objects.filter(tool="notify.requested").count() == 1
 
 
 def test_approval__reject_takes_the_reject_path_and_applies_nothing():

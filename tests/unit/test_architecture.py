@@ -12,7 +12,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "durable_agents"
 
-# engine/transitions.py is the only writer of statuses; engine/hotpath.py holds two of its operations as SQL
+# engine/transitions.py is the only writer of statuses; engine/hotpath.py holds three of its operations as SQL
 # and only transitions may import it (an import-linter "protected" contract).
 STATUS_WRITERS = {"engine/transitions.py", "engine/hotpath.py"}
 WRITE_METHODS = {"update", "create", "get_or_create", "update_or_create", "bulk_update"}
