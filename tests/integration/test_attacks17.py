@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from django.conf import settings
 from django.db import connection, connections, transaction
+from django.db.models import F
 from django.test.utils import override_settings
 
 from durable_agents import api
@@ -237,3 +238,36 @@ def test_retry__a_cancel_requested_while_the_step_ran_is_settled_at_once_not_aft
         assert advance(run.id) == Outcome.CANCELLED
     run.refresh_from_db()
     assert run.status == RunStatus.CANCELLED and run.cancel_requested_at is None and not run.lease_owner
+
+
+@pytest.mark.django_db(transaction=True)
+def test_start__a_long_plan_is_inserted_whole_past_the_statements_parameter_limit():
+    steps = 70_000 // len(Step._meta.concrete_fields) + 1  # more parameters than a bound statement may carry
+    with _in_process():
+        run = api.start("noop", {"steps": steps})
+    assert Step.objects.filter(run_id=run.id).count() == steps == Run.objects.get(pk=run.id).step_count
+
+
+def _plan_grows_under_the_claim(ctx) -> dict[str, Any]:
+    Run.objects.filter(pk=ctx.run.id).update(step_count=F("step_count") + 1)  # the token left as it was
+    return {"step": ctx.step.step_id}
+
+
+def _superseded_under_the_claim(ctx) -> dict[str, Any]:
+    Step.objects.filter(pk=ctx.step.pk).update(status=StepStatus.SUPERSEDED)
+    Step.objects.create(run_id=ctx.run.id, step_id="a2", name="b", kind=ctx.step.kind, position=ctx.step.position)
+    return {"step": ctx.step.step_id}
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("body", [_plan_grows_under_the_claim, _superseded_under_the_claim], ids=["plan", "step"])
+def test_fence__a_plan_or_step_changed_under_a_matching_token_is_not_committed_or_claimed(body):
+    workflow("fence17", steps=[call("a", body), call("b", _must_not_run), call("c", _must_not_run)], replace=True)
+    run = api.start("fence17")
+    token = Run.objects.get(pk=run.id).lease_token
+    with _in_process(**ON):
+        assert advance_slice(run.id) == Outcome.LEASE_LOST
+    row = Run.objects.get(pk=run.id)
+    assert row.cursor == 0 and row.lease_token == token + 1, "no checkpoint, no second claim"
+    assert not Step.objects.filter(run_id=run.id, status=StepStatus.DONE).exists()
+    assert Event.objects.filter(run_id=run.id, kind="zombie_commit_rejected").count() == 1
