@@ -256,7 +256,14 @@ def _wait_for_capacity(claim: Claim, step: Step, seconds: float | None) -> Outco
         record_event(claim.run_id, "capacity_wait", step_id=step.step_id, seconds=round(delay, 3))
         if delay <= float(settings.MAX_COUNTDOWN_SECONDS):
             wake_on_commit(claim.run_id, countdown=delay)
-    return Outcome.RETRY
+        stopping = _cancel_pending(claim.run_id)
+    return _settled(settle_cancellation(claim.run_id), otherwise=Outcome.RETRY) if stopping else Outcome.RETRY
+
+
+def _cancel_pending(run_id: uuid.UUID) -> bool:
+    """After a step released the run to wait (a retry's backoff, the limiter's capacity): a cancel requested while
+    it ran is settled now, not when the wait is over — the step it waited for has ended."""
+    return Run.objects.filter(pk=run_id).exclude(cancel_requested_at=None).exists()
 
 
 def _delay(policy: RetryPolicy, attempt: int, failure: Failure) -> float:
@@ -397,7 +404,8 @@ def _retry(claim: Claim, step: Step, failure: Failure, delay: float) -> Outcome:
         # Short backoffs ride a countdown; long ones are left to the sweep (no long broker ETAs).
         if delay <= float(settings.MAX_COUNTDOWN_SECONDS):
             wake_on_commit(claim.run_id, countdown=delay)
-    return Outcome.RETRY
+        stopping = _cancel_pending(claim.run_id)
+    return _settled(settle_cancellation(claim.run_id), otherwise=Outcome.RETRY) if stopping else Outcome.RETRY
 
 
 def _fail(claim: Claim, step: Step, failure: Failure, *, compensate: bool) -> Outcome:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from contextlib import nullcontext
 from typing import Any, TypeVar
 
 from django.core.exceptions import ValidationError
@@ -102,7 +103,9 @@ def insert_run(run: Run, steps: list[Step]) -> None:
         # The steps' foreign keys are checked at the statement's end, when the run's row exists.
         step_sql, step_params = _insert_sql(Step, steps)
         sql, params = f"{sql}, s AS ({step_sql})", (*params, *step_params)
-    with connection.cursor() as cursor:
+    # Inside a caller's transaction, a savepoint: a key taken by a racing start must not abort that transaction
+    # (the start then reads the winner's run in it). In autocommit the statement is its own transaction.
+    with transaction.atomic() if connection.in_atomic_block else nullcontext(), connection.cursor() as cursor:
         cursor.execute(f"{sql} SELECT {columns} FROM r", params)
         row = cursor.fetchone()
     for name, value in zip(defaults, row, strict=False):

@@ -65,6 +65,7 @@ def test_start__bad_input_is_a_domain_error(workflow, run_input, error):
     assert not Run.objects.exists()
 
 
+@pytest.mark.django_db(transaction=True)  # autocommit: inside a caller's transaction the insert has a savepoint
 def test_start__is_one_statement_and_a_one_step_run_two_more():
     with CaptureQueriesContext(connection) as started:
         run = api.start("noop", {"steps": 1})
