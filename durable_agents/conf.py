@@ -183,6 +183,14 @@ SETTINGS: dict[str, Setting] = {
     "EFFECT_MAX_INVOCATIONS": Setting(
         10, int, "an effect invoked this many times without a recorded outcome goes to an operator", at_least=1
     ),
+    "TOOL_CONCURRENCY": Setting(
+        4,
+        int,
+        "an agent runs at most this many tool calls of one model response at once, each on a database connection "
+        "of its own (1: one after the other)",
+        at_least=1,
+        at_most=1000,
+    ),
     "DEFAULT_MODEL": Setting(
         "claude-sonnet-5-5", str, "the model of steps that name none: a current model of the installed SDK"
     ),

@@ -90,6 +90,8 @@ class Tool(Generic[P, R]):
     * `compensate` names the effectful tool that undoes this one (checked by `ToolRegistry.compensator_of`).
     * `needs_approval` is True, or a predicate over the checked arguments, to park the run for a human first.
     * `fresh_for` is how long a read-only observation stays true; resuming past it re-plans.
+    * `parallel_safe=False` keeps the tool from running at the same time as any other call of the same model
+      response (the agent runs a response's calls concurrently otherwise, up to TOOL_CONCURRENCY).
 
     Example::
 
@@ -107,6 +109,7 @@ class Tool(Generic[P, R]):
     compensate: str | None = None
     needs_approval: bool | Callable[[dict[str, Any]], bool] | None = None
     fresh_for: dt.timedelta | None = None
+    parallel_safe: bool = True
     input_schema: dict[str, Any] = field(init=False, repr=False)
     _signature: Signature = field(init=False, repr=False)
 
@@ -309,6 +312,7 @@ def tool(
     compensate: str | None = None,
     needs_approval: bool | Callable[[dict[str, Any]], bool] | None = None,
     fresh_for: dt.timedelta | None = None,
+    parallel_safe: bool = True,
     registry: ToolRegistry | None = None,
 ) -> Callable[[Callable[P, R]], Tool[P, R]]: ...
 
@@ -324,6 +328,7 @@ def tool(
     compensate: str | None = None,
     needs_approval: bool | Callable[[dict[str, Any]], bool] | None = None,
     fresh_for: dt.timedelta | None = None,
+    parallel_safe: bool = True,
     registry: ToolRegistry | None = None,
 ) -> Tool[P, R] | Callable[[Callable[P, R]], Tool[P, R]]:
     """Define a tool from a documented, type-hinted function and register it (default: the `tools` registry).
@@ -352,6 +357,7 @@ def tool(
             compensate=compensate,
             needs_approval=needs_approval,
             fresh_for=fresh_for,
+            parallel_safe=parallel_safe,
         )
         return (tools if registry is None else registry).register(definition)
 

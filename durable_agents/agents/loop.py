@@ -38,18 +38,15 @@ from durable_agents.agents.compaction import (
 from durable_agents.agents.journal import ask, journal_turn
 from durable_agents.agents.messages import TURN, ModelRequest, estimate_tokens
 from durable_agents.agents.participants import Participant, participants
+from durable_agents.agents.toolcalls import run_calls
 from durable_agents.conf import settings
 from durable_agents.errors import (
     AgentLimitError,
-    ApprovalRejectedError,
     ContextWindowExceededError,
     DefinitionError,
     LeaseLostError,
     ModelRefusalError,
     PermanentError,
-    RetryableError,
-    ToolArgumentsError,
-    ToolFailedError,
 )
 from durable_agents.models import Step, StepKind, Turn
 from durable_agents.tools import Tool
@@ -296,12 +293,8 @@ def _prompt_tokens(turn: Turn) -> int:
 
 
 def _run_tools(ctx: Any, turn: Turn, tools: dict[str, Tool[..., Any]]) -> list[dict[str, Any]]:
-    """Run this turn's tool calls (effects keyed by tool_use_id) and store their results on the turn."""
-    results = []
-    for block in turn.content:
-        if block.get("type") != "tool_use":
-            continue
-        results.append(_run_tool(ctx, block, tools))
+    """Run this turn's tool calls (concurrently, effects keyed by tool_use_id) and store their results on the turn."""
+    results = run_calls(ctx, [block for block in turn.content if block.get("type") == "tool_use"], tools)
     # Fenced: a zombie (its run taken over) must not write the results the live worker will journal.
     written = Turn.objects.filter(pk=turn.pk, tool_results__isnull=True, run__lease_token=ctx.lease_token).update(
         tool_results=results
@@ -309,27 +302,3 @@ def _run_tools(ctx: Any, turn: Turn, tools: dict[str, Tool[..., Any]]) -> list[d
     if not written:
         raise LeaseLostError(f"run {ctx.run_id} was taken over; the results of turn {turn.index} were not written")
     return results
-
-
-def _run_tool(ctx: Any, block: dict[str, Any], tools: dict[str, Tool[..., Any]]) -> dict[str, Any]:
-    use_id, name = block["id"], block["name"]
-    tool = tools.get(name)
-    if tool is None:
-        return _error(use_id, f"unknown tool {name!r}; the tools you may call are: {', '.join(tools) or 'none'}")
-    try:
-        result = ctx.call_tool(tool, block.get("input") or {}, key=ctx.idempotency_key(use_id))
-    except (ToolArgumentsError, ToolFailedError, ApprovalRejectedError) as exc:
-        return _error(use_id, str(exc))
-    except (RetryableError, LeaseLostError, PermanentError):
-        raise
-    except Exception as exc:  # noqa: BLE001 - a tool's own failure is news for the model, not a crash
-        if tool.effectful and not tool.transactional:
-            # The call may have landed: shown to the model, it would be re-asked under a new tool_use_id
-            # (a new key). Retry this same call instead; the receiver dedupes on its key.
-            raise RetryableError(f"{name} failed with an unknown outcome: {type(exc).__name__}: {exc}") from exc
-        return _error(use_id, f"{name} failed: {type(exc).__name__}: {exc}")
-    return {"type": "tool_result", "tool_use_id": use_id, "content": json.dumps(result, cls=DjangoJSONEncoder)}
-
-
-def _error(use_id: str, message: str) -> dict[str, Any]:
-    return {"type": "tool_result", "tool_use_id": use_id, "content": message, "is_error": True}
