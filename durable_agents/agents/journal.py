@@ -21,8 +21,8 @@ from durable_agents.agents.compaction import Compacted
 from durable_agents.agents.messages import COMPACTION, TURN, ModelRequest, ModelResponse, Participant, Usage
 from durable_agents.agents.pricing import cost_usd
 from durable_agents.clock import DbNow
+from durable_agents.connections import release_connection
 from durable_agents.engine.events import record_event
-from durable_agents.engine.records import release_connection
 from durable_agents.errors import LeaseLostError
 from durable_agents.models import Run, Step, Turn
 

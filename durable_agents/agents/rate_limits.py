@@ -34,6 +34,7 @@ from django.db import connection
 from durable_agents import clock
 from durable_agents.agents.messages import Usage
 from durable_agents.conf import settings
+from durable_agents.connections import release_connection
 from durable_agents.errors import ModelUnavailableError
 
 DIMENSIONS = ("requests_per_minute", "input_tokens_per_minute", "output_tokens_per_minute")
@@ -143,9 +144,6 @@ class RateLimiter:
                 capacity_wait=True,
             )
         if wait > 0:
-            # Imported here: claude.py (and so this module) loads before the app registry, the models after it.
-            from durable_agents.engine.records import release_connection
-
             release_connection()
             time.sleep(wait)
         return Reservation(bucket, limits, estimate, max_tokens, wait)

@@ -36,9 +36,9 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.db import connection, connections
 
 from durable_agents.conf import settings
+from durable_agents.connections import release_connection
 from durable_agents.engine.approvals import require_approval
 from durable_agents.engine.effects import effect_key
-from durable_agents.engine.records import release_connection
 from durable_agents.errors import (
     ApprovalRejectedError,
     LeaseLostError,

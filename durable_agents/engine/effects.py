@@ -28,9 +28,9 @@ from django.db.models import F
 
 from durable_agents.clock import DbNow
 from durable_agents.conf import settings
+from durable_agents.connections import release_connection
 from durable_agents.engine import transitions
 from durable_agents.engine.events import record_event
-from durable_agents.engine.records import release_connection
 from durable_agents.engine.reliance import rely_on
 from durable_agents.engine.retry import TRANSIENT_TYPES, error_of
 from durable_agents.engine.wake import wake_on_commit

@@ -66,18 +66,6 @@ def let_go(run: Run) -> bool:
     return not left.exclude(status=StepStatus.DONE).exists()
 
 
-def release_connection(*, pooled_only: bool = False) -> None:
-    """Give this thread's (greenlet's) database connection back before a wait on the network: to the pool
-    (Django's psycopg pool, on the model worker), or closed; the next query takes one again. Inside a
-    transaction it is kept, as the transaction needs it. `pooled_only`: keep an unpooled connection (a
-    reconnect would cost more than the wait, e.g. a short call to an outside system from a prefork worker)."""
-    if connection.in_atomic_block:
-        return
-    if pooled_only and not (connection.settings_dict.get("OPTIONS") or {}).get("pool"):
-        return
-    connection.close()
-
-
 def locked(queryset: QuerySet[M]) -> QuerySet[M]:
     """SELECT ... FOR UPDATE SKIP LOCKED where the database has it (SQLite serialises writers anyway)."""
     if connection.features.has_select_for_update_skip_locked:

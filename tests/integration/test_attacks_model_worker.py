@@ -135,7 +135,7 @@ def test_pool__a_tool_holding_the_pooled_connection_does_not_cost_other_conversa
 
 
 def test_pool__an_answer_received_while_the_pool_is_exhausted_is_journaled_or_at_least_counted(fake, monkeypatch):
-    """`ask` gives the connection back before the model call (journal.py `ask` → records.release_connection), so
+    """`ask` gives the connection back before the model call (journal.py `ask` → connections.release_connection), so
     journaling the answer needs a pooled connection again. When the pool is exhausted, psycopg_pool raises
     PoolTimeout (an OperationalError) in `journal_turn`: the answer, already billed, is neither journaled nor
     counted (journal.py counts unjournaled usage only for LeaseLostError / IntegrityError), the step is retried
