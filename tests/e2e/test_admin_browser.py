@@ -304,11 +304,14 @@ def heartbeat_of(worker: WorkerProcess) -> ProcessHeartbeat:
 
 
 def claimed_mid_step(worker: WorkerProcess, run_id: Any, receiver: IdempotentReceiver, key: str) -> Run:
-    """The run once `worker` holds its lease and the step's request reached the receiver (the step then pauses)."""
+    """The run once `worker` holds its lease, the step's request reached the receiver and the step is in its
+    pause (its marker recorded: killed before it, the next attempt would take the pause instead)."""
 
     def mid_step() -> Run | None:
         run = Run.objects.get(pk=run_id)
-        return run if run.lease_owner and worker.owns(run.lease_owner) and receiver.requests_for(key) else None
+        held = run.lease_owner and worker.owns(run.lease_owner) and receiver.requests_for(key)
+        pausing = Execution.objects.filter(run_id=run_id, step_id="notify:after_request").exists()
+        return run if held and pausing else None
 
     return wait_for(mid_step, timeout=90, interval=0.1, what="the worker to claim the run and send its request")
 
