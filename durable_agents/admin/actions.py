@@ -38,6 +38,13 @@ from durable_agents.workflows import registry
 BULK_LIMIT = 500
 
 
+def comment_field(help_text: str) -> forms.CharField:
+    """The comment recorded with a decision (or a cancel's reason): optional, bounded, a small text area."""
+    return forms.CharField(
+        required=False, max_length=2000, widget=forms.Textarea(attrs={"rows": 3, "cols": 70}), help_text=help_text
+    )
+
+
 class RunActionForm(forms.Form):
     """An action's form; bare, it is a confirmation."""
 
@@ -177,12 +184,7 @@ class DecisionForm(RunActionForm):
     wait = forms.IntegerField(required=False, widget=forms.HiddenInput)
     # The arguments shown (a tool approval's hash): a form whose call changed decides nothing.
     args_hash = forms.CharField(required=False, widget=forms.HiddenInput)
-    comment = forms.CharField(
-        required=False,
-        max_length=2000,
-        widget=forms.Textarea(attrs={"rows": 3, "cols": 70}),
-        help_text="Recorded with the decision.",
-    )
+    comment = comment_field("Recorded with the decision.")
 
     def __init__(self, *args: Any, run: Run, **kwargs: Any) -> None:
         super().__init__(*args, run=run, **kwargs)
@@ -285,20 +287,28 @@ def _scheduled(run: Run) -> str:
     return "scheduled — a worker will pick the run up"
 
 
+def _cancelled_how(run: Run) -> str:
+    """What a cancel did: "done", "compensating" (a saga begun) or "requested" (a worker holds the run)."""
+    if run.status == RunStatus.CANCELLED:
+        return "done"
+    return "compensating" if run.finish_as else "requested"
+
+
+CANCEL_OUTCOMES = {
+    "done": "done — the run is cancelled",
+    "compensating": "scheduled — a worker undoes the run's effects, newest first, then it ends cancelled",
+    "requested": "requested — the run stops once the step executing now is checkpointed",
+}
+# The same outcomes, as a bulk cancel reports them ("<verb> 3 runs").
+BULK_CANCEL_VERBS = {
+    "done": "Cancelled",
+    "compensating": "Started undoing the effects (then cancelling) of",
+    "requested": "Asked to stop, once the step executing now is checkpointed,",
+}
+
+
 def _cancel_outcome(run: Run) -> str:
-    if run.status == RunStatus.CANCELLED:
-        return "done — the run is cancelled"
-    if run.finish_as:
-        return "scheduled — a worker undoes the run's effects, newest first, then it ends cancelled"
-    return "requested — the run stops once the step executing now is checkpointed"
-
-
-def _bulk_cancel_verb(run: Run) -> str:
-    if run.status == RunStatus.CANCELLED:
-        return "Cancelled"
-    if run.finish_as:
-        return "Started undoing the effects (then cancelling) of"
-    return "Asked to stop, once the step executing now is checkpointed,"
+    return CANCEL_OUTCOMES[_cancelled_how(run)]
 
 
 def _decided(run: Run) -> str:
@@ -533,7 +543,7 @@ def cancel_selected(
             except DurableAgentsError as exc:
                 failures.append(f"Run {pk}: {exc}")
             else:
-                outcomes[_bulk_cancel_verb(run)] += 1
+                outcomes[BULK_CANCEL_VERBS[_cancelled_how(run)]] += 1
         # A run a worker holds is only asked to stop, a saga only begun: each outcome is reported as what it is.
         for verb, count in sorted(outcomes.items()):
             _report(request, verb, count, [])

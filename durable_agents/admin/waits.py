@@ -21,7 +21,7 @@ from django.utils.text import Truncator
 from django.views.decorators.http import require_POST
 
 from durable_agents import api, clock
-from durable_agents.admin.actions import BULK_LIMIT, stale_decision
+from durable_agents.admin.actions import BULK_LIMIT, comment_field, stale_decision
 from durable_agents.admin.forbidden import forbidden
 from durable_agents.admin.guards import refuse_nul, show_direction_controls
 from durable_agents.admin.questions import asks
@@ -72,23 +72,13 @@ class WaitDecisionForm(forms.Form):
 
     decision = forms.ChoiceField(choices=[("approve", "Approve"), ("reject", "Reject")])
     args_hash = forms.CharField(required=False, widget=forms.HiddenInput)
-    comment = forms.CharField(
-        required=False,
-        max_length=2000,
-        widget=forms.Textarea(attrs={"rows": 3, "cols": 70}),
-        help_text="Recorded with the decision, with your name.",
-    )
+    comment = comment_field("Recorded with the decision, with your name.")
 
 
 class BulkDecisionForm(forms.Form):
     """The confirmation's one input: a comment recorded with every wait it decides."""
 
-    comment = forms.CharField(
-        required=False,
-        max_length=2000,
-        widget=forms.Textarea(attrs={"rows": 3, "cols": 70}),
-        help_text="Recorded with each decision, with your name.",
-    )
+    comment = comment_field("Recorded with each decision, with your name.")
 
 
 def _decide_selected(
