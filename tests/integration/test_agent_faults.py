@@ -6,6 +6,8 @@ retried and completed, or failed with the right error. Backoffs are skipped by c
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 
 import anthropic
@@ -23,17 +25,26 @@ pytestmark = pytest.mark.django_db(transaction=True)
 API_KEY = "sk-ant-test-secret-0123456789"
 
 
-@pytest.fixture
-def fake(monkeypatch):
-    monkeypatch.setenv("ANTHROPIC_API_KEY", API_KEY)
+@contextmanager
+def claude_on_the_fake(monkeypatch, *, timeout: float, api_key: str = API_KEY) -> Iterator[FakeAnthropic]:
+    """The "anthropic" participant, the real SDK pointed at a fresh fake Messages API; the previous one after."""
+    monkeypatch.setenv("ANTHROPIC_API_KEY", api_key)
     with FakeAnthropic() as server:
-        client = anthropic.Anthropic(api_key=API_KEY, base_url=server.url, max_retries=0, timeout=0.5)
+        client = anthropic.Anthropic(api_key=api_key, base_url=server.url, max_retries=0, timeout=timeout)
         previous = participants._participants.get("anthropic")
         participants.register("anthropic", AnthropicParticipant(client=client))
+        try:
+            yield server
+        finally:
+            participants._participants.pop("anthropic", None)
+            if previous is not None:
+                participants.register("anthropic", previous)
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    with claude_on_the_fake(monkeypatch, timeout=0.5) as server:
         yield server
-        participants._participants.pop("anthropic", None)
-        if previous is not None:
-            participants.register("anthropic", previous)
 
 
 @pytest.fixture

@@ -12,7 +12,6 @@ import threading
 import uuid
 from datetime import timedelta
 
-import anthropic
 import pytest
 import redis
 from django.conf import settings
@@ -22,7 +21,6 @@ from django.test import override_settings
 from bench.scale_agent import answer
 from durable_agents import api, clock
 from durable_agents.agents import rate_limits
-from durable_agents.agents.claude import AnthropicParticipant
 from durable_agents.agents.messages import ModelRequest, Usage
 from durable_agents.agents.participants import participants
 from durable_agents.engine.advance import advance
@@ -30,6 +28,7 @@ from durable_agents.errors import ModelUnavailableError
 from durable_agents.models import Event, RateBucket, Run, RunStatus, Step, Turn
 from durable_agents.testing.fake_anthropic import FakeAnthropic, Fault, Reply
 from tests.integration.conftest import MODEL_QUEUE, ROUTED
+from tests.integration.test_agent_faults import claude_on_the_fake
 from tests.integration.test_agent_scale import start_conversations, wait_all_completed
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -64,15 +63,8 @@ def tats(backend: str, bucket: str) -> tuple[float, float, float]:
 
 @pytest.fixture
 def fake(monkeypatch):
-    monkeypatch.setenv("ANTHROPIC_API_KEY", API_KEY)
-    with FakeAnthropic() as server:
-        client = anthropic.Anthropic(api_key=API_KEY, base_url=server.url, max_retries=0, timeout=5)
-        previous = participants._participants.get("anthropic")
-        participants.register("anthropic", AnthropicParticipant(client=client))
+    with claude_on_the_fake(monkeypatch, timeout=5, api_key=API_KEY) as server:
         yield server
-        participants._participants.pop("anthropic", None)
-        if previous is not None:
-            participants.register("anthropic", previous)
 
 
 def request_for(model: str, max_tokens: int = 64) -> ModelRequest:
