@@ -6,7 +6,7 @@ Registered in `DurableAgentsConfig.ready()` under the tag `durable_agents`; `man
     E001  DURABLE_AGENTS is not a dict
     E002  an unknown DURABLE_AGENTS key (with the nearest known one)
     E003  a value of the wrong type, or out of bounds
-    E004  NOTIFIER, WAKER or NOTIFICATION_ENQUEUER does not import, or is not callable
+    E004  NOTIFIER, WAKER, BATCH_WAKER (unless empty) or NOTIFICATION_ENQUEUER does not import, or is not callable
     E005  DEFAULT_PARTICIPANT is neither "anthropic" nor a registered participant
     E006  RESULT_STORAGE names no STORAGES entry
     E007  steps ask Claude, and the anthropic SDK is not installed
@@ -49,7 +49,8 @@ from durable_agents.models import StepKind
 from durable_agents.workflows import StepDef, Workflow, registry
 
 Check = Callable[..., list[CheckMessage]]
-HOOKS = ("NOTIFIER", "WAKER", "NOTIFICATION_ENQUEUER")
+HOOKS = ("NOTIFIER", "WAKER", "BATCH_WAKER", "NOTIFICATION_ENQUEUER")
+OPTIONAL_HOOKS = frozenset({"BATCH_WAKER"})  # empty: none
 QUEUES = ("QUEUE", "MODEL_QUEUE", "NOTIFY_QUEUE")
 SWEEP_TASK = "durable_agents.sweep"
 PICKLE = {"pickle", "application/x-python-serialize"}
@@ -146,10 +147,12 @@ def _is_number(text: str) -> bool:
 
 @_never_raises
 def check_hooks(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> list[CheckMessage]:
-    """E004: the dotted paths of NOTIFIER, WAKER and NOTIFICATION_ENQUEUER import a callable."""
+    """E004: the dotted paths of NOTIFIER, WAKER, BATCH_WAKER and NOTIFICATION_ENQUEUER import a callable."""
     messages: list[CheckMessage] = []
     for name in HOOKS:
         path = _value(name)
+        if not path and name in OPTIONAL_HOOKS:
+            continue
         try:
             target = import_string(path)
         except Exception as exc:  # noqa: BLE001 - importing user code may raise anything; report it all

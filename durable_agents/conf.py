@@ -180,6 +180,14 @@ SETTINGS: dict[str, Setting] = {
         at_least=0,
         at_most=MOST_ROWS,
     ),
+    "WAKE_BATCH_SIZE": Setting(
+        25,
+        int,
+        "runs woken by one transaction (started together, re-woken by the sweep) go out this many to a message, "
+        "advanced one after another by one task within EAGER_SLICE_MS; 1 (or EAGER_SLICE_MS 0): one message per run",
+        at_least=1,
+        at_most=MOST_ROWS,
+    ),
     "EFFECT_MAX_INVOCATIONS": Setting(
         10, int, "an effect invoked this many times without a recorded outcome goes to an operator", at_least=1
     ),
@@ -298,6 +306,12 @@ SETTINGS: dict[str, Setting] = {
         "durable_agents.tasks.wake",
         str,
         "dotted path of `waker(run_id, countdown=None, queue=None)`, which wakes a run (so the engine needs no Celery)",
+    ),
+    "BATCH_WAKER": Setting(
+        "durable_agents.tasks.wake_many",
+        str,
+        "dotted path of `waker(run_ids, queue=None)`, which wakes several runs with one message (WAKE_BATCH_SIZE); "
+        "empty, or left at its default beside a WAKER of your own: WAKER once per run",
     ),
     "NOTIFICATION_ENQUEUER": Setting(
         "durable_agents.tasks.enqueue_notification",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -24,9 +25,11 @@ from durable_agents.engine import advance as engine_advance
 from durable_agents.engine import heartbeats as engine_heartbeats
 from durable_agents.engine import outbox as engine_outbox
 from durable_agents.engine import sweep as engine_sweep
+from durable_agents.engine.eager import Slice
 from durable_agents.engine.lease import name_this_worker
 from durable_agents.engine.wake import queue_for
 from durable_agents.engine.wake import wake as engine_wake
+from durable_agents.engine.wake import wake_many as engine_wake_many
 
 T = TypeVar("T")
 logger = logging.getLogger("durable_agents.engine")
@@ -58,7 +61,29 @@ def advance(self: Any, run_id: str) -> str:
     return _dropping_dead_connections(lambda: _advance_or_pass_on(run_id, delivered_on))
 
 
-def _advance_or_pass_on(run_id: str, delivered_on: str | None) -> str:
+@shared_task(bind=True, name="durable_agents.advance_many", acks_late=True, reject_on_worker_lost=True, **JSON)
+def advance_many(self: Any, run_ids: list[str]) -> str:
+    """Advance runs woken together (engine/wake.py), one after another, each as `advance` advances a run sent on
+    its own, all within one eager slice; those not begun when it is spent go on in a new message. A run whose
+    advance raises ends the task as `advance` would end, once the runs after it have their message."""
+    if not isinstance(run_ids, list) or not all(isinstance(run_id, str) for run_id in run_ids):
+        logger.error("advance_many takes a list of run ids, not %r: message dropped", run_ids)
+        return "rejected"
+    delivered_on = (getattr(self.request, "delivery_info", None) or {}).get("routing_key")
+    ends_by = Slice.ends_by()
+    for index, run_id in enumerate(run_ids):
+        if index and time.monotonic() >= ends_by:
+            engine_wake_many(run_ids[index:])
+            return f"{index} advanced, {len(run_ids) - index} passed on"
+        try:
+            _dropping_dead_connections(lambda run_id=run_id: _advance_or_pass_on(run_id, delivered_on, ends_by))
+        except BaseException:
+            engine_wake_many(run_ids[index + 1 :])
+            raise
+    return f"{len(run_ids)} advanced"
+
+
+def _advance_or_pass_on(run_id: str, delivered_on: str | None, ends_by: float | None = None) -> str:
     # A model-queue message for a run whose next step no longer waits on the model (a stale countdown after a
     # resume, a redelivery) goes to the default queue: plain steps, CPU-bound ones too, run on prefork. Unless
     # that is this very queue (MODEL_QUEUE names QUEUE, or Celery's default queue): passed on, the message would
@@ -72,7 +97,7 @@ def _advance_or_pass_on(run_id: str, delivered_on: str | None) -> str:
     ):
         engine_wake(run_id)
         return "passed on"
-    return engine_advance.advance_slice(run_id, serves=_queues_served(delivered_on)).value
+    return engine_advance.advance_slice(run_id, serves=_queues_served(delivered_on), ends_by=ends_by).value
 
 
 def _queues_served(delivered_on: str | None) -> frozenset[str | None]:
@@ -113,6 +138,12 @@ def wake(run_id: str, countdown: float | None = None, queue: str | None = None) 
     """The default DURABLE_AGENTS['WAKER']: send `durable_agents.advance` for the run, on `queue` (the model
     queue) if given, else on QUEUE."""
     advance.apply_async((run_id,), countdown=countdown or None, **_routed(queue or durable_settings.QUEUE))
+
+
+def wake_many(run_ids: list[str], queue: str | None = None) -> None:
+    """The default DURABLE_AGENTS['BATCH_WAKER']: send one `durable_agents.advance_many` for the runs, on `queue`
+    (the model queue) if given, else on QUEUE."""
+    advance_many.apply_async((list(run_ids),), **_routed(queue or durable_settings.QUEUE))
 
 
 def enqueue_notification(effect_id: int) -> None:

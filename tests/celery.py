@@ -4,7 +4,8 @@ Worker subprocesses start with `celery -A tests` (durable_agents.testing.workers
 the package of tests/settings.py), and the test process publishes its wake-ups through it.
 
 DURABLE_TEST_COUNT_DELIVERIES=1 in a worker's environment: each `durable_agents.advance` delivery it starts is
-counted in the broker's Redis database, under `deliveries_key(run_id)`.
+counted in the broker's Redis database, under `deliveries_key(run_id)`; a `durable_agents.advance_many` delivery
+counts once for each run it carries, and once under `BATCHES_KEY`.
 """
 
 import os
@@ -20,6 +21,9 @@ app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
 
 
+BATCHES_KEY = "durable-test:batches"
+
+
 def deliveries_key(run_id: object) -> str:
     return f"durable-test:deliveries:{run_id}"
 
@@ -28,7 +32,14 @@ if os.environ.get("DURABLE_TEST_COUNT_DELIVERIES"):
 
     @task_prerun.connect
     def _count_delivery(task: Any = None, args: Any = None, **_: Any) -> None:
-        if task is not None and task.name == "durable_agents.advance" and args:
-            import redis
+        if task is None or not args or task.name not in ("durable_agents.advance", "durable_agents.advance_many"):
+            return
+        import redis
 
-            redis.Redis.from_url(os.environ["CELERY_BROKER_URL"]).incr(deliveries_key(args[0]))
+        counter = redis.Redis.from_url(os.environ["CELERY_BROKER_URL"])
+        if task.name == "durable_agents.advance":
+            counter.incr(deliveries_key(args[0]))
+            return
+        counter.incr(BATCHES_KEY)
+        for run_id in args[0] if isinstance(args[0], list) else ():
+            counter.incr(deliveries_key(run_id))

@@ -91,12 +91,15 @@ def advance(run_id: uuid.UUID | str) -> Outcome:
     return _advance_claimed(run_id, transitions.claim_run(run_id), None)
 
 
-def advance_slice(run_id: uuid.UUID | str, *, serves: frozenset[str | None] = DEFAULT_QUEUE) -> Outcome:
+def advance_slice(
+    run_id: uuid.UUID | str, *, serves: frozenset[str | None] = DEFAULT_QUEUE, ends_by: float | None = None
+) -> Outcome:
     """Advance one run by one step, then by the steps after it in this process while the slice allows (eager
     continuation, engine/eager.py: what it guarantees); the outcome of the last step run. Safe to call any
-    number of times, concurrently. `serves`: the queues whose steps this worker runs (None: the default)."""
+    number of times, concurrently. `serves`: the queues whose steps this worker runs (None: the default);
+    `ends_by`: the end of the slice of a batch this run is one of (Slice.ends_by())."""
     run_id = as_uuid(run_id)
-    eager = Slice.start(serves)
+    eager = Slice.start(serves, ends_by)
     outcome = _advance_claimed(run_id, transitions.claim_run(run_id), eager)
     while (kept := eager.take()) is not None:
         following = _advance_claimed(run_id, kept.claimed if kept.made else _claim_kept(run_id), eager)

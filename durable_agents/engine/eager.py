@@ -64,11 +64,18 @@ class Slice:
     kept: Kept | None = None
 
     @classmethod
-    def start(cls, serves: frozenset[str | None] = DEFAULT_QUEUE) -> Slice:
-        """A slice starting now, for a worker that runs the steps woken on `serves` (None: the default queue)."""
+    def start(cls, serves: frozenset[str | None] = DEFAULT_QUEUE, ends_by: float | None = None) -> Slice:
+        """A slice starting now, for a worker that runs the steps woken on `serves` (None: the default queue);
+        `ends_by` (time.monotonic()): the end of a batch's slice this run's shares (no later than its own)."""
         slice_seconds = float(settings.EAGER_SLICE_MS) / 1000
         steps = int(settings.EAGER_MAX_STEPS) if slice_seconds > 0 else 0
-        return cls(serves=serves, deadline=time.monotonic() + slice_seconds, steps_left=steps)
+        deadline = time.monotonic() + slice_seconds
+        return cls(serves=serves, deadline=deadline if ends_by is None else min(deadline, ends_by), steps_left=steps)
+
+    @staticmethod
+    def ends_by() -> float:
+        """When a slice starting now ends: a batch of runs (one message for several) shares one."""
+        return time.monotonic() + float(settings.EAGER_SLICE_MS) / 1000
 
     def is_open(self) -> bool:
         """True if the slice may run another step: decided before a commit, which may then claim it too."""

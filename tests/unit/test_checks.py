@@ -185,6 +185,7 @@ def test_checks__odd_django_settings_give_messages_never_a_traceback(odd):
         ("NOTIFICATION_ENQUEUER", "no_such_module.enqueue", "No module named 'no_such_module'"),
         ("WAKER", "tests.unit.test_checks.NOT_CALLABLE", "is not callable (it is a dict)"),
         ("NOTIFIER", "broken_on_import.Notifier", "RuntimeError: broken at import"),
+        ("BATCH_WAKER", "no_such_module.wake_many", "No module named 'no_such_module'"),
     ],
 )
 def test_check_hooks__an_unimportable_or_uncallable_path_is_an_error(name, path, said, tmp_path, monkeypatch):
@@ -194,6 +195,11 @@ def test_check_hooks__an_unimportable_or_uncallable_path_is_an_error(name, path,
         messages = durable_messages()
     assert [m.id for m in messages] == ["durable_agents.E004"], messages
     assert said in messages[0].msg and SETTINGS[name].default in messages[0].hint
+
+
+def test_check_hooks__an_empty_batch_waker_means_none():
+    with override_settings(DURABLE_AGENTS={"BATCH_WAKER": ""}):
+        assert [m for m in durable_messages() if m.id == "durable_agents.E004"] == []
 
 
 def test_check_hooks__the_defaults_and_the_tests_own_hooks_import():
