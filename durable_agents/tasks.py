@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
-import time
+import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -25,7 +25,7 @@ from durable_agents.engine import advance as engine_advance
 from durable_agents.engine import heartbeats as engine_heartbeats
 from durable_agents.engine import outbox as engine_outbox
 from durable_agents.engine import sweep as engine_sweep
-from durable_agents.engine.eager import Slice
+from durable_agents.engine.eager import Batch
 from durable_agents.engine.lease import name_this_worker
 from durable_agents.engine.wake import queue_for
 from durable_agents.engine.wake import wake as engine_wake
@@ -64,40 +64,54 @@ def advance(self: Any, run_id: str) -> str:
 @shared_task(bind=True, name="durable_agents.advance_many", acks_late=True, reject_on_worker_lost=True, **JSON)
 def advance_many(self: Any, run_ids: list[str]) -> str:
     """Advance runs woken together (engine/wake.py), one after another, each as `advance` advances a run sent on
-    its own, all within one eager slice; those not begun when it is spent go on in a new message. A run whose
-    advance raises ends the task as `advance` would end, once the runs after it have their message."""
+    its own, all within one eager slice (a run's last commit may claim the next run: engine/eager.py Batch);
+    those not begun when it is spent go on in a new message. A run whose advance raises ends the task as
+    `advance` would end, once the runs after it have their message."""
     if not isinstance(run_ids, list) or not all(isinstance(run_id, str) for run_id in run_ids):
         logger.error("advance_many takes a list of run ids, not %r: message dropped", run_ids)
         return "rejected"
+    if malformed := [run_id for run_id in run_ids if _as_id(run_id) is None]:
+        logger.error("advance_many: %d ids are not run ids (%r…): left out", len(malformed), malformed[0])
+        run_ids = [run_id for run_id in run_ids if _as_id(run_id) is not None]
     delivered_on = (getattr(self.request, "delivery_info", None) or {}).get("routing_key")
-    ends_by = Slice.ends_by()
+    batch = Batch.start()
     for index, run_id in enumerate(run_ids):
-        if index and time.monotonic() >= ends_by:
+        if index and not batch.holds(_as_id(run_id)) and not batch.is_open():
             engine_wake_many(run_ids[index:])
             return f"{index} advanced, {len(run_ids) - index} passed on"
+        batch.following = _as_id(run_ids[index + 1]) if index + 1 < len(run_ids) else None
         try:
-            _dropping_dead_connections(lambda run_id=run_id: _advance_or_pass_on(run_id, delivered_on, ends_by))
+            _dropping_dead_connections(lambda run_id=run_id: _advance_or_pass_on(run_id, delivered_on, batch))
         except BaseException:
             engine_wake_many(run_ids[index + 1 :])
             raise
     return f"{len(run_ids)} advanced"
 
 
-def _advance_or_pass_on(run_id: str, delivered_on: str | None, ends_by: float | None = None) -> str:
+def _as_id(run_id: str) -> uuid.UUID | None:
+    try:
+        return uuid.UUID(run_id)
+    except ValueError:
+        return None
+
+
+def _advance_or_pass_on(run_id: str, delivered_on: str | None, batch: Batch | None = None) -> str:
     # A model-queue message for a run whose next step no longer waits on the model (a stale countdown after a
     # resume, a redelivery) goes to the default queue: plain steps, CPU-bound ones too, run on prefork. Unless
     # that is this very queue (MODEL_QUEUE names QUEUE, or Celery's default queue): passed on, the message would
-    # come straight back here, for ever, and the step would never run.
+    # come straight back here, for ever, and the step would never run. (A run of a batch whose claim this task
+    # already holds is one whose step this worker runs: the claim checked.)
     model_queue = durable_settings.MODEL_QUEUE
     if (
         model_queue
         and delivered_on == model_queue
         and delivered_on not in _plain_steps_queue()
+        and not (batch is not None and batch.holds(_as_id(run_id)))
         and queue_for(run_id) != model_queue
     ):
         engine_wake(run_id)
         return "passed on"
-    return engine_advance.advance_slice(run_id, serves=_queues_served(delivered_on), ends_by=ends_by).value
+    return engine_advance.advance_slice(run_id, serves=_queues_served(delivered_on), batch=batch).value
 
 
 def _queues_served(delivered_on: str | None) -> frozenset[str | None]:

@@ -29,7 +29,7 @@ from durable_agents.conf import settings
 from durable_agents.engine import transitions
 from durable_agents.engine.context import StepContext
 from durable_agents.engine.control import ExtendPlan, Park, Rerun, WaitSpec
-from durable_agents.engine.eager import DEFAULT_QUEUE, Slice
+from durable_agents.engine.eager import DEFAULT_QUEUE, Batch, Slice
 from durable_agents.engine.events import record_event
 from durable_agents.engine.lease import Claim, Heartbeat, as_uuid, lease_seconds, renew_lease
 from durable_agents.engine.payloads import store_result
@@ -92,15 +92,16 @@ def advance(run_id: uuid.UUID | str) -> Outcome:
 
 
 def advance_slice(
-    run_id: uuid.UUID | str, *, serves: frozenset[str | None] = DEFAULT_QUEUE, ends_by: float | None = None
+    run_id: uuid.UUID | str, *, serves: frozenset[str | None] = DEFAULT_QUEUE, batch: Batch | None = None
 ) -> Outcome:
     """Advance one run by one step, then by the steps after it in this process while the slice allows (eager
     continuation, engine/eager.py: what it guarantees); the outcome of the last step run. Safe to call any
     number of times, concurrently. `serves`: the queues whose steps this worker runs (None: the default);
-    `ends_by`: the end of the slice of a batch this run is one of (Slice.ends_by())."""
+    `batch`: the batched wake-up this run is one of (its claim may have been made by the run before it)."""
     run_id = as_uuid(run_id)
-    eager = Slice.start(serves, ends_by)
-    outcome = _advance_claimed(run_id, transitions.claim_run(run_id), eager)
+    eager = Slice.start(serves, batch)
+    premade = batch.take(run_id) if batch is not None else None
+    outcome = _advance_claimed(run_id, premade or transitions.claim_run(run_id), eager)
     while (kept := eager.take()) is not None:
         following = _advance_claimed(run_id, kept.claimed if kept.made else _claim_kept(run_id), eager)
         outcome = outcome if following in (Outcome.SKIPPED, Outcome.NOT_FOUND) else following
@@ -321,8 +322,12 @@ def _commit(claim: Claim, step: Step, stored: Any, eager: Slice | None) -> Outco
     last = claim.cursor + 1 >= claim.step_count
     if eager is not None and not last and eager.is_open() and transitions.claims_on_commit():
         return _commit_and_claim(claim, step, stored, eager)
-    # On Postgres one autocommit statement: no BEGIN/COMMIT round trips on the hot path.
-    committed = transitions.checkpoint(claim, step, stored, final=last)
+    following = eager.batch.next_to_claim() if eager is not None and eager.batch is not None and last else None
+    if following is not None and following != claim.run_id and transitions.claims_on_commit():
+        committed = _commit_and_claim_next(claim, step, stored, eager, following)
+    else:
+        # On Postgres one autocommit statement: no BEGIN/COMMIT round trips on the hot path.
+        committed = transitions.checkpoint(claim, step, stored, final=last)
     if committed is transitions.Committed.LOST:
         raise LeaseLostError()
     # Outside a transaction these are sent now, after the commit.
@@ -338,6 +343,21 @@ def _commit(claim: Claim, step: Step, stored: Any, eager: Slice | None) -> Outco
     else:
         eager.hand_on(claim.run_id)
     return Outcome.COMMITTED
+
+
+def _commit_and_claim_next(
+    claim: Claim, step: Step, stored: Any, eager: Slice, following: uuid.UUID
+) -> transitions.Committed:
+    """A run's last step in a batch: one statement commits it and claims the batch's next run for this task (made
+    only if the commit was written; refused, the next run claims for itself)."""
+    assert eager.batch is not None
+    model_bound, plain = eager.runs()
+    committed, claimed = transitions.checkpoint_and_claim_next(
+        claim, step, stored, following, model_bound=model_bound, plain=plain
+    )
+    if claimed is not None:
+        eager.batch.claimed(following, claimed)
+    return committed
 
 
 def _commit_and_claim(claim: Claim, step: Step, stored: Any, eager: Slice) -> Outcome:

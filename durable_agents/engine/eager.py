@@ -55,6 +55,47 @@ class Kept:
 
 
 @dataclass
+class Batch:
+    """The runs of one message (a batched wake-up, engine/wake.py), advanced one after another in one slice.
+
+    The commit of a run's last step may claim the batch's next run in the same statement (hotpath.
+    commit_and_claim_next) while the slice lasts: that claim is the one the next run's own statement would have
+    made, and the task must then advance that run whatever the time (it holds its lease)."""
+
+    ends_by: float
+    following: uuid.UUID | None = None
+    _claimed_for: uuid.UUID | None = None
+    _claimed: tuple[Claim, Step | None] | None = None
+
+    @classmethod
+    def start(cls) -> Batch:
+        """A batch whose slice starts now."""
+        return cls(ends_by=time.monotonic() + float(settings.EAGER_SLICE_MS) / 1000)
+
+    def is_open(self) -> bool:
+        return time.monotonic() < self.ends_by
+
+    def next_to_claim(self) -> uuid.UUID | None:
+        """The run a last step's commit may claim now: the next of the batch, while the slice lasts."""
+        return self.following if self.following is not None and self.is_open() else None
+
+    def claimed(self, run_id: uuid.UUID, claimed: tuple[Claim, Step | None]) -> None:
+        """A commit claimed `run_id` (the next run) for this task."""
+        self._claimed_for, self._claimed = run_id, claimed
+
+    def holds(self, run_id: uuid.UUID) -> bool:
+        """True if this task already holds `run_id`'s claim, made by the commit of the run before it."""
+        return self._claimed_for == run_id
+
+    def take(self, run_id: uuid.UUID) -> tuple[Claim, Step | None] | None:
+        """The claim a commit made for `run_id`, once (None: none was made; the run claims for itself)."""
+        if self._claimed_for != run_id:
+            return None
+        claimed, self._claimed_for, self._claimed = self._claimed, None, None
+        return claimed
+
+
+@dataclass
 class Slice:
     """One task's budget of eager steps, and whether its last commit kept the run for this task."""
 
@@ -62,20 +103,18 @@ class Slice:
     deadline: float
     steps_left: int
     kept: Kept | None = None
+    batch: Batch | None = None
 
     @classmethod
-    def start(cls, serves: frozenset[str | None] = DEFAULT_QUEUE, ends_by: float | None = None) -> Slice:
+    def start(cls, serves: frozenset[str | None] = DEFAULT_QUEUE, batch: Batch | None = None) -> Slice:
         """A slice starting now, for a worker that runs the steps woken on `serves` (None: the default queue);
-        `ends_by` (time.monotonic()): the end of a batch's slice this run's shares (no later than its own)."""
+        in `batch`, it ends with the batch's slice at the latest."""
         slice_seconds = float(settings.EAGER_SLICE_MS) / 1000
         steps = int(settings.EAGER_MAX_STEPS) if slice_seconds > 0 else 0
         deadline = time.monotonic() + slice_seconds
-        return cls(serves=serves, deadline=deadline if ends_by is None else min(deadline, ends_by), steps_left=steps)
-
-    @staticmethod
-    def ends_by() -> float:
-        """When a slice starting now ends: a batch of runs (one message for several) shares one."""
-        return time.monotonic() + float(settings.EAGER_SLICE_MS) / 1000
+        if batch is not None:
+            deadline = min(deadline, batch.ends_by)
+        return cls(serves=serves, deadline=deadline, steps_left=steps, batch=batch)
 
     def is_open(self) -> bool:
         """True if the slice may run another step: decided before a commit, which may then claim it too."""
@@ -125,4 +164,4 @@ class Slice:
         return kept
 
 
-__all__ = ["DEFAULT_QUEUE", "Kept", "Slice"]
+__all__ = ["DEFAULT_QUEUE", "Batch", "Kept", "Slice"]

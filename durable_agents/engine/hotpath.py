@@ -91,12 +91,13 @@ def _claimable(now: str, row: Mapping[str, str]) -> str:
     )
 
 
-def _claim_update_sql() -> str:
+def _claim_update_sql(target: str = "%(id)s", served: str = "") -> str:
+    """The claim's UPDATE of the run `target` (an SQL expression of its id), if claimable (and `served`)."""
     now, expires = _clock()
     sets = ", ".join(f"{column} = {value}" for column, value in _claim_sets(now, expires, {}).items())
     return f"""
         UPDATE {connection.ops.quote_name(Run._meta.db_table)} SET {sets}
-         WHERE id = %(id)s AND {_claimable(now, {})}
+         WHERE id = {target} AND {_claimable(now, {})}{f" AND {served}" if served else ""}
     """
 
 
@@ -248,7 +249,7 @@ def _released() -> str:
 
 
 @cache
-def _commit_sql(ending: bool) -> str:
+def _commit_sql(ending: bool, claims_next: bool = False) -> str:
     run = Run._meta.db_table
     now = "(STATEMENT_TIMESTAMP() + %(shift)s)"
     run_sources = RUN_RULES[RunOp.COMPLETE if ending else RunOp.CHECKPOINT].sources
@@ -264,12 +265,28 @@ def _commit_sql(ending: bool) -> str:
     )
     # The run row is locked first, then the step is written, then the run only if the step was: a step that
     # is no longer live (superseded, failed by a deadline) moves no cursor and releases no lease.
-    return f"""
-        WITH {_held(run_sources)}, {_step_done(now)}
+    update = f"""
         UPDATE {run}
            SET cursor = %(cursor)s, {_released()}, updated_at = {now}{finish}
          WHERE id IN (SELECT id FROM held) AND EXISTS (SELECT 1 FROM done)
-     RETURNING {ends}
+     RETURNING {ends}"""
+    if not claims_next:
+        return f"WITH {_held(run_sources)}, {_step_done(now)} {update}"
+    # And the claim and load of the batch's next run (`next_id`), made only once this commit is written (`f`):
+    # the committed run's row is locked first, the next run's is taken only if no one holds its lock (SKIP
+    # LOCKED: this statement never waits on a second row, so two batches in opposite orders cannot deadlock).
+    # Not claimed — locked, not claimable, another queue's step — the next run is claimed by its own statement.
+    step = Step._meta.db_table
+    next_kind = f"""(SELECT kind FROM {step} k
+                      WHERE k.run_id = {run}.id AND k.position = {run}.cursor AND k.status <> %(superseded)s)"""
+    served = f"CASE WHEN {next_kind} = ANY(%(model_kinds)s) THEN %(model_ok)s ELSE %(plain_ok)s END"
+    target = f"(SELECT id FROM {run} WHERE id = %(next_id)s AND EXISTS (SELECT 1 FROM f) FOR UPDATE SKIP LOCKED)"
+    return f"""
+        WITH {_held(run_sources)}, {_step_done(now)}, f AS ({update} AS ended),
+        c AS ({_claim_update_sql(target, served)} RETURNING *)
+        SELECT a.written, a.ended, l.*
+          FROM (SELECT COUNT(*) > 0 AS written, BOOL_OR(ended) AS ended FROM f) a
+          LEFT JOIN ({_load_sql("seen.updated_at IS DISTINCT FROM c.updated_at")}) l ON TRUE
     """
 
 
@@ -291,6 +308,43 @@ def commit_checkpoint(claim: Claim, step: Step, stored: StoredResult, *, ending:
     if row is None:
         return "lost"
     return "finished" if row[0] else "checkpointed"
+
+
+def commit_and_claim_next(
+    claim: Claim,
+    step: Step,
+    stored: StoredResult,
+    ending: str,
+    next_id: uuid.UUID,
+    owner: str,
+    lease: timedelta,
+    *,
+    model_bound: bool,
+    plain: bool,
+) -> tuple[str, tuple[Claim, Step | None] | None]:
+    """Commit a run's last step as commit_checkpoint does (`ending`) and, in the same statement, claim run
+    `next_id` — the next run of the caller's batch — as claim_and_load would right after, if the commit was
+    written, the run is claimable, its row is not locked, and its step is one the caller runs (`model_bound`,
+    `plain`). The commit's outcome ("lost": nothing written, no claim made), and the next run's claim or None."""
+    assert RUN_RULES[RunOp.COMPLETE if ending == RunStatus.COMPLETED else RunOp.FINISH].allows(ending)
+    params = {
+        **_commit_params(claim, step, stored),
+        **_claim_params(owner, lease),
+        "ending": ending,
+        "output": None if claim.finish_as else _jsonb(stored.public_value),
+        "next_id": next_id,
+        "model_kinds": sorted(MODEL_BOUND_KINDS),
+        "model_ok": model_bound,
+        "plain_ok": plain,
+    }
+    with connection.cursor() as cursor:
+        cursor.execute(_commit_sql(True, claims_next=True), params)
+        row = cursor.fetchone()
+    written, ended, loaded = row[0], row[1], row[2:]
+    if not written:
+        return "lost", None
+    outcome = "finished" if ended else "checkpointed"
+    return outcome, None if loaded[0] is None else _loaded(next_id, owner, loaded)
 
 
 def _commit_params(claim: Claim, step: Step, stored: StoredResult) -> dict[str, Any]:

@@ -170,6 +170,20 @@ def checkpoint(claim: Claim, step: Step, stored: StoredResult, *, final: bool) -
     return Committed.FINISHED if finished else Committed.CHECKPOINTED
 
 
+def checkpoint_and_claim_next(
+    claim: Claim, step: Step, stored: StoredResult, next_id: uuid.UUID, *, model_bound: bool, plain: bool
+) -> tuple[Committed, tuple[Claim, Step | None] | None]:
+    """Commit a run's last step as `checkpoint(final=True)` does and, in the same statement, claim run `next_id`
+    (the next of the caller's batch) as `claim_run` would right after — only if the commit was written, the run
+    is claimable, its row unlocked and its step one the caller runs (`model_bound`, `plain`). LOST writes nothing
+    and claims nothing. Postgres only (`claims_on_commit`)."""
+    lease = timedelta(seconds=lease_seconds())
+    committed, claimed = hotpath.commit_and_claim_next(
+        claim, step, stored, _ending(claim), next_id, worker_id(), lease, model_bound=model_bound, plain=plain
+    )
+    return Committed(committed), claimed
+
+
 def claims_on_commit() -> bool:
     """True where `checkpoint_and_claim` commits a step and claims the next in one statement (Postgres)."""
     return hotpath.is_available()

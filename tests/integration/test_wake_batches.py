@@ -9,16 +9,20 @@ redelivery after a death, a cancel and a spent slice do to each of its runs what
 from __future__ import annotations
 
 import json
+import threading
+import uuid
 
 import pytest
 import redis
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, connections, transaction
 from django.db.models import Count
-from django.test.utils import override_settings
+from django.test.utils import CaptureQueriesContext, override_settings
 
 from durable_agents import api, tasks
 from durable_agents.engine import sweep as engine_sweep
+from durable_agents.engine import transitions
+from durable_agents.engine.payloads import StoredResult
 from durable_agents.models import Run, RunStatus, Step, StepStatus
 from durable_agents.testing import wait_for, wait_for_run
 from tests.celery import BATCHES_KEY, deliveries_key
@@ -146,6 +150,118 @@ def test_with_a_model_queue_a_batch_holds_one_queue_s_runs():
         plain += _start(1, "eager", {"steps": 1})
     by_queue = {routed.get("queue"): run_ids for run_ids, routed in batches}
     assert by_queue == {None: plain, MODEL_QUEUE: model_bound}
+
+
+# --- in this process: a run's last commit claims the batch's next run --------------------------------------------
+
+
+LONG = {"EAGER_SLICE_MS": 600_000.0}  # a slice the machine's speed never ends
+
+
+def _claimed(run_id) -> tuple:
+    claimed = transitions.claim_run(run_id)
+    assert claimed is not None
+    return claimed
+
+
+def _finish_and_claim(claimed: tuple, next_id, *, model_bound: bool = True, plain: bool = True):
+    claim, step = claimed
+    return transitions.checkpoint_and_claim_next(
+        claim, step, StoredResult({"done": True}), next_id, model_bound=model_bound, plain=plain
+    )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_batch__one_statement_per_one_step_run_after_the_first_claim():
+    with _in_process(), transaction.atomic():
+        ids = _start(30)
+    with _in_process(**LONG), CaptureQueriesContext(connection) as queries:
+        assert tasks.advance_many.run(ids) == "30 advanced"
+    assert Run.objects.filter(pk__in=ids, status=RunStatus.COMPLETED).count() == 30
+    assert len(queries.captured_queries) == 31, "each run's last commit claims the next run in the same statement"
+    assert woken == [] and batches == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_batch__the_next_run_s_claim_is_a_claim_like_any_other():
+    first, following = _start(2)
+    before = Run.objects.get(pk=following)
+    committed, claimed = _finish_and_claim(_claimed(first), uuid.UUID(following))
+    assert committed is transitions.Committed.FINISHED
+    assert claimed is not None
+    claim, step = claimed
+    after = Run.objects.get(pk=following)
+    assert after.status == RunStatus.RUNNING and claim.token == after.lease_token == before.lease_token + 1
+    assert claim.attempt == after.attempt == 1 and step.position == 0 and step.run.input == {"steps": 1}
+    assert after.lease_owner == claim.owner and after.lease_expires_at is not None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_batch__a_lost_commit_writes_nothing_and_claims_nothing():
+    first, following = _start(2)
+    zombie = _claimed(first)
+    Run.objects.filter(pk=first).update(lease_expires_at=None)
+    _claimed(first)  # another worker took the run over
+    untouched = Run.objects.filter(pk=following).values()[0]
+    committed, claimed = _finish_and_claim(zombie, uuid.UUID(following))
+    assert (committed, claimed) == (transitions.Committed.LOST, None)
+    assert Run.objects.filter(pk=following).values()[0] == untouched
+
+
+@pytest.mark.django_db(transaction=True)
+def test_batch__a_next_run_locked_elsewhere_is_skipped_not_waited_for():
+    first, following = _start(2)
+    claimed = _claimed(first)
+    locked, release, done = threading.Event(), threading.Event(), threading.Event()
+
+    def hold_the_lock() -> None:
+        with transaction.atomic():
+            list(Run.objects.select_for_update().filter(pk=following))
+            locked.set()
+            release.wait(timeout=120)
+        connections.close_all()
+        done.set()
+
+    holder = threading.Thread(target=hold_the_lock)
+    holder.start()
+    try:
+        assert locked.wait(timeout=60)
+        committed, next_claim = _finish_and_claim(claimed, uuid.UUID(following))
+    finally:
+        release.set()
+        holder.join(timeout=60)
+    assert committed is transitions.Committed.FINISHED and next_claim is None
+    assert Run.objects.get(pk=following).status == RunStatus.PENDING, "left for its own claim"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_batch__a_next_run_with_a_cancel_requested_is_not_claimed_and_its_cancel_is_settled():
+    with _in_process(), transaction.atomic():
+        ids = _start(3)
+    api.cancel(ids[1], "not wanted")  # pending, nobody holds it: cancelled at once
+    with _in_process(**LONG):
+        tasks.advance_many.run(ids)
+    statuses = dict(Run.objects.filter(pk__in=ids).values_list("id", "status"))
+    assert [statuses[uuid.UUID(i)] for i in ids] == ["completed", "cancelled", "completed"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_batch__a_next_run_whose_step_another_queue_runs_is_not_claimed():
+    first = _start(1)[0]
+    model_bound = _start(1, "approve_briefed", {})[0]
+    committed, claimed = _finish_and_claim(_claimed(first), uuid.UUID(model_bound), model_bound=False, plain=True)
+    assert committed is transitions.Committed.FINISHED and claimed is None
+    assert Run.objects.get(pk=model_bound).status == RunStatus.PENDING
+
+
+@pytest.mark.django_db(transaction=True)
+def test_batch__a_run_twice_in_one_batch_and_ids_that_name_no_run_are_advanced_as_deliveries_are():
+    with _in_process(), transaction.atomic():
+        first, second = _start(2)
+    with _in_process(**LONG):
+        outcome = tasks.advance_many.run([first, first, str(uuid.uuid4()), second, "not-a-uuid", second])
+    assert outcome == "5 advanced", "the id that is no UUID is left out, with a log"
+    assert Run.objects.filter(pk__in=[first, second], status=RunStatus.COMPLETED).count() == 2
 
 
 # --- real workers -------------------------------------------------------------------------------------------------
