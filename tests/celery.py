@@ -5,13 +5,20 @@ the package of tests/settings.py), and the test process publishes its wake-ups t
 
 DURABLE_TEST_COUNT_DELIVERIES=1 in a worker's environment: each `durable_agents.advance` delivery it starts is
 counted in the broker's Redis database, under `deliveries_key(run_id)`.
+
+DURABLE_TEST_CLOCK_KEY=<redis key> in a worker's environment: before each task the worker sets its engine time
+shift (`clock.advance`) to the seconds stored under that key, so a test moves every process's clock at once
+(tests/integration/test_schedules.py's SharedClock).
 """
 
 import os
+from datetime import timedelta
 from typing import Any
 
 from celery import Celery
 from celery.signals import task_prerun
+
+from durable_agents import clock
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
 
@@ -32,3 +39,14 @@ if os.environ.get("DURABLE_TEST_COUNT_DELIVERIES"):
             import redis
 
             redis.Redis.from_url(os.environ["CELERY_BROKER_URL"]).incr(deliveries_key(args[0]))
+
+
+if os.environ.get("DURABLE_TEST_CLOCK_KEY"):
+
+    @task_prerun.connect
+    def _follow_test_clock(**_: Any) -> None:
+        import redis
+
+        shift = redis.Redis.from_url(os.environ["CELERY_BROKER_URL"]).get(os.environ["DURABLE_TEST_CLOCK_KEY"])
+        clock.reset()
+        clock.advance(timedelta(seconds=float(shift or 0)))
