@@ -8,7 +8,9 @@ found by its idempotency key, "schedule:<name>:<slot>": a missed slot has none, 
 from __future__ import annotations
 
 import os
+import random
 import threading
+import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
@@ -16,7 +18,7 @@ from zoneinfo import ZoneInfo
 import pytest
 import redis
 from croniter import croniter
-from django.db import connections
+from django.db import connection, connections, transaction
 
 from durable_agents import api, clock
 from durable_agents.engine.schedules import slot_key, start_due_schedules
@@ -76,6 +78,11 @@ class SharedClock:
     def advance(self, delta: timedelta) -> None:
         clock.advance(delta)
         self.redis.set(self.key, clock.offset().total_seconds())
+
+    def to_half_past(self) -> None:
+        """Move to the next HH:30, so hourly slots are half an hour away whatever the real time of the test."""
+        now = clock.now()
+        self.advance(timedelta(minutes=(30 - now.minute) % 60 or 60, seconds=-now.second))
 
 
 # In-process sweeps, the clock moved by hand
@@ -218,3 +225,100 @@ def test_schedule__unknown_names_are_clear_errors():
     for operation in (api.pause_schedule, api.resume_schedule, api.unschedule):
         with pytest.raises(api.ScheduleNotFoundError, match="no schedule is named 'ghost'"):
             operation("ghost")
+
+
+# Real workers and their embedded beat, SIGKILLed and restarted
+
+
+def test_schedule__survives_beat_restarts_and_sigkilled_workers_without_a_missed_or_doubled_slot(start_worker):
+    shared = SharedClock()
+    shared.to_half_past()
+    api.schedule("hourly", "record", cron="0 * * * *", missed="catch_up", catch_up_limit=24)
+    begin = clock.now()
+    worker = start_worker(beat=True, env=shared.env)
+    rng = random.Random(19)
+    for round_ in range(9):
+        shared.advance(timedelta(hours=1))
+        owed = slots_between("0 * * * *", begin, clock.now())
+        if round_ % 3 == 0:
+            # SIGKILL at a random instant of a sweep (beat sweeps every half second), with slots passing while down.
+            time.sleep(rng.uniform(0, 0.6))
+            worker.kill()
+            shared.advance(timedelta(hours=2))
+            owed = slots_between("0 * * * *", begin, clock.now())
+            worker = start_worker(beat=True, env=shared.env)
+        elif round_ % 3 == 1:
+            worker.stop()  # a graceful restart of beat and worker (a deploy)
+            worker = start_worker(beat=True, env=shared.env)
+        wait_for(lambda owed=owed: len(started("hourly")) >= len(owed), timeout=90, what=f"{len(owed)} slots started")
+        assert_exactly("hourly", owed)
+    for key in started("hourly"):
+        wait_for_run(Run.objects.get(idempotency_key=key).id, timeout=120)
+    time.sleep(1.5)  # more sweeps pass at the same time: nothing more is owed
+    assert_exactly("hourly", slots_between("0 * * * *", begin, clock.now()))
+
+
+class _Rollback(Exception):
+    pass
+
+
+def test_schedule__a_worker_sigkilled_inside_the_sweeps_transaction_starts_the_slot_once(start_worker):
+    shared = SharedClock()
+    shared.to_half_past()
+    api.schedule("killed", "record", cron="0 * * * *")
+    shared.advance(timedelta(hours=1))
+    slot = Schedule.objects.get(name="killed").next_slot
+    assert slot <= clock.now()
+    key = slot_key("killed", slot)
+    holding, release = threading.Event(), threading.Event()
+
+    def blocker() -> None:
+        # An uncommitted run under the slot's key: the sweep's insert of that key waits on it, mid-transaction.
+        try:
+            with transaction.atomic():
+                api.start("record", {"blocker": True}, idempotency_key=key)
+                holding.set()
+                release.wait(timeout=120)
+                raise _Rollback
+        except _Rollback:
+            pass
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=blocker)
+    thread.start()
+    try:
+        assert holding.wait(timeout=30)
+        worker = start_worker(beat=True, env=shared.env)
+
+        def sweep_waiting() -> int | None:
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
+                    " AND query LIKE %s",
+                    ["%durable_agents_run%"],
+                )
+                row = cursor.fetchone()
+            return row[0] if row else None
+
+        backend = wait_for(sweep_waiting, timeout=60, what="the sweep to insert the slot's run and wait on the key")
+        worker.kill()  # between starting the slot's run and advancing the schedule
+    finally:
+        release.set()
+        thread.join(timeout=60)
+
+    def backend_gone() -> bool:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", [backend])
+            return cursor.fetchone() is None
+
+    wait_for(backend_gone, timeout=60, what="Postgres to roll back the killed worker's transaction")
+    assert not started("killed"), "the killed sweep's transaction left a run behind"
+    assert Schedule.objects.get(name="killed").next_slot == slot, "the slot must still be owed"
+
+    start_worker(beat=True, env=shared.env)
+    wait_for(lambda: started("killed"), timeout=60, what="the restarted beat to start the owed slot")
+    wait_for_run(Run.objects.get(idempotency_key=key).id, timeout=120)
+    time.sleep(1.5)  # more sweeps: the slot is not started again
+    assert_exactly("killed", [slot])
+    assert Schedule.objects.get(name="killed").next_slot > clock.now()
