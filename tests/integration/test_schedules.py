@@ -7,12 +7,16 @@ found by its idempotency key, "schedule:<name>:<slot>": a missed slot has none, 
 
 from __future__ import annotations
 
+import json
 import os
 import random
+import subprocess
+import sys
 import threading
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -27,6 +31,7 @@ from durable_agents.models import Event, Run, Schedule
 from durable_agents.testing import wait_for, wait_for_run
 
 pytestmark = pytest.mark.django_db(transaction=True)
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(autouse=True)
@@ -322,3 +327,52 @@ def test_schedule__a_worker_sigkilled_inside_the_sweeps_transaction_starts_the_s
     time.sleep(1.5)  # more sweeps: the slot is not started again
     assert_exactly("killed", [slot])
     assert Schedule.objects.get(name="killed").next_slot > clock.now()
+
+
+# The command line
+
+
+@pytest.fixture
+def manage(worker_env):
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "django", *args],
+            cwd=ROOT,
+            env={**worker_env},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    return run
+
+
+def test_durable_schedules__lists_pauses_and_resumes(manage):
+    assert "no schedules" in manage("durable_schedules").stdout
+    api.schedule("nightly", "record", cron="0 3 * * *", timezone="Europe/Paris")
+    listed = manage("durable_schedules").stdout
+    assert "nightly  record  0 3 * * * (Europe/Paris, skip)  next 20" in listed and "no run yet" in listed
+    paused = manage("durable_schedules", "pause", "nightly")
+    assert paused.returncode == 0 and "schedule nightly: paused" in paused.stdout
+    assert Schedule.objects.get(name="nightly").paused
+    [row] = json.loads(manage("durable_schedules", "--json").stdout)
+    assert row["paused"] is True and row["cron"] == "0 3 * * *"
+    resumed = manage("durable_schedules", "resume", "nightly")
+    assert resumed.returncode == 0 and "active, next slot" in resumed.stdout
+    assert not Schedule.objects.get(name="nightly").paused
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["pause", "ghost"], "no schedule is named 'ghost'; `durable_schedules` lists them"),
+        (["resume", "ghost"], "no schedule is named 'ghost'"),
+        (["pause"], "pause needs a schedule's name"),
+        (["pause", "a" * 300], "the schedule name is 300 characters long"),
+    ],
+)
+def test_durable_schedules__user_mistakes_exit_2_with_one_line_on_stderr(manage, args, message):
+    result = manage("durable_schedules", *args)
+    assert result.returncode == 2, f"{args}: exit {result.returncode}, stderr {result.stderr}"
+    assert message in result.stderr and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
