@@ -22,6 +22,7 @@ from zoneinfo import ZoneInfo
 import pytest
 import redis
 from croniter import croniter
+from django.contrib.auth.models import Permission
 from django.db import connection, connections, transaction
 
 from durable_agents import api, clock
@@ -376,3 +377,35 @@ def test_durable_schedules__user_mistakes_exit_2_with_one_line_on_stderr(manage,
     assert result.returncode == 2, f"{args}: exit {result.returncode}, stderr {result.stderr}"
     assert message in result.stderr and "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+# The admin
+
+
+def test_admin__lists_schedules_and_pauses_and_resumes_them(admin_client):
+    api.schedule("nightly", "record", cron="0 3 * * *")
+    api.schedule("hourly", "record", cron="0 * * * *")
+    clock.advance(timedelta(hours=1))
+    sweep()
+    page = admin_client.get("/admin/durable_agents/schedule/").content.decode()
+    assert "nightly" in page and "<code>0 3 * * *</code>" in page
+    last_run = Schedule.objects.get(name="hourly").last_run_id
+    assert f"/admin/durable_agents/run/{last_run}/change/" in page, "the last run links to its page"
+    pks = [Schedule.objects.get(name="nightly").pk]
+    response = admin_client.post(
+        "/admin/durable_agents/schedule/", {"action": "pause_selected", "_selected_action": pks}, follow=True
+    )
+    assert "1 schedule paused" in response.content.decode() and Schedule.objects.get(name="nightly").paused
+    admin_client.post("/admin/durable_agents/schedule/", {"action": "resume_selected", "_selected_action": pks})
+    assert not Schedule.objects.get(name="nightly").paused
+
+
+def test_admin__a_viewer_without_the_permission_cannot_pause(client, django_user_model):
+    viewer = django_user_model.objects.create_user("viewer", password="x", is_staff=True)
+    viewer.user_permissions.add(Permission.objects.get(codename="view_schedule"))
+    client.force_login(viewer)
+    schedule = api.schedule("nightly", "record", cron="0 3 * * *")
+    page = client.get("/admin/durable_agents/schedule/").content.decode()
+    assert "nightly" in page and "pause_selected" not in page
+    client.post("/admin/durable_agents/schedule/", {"action": "pause_selected", "_selected_action": [schedule.pk]})
+    assert not Schedule.objects.get(name="nightly").paused
