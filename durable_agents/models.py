@@ -496,8 +496,11 @@ class Schedule(models.Model):
     paused = models.BooleanField(default=False)
     next_slot = models.DateTimeField()
     last_slot = models.DateTimeField(null=True, blank=True)
-    # The run of the last slot started; a pruned run leaves the schedule in place.
-    last_run = models.ForeignKey(Run, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
+    # The run of the last slot started. No database constraint: pruning old runs (in batches, by SQL) must not
+    # have to visit schedules; a pruned last run leaves an id the console shows without a link target.
+    last_run = models.ForeignKey(
+        Run, on_delete=models.SET_NULL, null=True, blank=True, related_name="+", db_constraint=False
+    )
     last_error = models.TextField(blank=True, default="")
     created_at = models.DateTimeField(db_default=Now())
     updated_at = models.DateTimeField(db_default=Now())

@@ -109,7 +109,8 @@ def owed_slots(schedule: Schedule, now: datetime) -> Slots:
 def start_due_schedules(now: datetime) -> int:
     """Start every due slot of every unpaused schedule (at most SWEEP_BATCH schedules a pass); how many runs."""
     names = Schedule.objects.filter(paused=False, next_slot__lte=now).order_by("next_slot")
-    return sum(_start_due(name, now) for name in list(names.values_list("name", flat=True)[: settings.SWEEP_BATCH]))
+    batch = list(names.values_list("name", flat=True)[: int(settings.SWEEP_BATCH)])
+    return sum(_start_due(name, now) for name in batch)
 
 
 def _start_due(name: str, now: datetime) -> int:

@@ -161,6 +161,17 @@ def test_schedule__after_a_gap_skip_starts_the_latest_slot_and_catch_up_each_wit
         assert Schedule.objects.get(name=name).next_slot == following, "each jumps to the first slot still ahead"
 
 
+def test_schedule__a_month_of_missed_minutes_costs_the_limit_not_the_gap():
+    api.schedule("minutely", "record", cron="* * * * *", missed="catch_up", catch_up_limit=5)
+    begin = clock.now()
+    clock.advance(timedelta(days=30))
+    assert sweep().scheduled == 5
+    assert_exactly("minutely", slots_between("* * * * *", clock.now() - timedelta(minutes=5), clock.now()))
+    oldest = Event.objects.filter(kind="scheduled", detail__schedule="minutely").order_by("id").first().detail
+    assert oldest["skipped_slots"] == 1000, "the skipped count stops at 1000 (at least that many were skipped)"
+    assert Schedule.objects.get(name="minutely").next_slot > clock.now() > begin
+
+
 def test_schedule__paused_starts_nothing_and_resume_owes_no_paused_slot():
     api.schedule("pausable", "record", cron="*/10 * * * *", missed="catch_up")
     api.pause_schedule("pausable")
