@@ -20,7 +20,7 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import CroniterError, croniter
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 
 from durable_agents import clock
 from durable_agents.conf import settings
@@ -135,6 +135,8 @@ def _start_due(name: str, now: datetime) -> int:
 
 
 def _start_slot_txn(schedule: Schedule, slot: datetime, skipped: int) -> Run:
+    # Outside the schedule's transaction a killed sweep could start a slot and never advance past it.
+    assert connection.in_atomic_block, "a slot is started in the transaction that advances its schedule"
     key = slot_key(schedule.name, slot)
     existing = Run.objects.filter(idempotency_key=key).first()
     if existing is not None:

@@ -275,6 +275,22 @@ def test_schedule__survives_beat_restarts_and_sigkilled_workers_without_a_missed
     assert_exactly("hourly", slots_between("0 * * * *", begin, clock.now()))
 
 
+def test_schedule__two_beats_sweeping_at_once_start_each_slot_once(start_worker):
+    shared = SharedClock()
+    shared.to_half_past()
+    api.schedule("twice-swept", "record", cron="*/20 * * * *", missed="catch_up")
+    begin = clock.now()
+    # Two embedded beats: a misconfigured deploy, or the old beat still up while the new one starts.
+    start_worker(beat=True, env=shared.env)
+    start_worker(beat=True, env=shared.env)
+    for _ in range(6):
+        shared.advance(timedelta(minutes=50))
+        owed = slots_between("*/20 * * * *", begin, clock.now())
+        wait_for(lambda owed=owed: len(started("twice-swept")) >= len(owed), timeout=90, what="the owed slots")
+    time.sleep(1.5)  # both beats sweep again at the same time: nothing more is owed
+    assert_exactly("twice-swept", slots_between("*/20 * * * *", begin, clock.now()))
+
+
 class _Rollback(Exception):
     pass
 
