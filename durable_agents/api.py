@@ -22,6 +22,9 @@ from durable_agents.engine.plans import fork_run, migrate_run
 from durable_agents.engine.records import get_run, let_go
 from durable_agents.engine.runs import cancel_run, resume_run, set_participant, start_run
 from durable_agents.engine.runs import set_budget as _set_budget
+from durable_agents.engine.schedules import define_schedule, delete_schedule
+from durable_agents.engine.schedules import pause_schedule as _pause_schedule
+from durable_agents.engine.schedules import resume_schedule as _resume_schedule
 from durable_agents.engine.waits import decide_wait
 from durable_agents.engine.waits import send_signal as _send_signal
 from durable_agents.errors import (
@@ -45,6 +48,7 @@ from durable_agents.errors import (
     PermanentError,
     RetryableError,
     RunNotFoundError,
+    ScheduleNotFoundError,
     StepError,
     StepNotFoundError,
     ToolArgumentsError,
@@ -57,7 +61,7 @@ from durable_agents.errors import (
     WaitNotFoundError,
 )
 from durable_agents.judge import judge
-from durable_agents.models import Effect, Run, RunStatus, StepStatus
+from durable_agents.models import Effect, MissedSlots, Run, RunStatus, Schedule, StepStatus
 from durable_agents.planner import planner
 from durable_agents.storable import check_json, check_text, whole_number
 from durable_agents.tools import Field, Tool, tool
@@ -91,6 +95,8 @@ __all__ = [
     "Run",
     "RunNotFoundError",
     "RunStatus",
+    "Schedule",
+    "ScheduleNotFoundError",
     "ScriptedParticipant",
     "StepContext",
     "StepError",
@@ -116,10 +122,13 @@ __all__ = [
     "judge",
     "migrate",
     "participants",
+    "pause_schedule",
     "planner",
     "registry",
     "resolve_effect",
     "resume",
+    "resume_schedule",
+    "schedule",
     "send_signal",
     "set_budget",
     "sleep",
@@ -127,6 +136,7 @@ __all__ = [
     "swap_participant",
     "tool",
     "tool_step",
+    "unschedule",
     "wait_for_signal",
     "workflow",
 ]
@@ -138,6 +148,7 @@ KEY_MAX_CHARS = 255
 PARTICIPANT_MAX_CHARS = 100
 REASON_MAX_CHARS = 1000
 COMMENT_MAX_CHARS = 2000
+SCHEDULE_NAME_MAX_CHARS = 200  # Schedule.name; its runs' keys "schedule:<name>:<slot>" then fit in 255
 
 
 def start(workflow: str, input: Any = None, *, idempotency_key: str | None = None, version: int | None = None) -> Run:
@@ -248,6 +259,51 @@ def swap_participant(run_id: uuid.UUID | str, participant: str, *, actor: str = 
     check_text(participant, "the participant name", max_chars=PARTICIPANT_MAX_CHARS)
     participants.get(participant)  # unknown names are a clear error, before anything changes
     return set_participant(run_id, participant, actor=_actor(actor))
+
+
+def schedule(
+    name: str,
+    workflow: str,
+    *,
+    cron: str,
+    input: Any = None,  # noqa: A002
+    timezone: str = "UTC",
+    missed: str = MissedSlots.SKIP,
+    catch_up_limit: int = 10,
+) -> Schedule:
+    """Start `workflow` with `input` at every slot of `cron` (five fields, in `timezone`), each slot exactly once.
+
+    Idempotent: call it at start-up or in a data migration; the same definition changes nothing, a new cron
+    starts from its next slot, and a schedule an operator paused stays paused. Slots missed while no sweep
+    ran: `missed="skip"` starts the latest only, `"catch_up"` each (at most `catch_up_limit`, the latest).
+
+    Example::
+
+        api.schedule("nightly-report", "report", cron="0 3 * * *", input={"days": 1}, timezone="Europe/Paris")
+    """
+    check_text(name, "the schedule name", max_chars=SCHEDULE_NAME_MAX_CHARS)
+    check_text(workflow, "a workflow name")
+    check_text(cron, "the cron expression")
+    check_text(timezone, "the time zone", max_chars=64)
+    check_text(missed, "missed")
+    return define_schedule(
+        name, workflow, cron=cron, run_input=input, tz=timezone, missed=missed, catch_up_limit=catch_up_limit
+    )
+
+
+def pause_schedule(name: str) -> Schedule:
+    """Stop starting the schedule's slots (until `resume_schedule`); ScheduleNotFoundError for an unknown name."""
+    return _pause_schedule(check_text(name, "the schedule name", max_chars=SCHEDULE_NAME_MAX_CHARS))
+
+
+def resume_schedule(name: str) -> Schedule:
+    """Start the schedule's slots again, from the next one after now (the paused slots are not owed)."""
+    return _resume_schedule(check_text(name, "the schedule name", max_chars=SCHEDULE_NAME_MAX_CHARS))
+
+
+def unschedule(name: str) -> None:
+    """Delete the schedule; the runs it started stay."""
+    delete_schedule(check_text(name, "the schedule name", max_chars=SCHEDULE_NAME_MAX_CHARS))
 
 
 def _actor(actor: str, what: str = "the actor (who is acting, --as)") -> str:

@@ -15,6 +15,7 @@ DurableAgentsError
  │    ├── WaitClosedError         the wait was already decided, expired or cancelled
  │    └── BatchRefusedError       some runs of a batch cannot take the operation (`problems` lists each)
  ├── WaitNotFoundError            no wait has that id
+ ├── ScheduleNotFoundError        no schedule has that name
  ├── ApprovalRejectedError        a human (or a deadline) rejected the action
  ├── ToolFailedError              a tool refused and changed nothing: the model is told
  ├── LeaseLostError               another worker holds the run now (this worker is a zombie)
@@ -68,6 +69,10 @@ class IdempotencyKeyReusedError(DurableAgentsError):
 
 class RunNotFoundError(DurableAgentsError):
     """No run has that id."""
+
+
+class ScheduleNotFoundError(DurableAgentsError):
+    """No schedule has that name; `durable_schedules` lists them."""
 
 
 class StepNotFoundError(DurableAgentsError):

@@ -468,3 +468,49 @@ class RateBucket(models.Model):
 
     def __str__(self) -> str:
         return self.key
+
+
+class MissedSlots(models.TextChoices):
+    """What the sweep does with a schedule's slots that passed while nothing swept (beat down, a deploy)."""
+
+    SKIP = "skip"  # start only the latest missed slot, late; the earlier ones are skipped
+    CATCH_UP = "catch_up"  # start every missed slot, oldest first, at most `catch_up_limit` of them
+
+
+class Schedule(models.Model):
+    """A recurring run: the sweep starts `workflow` with `input` at each slot of `cron`, in `timezone`.
+
+    `next_slot` (UTC) is the first slot not yet started; the sweep starts due slots and advances it in one
+    transaction, and each slot's run carries the idempotency key "schedule:<name>:<slot>", so a slot is started
+    once even if that transaction is retried. A paused schedule starts nothing; resuming starts from the next
+    slot after the moment of resuming.
+    """
+
+    name = models.CharField(max_length=200, unique=True)
+    workflow = models.CharField(max_length=200)
+    cron = models.CharField(max_length=200)
+    timezone = models.CharField(max_length=64, default="UTC")
+    input = models.JSONField(default=dict, blank=True)
+    missed = models.CharField(max_length=16, choices=MissedSlots.choices, default=MissedSlots.SKIP)
+    catch_up_limit = models.PositiveIntegerField(default=10)
+    paused = models.BooleanField(default=False)
+    next_slot = models.DateTimeField()
+    last_slot = models.DateTimeField(null=True, blank=True)
+    # The run of the last slot started. No database constraint: pruning old runs (in batches, by SQL) must not
+    # have to visit schedules; a pruned last run leaves an id the console shows without a link target.
+    last_run = models.ForeignKey(
+        Run, on_delete=models.SET_NULL, null=True, blank=True, related_name="+", db_constraint=False
+    )
+    last_error = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(db_default=Now())
+    updated_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        ordering = ["name"]
+        permissions = [("pause_schedule", "Can pause and resume schedules")]
+        indexes = [
+            models.Index(fields=["next_slot"], condition=Q(paused=False), name="durable_schedule_due"),
+        ]
+
+    def __str__(self) -> str:
+        return self.name

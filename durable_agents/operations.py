@@ -24,7 +24,17 @@ from durable_agents.errors import (
     InvalidTransitionError,
     RunNotFoundError,
 )
-from durable_agents.models import ACTIVE_RUN_STATUSES, Effect, EffectStatus, Run, RunStatus, Step, Wait, WaitStatus
+from durable_agents.models import (
+    ACTIVE_RUN_STATUSES,
+    Effect,
+    EffectStatus,
+    Run,
+    RunStatus,
+    Schedule,
+    Step,
+    Wait,
+    WaitStatus,
+)
 from durable_agents.storable import check_text, shown, whole_number
 
 DURATION_RE = re.compile(r"^\s*(\d{1,12}(?:\.\d{1,9})?)\s*([smhdw])\s*$")
@@ -282,6 +292,25 @@ def _ms(step: Step) -> float | None:
 def sweep() -> SweepReport:
     """One sweep pass, as celery beat runs it: wake lost runs, settle cancellations, apply wait deadlines."""
     return _sweep()
+
+
+def list_schedules() -> list[dict[str, Any]]:
+    """Every schedule as `durable_schedules` shows it: timing, next slot (UTC), last run, paused, last error."""
+    return [
+        {
+            "name": schedule.name,
+            "workflow": schedule.workflow,
+            "cron": schedule.cron,
+            "timezone": schedule.timezone,
+            "missed": schedule.missed,
+            "paused": schedule.paused,
+            "next_slot": _iso(schedule.next_slot),
+            "last_slot": _iso(schedule.last_slot),
+            "last_run": str(schedule.last_run_id) if schedule.last_run_id else None,
+            "last_error": schedule.last_error,
+        }
+        for schedule in Schedule.objects.order_by("name")
+    ]
 
 
 # --- Batches: all or nothing ---------------------------------------------------------------------------------

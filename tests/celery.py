@@ -6,13 +6,20 @@ the package of tests/settings.py), and the test process publishes its wake-ups t
 DURABLE_TEST_COUNT_DELIVERIES=1 in a worker's environment: each `durable_agents.advance` delivery it starts is
 counted in the broker's Redis database, under `deliveries_key(run_id)`; a `durable_agents.advance_many` delivery
 counts once for each run it carries, and once under `BATCHES_KEY`.
+
+DURABLE_TEST_CLOCK_KEY=<redis key> in a worker's environment: before each task the worker sets its engine time
+shift (`clock.advance`) to the seconds stored under that key, so a test moves every process's clock at once
+(tests/integration/test_schedules.py's SharedClock).
 """
 
 import os
+from datetime import timedelta
 from typing import Any
 
 from celery import Celery
 from celery.signals import task_prerun
+
+from durable_agents import clock
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
 
@@ -43,3 +50,14 @@ if os.environ.get("DURABLE_TEST_COUNT_DELIVERIES"):
         counter.incr(BATCHES_KEY)
         for run_id in args[0] if isinstance(args[0], list) else ():
             counter.incr(deliveries_key(run_id))
+
+
+if os.environ.get("DURABLE_TEST_CLOCK_KEY"):
+
+    @task_prerun.connect
+    def _follow_test_clock(**_: Any) -> None:
+        import redis
+
+        shift = redis.Redis.from_url(os.environ["CELERY_BROKER_URL"]).get(os.environ["DURABLE_TEST_CLOCK_KEY"])
+        clock.reset()
+        clock.advance(timedelta(seconds=float(shift or 0)))

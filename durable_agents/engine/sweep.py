@@ -1,4 +1,5 @@
-"""The sweep: re-wakes runs whose lease expired or whose message was lost, settles cancellations, runs waits.
+"""The sweep: re-wakes runs whose lease expired or whose message was lost, settles cancellations, runs waits,
+and starts the due slots of schedules (engine/schedules.py).
 
 It also enqueues due notifications (engine/outbox.py) but never sends one: a slow receiver must not hold
 the sweep, nor the worker slot it runs in.
@@ -23,6 +24,7 @@ from durable_agents.engine.heartbeats import prune_heartbeats, record_sweep
 from durable_agents.engine.outbox import enqueue_due as enqueue_due_notifications
 from durable_agents.engine.records import locked
 from durable_agents.engine.runs import settle_cancellation
+from durable_agents.engine.schedules import start_due_schedules
 from durable_agents.engine.waits import sweep_waits
 from durable_agents.engine.wake import wake_on_commit
 from durable_agents.models import ACTIVE_RUN_STATUSES, RUNNABLE_RUN_STATUSES, Event, Run
@@ -39,6 +41,7 @@ class SweepReport:
     warned: int = 0
     reminded: int = 0
     notifications: int = 0  # due notifications handed to their delivery task
+    scheduled: int = 0  # runs started for due schedule slots
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -79,7 +82,8 @@ def sweep() -> SweepReport:
     cancelled = sum(bool(settle_cancellation(run_id)) for run_id in list(pending_cancels))
     waits = sweep_waits(now)
     notifications = enqueue_due_notifications()
+    scheduled = start_due_schedules(now)
     prune_heartbeats(now)
     # Last, so the row says when a pass last completed: a sweep that fails every time shows as late.
     record_sweep()
-    return SweepReport(woken=len(ids), cancelled=cancelled, notifications=notifications, **waits)
+    return SweepReport(woken=len(ids), cancelled=cancelled, notifications=notifications, scheduled=scheduled, **waits)

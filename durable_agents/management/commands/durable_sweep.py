@@ -9,7 +9,7 @@ from durable_agents.operations import sweep
 
 
 class Command(DurableCommand):
-    help = "Re-wake lost runs and settle cancellations, once."
+    help = "Re-wake lost runs, settle cancellations and start due schedule slots, once."
 
     def handle(self, *args: Any, **options: Any) -> None:
         report = sweep()
@@ -17,5 +17,6 @@ class Command(DurableCommand):
             self.emit_json(report.as_dict())
         else:
             self.stdout.write(
-                f"woken {report.woken}, cancelled {report.cancelled}, notifications enqueued {report.notifications}"
+                f"woken {report.woken}, cancelled {report.cancelled}, notifications enqueued {report.notifications}, "
+                f"scheduled runs started {report.scheduled}"
             )

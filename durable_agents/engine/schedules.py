@@ -1,0 +1,241 @@
+"""Scheduled runs: define, pause and resume schedules, and start their due slots (called by the sweep).
+
+A slot is started exactly once. The sweep locks a due schedule (SKIP LOCKED: a second sweep passes it by),
+starts the run of each slot it owes and advances `next_slot`, in ONE transaction: a sweep killed in between
+leaves neither the run nor the advance, and the next pass starts the same slot again. The run's idempotency
+key, "schedule:<name>:<slot in UTC>", makes any other repeat (two sweeps on SQLite, a schedule redefined)
+return the slot's first run instead of a second one.
+
+Slots are computed in the schedule's time zone on the database's clock (`clock.now()`), never a worker's.
+Missed slots (beat down, a deploy): SKIP starts only the latest, CATCH_UP each, oldest first, at most
+`catch_up_limit` (the most recent ones). Paused slots are never owed: resuming starts from the next slot.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from croniter import CroniterError, croniter
+from django.db import IntegrityError, connection, transaction
+
+from durable_agents import clock
+from durable_agents.conf import settings
+from durable_agents.engine.events import record_event
+from durable_agents.engine.payloads import check_input
+from durable_agents.engine.records import locked
+from durable_agents.engine.runs import start_run
+from durable_agents.errors import DurableAgentsError, InvalidInputError, ScheduleNotFoundError
+from durable_agents.models import MissedSlots, Run, Schedule
+from durable_agents.storable import storable_text, whole_number
+from durable_agents.workflows import registry
+
+logger = logging.getLogger("durable_agents.engine")
+
+CRON_ALIASES = frozenset({"@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly"})
+CRON_HINT = 'five fields "minute hour day-of-month month day-of-week" (e.g. "0 3 * * *", 03:00 daily) or @daily'
+CATCH_UP_MOST = 1000
+# A hair past `now`, so a slot falling exactly on `now` counts as due (croniter's get_prev is strict).
+_JUST_AFTER = timedelta(microseconds=1)
+
+
+@dataclass(frozen=True)
+class Slots:
+    """The slots one sweep starts for a schedule, and the first slot it leaves for later."""
+
+    due: list[datetime]
+    skipped: int  # missed slots not started (0 when nothing was missed, or under CATCH_UP within its limit)
+    next_slot: datetime
+
+
+def slot_key(name: str, slot: datetime) -> str:
+    """The idempotency key of a slot's run: one run per (schedule, slot), whoever starts it."""
+    return f"schedule:{name}:{slot.astimezone(UTC).strftime('%Y-%m-%dT%H:%M:%SZ')}"
+
+
+def zone(name: str) -> ZoneInfo:
+    """The IANA time zone `name`, else InvalidInputError."""
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise InvalidInputError(
+            f"unknown time zone {name!r}; use an IANA name such as 'UTC' or 'Europe/Paris'"
+        ) from None
+
+
+def check_cron(cron: str) -> str:
+    """`cron` if it is a standard five-field expression (or an @alias) that ever fires, else InvalidInputError."""
+    expression = " ".join(cron.split())
+    if expression.startswith("@"):
+        valid = expression in CRON_ALIASES
+    else:
+        valid = len(expression.split(" ")) == 5 and croniter.is_valid(expression)
+    if not valid:
+        raise InvalidInputError(f"invalid cron expression {cron!r}: use {CRON_HINT}")
+    try:
+        croniter(expression, datetime(2000, 1, 1, tzinfo=UTC)).get_next(datetime)
+    except CroniterError:
+        raise InvalidInputError(f"cron expression {cron!r} never fires (e.g. February 31st); use {CRON_HINT}") from None
+    return expression
+
+
+def slot_after(cron: str, tz: str, moment: datetime) -> datetime:
+    """The first slot strictly after `moment`, in UTC."""
+    return _utc(croniter(cron, moment.astimezone(zone(tz))).get_next(datetime))
+
+
+def owed_slots(schedule: Schedule, now: datetime) -> Slots:
+    """The slots due at `now` (from `next_slot` on) that the schedule's missed-slot policy starts."""
+    limit = 1 if schedule.missed == MissedSlots.SKIP else max(1, schedule.catch_up_limit)
+    # Walk back from the latest due slot: a month of missed minutes costs `limit` steps, not 43,200.
+    back = croniter(schedule.cron, (now + _JUST_AFTER).astimezone(zone(schedule.timezone)))
+    due: list[datetime] = []
+    while len(due) < limit:
+        slot = _utc(back.get_prev(datetime))
+        if slot < schedule.next_slot:
+            break
+        due.append(slot)
+    skipped = 0
+    if due and len(due) == limit:
+        # Count what the limit left out, bounded: the sweep must not walk a year of minutes to say so.
+        while skipped < CATCH_UP_MOST and _utc(back.get_prev(datetime)) >= schedule.next_slot:
+            skipped += 1
+    return Slots(due=due[::-1], skipped=skipped, next_slot=slot_after(schedule.cron, schedule.timezone, now))
+
+
+def start_due_schedules(now: datetime) -> int:
+    """Start every due slot of every unpaused schedule (at most SWEEP_BATCH schedules a pass); how many runs."""
+    names = Schedule.objects.filter(paused=False, next_slot__lte=now).order_by("next_slot")
+    batch = list(names.values_list("name", flat=True)[: int(settings.SWEEP_BATCH)])
+    return sum(_start_due(name, now) for name in batch)
+
+
+def _start_due(name: str, now: datetime) -> int:
+    with transaction.atomic():
+        schedule = locked(Schedule.objects.filter(name=name, paused=False, next_slot__lte=now)).first()
+        if schedule is None:
+            return 0  # another sweep holds it, or it was paused or advanced meanwhile
+        slots = owed_slots(schedule, now)
+        try:
+            with transaction.atomic():
+                runs = [_start_slot_txn(schedule, slot, slots.skipped) for slot in slots.due]
+        except DurableAgentsError as exc:
+            # The workflow was removed, or the input no longer fits it: keep the slot owed and say why.
+            logger.warning("schedule %s could not start its slot: %s", name, exc)
+            Schedule.objects.filter(pk=schedule.pk).update(last_error=storable_text(str(exc)), updated_at=clock.DbNow())
+            return 0
+        advance: dict[str, Any] = {"next_slot": slots.next_slot, "last_error": "", "updated_at": clock.DbNow()}
+        if runs:
+            advance.update(last_slot=slots.due[-1], last_run=runs[-1])
+        Schedule.objects.filter(pk=schedule.pk).update(**advance)
+    return len(runs)
+
+
+def _start_slot_txn(schedule: Schedule, slot: datetime, skipped: int) -> Run:
+    # Outside the schedule's transaction a killed sweep could start a slot and never advance past it.
+    assert connection.in_atomic_block, "a slot is started in the transaction that advances its schedule"
+    key = slot_key(schedule.name, slot)
+    existing = Run.objects.filter(idempotency_key=key).first()
+    if existing is not None:
+        return existing  # started already (the schedule was redefined onto a slot it had started)
+    run = start_run(schedule.workflow, schedule.input, idempotency_key=key)
+    detail: dict[str, Any] = {"schedule": schedule.name, "slot": slot.isoformat()}
+    if skipped:
+        detail["skipped_slots"] = skipped
+    record_event(run.id, "scheduled", **detail)
+    return run
+
+
+def define_schedule(
+    name: str,
+    workflow: str,
+    *,
+    cron: str,
+    run_input: Any = None,
+    tz: str = "UTC",
+    missed: str = MissedSlots.SKIP,
+    catch_up_limit: int = 10,
+) -> Schedule:
+    """Create or update the schedule `name` (safe to call at every start-up: the same definition changes nothing).
+
+    A new cron or time zone starts from the next slot after now; a paused schedule stays paused.
+    """
+    if not name.strip():
+        raise InvalidInputError("the schedule name is empty; name it, e.g. 'nightly-report'")
+    registry.get(workflow)
+    run_input = {} if run_input is None else run_input
+    check_input(run_input)
+    cron = check_cron(cron)
+    zone(tz)
+    if missed not in MissedSlots.values:
+        raise InvalidInputError(f"missed must be one of {', '.join(MissedSlots.values)}, got {missed!r}")
+    catch_up_limit = whole_number(catch_up_limit, "catch_up_limit", low=1, high=CATCH_UP_MOST)
+    fields = {
+        "workflow": workflow,
+        "cron": cron,
+        "timezone": tz,
+        "input": run_input,
+        "missed": missed,
+        "catch_up_limit": catch_up_limit,
+    }
+    with transaction.atomic():
+        schedule = Schedule.objects.select_for_update().filter(name=name).first()
+        if schedule is None:
+            try:
+                with transaction.atomic():
+                    return Schedule.objects.create(name=name, next_slot=slot_after(cron, tz, clock.now()), **fields)
+            except IntegrityError:
+                schedule = Schedule.objects.select_for_update().get(name=name)  # a racing definition won
+        retimed = schedule.cron != cron or schedule.timezone != tz
+        if all(getattr(schedule, field) == value for field, value in fields.items()):
+            return schedule
+        for field, value in fields.items():
+            setattr(schedule, field, value)
+        if retimed:
+            schedule.next_slot = slot_after(cron, tz, clock.now())
+        schedule.updated_at = clock.now()
+        schedule.save()
+    return schedule
+
+
+def pause_schedule(name: str) -> Schedule:
+    """Stop starting slots; a sweep starting one right now finishes first (the row lock), then none follow."""
+    with transaction.atomic():
+        schedule = _locked(name)
+        if not schedule.paused:
+            schedule.paused, schedule.updated_at = True, clock.now()
+            schedule.save(update_fields=["paused", "updated_at"])
+    return schedule
+
+
+def resume_schedule(name: str) -> Schedule:
+    """Start slots again from the next one after now: the slots of the pause are not owed."""
+    with transaction.atomic():
+        schedule = _locked(name)
+        if schedule.paused:
+            now = clock.now()
+            schedule.paused, schedule.updated_at = False, now
+            schedule.next_slot = slot_after(schedule.cron, schedule.timezone, now)
+            schedule.save(update_fields=["paused", "next_slot", "updated_at"])
+    return schedule
+
+
+def delete_schedule(name: str) -> None:
+    """Remove the schedule; the runs it started stay."""
+    deleted, _ = Schedule.objects.filter(name=name).delete()
+    if not deleted:
+        raise ScheduleNotFoundError(f"no schedule is named {name!r}; `durable_schedules` lists them")
+
+
+def _locked(name: str) -> Schedule:
+    schedule = Schedule.objects.select_for_update().filter(name=name).first()
+    if schedule is None:
+        raise ScheduleNotFoundError(f"no schedule is named {name!r}; `durable_schedules` lists them")
+    return schedule
+
+
+def _utc(moment: datetime) -> datetime:
+    return moment.astimezone(UTC).replace(fold=0)

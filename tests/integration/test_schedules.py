@@ -1,0 +1,438 @@
+"""Scheduled runs: each slot started exactly once, across concurrent sweeps, beat restarts and SIGKILLed workers.
+
+The clock is controlled: `clock.advance` shifts the engine's (database) time in this process, and SharedClock
+shifts it in the workers too (tests/celery.py reads the shift from Redis before each task). A slot's run is
+found by its idempotency key, "schedule:<name>:<slot>": a missed slot has none, a doubled slot would need two.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from zoneinfo import ZoneInfo
+
+import pytest
+import redis
+from croniter import croniter
+from django.contrib.auth.models import Permission
+from django.db import connection, connections, transaction
+
+from durable_agents import api, clock
+from durable_agents.engine.schedules import slot_key, start_due_schedules
+from durable_agents.engine.sweep import sweep
+from durable_agents.models import Event, Run, Schedule
+from durable_agents.testing import wait_for, wait_for_run
+
+pytestmark = pytest.mark.django_db(transaction=True)
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def _reset_clock():
+    yield
+    clock.reset()
+
+
+def slots_between(cron: str, after: datetime, until: datetime) -> list[datetime]:
+    """Every slot of `cron` (UTC) in (after, until]."""
+    it = croniter(cron, after.astimezone(UTC))
+    found = []
+    while (slot := it.get_next(datetime).astimezone(UTC).replace(fold=0)) <= until:
+        found.append(slot)
+    return found
+
+
+def started(name: str) -> dict[str, int]:
+    """Runs of the schedule by idempotency key; a doubled slot would show a count of 2 (it cannot: unique key)."""
+    keys = Run.objects.filter(idempotency_key__startswith=f"schedule:{name}:").values_list("idempotency_key", flat=True)
+    counts: dict[str, int] = {}
+    for key in keys:
+        counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+def scheduled_events(name: str) -> int:
+    return Event.objects.filter(kind="scheduled", detail__schedule=name).count()
+
+
+def assert_exactly(name: str, slots: list[datetime]) -> None:
+    expected = {slot_key(name, slot) for slot in slots}
+    runs = started(name)
+    missed = sorted(expected - set(runs))
+    extra = sorted(set(runs) - expected)
+    assert not missed and not extra, f"slots missed: {missed}; slots not owed but started: {extra}"
+    assert scheduled_events(name) == len(expected), "each slot's run records one 'scheduled' event: a doubled start"
+
+
+class SharedClock:
+    """The engine's time shift, for this process and every worker started with `env`."""
+
+    def __init__(self) -> None:
+        self.key = f"durable-test:clock:{uuid.uuid4().hex}"
+        self.redis = redis.Redis.from_url(os.environ["CELERY_BROKER_URL"])
+        self.redis.set(self.key, 0)
+        self.env = {"DURABLE_TEST_CLOCK_KEY": self.key}
+
+    def advance(self, delta: timedelta) -> None:
+        clock.advance(delta)
+        self.redis.set(self.key, clock.offset().total_seconds())
+
+    def to_half_past(self) -> None:
+        """Move to the next HH:30, so hourly slots are half an hour away whatever the real time of the test."""
+        now = clock.now()
+        self.advance(timedelta(minutes=(30 - now.minute) % 60 or 60, seconds=-now.second))
+
+
+# In-process sweeps, the clock moved by hand
+
+
+def test_schedule__each_slot_starts_once_as_the_clock_moves():
+    api.schedule("every-5", "record", cron="*/5 * * * *")
+    begin = clock.now()
+    for _ in range(40):
+        clock.advance(timedelta(minutes=2))
+        sweep()
+        sweep()  # a second pass at the same time starts nothing
+    assert_exactly("every-5", slots_between("*/5 * * * *", begin, clock.now()))
+    schedule = Schedule.objects.get(name="every-5")
+    assert schedule.next_slot > clock.now() and schedule.last_run is not None
+    assert schedule.last_run.idempotency_key == slot_key("every-5", schedule.last_slot)
+
+
+def test_schedule__concurrent_sweeps_start_each_slot_once():
+    api.schedule("racing", "record", cron="* * * * *", missed="catch_up", catch_up_limit=100)
+    begin = clock.now()
+    barrier = threading.Barrier(4)
+    errors: list[BaseException] = []
+
+    def sweeper() -> None:
+        try:
+            for _ in range(5):
+                barrier.wait(timeout=60)
+                start_due_schedules(clock.now())
+                barrier.wait(timeout=60)
+        except BaseException as exc:  # noqa: BLE001 - reported below, in the test's thread
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    def mover() -> None:
+        for _ in range(5):
+            barrier.wait(timeout=60)
+            barrier.wait(timeout=60)
+            clock.advance(timedelta(minutes=7))
+
+    threads = [threading.Thread(target=sweeper) for _ in range(3)] + [threading.Thread(target=mover)]
+    clock.advance(timedelta(minutes=7))
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not errors, f"a sweep failed: {errors[0]!r}"
+    # The last advance happened after the last sweep: those slots are not due yet.
+    assert_exactly("racing", slots_between("* * * * *", begin, clock.now() - timedelta(minutes=7)))
+
+
+def test_schedule__after_a_gap_skip_starts_the_latest_slot_and_catch_up_each_within_its_limit():
+    api.schedule("skipper", "record", cron="0 * * * *", missed="skip")
+    api.schedule("catcher", "record", cron="0 * * * *", missed="catch_up", catch_up_limit=10)
+    api.schedule("bounded", "record", cron="0 * * * *", missed="catch_up", catch_up_limit=3)
+    begin = clock.now()
+    clock.advance(timedelta(hours=5, minutes=30))  # beat was down: five or six hourly slots passed
+    report = sweep()
+    owed = slots_between("0 * * * *", begin, clock.now())
+    assert len(owed) in (5, 6)
+    assert report.scheduled == 1 + len(owed) + 3
+    assert_exactly("skipper", owed[-1:])
+    assert_exactly("catcher", owed)
+    assert_exactly("bounded", owed[-3:])
+    skipped = Event.objects.get(kind="scheduled", detail__schedule="skipper").detail
+    assert skipped["skipped_slots"] == len(owed) - 1, "the skipped slots are said on the run that was started"
+    following = slots_between("0 * * * *", clock.now(), clock.now() + timedelta(hours=1))[0]
+    for name in ("skipper", "catcher", "bounded"):
+        assert Schedule.objects.get(name=name).next_slot == following, "each jumps to the first slot still ahead"
+
+
+def test_schedule__a_month_of_missed_minutes_costs_the_limit_not_the_gap():
+    api.schedule("minutely", "record", cron="* * * * *", missed="catch_up", catch_up_limit=5)
+    begin = clock.now()
+    clock.advance(timedelta(days=30))
+    assert sweep().scheduled == 5
+    assert_exactly("minutely", slots_between("* * * * *", clock.now() - timedelta(minutes=5), clock.now()))
+    oldest = Event.objects.filter(kind="scheduled", detail__schedule="minutely").order_by("id").first().detail
+    assert oldest["skipped_slots"] == 1000, "the skipped count stops at 1000 (at least that many were skipped)"
+    assert Schedule.objects.get(name="minutely").next_slot > clock.now() > begin
+
+
+def test_schedule__paused_starts_nothing_and_resume_owes_no_paused_slot():
+    api.schedule("pausable", "record", cron="*/10 * * * *", missed="catch_up")
+    api.pause_schedule("pausable")
+    clock.advance(timedelta(hours=1))
+    assert sweep().scheduled == 0 and not started("pausable")
+    resumed_at = clock.now()
+    api.resume_schedule("pausable")
+    clock.advance(timedelta(minutes=30))
+    sweep()
+    assert_exactly("pausable", slots_between("*/10 * * * *", resumed_at, clock.now()))
+
+
+def test_schedule__redefining_at_start_up_keeps_its_place_and_its_pause():
+    api.schedule("nightly", "record", cron="0 3 * * *", input={"steps": 1})
+    first = Schedule.objects.get(name="nightly")
+    api.pause_schedule("nightly")
+    clock.advance(timedelta(days=2))
+    again = api.schedule("nightly", "record", cron="0 3 * * *", input={"steps": 1})
+    assert again.paused, "an operator's pause survives the app's next start-up"
+    assert again.next_slot == first.next_slot and Schedule.objects.count() == 1
+    moved = api.schedule("nightly", "record", cron="0 4 * * *", input={"steps": 2})
+    assert moved.next_slot > clock.now() and moved.next_slot.hour == 4 and moved.input == {"steps": 2}
+
+
+def test_schedule__a_time_zone_places_its_slots():
+    schedule = api.schedule("paris", "record", cron="0 9 * * *", timezone="Europe/Paris")
+    local = schedule.next_slot.astimezone(ZoneInfo("Europe/Paris"))
+    assert (local.hour, local.minute) == (9, 0)
+
+
+def test_schedule__a_slot_that_cannot_start_stays_owed_and_says_why():
+    api.schedule("fragile", "record", cron="0 * * * *")
+    Schedule.objects.filter(name="fragile").update(workflow="removed_in_a_deploy")
+    clock.advance(timedelta(hours=1))
+    assert sweep().scheduled == 0
+    schedule = Schedule.objects.get(name="fragile")
+    assert "unknown workflow 'removed_in_a_deploy'" in schedule.last_error and schedule.next_slot <= clock.now()
+    Schedule.objects.filter(name="fragile").update(workflow="record")  # the deploy is rolled back
+    assert sweep().scheduled == 1 and Schedule.objects.get(name="fragile").last_error == ""
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "says"),
+    [
+        ({"cron": "61 * * * *"}, api.InvalidInputError, "invalid cron expression '61 * * * *'"),
+        ({"cron": "* * * * * *"}, api.InvalidInputError, "five fields"),
+        ({"cron": "0 0 31 2 *"}, api.InvalidInputError, "never fires"),
+        ({"cron": "@sometimes"}, api.InvalidInputError, "invalid cron expression"),
+        ({"cron": "0 * * * *", "workflow": "nope"}, api.UnknownWorkflowError, "unknown workflow 'nope'"),
+        ({"cron": "0 * * * *", "timezone": "Mars/Olympus"}, api.InvalidInputError, "unknown time zone"),
+        ({"cron": "0 * * * *", "missed": "sometimes"}, api.InvalidInputError, "missed must be one of skip, catch_up"),
+        ({"cron": "0 * * * *", "catch_up_limit": 0}, api.InvalidInputError, "catch_up_limit"),
+        ({"cron": "0 * * * *", "name": "x" * 201}, api.InvalidInputError, "at most 200 fit"),
+        ({"cron": "0 * * * *", "name": "a\x00b"}, api.InvalidInputError, "\\u0000"),
+        ({"cron": "0 * * * *", "name": "  "}, api.InvalidInputError, "schedule name is empty"),
+        ({"cron": "0 * * * *", "input": {"x": float("nan")}}, api.InvalidInputError, "NaN"),
+    ],
+)
+def test_schedule__hostile_definitions_are_clear_errors_and_write_nothing(kwargs, error, says):
+    arguments = {"name": "hostile", "workflow": "record", **kwargs}
+    with pytest.raises(error) as raised:
+        api.schedule(arguments.pop("name"), arguments.pop("workflow"), **arguments)
+    assert says in str(raised.value)
+    assert not Schedule.objects.exists()
+
+
+def test_schedule__unknown_names_are_clear_errors():
+    for operation in (api.pause_schedule, api.resume_schedule, api.unschedule):
+        with pytest.raises(api.ScheduleNotFoundError, match="no schedule is named 'ghost'"):
+            operation("ghost")
+
+
+# Real workers and their embedded beat, SIGKILLed and restarted
+
+
+def test_schedule__survives_beat_restarts_and_sigkilled_workers_without_a_missed_or_doubled_slot(start_worker):
+    shared = SharedClock()
+    shared.to_half_past()
+    api.schedule("hourly", "record", cron="0 * * * *", missed="catch_up", catch_up_limit=24)
+    begin = clock.now()
+    worker = start_worker(beat=True, env=shared.env)
+    rng = random.Random(19)
+    for round_ in range(9):
+        shared.advance(timedelta(hours=1))
+        owed = slots_between("0 * * * *", begin, clock.now())
+        if round_ % 3 == 0:
+            # SIGKILL at a random instant of a sweep (beat sweeps every half second), with slots passing while down.
+            time.sleep(rng.uniform(0, 0.6))
+            worker.kill()
+            shared.advance(timedelta(hours=2))
+            owed = slots_between("0 * * * *", begin, clock.now())
+            worker = start_worker(beat=True, env=shared.env)
+        elif round_ % 3 == 1:
+            worker.stop()  # a graceful restart of beat and worker (a deploy)
+            worker = start_worker(beat=True, env=shared.env)
+        wait_for(lambda owed=owed: len(started("hourly")) >= len(owed), timeout=90, what=f"{len(owed)} slots started")
+        assert_exactly("hourly", owed)
+    for key in started("hourly"):
+        wait_for_run(Run.objects.get(idempotency_key=key).id, timeout=120)
+    time.sleep(1.5)  # more sweeps pass at the same time: nothing more is owed
+    assert_exactly("hourly", slots_between("0 * * * *", begin, clock.now()))
+
+
+def test_schedule__two_beats_sweeping_at_once_start_each_slot_once(start_worker):
+    shared = SharedClock()
+    shared.to_half_past()
+    api.schedule("twice-swept", "record", cron="*/20 * * * *", missed="catch_up")
+    begin = clock.now()
+    # Two embedded beats: a misconfigured deploy, or the old beat still up while the new one starts.
+    start_worker(beat=True, env=shared.env)
+    start_worker(beat=True, env=shared.env)
+    for _ in range(6):
+        shared.advance(timedelta(minutes=50))
+        owed = slots_between("*/20 * * * *", begin, clock.now())
+        wait_for(lambda owed=owed: len(started("twice-swept")) >= len(owed), timeout=90, what="the owed slots")
+    time.sleep(1.5)  # both beats sweep again at the same time: nothing more is owed
+    assert_exactly("twice-swept", slots_between("*/20 * * * *", begin, clock.now()))
+
+
+class _Rollback(Exception):
+    pass
+
+
+def test_schedule__a_worker_sigkilled_inside_the_sweeps_transaction_starts_the_slot_once(start_worker):
+    shared = SharedClock()
+    shared.to_half_past()
+    api.schedule("killed", "record", cron="0 * * * *")
+    shared.advance(timedelta(hours=1))
+    slot = Schedule.objects.get(name="killed").next_slot
+    assert slot <= clock.now()
+    key = slot_key("killed", slot)
+    holding, release = threading.Event(), threading.Event()
+
+    def blocker() -> None:
+        # An uncommitted run under the slot's key: the sweep's insert of that key waits on it, mid-transaction.
+        try:
+            with transaction.atomic():
+                api.start("record", {"blocker": True}, idempotency_key=key)
+                holding.set()
+                release.wait(timeout=120)
+                raise _Rollback
+        except _Rollback:
+            pass
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=blocker)
+    thread.start()
+    try:
+        assert holding.wait(timeout=30)
+        worker = start_worker(beat=True, env=shared.env)
+
+        def sweep_waiting() -> int | None:
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
+                    " AND query LIKE %s",
+                    ["%durable_agents_run%"],
+                )
+                row = cursor.fetchone()
+            return row[0] if row else None
+
+        backend = wait_for(sweep_waiting, timeout=60, what="the sweep to insert the slot's run and wait on the key")
+        worker.kill()  # between starting the slot's run and advancing the schedule
+    finally:
+        release.set()
+        thread.join(timeout=60)
+
+    def backend_gone() -> bool:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", [backend])
+            return cursor.fetchone() is None
+
+    wait_for(backend_gone, timeout=60, what="Postgres to roll back the killed worker's transaction")
+    assert not started("killed"), "the killed sweep's transaction left a run behind"
+    assert Schedule.objects.get(name="killed").next_slot == slot, "the slot must still be owed"
+
+    start_worker(beat=True, env=shared.env)
+    wait_for(lambda: started("killed"), timeout=60, what="the restarted beat to start the owed slot")
+    wait_for_run(Run.objects.get(idempotency_key=key).id, timeout=120)
+    time.sleep(1.5)  # more sweeps: the slot is not started again
+    assert_exactly("killed", [slot])
+    assert Schedule.objects.get(name="killed").next_slot > clock.now()
+
+
+# The command line
+
+
+@pytest.fixture
+def manage(worker_env):
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "django", *args],
+            cwd=ROOT,
+            env={**worker_env},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    return run
+
+
+def test_durable_schedules__lists_pauses_and_resumes(manage):
+    assert "no schedules" in manage("durable_schedules").stdout
+    api.schedule("nightly", "record", cron="0 3 * * *", timezone="Europe/Paris")
+    listed = manage("durable_schedules").stdout
+    assert "nightly  record  0 3 * * * (Europe/Paris, skip)  next 20" in listed and "no run yet" in listed
+    paused = manage("durable_schedules", "pause", "nightly")
+    assert paused.returncode == 0 and "schedule nightly: paused" in paused.stdout
+    assert Schedule.objects.get(name="nightly").paused
+    [row] = json.loads(manage("durable_schedules", "--json").stdout)
+    assert row["paused"] is True and row["cron"] == "0 3 * * *"
+    resumed = manage("durable_schedules", "resume", "nightly")
+    assert resumed.returncode == 0 and "active, next slot" in resumed.stdout
+    assert not Schedule.objects.get(name="nightly").paused
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["pause", "ghost"], "no schedule is named 'ghost'; `durable_schedules` lists them"),
+        (["resume", "ghost"], "no schedule is named 'ghost'"),
+        (["pause"], "pause needs a schedule's name"),
+        (["pause", "a" * 300], "the schedule name is 300 characters long"),
+    ],
+)
+def test_durable_schedules__user_mistakes_exit_2_with_one_line_on_stderr(manage, args, message):
+    result = manage("durable_schedules", *args)
+    assert result.returncode == 2, f"{args}: exit {result.returncode}, stderr {result.stderr}"
+    assert message in result.stderr and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+# The admin
+
+
+def test_admin__lists_schedules_and_pauses_and_resumes_them(admin_client):
+    api.schedule("nightly", "record", cron="0 3 * * *")
+    api.schedule("hourly", "record", cron="0 * * * *")
+    clock.advance(timedelta(hours=1))
+    sweep()
+    page = admin_client.get("/admin/durable_agents/schedule/").content.decode()
+    assert "nightly" in page and "<code>0 3 * * *</code>" in page
+    last_run = Schedule.objects.get(name="hourly").last_run_id
+    assert f"/admin/durable_agents/run/{last_run}/change/" in page, "the last run links to its page"
+    pks = [Schedule.objects.get(name="nightly").pk]
+    response = admin_client.post(
+        "/admin/durable_agents/schedule/", {"action": "pause_selected", "_selected_action": pks}, follow=True
+    )
+    assert "1 schedule paused" in response.content.decode() and Schedule.objects.get(name="nightly").paused
+    admin_client.post("/admin/durable_agents/schedule/", {"action": "resume_selected", "_selected_action": pks})
+    assert not Schedule.objects.get(name="nightly").paused
+
+
+def test_admin__a_viewer_without_the_permission_cannot_pause(client, django_user_model):
+    viewer = django_user_model.objects.create_user("viewer", password="x", is_staff=True)
+    viewer.user_permissions.add(Permission.objects.get(codename="view_schedule"))
+    client.force_login(viewer)
+    schedule = api.schedule("nightly", "record", cron="0 3 * * *")
+    page = client.get("/admin/durable_agents/schedule/").content.decode()
+    assert "nightly" in page and "pause_selected" not in page
+    client.post("/admin/durable_agents/schedule/", {"action": "pause_selected", "_selected_action": [schedule.pk]})
+    assert not Schedule.objects.get(name="nightly").paused
