@@ -322,7 +322,7 @@ SETTINGS: dict[str, Setting] = {
         float,
         "the prune rests this long between batches, so the engine's commits go first",
         at_least=0,
-        at_most=3600,
+        at_most=LONGEST_SECONDS,
     ),
     "RETENTION_ARCHIVE": Setting(
         None,

@@ -40,6 +40,7 @@ from durable_agents.states import FINISHED_RUN_STATUSES
 from durable_agents.storable import check_text, shown, whole_number
 
 DEFAULT = "default"
+FROM_SETTINGS: Any = object()
 STATUSES: tuple[str, ...] = tuple(str(status) for status in FINISHED_RUN_STATUSES)
 
 
@@ -55,9 +56,9 @@ class Policy:
         return own[status] if status in own else self.ages.get(DEFAULT, {}).get(status)
 
 
-def load_policy(config: Any = None) -> Policy:
+def load_policy(config: Any = FROM_SETTINGS) -> Policy:
     """The policy from DURABLE_AGENTS["RETENTION"] (or `config`); a bad entry is an InvalidInputError saying which."""
-    config = settings.RETENTION if config is None else config
+    config = settings.RETENTION if config is FROM_SETTINGS else config
     if config is None:
         return Policy({})
     if not isinstance(config, dict):

@@ -124,14 +124,17 @@ def prune(
         if not alone:
             report.busy = True
             return report
-        tried: set[uuid.UUID] = set()
+        after: uuid.UUID | None = None
         while True:
-            # A run skipped in this pass is not chosen again in it (it would be chosen for ever).
-            chosen = _fingerprints(prunable(eligible).exclude(id__in=tried).order_by()[:batch_size])
+            # Keyset order by id: a run skipped in this pass is behind the next batch, never chosen again in it.
+            candidates = prunable(eligible).order_by("id")
+            if after is not None:
+                candidates = candidates.filter(id__gt=after)
+            chosen = _fingerprints(candidates[:batch_size])
             if not chosen:
                 return report
             ids = sorted(chosen)
-            tried.update(ids)
+            after = ids[-1]
             report.selected += len(ids)
             report.batches += 1
             if archive:

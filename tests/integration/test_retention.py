@@ -17,7 +17,7 @@ from django.core.files.storage import FileSystemStorage
 from django.core.management import call_command
 from django.test import override_settings
 
-from durable_agents import api, clock, retention
+from durable_agents import api, checks, clock, retention
 from durable_agents.engine import prune as engine_prune
 from durable_agents.engine.archive import read_archive, record_lines
 from durable_agents.errors import InvalidInputError
@@ -146,10 +146,13 @@ def test_prune__keeps_a_source_while_a_fork_points_at_it_or_relies_on_its_effect
             Run.objects.filter(pk=fork.id).update(forked_from=None)
             retention.prune(workflow="charge", older_than="1d")
             assert exists([source.id, fork.id]) == {source.id, fork.id}, "the fork relies on the source's effect"
-            # Once the fork is finished and old too, it goes first; then nothing relies on the source.
+            # Once the fork is finished and old too, it goes; then nothing relies on the source, which goes in the
+            # same pass if it comes after the fork in id order, else in the next one.
             Run.objects.filter(pk=fork.id).update(status=RunStatus.COMPLETED)
-            report = retention.prune(workflow="charge", older_than="1d", batch_size=1)
-            assert exists([source.id, fork.id]) == set() and report.deleted == 2, report.as_dict()
+            retention.prune(workflow="charge", older_than="1d", batch_size=1)
+            assert exists([fork.id]) == set()
+            retention.prune(workflow="charge", older_than="1d", batch_size=1)
+            assert exists([source.id]) == set(), "once nothing relies on the source, it goes"
         assert not Effect.objects.filter(idempotency_key=effect.idempotency_key).exists()
     finally:
         clock.reset()
@@ -279,3 +282,13 @@ def test_command__prune_in_process_reports_deleted(capsys):
     with retained():
         call_command("durable_prune", "--batch-size", "2")
     assert "deleted 3 runs in 2 batches" in capsys.readouterr().out
+
+
+def test_checks__a_bad_policy_or_archive_alias_is_an_error_with_a_hint():
+    bad = {"RETENTION": {"default": {"completed": "a month"}}, "RETENTION_ARCHIVE": "nowhere"}
+    with override_settings(DURABLE_AGENTS={**settings.DURABLE_AGENTS, **bad}):
+        found = {message.id: message for message in checks.check_retention()}
+    assert set(found) == {"durable_agents.E011", "durable_agents.E012"}
+    assert "invalid duration 'a month'" in found["durable_agents.E011"].msg
+    with retained():
+        assert checks.check_retention() == []
