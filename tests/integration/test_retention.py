@@ -19,7 +19,7 @@ from django.test import override_settings
 
 from durable_agents import api, checks, clock, retention
 from durable_agents.engine import prune as engine_prune
-from durable_agents.engine.archive import read_archive, record_lines
+from durable_agents.engine.archive import read_archive, record_lines, write_archive
 from durable_agents.errors import InvalidInputError
 from durable_agents.models import Effect, Event, Reliance, Run, RunStatus, Step, StepStatus
 from durable_agents.testing import drive, wait_for_run
@@ -166,6 +166,22 @@ def test_prune__an_effect_waiting_for_an_operator_keeps_its_run():
     with retained():
         retention.prune()
     assert exists([run_id]) == {run_id}
+
+
+def test_archive__written_again_under_its_name_replaces_it(tmp_path):
+    ids = old_runs(2)
+    storages = {
+        **settings.STORAGES,
+        "archive": {"BACKEND": "django.core.files.storage.FileSystemStorage", "OPTIONS": {"location": str(tmp_path)}},
+    }
+    name = engine_prune.archive_name(sorted(ids))
+    with override_settings(STORAGES=storages):
+        first = write_archive("archive", name, ids)
+        again = write_archive("archive", name, ids)  # a crash after the first write: the next pass writes it again
+        rows = read_archive("archive", again)
+    assert first == again == name, "the same batch must land under the same name, not a renamed copy"
+    assert len(list(tmp_path.rglob("*.jsonl.gz"))) == 1
+    assert [row["id"] for row in rows if row["type"] == "run"] == [str(i) for i in ids]
 
 
 class FailingStorage(FileSystemStorage):
