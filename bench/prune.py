@@ -1,6 +1,6 @@
 """Prune beside a live engine: step latency while `durable_prune` deletes old runs, against an idle database.
 
-    python bench/prune.py [--runs 200000] [--batch 500] [--chains 2] [--steps 200]
+    python bench/prune.py [--runs 200000] [--batch 200] [--pause 0.25] [--chains 2] [--steps 200]
 
 Writes --runs finished refund_agent runs a year old (real rows, copied in SQL: bench/records.py), starts a
 `celery worker` (prefork, 2 processes), and measures the same workload twice in the same run: --chains runs of
@@ -134,9 +134,10 @@ def figures(gaps: list[float]) -> dict[str, float]:
     return {"n": len(gaps), "p50": statistics.median(gaps), "p95": cuts[94], "p99": cuts[98]}
 
 
-def prune_command(batch: int) -> subprocess.CompletedProcess[str]:
+def prune_command(batch: int, pause: float) -> subprocess.CompletedProcess[str]:
+    command = ["durable_prune", "--older-than", "30d", "--batch-size", str(batch), "--pause", str(pause), "--json"]
     return subprocess.run(
-        [sys.executable, "manage.py", "durable_prune", "--older-than", "30d", "--batch-size", str(batch), "--json"],
+        [sys.executable, "manage.py", *command],
         cwd=ROOT,
         env={**os.environ},
         capture_output=True,
@@ -148,7 +149,8 @@ def prune_command(batch: int) -> subprocess.CompletedProcess[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=200_000)
-    parser.add_argument("--batch", type=int, default=500)
+    parser.add_argument("--batch", type=int, default=200)
+    parser.add_argument("--pause", type=float, default=0.25, help="seconds the prune rests between batches")
     parser.add_argument("--chains", type=int, default=2)
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--idle-seconds", type=float, default=0, help="idle phase length (0: as long as the prune)")
@@ -162,7 +164,7 @@ def main() -> None:
         pruned: dict[str, object] = {}
 
         def run_prune() -> None:
-            pruned.update(json.loads(prune_command(args.batch).stdout))
+            pruned.update(json.loads(prune_command(args.batch, args.pause).stdout))
 
         # The prune first, so the idle phase can last as long as it did (the same number of steps seen).
         loaded, prune_seconds = measure(args.chains, args.steps, run_prune)
@@ -172,7 +174,8 @@ def main() -> None:
         worker.stop()
     rate = pruned.get("deleted", 0) / prune_seconds
     print(
-        f"pruned {pruned.get('deleted'):,} runs in {pruned.get('batches')} batches of {args.batch} in "
+        f"pruned {pruned.get('deleted'):,} runs in {pruned.get('batches')} batches of {args.batch} "
+        f"(--pause {args.pause}) in "
         f"{prune_seconds:.1f} s ({rate:,.0f} runs/s, with their steps, turns, effects, waits and events)"
     )
     a, b = figures(idle), figures(loaded)

@@ -311,14 +311,14 @@ SETTINGS: dict[str, Setting] = {
         '{"completed": "30d", "failed": "180d", "cancelled": "30d"}}; None (an age or the whole policy): for ever',
     ),
     "RETENTION_BATCH": Setting(
-        500,
+        200,
         int,
         "runs deleted per transaction by the prune (children deleted explicitly in it)",
         at_least=1,
         at_most=100_000,
     ),
     "RETENTION_PAUSE_SECONDS": Setting(
-        0.05,
+        0.25,
         float,
         "the prune rests this long between batches, so the engine's commits go first",
         at_least=0,

@@ -121,6 +121,7 @@ def prune(
     batch_size: int | str | None = None,
     workflow: str | None = None,
     older_than: str | timedelta | None = None,
+    pause_seconds: float | str | None = None,
 ) -> PruneReport:
     """Prune the finished runs the policy (or `older_than`) lets go, archiving each batch first if
     RETENTION_ARCHIVE names a storage. `dry_run` only counts them (report.counts by workflow and status).
@@ -142,12 +143,25 @@ def prune(
         batch_size=size,
         archive=settings.RETENTION_ARCHIVE,
         dry_run=dry_run,
-        pause_seconds=0.0 if dry_run else settings.RETENTION_PAUSE_SECONDS,
+        pause_seconds=0.0 if dry_run else _pause(pause_seconds),
     )
     if dry_run:
         rows = engine_prune.prunable(which).values("workflow", "status").annotate(n=Count("id")).order_by()
         report.counts = {f"{row['workflow']}/{row['status']}": row["n"] for row in rows}
     return report
+
+
+def _pause(value: float | str | None) -> float:
+    """The rest between batches: RETENTION_PAUSE_SECONDS, or `--pause` (seconds, 0 to 3600)."""
+    if value is None:
+        return float(settings.RETENTION_PAUSE_SECONDS)
+    try:
+        pause = float(value)
+    except (TypeError, ValueError):
+        pause = -1.0
+    if not 0 <= pause <= 3600:
+        raise InvalidInputError(f"--pause is seconds from 0 to 3600 between batches, e.g. 0.2; got {shown(value)}")
+    return pause
 
 
 def export_run(run_id: str) -> bytes:

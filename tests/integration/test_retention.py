@@ -271,6 +271,8 @@ def manage(worker_env):
         (["durable_export", str(uuid.UUID(int=0))], "no run has id"),
         (["durable_prune", "--batch-size", "0"], "--batch-size"),
         (["durable_prune", "--older-than", "soon"], "invalid duration 'soon'"),
+        (["durable_prune", "--pause", "-1"], "--pause is seconds from 0 to 3600"),
+        (["durable_prune", "--workflow", "w" * 500], "--workflow"),
     ],
 )
 def test_commands__bad_input_is_exit_2_with_one_line(manage, args, message):

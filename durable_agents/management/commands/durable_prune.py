@@ -1,4 +1,4 @@
-"""durable_prune [--dry-run] [--batch-size N] [--workflow NAME] [--older-than AGE] [--json]: one retention pass."""
+"""durable_prune [--dry-run] [--batch-size N] [--workflow NAME] [--older-than AGE] [--pause S] [--json]: one pass."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ class Command(DurableCommand):
         parser.add_argument("--dry-run", action="store_true", help="count the runs that would go; change nothing")
         parser.add_argument("--batch-size", help="runs per transaction (default: RETENTION_BATCH)")
         parser.add_argument("--workflow", help="only runs of this workflow")
+        parser.add_argument("--pause", help="seconds between batches (default: RETENTION_PAUSE_SECONDS)")
         parser.add_argument(
             "--older-than", help="instead of the policy: finished runs unchanged for this long, e.g. 90d"
         )
@@ -26,6 +27,7 @@ class Command(DurableCommand):
             batch_size=options["batch_size"],
             workflow=options["workflow"],
             older_than=options["older_than"],
+            pause_seconds=options["pause"],
         )
         if options["json"]:
             self.emit_json(report.as_dict())
