@@ -13,6 +13,8 @@ Registered in `DurableAgentsConfig.ready()` under the tag `durable_agents`; `man
     E008  CELERY_ACCEPT_CONTENT does not accept JSON: workers drop every durable message
     E009  QUEUE, MODEL_QUEUE or NOTIFY_QUEUE is not declared, and Celery creates no missing queue
     E010  RATE_LIMIT_BACKEND is neither "postgres" nor a Redis URL
+    E011  RETENTION names a status that is not finished, or an age that is not a duration
+    E012  RETENTION_ARCHIVE names no STORAGES entry
     W000  a check could not run (its own bug; it reports instead of raising)
     W001  no `durable_agents.sweep` in CELERY_BEAT_SCHEDULE: runs whose message was lost are never woken
     W002  Celery may send or accept pickle
@@ -45,7 +47,9 @@ from django.utils.module_loading import import_string
 
 from durable_agents.agents.participants import participants
 from durable_agents.conf import SETTINGS, describe
+from durable_agents.errors import InvalidInputError
 from durable_agents.models import StepKind
+from durable_agents.retention import load_policy
 from durable_agents.workflows import StepDef, Workflow, registry
 
 Check = Callable[..., list[CheckMessage]]
@@ -206,6 +210,29 @@ def check_result_storage(app_configs: Sequence[Any] | None = None, **kwargs: Any
             id="durable_agents.E006",
         )
     ]
+
+
+@_never_raises
+def check_retention(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> list[CheckMessage]:
+    """E011-E012: RETENTION's statuses and ages parse; RETENTION_ARCHIVE, when set, names an entry of STORAGES."""
+    messages: list[CheckMessage] = []
+    try:
+        load_policy(_value("RETENTION"))
+    except InvalidInputError as exc:
+        hint = 'e.g. {"default": {"completed": "30d", "failed": "180d", "cancelled": "30d"}}'
+        messages.append(Error(f"{_key('RETENTION')}: {exc}", hint=hint, id="durable_agents.E011"))
+    alias = _value("RETENTION_ARCHIVE")
+    storages = getattr(django_settings, "STORAGES", {})
+    if alias is not None and not (isinstance(storages, dict) and alias in storages):
+        messages.append(
+            Error(
+                f"{_key('RETENTION_ARCHIVE')} = {alias!r} is not a key of STORAGES: no pruned run could be archived, "
+                "so none is deleted",
+                hint=f'Add STORAGES[{alias!r}] = {{"BACKEND": ...}}, or set RETENTION_ARCHIVE to None (no archive).',
+                id="durable_agents.E012",
+            )
+        )
+    return messages
 
 
 @_never_raises
@@ -508,6 +535,7 @@ CHECKS: tuple[Check, ...] = (
     check_hooks,
     check_default_participant,
     check_result_storage,
+    check_retention,
     check_sweep_schedule,
     check_queues,
     check_serializer,

@@ -318,6 +318,31 @@ SETTINGS: dict[str, Setting] = {
         str,
         "dotted path of the callable that hands a notification's outbox row id to a worker",
     ),
+    "RETENTION": Setting(
+        None,
+        dict[str, dict[str, str | None]] | None,
+        'how long finished runs are kept, by workflow ("default": the rest) and status, e.g. {"default": '
+        '{"completed": "30d", "failed": "180d", "cancelled": "30d"}}; None (an age or the whole policy): for ever',
+    ),
+    "RETENTION_BATCH": Setting(
+        200,
+        int,
+        "runs deleted per transaction by the prune (children deleted explicitly in it)",
+        at_least=1,
+        at_most=100_000,
+    ),
+    "RETENTION_PAUSE_SECONDS": Setting(
+        0.25,
+        float,
+        "the prune rests this long between batches, so the engine's commits go first",
+        at_least=0,
+        at_most=LONGEST_SECONDS,
+    ),
+    "RETENTION_ARCHIVE": Setting(
+        None,
+        str | None,
+        "a STORAGES alias each pruned batch is written to first, as gzipped JSON lines; None: no archive",
+    ),
     "METRICS_TOKEN": Setting(
         None, str | None, "bearer token Prometheus sends to /metrics; None: only staff logins may read it"
     ),

@@ -20,6 +20,7 @@ from celery.signals import celeryd_init, worker_ready, worker_shutdown
 from django.core import checks
 from django.db import InterfaceError, OperationalError, connections
 
+from durable_agents import retention
 from durable_agents.conf import settings as durable_settings
 from durable_agents.engine import advance as engine_advance
 from durable_agents.engine import heartbeats as engine_heartbeats
@@ -138,6 +139,13 @@ def _plain_steps_queue() -> set[str]:
 def sweep() -> dict[str, int]:
     """Re-wake lost runs and settle cancellations (scheduled by celery beat)."""
     return _dropping_dead_connections(lambda: engine_sweep.sweep().as_dict())
+
+
+# No acks_late: a pass killed midway leaves whole batches (each one transaction); the next scheduled pass goes on.
+@shared_task(name="durable_agents.prune", **JSON)
+def prune() -> dict[str, object]:
+    """Delete the finished runs DURABLE_AGENTS["RETENTION"] lets go, in batches (scheduled by celery beat)."""
+    return _dropping_dead_connections(lambda: retention.prune().as_dict())
 
 
 # Not reject_on_worker_lost: a worker lost mid-send left the row claimed, so a redelivered message would

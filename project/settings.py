@@ -280,6 +280,12 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": timedelta(seconds=env_seconds("DURABLE_SWEEP_SECONDS", 5.0)),
         "options": {"expires": 30},
     },
+    # Deletes finished runs past DURABLE_AGENTS["RETENTION"] (none set here: nothing is pruned).
+    "durable-agents-prune": {
+        "task": "durable_agents.prune",
+        "schedule": timedelta(hours=1),
+        "options": {"expires": 3600},
+    },
 }
 
 DURABLE_AGENTS = {

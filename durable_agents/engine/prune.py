@@ -1,0 +1,212 @@
+"""Deleting finished runs in small batches, each archived first if asked; never a live run, never one relied on.
+
+A batch is chosen without locks, archived (outside any transaction: a storage write may take seconds), then
+deleted in ONE short transaction that locks its runs with `FOR UPDATE SKIP LOCKED` and checks each is still
+prunable and unchanged since it was archived. Children go first, table by table, in explicit `DELETE ... WHERE
+run_id IN (...)` statements (no ORM cascade collecting rows in Python, no one huge cascade): the lock is held
+for a few statements over a few hundred runs. A run the engine or an operator holds is skipped, not waited for;
+a run that changed after it was archived (resumed, an event added) is kept for the next pass.
+
+Kept, whatever its age:
+* a run that is not finished (pending, running, waiting) — only completed, failed and cancelled runs go;
+* a run some fork still points at (`forked_from`): the fork shares its effect keys (effect_scope), and those
+  keys live in the source's Effect rows — deleting them would let the fork apply the effect again;
+* a run one of whose effects another run relies on (Reliance) or another run's effect compensates;
+* a run with an effect pending or waiting for an operator (`needs_attention`): nothing fails silently.
+The source becomes prunable once its forks are gone (the next pass takes it).
+
+Crash between archive and delete: the runs stay, and the next pass archives them again (maybe in another batch
+file); an archive is named by its batch's run-id range and rewritten whole, so readers dedupe by run id.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db import IntegrityError, connection, transaction
+from django.db.models import Exists, Max, OuterRef, Q, QuerySet, Subquery
+
+from durable_agents.engine.archive import write_archive
+from durable_agents.models import Effect, EffectStatus, Event, Payload, Reliance, Run, Step, Turn, Wait
+from durable_agents.states import FINISHED_RUN_STATUSES
+
+logger = logging.getLogger("durable_agents.engine")
+
+# One prune at a time across every machine (beat may start a pass while the last one still runs).
+ADVISORY_LOCK_KEY = 0x64757261626C6501  # "durable" + 1; any constant the product does not use
+
+# What a run looked like when it was archived: its updated_at and its newest event, effect and wait.
+Fingerprint = tuple[Any, ...]
+
+
+@dataclass
+class PruneReport:
+    """What one pass did (or, with dry_run, would do): counts, and the archives it wrote."""
+
+    dry_run: bool = False
+    selected: int = 0
+    deleted: int = 0
+    skipped: int = 0  # locked by someone else, or changed after it was archived: kept for the next pass
+    batches: int = 0
+    archives: list[str] = field(default_factory=list)
+    busy: bool = False  # another prune held the lock: this pass did nothing
+    counts: dict[str, int] = field(default_factory=dict)  # dry run: "workflow/status" -> runs that would go
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "dry_run": self.dry_run,
+            "selected": self.selected,
+            "deleted": self.deleted,
+            "skipped": self.skipped,
+            "batches": self.batches,
+            "archives": list(self.archives),
+            "busy": self.busy,
+            "counts": dict(self.counts),
+        }
+
+
+def prunable(eligible: Q) -> QuerySet[Run]:
+    """Finished runs matching `eligible` (the retention policy's ages) that nothing else needs (see above)."""
+    others_relying = Reliance.objects.filter(effect__run=OuterRef("pk")).exclude(run=OuterRef("pk"))
+    others_compensating = Effect.objects.filter(compensates__run=OuterRef("pk")).exclude(run=OuterRef("pk"))
+    unsettled = Effect.objects.filter(run=OuterRef("pk")).filter(
+        Q(status=EffectStatus.PENDING) | ~Q(needs_attention="")
+    )
+    return (
+        Run.objects.filter(status__in=FINISHED_RUN_STATUSES)
+        .filter(eligible)
+        .exclude(Exists(Run.objects.filter(forked_from=OuterRef("pk"))))
+        .exclude(Exists(others_relying))
+        .exclude(Exists(others_compensating))
+        .exclude(Exists(unsettled))
+    )
+
+
+def _with_fingerprint(runs: QuerySet[Run]) -> QuerySet[Run]:
+    """The run's last change, and its children's: a run whose fingerprint moved after it was archived is kept."""
+
+    def newest(model: Any, column: str) -> Subquery:
+        return Subquery(
+            model.objects.filter(run=OuterRef("pk")).order_by().values("run").annotate(m=Max(column)).values("m")[:1]
+        )
+
+    return runs.annotate(
+        last_event=newest(Event, "id"), last_effect=newest(Effect, "updated_at"), last_wait=newest(Wait, "updated_at")
+    )
+
+
+def _fingerprints(runs: QuerySet[Run]) -> dict[uuid.UUID, Fingerprint]:
+    rows = _with_fingerprint(runs).values_list("id", "updated_at", "last_event", "last_effect", "last_wait")
+    return {row[0]: tuple(row[1:]) for row in rows}
+
+
+def prune(
+    eligible: Q,
+    *,
+    batch_size: int,
+    archive: str | None = None,
+    dry_run: bool = False,
+    pause_seconds: float = 0.0,
+    name_archive: Callable[[list[uuid.UUID]], str] | None = None,
+) -> PruneReport:
+    """Delete every prunable run matching `eligible`, `batch_size` runs per transaction, archiving each batch to
+    the storage alias `archive` first (if given). `dry_run` counts what would go and changes nothing."""
+    report = PruneReport(dry_run=dry_run)
+    if dry_run:
+        report.selected = prunable(eligible).count()
+        return report
+    with _one_prune_at_a_time() as alone:
+        if not alone:
+            report.busy = True
+            return report
+        after: uuid.UUID | None = None
+        while True:
+            # Keyset order by id: a run skipped in this pass is behind the next batch, never chosen again in it.
+            candidates = prunable(eligible).order_by("id")
+            if after is not None:
+                candidates = candidates.filter(id__gt=after)
+            chosen = _fingerprints(candidates[:batch_size])
+            if not chosen:
+                return report
+            ids = sorted(chosen)
+            after = ids[-1]
+            report.selected += len(ids)
+            report.batches += 1
+            if archive:
+                report.archives.append(write_archive(archive, (name_archive or archive_name)(ids), ids))
+            try:
+                deleted = delete_batch(chosen, eligible)
+            except IntegrityError:
+                # A product table points at one of these runs with a foreign key of its own: the whole batch is
+                # kept (rolled back), this pass goes on with the next one; the log and `skipped` say so.
+                logger.warning("prune: a batch of %d runs is referenced by other rows and was kept", len(ids))
+                deleted = []
+            report.deleted += len(deleted)
+            report.skipped += len(ids) - len(deleted)
+            if pause_seconds:
+                time.sleep(pause_seconds)
+
+
+def archive_name(ids: list[uuid.UUID]) -> str:
+    """A batch's archive: named by its first and last run id, so writing the same batch again replaces it."""
+    first, last = str(ids[0]), str(ids[-1])
+    return f"durable_agents/archive/{first[:2]}/{first}--{last}--{len(ids)}.jsonl.gz"
+
+
+def delete_batch(chosen: dict[uuid.UUID, Fingerprint], eligible: Q) -> list[uuid.UUID]:
+    """Delete those of `chosen` that are still prunable and unchanged; returns their ids. One short transaction."""
+    with transaction.atomic():
+        locked = (
+            Run.objects.select_for_update(skip_locked=True, of=("self",))
+            .filter(id__in=list(chosen))
+            .order_by()
+            .values_list("id", flat=True)
+        )
+        # Locked first (a plain SELECT ... FOR UPDATE cannot carry the aggregates), then checked under the lock.
+        held = list(locked)
+        still = _fingerprints(prunable(eligible).filter(id__in=held))
+        ids = sorted(run_id for run_id, fingerprint in still.items() if fingerprint == chosen[run_id])
+        if ids:
+            _delete_rows_txn(ids)
+        return ids
+
+
+def _delete_rows_txn(ids: list[uuid.UUID]) -> None:
+    """Children table by table, then the runs: each statement touches only these runs' rows."""
+    assert connection.in_atomic_block, "_delete_rows_txn must run inside the batch's transaction"
+    quote = connection.ops.quote_name
+    values = [Run._meta.pk.get_db_prep_value(run_id, connection) for run_id in ids]
+    marks = ", ".join(["%s"] * len(values))
+    effect = quote(Effect._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"DELETE FROM {quote(Reliance._meta.db_table)} WHERE run_id IN ({marks}) "
+            f"OR effect_id IN (SELECT id FROM {effect} WHERE run_id IN ({marks}))",
+            values + values,
+        )
+        for model in (Turn, Effect, Wait, Event, Payload, Step, Run):
+            column = "id" if model is Run else "run_id"
+            cursor.execute(f"DELETE FROM {quote(model._meta.db_table)} WHERE {column} IN ({marks})", values)
+
+
+class _one_prune_at_a_time:
+    """A session advisory lock on Postgres (released when the pass ends, or when its connection dies)."""
+
+    def __enter__(self) -> bool:
+        self.taken = connection.vendor != "postgresql"
+        if not self.taken:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_try_advisory_lock(%s)", [ADVISORY_LOCK_KEY])
+                self.taken = bool(cursor.fetchone()[0])
+            self.held = self.taken
+        return self.taken
+
+    def __exit__(self, *exc: object) -> None:
+        if connection.vendor == "postgresql" and getattr(self, "held", False):
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_unlock(%s)", [ADVISORY_LOCK_KEY])

@@ -1,0 +1,45 @@
+"""durable_prune [--dry-run] [--batch-size N] [--workflow NAME] [--older-than AGE] [--pause S] [--json]: one pass."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from durable_agents import retention
+from durable_agents.management.commands._base import DurableCommand
+
+
+class Command(DurableCommand):
+    help = "Delete finished runs older than DURABLE_AGENTS['RETENTION'] allows (archived first if configured)."
+
+    def add_arguments(self, parser: Any) -> None:
+        super().add_arguments(parser)
+        parser.add_argument("--dry-run", action="store_true", help="count the runs that would go; change nothing")
+        parser.add_argument("--batch-size", help="runs per transaction (default: RETENTION_BATCH)")
+        parser.add_argument("--workflow", help="only runs of this workflow")
+        parser.add_argument("--pause", help="seconds between batches (default: RETENTION_PAUSE_SECONDS)")
+        parser.add_argument(
+            "--older-than", help="instead of the policy: finished runs unchanged for this long, e.g. 90d"
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        report = retention.prune(
+            dry_run=options["dry_run"],
+            batch_size=options["batch_size"],
+            workflow=options["workflow"],
+            older_than=options["older_than"],
+            pause_seconds=options["pause"],
+        )
+        if options["json"]:
+            self.emit_json(report.as_dict())
+        elif report.busy:
+            self.stdout.write("another prune is running; nothing done")
+        elif report.dry_run:
+            self.stdout.write(f"would delete {report.selected} runs")
+            for key, count in sorted(report.counts.items()):
+                self.stdout.write(f"  {key}: {count}")
+        else:
+            archived = f", {len(report.archives)} archives written" if report.archives else ""
+            self.stdout.write(
+                f"deleted {report.deleted} runs in {report.batches} batches, kept {report.skipped} that were busy "
+                f"or changed{archived}"
+            )

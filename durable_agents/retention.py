@@ -1,0 +1,173 @@
+"""Retention: how long finished runs are kept, by workflow and status, and the pass that prunes the older ones.
+
+The policy is DURABLE_AGENTS["RETENTION"]: per workflow name (or "default", for every other workflow), per
+finished status, an age as `durable_runs --older-than` writes one ("30d", "12h", "26w"), or None to keep
+for ever. A workflow's entry overrides the default status by status. No RETENTION (the default): nothing
+is pruned. Pending, running and waiting runs are never pruned, whatever the policy says.
+
+Example::
+
+    DURABLE_AGENTS = {
+        "RETENTION": {
+            "default": {"completed": "30d", "failed": "180d", "cancelled": "30d"},
+            "refund-agent": {"completed": "104w", "failed": None},   # failed refunds are kept
+        },
+        "RETENTION_ARCHIVE": "durable_archive",          # a STORAGES alias; None: no archive
+    }
+
+A run's age is measured from its last change (`updated_at`, and `finished_at`), on the database's clock: a run
+an operator touched last week is a week old, whenever it finished. The pass (`prune`) runs from celery beat
+(task `durable_agents.prune`) and from `manage.py durable_prune`; see engine/prune.py for what it never deletes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db.models import Count, Q
+
+from durable_agents import clock
+from durable_agents.conf import settings
+from durable_agents.engine import prune as engine_prune
+from durable_agents.engine.archive import record_lines
+from durable_agents.engine.prune import PruneReport
+from durable_agents.engine.records import get_run
+from durable_agents.errors import InvalidInputError
+from durable_agents.operations import parse_duration, resolve_run_id
+from durable_agents.states import FINISHED_RUN_STATUSES
+from durable_agents.storable import check_text, shown, whole_number
+
+DEFAULT = "default"
+FROM_SETTINGS: Any = object()
+STATUSES: tuple[str, ...] = tuple(str(status) for status in FINISHED_RUN_STATUSES)
+
+
+@dataclass(frozen=True)
+class Policy:
+    """Ages by workflow ("default" for the rest) and finished status; None keeps runs of that status for ever."""
+
+    ages: dict[str, dict[str, timedelta | None]]
+
+    def age(self, workflow: str, status: str) -> timedelta | None:
+        """How long a `status` run of `workflow` is kept (its own entry, else the default; None: for ever)."""
+        own = self.ages.get(workflow, {})
+        return own[status] if status in own else self.ages.get(DEFAULT, {}).get(status)
+
+
+def load_policy(config: Any = FROM_SETTINGS) -> Policy:
+    """The policy from DURABLE_AGENTS["RETENTION"] (or `config`); a bad entry is an InvalidInputError saying which."""
+    config = settings.RETENTION if config is FROM_SETTINGS else config
+    if config is None:
+        return Policy({})
+    if not isinstance(config, dict):
+        raise InvalidInputError(f"RETENTION must be a dict of workflow names, got {shown(config)}")
+    ages: dict[str, dict[str, timedelta | None]] = {}
+    for workflow, by_status in config.items():
+        if not isinstance(workflow, str) or not isinstance(by_status, dict):
+            raise InvalidInputError(
+                f"RETENTION[{shown(workflow)}] must map statuses to ages, e.g. {{'completed': '30d'}}"
+            )
+        ages[workflow] = {}
+        for status, age in by_status.items():
+            if status not in STATUSES:
+                raise InvalidInputError(
+                    f"RETENTION[{workflow!r}] names status {shown(status)}; only finished runs are pruned: "
+                    f"use {', '.join(STATUSES)}"
+                )
+            try:
+                ages[workflow][status] = None if age is None else parse_duration(age)
+            except InvalidInputError as exc:
+                raise InvalidInputError(f"RETENTION[{workflow!r}][{status!r}]: {exc}") from None
+    return Policy(ages)
+
+
+def eligible(policy: Policy, now: datetime, *, workflow: str | None = None, older_than: timedelta | None = None) -> Q:
+    """The runs old enough to go under `policy` at `now` (the database's time); an empty Q() matches none.
+
+    `older_than` replaces the policy's ages (every finished status); `workflow` narrows to one workflow.
+    """
+    if older_than is not None:
+        chosen = [_older(STATUSES, now - older_than)]
+    else:
+        named = [name for name in policy.ages if name != DEFAULT]
+        chosen = []
+        for name in [*named, DEFAULT]:
+            for status in STATUSES:
+                age = policy.age(name, status)
+                if age is None:
+                    continue
+                which = Q(workflow=name) if name != DEFAULT else ~Q(workflow__in=named)
+                chosen.append(which & _older([status], now - age))
+    if not chosen:
+        return Q(pk__in=[])
+    matched = Q()
+    for part in chosen:
+        matched |= part
+    return matched & Q(workflow=workflow) if workflow else matched
+
+
+def _older(statuses: Any, before: datetime) -> Q:
+    # updated_at is indexed with status (durable_run_status_updated): the candidate scan uses that index.
+    return Q(status__in=list(statuses), updated_at__lt=before) & (
+        Q(finished_at__isnull=True) | Q(finished_at__lt=before)
+    )
+
+
+def prune(
+    *,
+    dry_run: bool = False,
+    batch_size: int | str | None = None,
+    workflow: str | None = None,
+    older_than: str | timedelta | None = None,
+    pause_seconds: float | str | None = None,
+) -> PruneReport:
+    """Prune the finished runs the policy (or `older_than`) lets go, archiving each batch first if
+    RETENTION_ARCHIVE names a storage. `dry_run` only counts them (report.counts by workflow and status).
+
+    Example: `prune(dry_run=True, workflow="refund-agent", older_than="90d").selected`
+    """
+    size = whole_number(
+        settings.RETENTION_BATCH if batch_size is None else batch_size,
+        "--batch-size (runs per batch)",
+        low=1,
+        high=100_000,
+    )
+    if workflow is not None:
+        check_text(workflow, "--workflow")
+    age = parse_duration(older_than) if isinstance(older_than, str) else older_than
+    which = eligible(load_policy(), clock.now(), workflow=workflow, older_than=age)
+    report = engine_prune.prune(
+        which,
+        batch_size=size,
+        archive=settings.RETENTION_ARCHIVE,
+        dry_run=dry_run,
+        pause_seconds=0.0 if dry_run else _pause(pause_seconds),
+    )
+    if dry_run:
+        rows = engine_prune.prunable(which).values("workflow", "status").annotate(n=Count("id")).order_by()
+        report.counts = {f"{row['workflow']}/{row['status']}": row["n"] for row in rows}
+    return report
+
+
+def _pause(value: float | str | None) -> float:
+    """The rest between batches: RETENTION_PAUSE_SECONDS, or `--pause` (seconds, 0 to 3600)."""
+    if value is None:
+        return float(settings.RETENTION_PAUSE_SECONDS)
+    try:
+        pause = float(value)
+    except (TypeError, ValueError):
+        pause = -1.0
+    if not 0 <= pause <= 3600:
+        raise InvalidInputError(f"--pause is seconds from 0 to 3600 between batches, e.g. 0.2; got {shown(value)}")
+    return pause
+
+
+def export_run(run_id: str) -> bytes:
+    """One run's full record as JSON lines (the archive's format): what `durable_export RUN_ID` prints.
+
+    `run_id` may be a unique prefix, as everywhere; no such run is a RunNotFoundError.
+    """
+    run = get_run(resolve_run_id(run_id))
+    return record_lines([run.id])

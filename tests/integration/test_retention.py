@@ -1,0 +1,312 @@
+"""Retention: the policy picks finished runs by workflow, status and age; the prune deletes them in batches, archived
+first, and never touches a live run, a run a fork or another run relies on, or a run the engine is working on."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+import uuid
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+from django.core.files.storage import FileSystemStorage
+from django.core.management import call_command
+from django.test import override_settings
+
+from durable_agents import api, checks, clock, retention
+from durable_agents.engine import prune as engine_prune
+from durable_agents.engine.archive import read_archive, record_lines, write_archive
+from durable_agents.errors import InvalidInputError
+from durable_agents.models import Effect, Event, Reliance, Run, RunStatus, Step, StepStatus
+from durable_agents.testing import drive, wait_for_run
+from tests.testapp.models import Execution
+
+pytestmark = pytest.mark.django_db(transaction=True)
+ROOT = Path(__file__).resolve().parents[2]
+POLICY = {
+    "default": {"completed": "30d", "failed": "180d", "cancelled": "30d"},
+    "charge": {"completed": "7d", "failed": None},
+}
+
+
+def retained(**extra):
+    """DURABLE_AGENTS with a retention policy (and no pause between batches: tests need no politeness)."""
+    return override_settings(
+        DURABLE_AGENTS={**settings.DURABLE_AGENTS, "RETENTION": POLICY, "RETENTION_PAUSE_SECONDS": 0, **extra}
+    )
+
+
+def old_runs(n: int, *, workflow: str = "record", status: str = RunStatus.COMPLETED, age_days: float = 400) -> list:
+    """`n` finished runs last changed `age_days` ago (on the database's clock), each with two steps and an event."""
+    then = clock.now() - timedelta(days=age_days)
+    runs = Run.objects.bulk_create(
+        Run(
+            workflow=workflow,
+            workflow_version=1,
+            status=status,
+            input={"n": i},
+            input_hash="x",
+            step_count=2,
+            cursor=2,
+            created_at=then,
+            updated_at=then,
+            finished_at=then,
+        )
+        for i in range(n)
+    )
+    Step.objects.bulk_create(
+        Step(run=run, step_id=f"s{p}", name="work", position=p, status=StepStatus.DONE, result={"p": p})
+        for run in runs
+        for p in (1, 2)
+    )
+    Event.objects.bulk_create(Event(run=run, kind="completed", detail={"why": "test"}) for run in runs)
+    return [run.id for run in runs]
+
+
+def exists(ids) -> set:
+    return set(Run.objects.filter(id__in=list(ids)).values_list("id", flat=True))
+
+
+def test_policy__a_workflows_entry_overrides_the_default_status_by_status():
+    policy = retention.load_policy(POLICY)
+    assert policy.age("charge", "completed") == timedelta(days=7)
+    assert policy.age("charge", "failed") is None, "None keeps a status for ever, over the default"
+    assert policy.age("charge", "cancelled") == timedelta(days=30), "an unnamed status falls back to the default"
+    assert policy.age("record", "failed") == timedelta(days=180)
+    assert retention.load_policy({}).age("record", "completed") is None
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ({"default": {"running": "1d"}}, "only finished runs are pruned"),
+        ({"default": {"completed": "soon"}}, "invalid duration 'soon'"),
+        ({"default": "30d"}, "must map statuses to ages"),
+    ],
+)
+def test_policy__a_bad_entry_says_which_and_how_to_fix_it(config, message):
+    with pytest.raises(InvalidInputError, match=message):
+        retention.load_policy(config)
+
+
+def test_prune__selects_by_workflow_status_and_age():
+    charge_done_10d = old_runs(3, workflow="charge", age_days=10)  # charge keeps completed 7 d: goes
+    charge_failed_old = old_runs(2, workflow="charge", status=RunStatus.FAILED)  # charge keeps failed for ever
+    record_done_10d = old_runs(3, age_days=10)  # default keeps completed 30 d: stays
+    record_failed_100d = old_runs(2, status=RunStatus.FAILED, age_days=100)  # default 180 d: stays
+    record_failed_200d = old_runs(2, status=RunStatus.FAILED, age_days=200)  # goes
+    record_cancelled_40d = old_runs(2, status=RunStatus.CANCELLED, age_days=40)  # goes
+    with retained():
+        planned = retention.prune(dry_run=True)
+        assert planned.counts == {"charge/completed": 3, "record/failed": 2, "record/cancelled": 2}
+        report = retention.prune(batch_size=2)
+    assert report.deleted == 7 and report.batches >= 4, report.as_dict()
+    gone = {*charge_done_10d, *record_failed_200d, *record_cancelled_40d}
+    kept = {*charge_failed_old, *record_done_10d, *record_failed_100d}
+    assert exists(gone | kept) == kept
+    assert not Step.objects.filter(run_id__in=gone).exists() and not Event.objects.filter(run_id__in=gone).exists()
+
+
+def test_prune__dry_run_changes_nothing():
+    ids = old_runs(5)
+    before = (Run.objects.count(), Step.objects.count(), Event.objects.count())
+    with retained():
+        report = retention.prune(dry_run=True)
+    assert report.selected == 5 and report.deleted == 0
+    assert (Run.objects.count(), Step.objects.count(), Event.objects.count()) == before
+    assert exists(ids) == set(ids)
+
+
+def test_prune__never_a_pending_running_or_waiting_run_however_old():
+    live = [*old_runs(2, status=RunStatus.PENDING), *old_runs(2, status=RunStatus.RUNNING)]
+    live += old_runs(2, status=RunStatus.WAITING)
+    with retained():
+        report = retention.prune(older_than="0s")
+    assert report.deleted == 0 and exists(live) == set(live)
+
+
+def test_prune__keeps_a_source_while_a_fork_points_at_it_or_relies_on_its_effect():
+    source = drive(api.start("charge", {"order_id": "R-1"}).id)
+    fork = drive(api.fork(source.id, "after", actor="ops").id)
+    assert fork.status == RunStatus.COMPLETED
+    effect = Effect.objects.get(run=source, tool="charge")
+    assert Reliance.objects.filter(effect=effect, run=fork).exists(), "the fork relies on the source's charge"
+    clock.advance(timedelta(days=365))
+    try:
+        with retained():
+            # The fork stands (here: still running), so its source stays, however old.
+            Run.objects.filter(pk=fork.id).update(status=RunStatus.RUNNING)
+            retention.prune(workflow="charge", older_than="1d", batch_size=1)
+            assert exists([source.id, fork.id]) == {source.id, fork.id}, "a fork stands: its source must stay"
+            # Without the fork's pointer (forked_from is SET_NULL), its Reliance alone still keeps the source.
+            Run.objects.filter(pk=fork.id).update(forked_from=None)
+            retention.prune(workflow="charge", older_than="1d")
+            assert exists([source.id, fork.id]) == {source.id, fork.id}, "the fork relies on the source's effect"
+            # Once the fork is finished and old too, it goes; then nothing relies on the source, which goes in the
+            # same pass if it comes after the fork in id order, else in the next one.
+            Run.objects.filter(pk=fork.id).update(status=RunStatus.COMPLETED)
+            retention.prune(workflow="charge", older_than="1d", batch_size=1)
+            assert exists([fork.id]) == set()
+            retention.prune(workflow="charge", older_than="1d", batch_size=1)
+            assert exists([source.id]) == set(), "once nothing relies on the source, it goes"
+        assert not Effect.objects.filter(idempotency_key=effect.idempotency_key).exists()
+    finally:
+        clock.reset()
+
+
+def test_prune__an_effect_waiting_for_an_operator_keeps_its_run():
+    (run_id,) = old_runs(1, status=RunStatus.FAILED, age_days=400)
+    Effect.objects.create(
+        run_id=run_id, idempotency_key=f"{run_id}:x", tool="ship", args_hash="h", needs_attention="outcome unknown"
+    )
+    with retained():
+        retention.prune()
+    assert exists([run_id]) == {run_id}
+
+
+def test_archive__written_again_under_its_name_replaces_it(tmp_path):
+    ids = old_runs(2)
+    storages = {
+        **settings.STORAGES,
+        "archive": {"BACKEND": "django.core.files.storage.FileSystemStorage", "OPTIONS": {"location": str(tmp_path)}},
+    }
+    name = engine_prune.archive_name(sorted(ids))
+    with override_settings(STORAGES=storages):
+        first = write_archive("archive", name, ids)
+        again = write_archive("archive", name, ids)  # a crash after the first write: the next pass writes it again
+        rows = read_archive("archive", again)
+    assert first == again == name, "the same batch must land under the same name, not a renamed copy"
+    assert len(list(tmp_path.rglob("*.jsonl.gz"))) == 1
+    assert [row["id"] for row in rows if row["type"] == "run"] == [str(i) for i in ids]
+
+
+class FailingStorage(FileSystemStorage):
+    """A storage whose writes fail: the archive cannot be written."""
+
+    def _save(self, name, content):
+        raise OSError("disk full")
+
+
+def test_archive__written_before_delete_and_reads_back_as_the_export(tmp_path):
+    run = drive(api.start("charge", {"order_id": "A-1"}).id)
+    ids = [run.id, *old_runs(4)]
+    expected = [json.loads(line) for line in record_lines(ids).splitlines()]
+    storages = {
+        **settings.STORAGES,
+        "archive": {"BACKEND": "django.core.files.storage.FileSystemStorage", "OPTIONS": {"location": str(tmp_path)}},
+    }
+    clock.advance(timedelta(days=365))
+    try:
+        with override_settings(STORAGES=storages), retained(RETENTION_ARCHIVE="archive"):
+            report = retention.prune(batch_size=100)
+            rows = read_archive("archive", report.archives[0]) if report.archives else []
+    finally:
+        clock.reset()
+    assert report.deleted == 5 and len(report.archives) == 1, report.as_dict()
+    by_run = {row["id"] for row in rows if row["type"] == "run"}
+    assert by_run == {str(i) for i in ids}
+    assert sorted(rows, key=json.dumps) == sorted(expected, key=json.dumps), "the archive holds every row, unchanged"
+    assert {row["type"] for row in rows} >= {"run", "step", "effect", "event"}
+    assert gzip.decompress((tmp_path / report.archives[0]).read_bytes()).count(b"\n") == len(rows)
+
+
+def test_archive__a_failed_write_deletes_nothing(tmp_path):
+    ids = old_runs(3)
+    storages = {
+        **settings.STORAGES,
+        "archive": {"BACKEND": f"{__name__}.FailingStorage", "OPTIONS": {"location": str(tmp_path)}},
+    }
+    with override_settings(STORAGES=storages), retained(RETENTION_ARCHIVE="archive"), pytest.raises(OSError):
+        retention.prune()
+    assert exists(ids) == set(ids), "a run is deleted only after its archive is written"
+
+
+def test_prune__skips_a_run_that_changed_after_it_was_archived():
+    (run_id,) = old_runs(1)
+    eligible = retention.eligible(retention.load_policy(POLICY), clock.now())
+    chosen = engine_prune._fingerprints(engine_prune.prunable(eligible))
+    Event.objects.create(run_id=run_id, kind="operator_note")  # written between the archive and the delete
+    assert engine_prune.delete_batch(chosen, eligible) == []
+    assert exists([run_id]) == {run_id}
+
+
+def test_prune__races_a_worker_running_other_runs(start_worker):
+    start_worker(beat=True)
+    live = [api.start("record", {"steps": 40}).id for _ in range(6)]
+    old = old_runs(3000)
+    with retained():
+        report = retention.prune(batch_size=100)
+    assert report.deleted == 3000 and exists(old) == set(), report.as_dict()
+    for run_id in live:
+        run = wait_for_run(run_id, "completed", timeout=180)
+        assert Step.objects.filter(run=run, status=StepStatus.DONE).count() == 40
+        counts = Execution.objects.filter(run_id=run_id).values_list("step_id", flat=True)
+        assert len(counts) == 40 and len(set(counts)) == 40, "every step of a live run ran exactly once"
+    assert exists(live) == set(live)
+
+
+@pytest.fixture
+def manage(worker_env):
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "django", *args],
+            cwd=ROOT,
+            env={**worker_env},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    return run
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["durable_export", "not-a-run"], "no run has id 'not-a-run'"),
+        (["durable_export", str(uuid.UUID(int=0))], "no run has id"),
+        (["durable_prune", "--batch-size", "0"], "--batch-size"),
+        (["durable_prune", "--older-than", "soon"], "invalid duration 'soon'"),
+        (["durable_prune", "--pause", "-1"], "--pause is seconds from 0 to 3600"),
+        (["durable_prune", "--workflow", "w" * 500], "--workflow"),
+    ],
+)
+def test_commands__bad_input_is_exit_2_with_one_line(manage, args, message):
+    done = manage(*args)
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert message in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_commands__export_writes_the_record_and_prune_dry_run_reports(manage, tmp_path):
+    run = drive(api.start("record", {"steps": 2}).id)
+    out = tmp_path / "run.jsonl"
+    assert manage("durable_export", str(run.id)[:8], "--output", str(out)).returncode == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert rows[0]["type"] == "run" and rows[0]["id"] == str(run.id)
+    assert [r["step_id"] for r in rows if r["type"] == "step"] == ["s001", "s002"]
+    printed = manage("durable_export", str(run.id))
+    assert printed.stdout == out.read_text()
+    old_runs(2)
+    dry = manage("durable_prune", "--dry-run", "--older-than", "1d", "--json")
+    assert json.loads(dry.stdout)["selected"] == 2 and Run.objects.count() == 3
+
+
+def test_command__prune_in_process_reports_deleted(capsys):
+    old_runs(3)
+    with retained():
+        call_command("durable_prune", "--batch-size", "2")
+    assert "deleted 3 runs in 2 batches" in capsys.readouterr().out
+
+
+def test_checks__a_bad_policy_or_archive_alias_is_an_error_with_a_hint():
+    bad = {"RETENTION": {"default": {"completed": "a month"}}, "RETENTION_ARCHIVE": "nowhere"}
+    with override_settings(DURABLE_AGENTS={**settings.DURABLE_AGENTS, **bad}):
+        found = {message.id: message for message in checks.check_retention()}
+    assert set(found) == {"durable_agents.E011", "durable_agents.E012"}
+    assert "invalid duration 'a month'" in found["durable_agents.E011"].msg
+    with retained():
+        assert checks.check_retention() == []
