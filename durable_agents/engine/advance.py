@@ -31,6 +31,7 @@ from durable_agents.engine.context import StepContext
 from durable_agents.engine.control import ExtendPlan, Park, Rerun, WaitSpec
 from durable_agents.engine.eager import DEFAULT_QUEUE, Slice
 from durable_agents.engine.events import record_event
+from durable_agents.engine.family import join_if_ready_txn
 from durable_agents.engine.lease import Claim, Heartbeat, as_uuid, lease_seconds, renew_lease
 from durable_agents.engine.payloads import store_result
 from durable_agents.engine.planned import TOOL_STEP_PREFIX, is_planned, planned_step
@@ -60,7 +61,7 @@ from durable_agents.errors import (
     UnknownWorkflowError,
 )
 from durable_agents.logs import run_logger
-from durable_agents.models import Run, RunStatus, Step, StepKind, StepStatus
+from durable_agents.models import Run, RunStatus, Step, StepKind, StepStatus, WaitKind
 from durable_agents.signals import run_finished, send_on_commit, step_committed, step_failed, step_retried
 from durable_agents.states import StepOp
 from durable_agents.tools import tools
@@ -451,9 +452,15 @@ def _left_to_undo(run_id: Any, failed: Step) -> list[str]:
 
 def _park(claim: Claim, step: Step, spec: WaitSpec) -> Outcome:
     """Release the run into `waiting` and open its wait, in one fenced transaction; nothing wakes it but
-    a decision, a signal or the sweep."""
+    a decision, a signal, its children or the sweep."""
     with transaction.atomic():
-        park_txn(claim, step, spec)
+        wait = park_txn(claim, step, spec)
+        if spec.kind == WaitKind.CHILDREN and wait.is_open:
+            # A child that finished after the step counted, before this wait existed, had no wait to close.
+            join_if_ready_txn(wait)
+    if spec.kind == WaitKind.CHILDREN and _cancel_pending(claim.run_id):
+        # Cancelled while it started its children: stop now (and its children with it), not at the next sweep.
+        return _settled(settle_cancellation(claim.run_id), otherwise=Outcome.WAITING)
     return Outcome.WAITING
 
 
