@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 
 import pytest
+from django.core.management import call_command
 from django.db.models import Count
 from django.test import override_settings
+from django.urls import reverse
 from django.utils import timezone
 
 from durable_agents import api
@@ -15,6 +18,7 @@ from durable_agents.engine.sweep import sweep
 from durable_agents.models import Event, Run, RunStatus, Step, Wait, WaitKind, WaitStatus
 from durable_agents.signals import run_finished
 from durable_agents.testing import drive, wait_for, wait_for_run
+from tests.integration.test_admin import login
 from tests.testapp.models import Execution, LedgerEntry
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -195,6 +199,37 @@ def test_sweep__an_open_join_not_met_is_rechecked_once_per_idle_period():
     checked = Wait.objects.get(pk=wait.pk).updated_at
     assert checked > timezone.now() - timedelta(minutes=1), "a checked join is not checked again at once"
     assert Wait.objects.get(pk=wait.pk).status == WaitStatus.OPEN
+
+
+# --- The admin and the CLI ----------------------------------------------------------------------------
+
+
+def test_admin__run_page_links_parent_and_children():
+    run = api.start("fan_collect", {"items": [{"item": 0}, {"item": 1, "fail": True}]})
+    drive(run.id)
+    kids = _children(run)
+    _drive_children(run)
+    operator = login("operator")
+    parent_page = operator.get(reverse("admin:durable_agents_run_change", args=[run.pk])).content.decode()
+    assert "2 child runs: completed 1, failed 1" in " ".join(parent_page.split())
+    for kid in kids:
+        assert reverse("admin:durable_agents_run_change", args=[kid.pk]) in parent_page, "each child is linked"
+    child_page = operator.get(reverse("admin:durable_agents_run_change", args=[kids[1].pk])).content.decode()
+    assert 'id="parent-run"' in child_page and reverse("admin:durable_agents_run_change", args=[run.pk]) in child_page
+
+
+def test_cli__show_prints_parent_and_children_and_runs_lists_children(capsys):
+    run = api.start("fan_all", {"items": [{"item": 0}, {"item": 1}]})
+    drive(run.id)
+    kids = _children(run)
+    call_command("durable_show", str(run.id))
+    shown = capsys.readouterr().out
+    assert "children: 2 (pending 2)" in shown and all(str(k.id) in shown for k in kids)
+    call_command("durable_show", str(kids[0].id))
+    assert f"parent: run {run.id} (step fan, child 0)" in capsys.readouterr().out
+    call_command("durable_runs", "--parent", str(run.id)[:8], "--json")
+    listed = json.loads(capsys.readouterr().out)
+    assert sorted(row["id"] for row in listed) == sorted(str(k.id) for k in kids)
 
 
 # --- Real workers ----------------------------------------------------------------------------------------
