@@ -154,6 +154,12 @@ class Run(models.Model):
                 condition=Q(status__in=["pending", "running"]),
                 name="durable_run_runnable_updated",
             ),
+            # A join asks "any child of this step still live?" at every child's end: one probe, not a count.
+            models.Index(
+                fields=["parent", "parent_step"],
+                condition=Q(parent__isnull=False, status__in=["pending", "running", "waiting"]),
+                name="durable_run_live_children",
+            ),
         ]
 
     def __str__(self) -> str:

@@ -73,3 +73,11 @@ workflow(
     "fan_bad",
     steps=[children("fan", workflow="child_work", each=lambda ctx: [{"item": 0}, {"item": float("nan")}]), AFTER],
 )
+
+
+def _noop_items(ctx: StepContext) -> list[Any]:
+    return [{"steps": int(ctx.input.get("steps", 1))}] * int(ctx.input["n"])
+
+
+# bench/children.py: one parent fanning out to n `noop` runs.
+workflow("fan_noop", steps=[children("fan", workflow="noop", each=_noop_items)])
