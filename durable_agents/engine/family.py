@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections import defaultdict
 from collections.abc import Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -144,7 +145,10 @@ def children_of(parent_id: Any, step_id: str | None = None) -> Any:
 def tally(parent_id: Any, step_id: str) -> Tally:
     """One grouped query: the step's children by status."""
     grouped = children_of(parent_id, step_id).order_by().values("status").annotate(n=Count("id"))
-    counts = {row["status"]: row["n"] for row in grouped}
+    return _tally_of({row["status"]: row["n"] for row in grouped})
+
+
+def _tally_of(counts: dict[str, int]) -> Tally:
     return Tally(
         total=sum(counts.values()),
         completed=counts.get(RunStatus.COMPLETED, 0),
@@ -331,9 +335,16 @@ def sweep_children(now: datetime | None = None, *, batch: int | None = None) -> 
     joined = 0
     stale = Wait.objects.open().filter(kind=WaitKind.CHILDREN, updated_at__lt=now - idle).order_by("updated_at")
     columns = ("id", "run_id", "step__step_id", "step__name", "run__workflow", "run__workflow_version")
+    due = list(stale.values_list(*columns)[:limit])
+    # One grouped read for the whole batch, not probes per join.
+    counts: dict[tuple[Any, str], dict[str, int]] = defaultdict(dict)
+    parents = Run.objects.filter(parent_id__in={row[1] for row in due}).order_by()
+    grouped = parents.values_list("parent_id", "parent_step", "status").annotate(n=Count("id"))
+    for parent_id, step_id, status, n in grouped:
+        counts[(parent_id, step_id)][status] = n
     checked = []
-    for wait_id, run_id, step_id, name, workflow, version in list(stale.values_list(*columns)[:limit]):
-        if not is_met(run_id, step_id, join_of(workflow, version, name)):
+    for wait_id, run_id, step_id, name, workflow, version in due:
+        if not is_ready(join_of(workflow, version, name), _tally_of(counts[(run_id, step_id)])):
             checked.append(wait_id)
             continue
         with transaction.atomic():
