@@ -326,7 +326,9 @@ def _commit(claim: Claim, step: Step, stored: Any, eager: Slice | None) -> Outco
     # Outside a transaction these are sent now, after the commit.
     send_on_commit(step_committed, run_id=claim.run_id, step_id=step.step_id, attempt=claim.attempt)
     if committed is transitions.Committed.FINISHED:
-        send_on_commit(run_finished, run_id=claim.run_id, status=claim.finish_as or RunStatus.COMPLETED, error=None)
+        ending = claim.finish_as or RunStatus.COMPLETED
+        # The parent is loaded with the claim: telling it costs no read.
+        send_on_commit(run_finished, run_id=claim.run_id, status=ending, error=None, parent_id=step.run.parent_id)
         return Outcome.COMPLETED
     if last:
         # The last step committed while a cancel was requested: settle it now (its saga, if asked).
@@ -360,7 +362,8 @@ def _finish_empty(claim: Claim) -> Outcome:
     committed = transitions.finish_empty(claim)
     if committed is transitions.Committed.FINISHED:
         ending = claim.finish_as or RunStatus.COMPLETED
-        send_on_commit(run_finished, run_id=claim.run_id, status=ending, error=None)
+        parent_id = Run.objects.filter(pk=claim.run_id).values_list("parent_id", flat=True).first()
+        send_on_commit(run_finished, run_id=claim.run_id, status=ending, error=None, parent_id=parent_id)
         return Outcome.COMPLETED
     if committed is transitions.Committed.CHECKPOINTED:
         return _settled(settle_cancellation(claim.run_id), otherwise=Outcome.COMMITTED)
@@ -440,7 +443,9 @@ def _fail(claim: Claim, step: Step, failure: Failure, *, compensate: bool) -> Ou
         if compensating:
             wake_on_commit(claim.run_id)
         else:
-            send_on_commit(run_finished, run_id=claim.run_id, status=RunStatus.FAILED, error=error)
+            send_on_commit(
+                run_finished, run_id=claim.run_id, status=RunStatus.FAILED, error=error, parent_id=step.run.parent_id
+            )
     return Outcome.COMPENSATING if compensating else Outcome.FAILED
 
 

@@ -306,7 +306,8 @@ def cancel_children(parent_id: Any, *, compensate: bool, why: str, step_id: str 
 def _on_run_finished(sender: Any, run_id: Any, status: str, **kwargs: Any) -> None:
     """After any run's terminal commit: wake its waiting parent; a cancelled parent's late children stop too."""
     try:
-        notify_parent(run_id, status)
+        if kwargs.get("parent_id") is not None:
+            notify_parent(run_id, status)
         if status == RunStatus.CANCELLED and str(run_id) not in _cascading.get():
             _cascade(run_id)
     except Exception:  # noqa: BLE001 - the run is committed; the sweep finds what this missed
