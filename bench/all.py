@@ -23,6 +23,7 @@ FULL = [
     ["tokens.py"],
     ["admin_scale.py", "--runs", "1000000"],
     ["zombie_window.py", "--runs", "50"],
+    ["children.py", "--children", "1000", "--parents", "1000"],
 ]
 QUICK = [
     ["steps.py", "--steps", "200", "--runs", "200"],
@@ -30,6 +31,7 @@ QUICK = [
     ["tokens.py"],
     ["admin_scale.py", "--runs", "100000"],
     ["zombie_window.py", "--runs", "10"],
+    ["children.py", "--children", "200", "--parents", "200"],
 ]
 
 

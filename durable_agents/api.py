@@ -16,11 +16,13 @@ from typing import Any
 
 from durable_agents.agents.loop import agent
 from durable_agents.agents.participants import FunctionParticipant, ScriptedParticipant, participants
+from durable_agents.children import children
 from durable_agents.engine.context import StepContext
 from durable_agents.engine.effects import resolve_effect as _resolve_effect
+from durable_agents.engine.family import cancel_family
 from durable_agents.engine.plans import fork_run, migrate_run
 from durable_agents.engine.records import get_run, let_go
-from durable_agents.engine.runs import cancel_run, resume_run, set_participant, start_run
+from durable_agents.engine.runs import resume_run, set_participant, start_run
 from durable_agents.engine.runs import set_budget as _set_budget
 from durable_agents.engine.schedules import define_schedule, delete_schedule
 from durable_agents.engine.schedules import pause_schedule as _pause_schedule
@@ -31,6 +33,7 @@ from durable_agents.errors import (
     AgentLimitError,
     ApprovalRejectedError,
     BudgetExceededError,
+    ChildRunFailedError,
     ContextWindowExceededError,
     DefinitionError,
     DurableAgentsError,
@@ -72,6 +75,7 @@ __all__ = [
     "AgentLimitError",
     "ApprovalRejectedError",
     "BudgetExceededError",
+    "ChildRunFailedError",
     "ContextWindowExceededError",
     "DefinitionError",
     "DurableAgentsError",
@@ -116,6 +120,7 @@ __all__ = [
     "approval",
     "call",
     "cancel",
+    "children",
     "decide",
     "fork",
     "get",
@@ -171,10 +176,11 @@ def cancel(run_id: uuid.UUID | str, reason: str = "", *, compensate: bool = Fals
     """Cancel a run; a step already executing finishes and is checkpointed, then the run stops.
 
     With `compensate=True` the run first undoes its applied effects (newest first) through each tool's
-    compensating tool, each exactly once, then ends `cancelled`.
+    compensating tool, each exactly once, then ends `cancelled`. Its child runs are cancelled too (with the
+    same `compensate`).
     """
     check_text(reason, "the reason", max_chars=REASON_MAX_CHARS)
-    return cancel_run(run_id, reason=reason, actor=_actor(actor), compensate=compensate)
+    return cancel_family(run_id, reason=reason, actor=_actor(actor), compensate=compensate)
 
 
 def resume(run_id: uuid.UUID | str, from_step: str | None = None, *, actor: str = "") -> Run:

@@ -32,7 +32,8 @@ DurableAgentsError
            ├── ContextWindowExceededError   stop_reason "model_context_window_exceeded"
            ├── AgentLimitError              max_turns, or too many invalid tool calls
            ├── BudgetExceededError          the run's token or cost budget is spent
-           └── WaitExpiredError             a wait's deadline passed under the "fail" policy
+           ├── WaitExpiredError             a wait's deadline passed under the "fail" policy
+           └── ChildRunFailedError          a child run failed or was cancelled (fail-fast fan-out)
 """
 
 from __future__ import annotations
@@ -203,6 +204,10 @@ class ApprovalRejectedError(DurableAgentsError):
 
 class WaitExpiredError(PermanentError):
     """The wait's deadline passed and its policy fails the run."""
+
+
+class ChildRunFailedError(PermanentError):
+    """A child run of a fail-fast fan-out failed or was cancelled."""
 
 
 class ToolFailedError(DurableAgentsError):

@@ -29,6 +29,7 @@ class StepKind(models.TextChoices):
     JUDGE = "judge"
     PLANNER = "planner"
     COMPENSATE = "compensate"
+    CHILDREN = "children"
 
 
 class EffectKind(models.TextChoices):
@@ -112,6 +113,11 @@ class Run(models.Model):
     # Budgets that hold across retries and resumes (None: the workflow's, or unlimited).
     token_budget = models.BigIntegerField(null=True, blank=True)
     cost_budget_usd = models.DecimalField(max_digits=14, decimal_places=6, null=True, blank=True)
+    # A child run: started by its parent's step `parent_step` as item `child_index` of that step's fan-out.
+    # (parent, parent_step, child_index) is the child's key: a re-executed step finds it, never starts it twice.
+    parent = models.ForeignKey("self", on_delete=models.SET_NULL, null=True, blank=True, related_name="children")
+    parent_step = models.CharField(max_length=200, blank=True, default="")
+    child_index = models.PositiveIntegerField(null=True, blank=True)
 
     objects = RunQuerySet.as_manager()
 
@@ -133,6 +139,11 @@ class Run(models.Model):
                 condition=Q(idempotency_key__isnull=False),
                 name="durable_run_idempotency_key_uniq",
             ),
+            models.UniqueConstraint(
+                fields=["parent", "parent_step", "child_index"],
+                condition=Q(parent__isnull=False),
+                name="durable_run_child_uniq",
+            ),
         ]
         indexes = [
             models.Index(fields=["status", "updated_at"], name="durable_run_status_updated"),
@@ -142,6 +153,12 @@ class Run(models.Model):
                 fields=["updated_at"],
                 condition=Q(status__in=["pending", "running"]),
                 name="durable_run_runnable_updated",
+            ),
+            # A join asks "any child of this step still live?" at every child's end: one probe, not a count.
+            models.Index(
+                fields=["parent", "parent_step"],
+                condition=Q(parent__isnull=False, status__in=["pending", "running", "waiting"]),
+                name="durable_run_live_children",
             ),
         ]
 
@@ -336,6 +353,7 @@ class WaitKind(models.TextChoices):
     APPROVAL = "approval"
     SIGNAL = "signal"
     TIMER = "timer"
+    CHILDREN = "children"  # a fan-out step waits for its child runs
 
 
 class DeadlinePolicy(models.TextChoices):

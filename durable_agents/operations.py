@@ -9,7 +9,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.db import transaction
-from django.db.models import QuerySet
+from django.db.models import Count, QuerySet
 
 from durable_agents import api, clock
 from durable_agents.conf import settings
@@ -123,8 +123,10 @@ def list_runs(
     older_than: timedelta | None = None,
     version_drift: bool = False,
     limit: int | str = 100,
+    parent: str | None = None,
 ) -> QuerySet[Run]:
-    """Runs, newest first, filtered as an operator asks. `limit` is 1 or more (a count, not an index)."""
+    """Runs, newest first, filtered as an operator asks. `limit` is 1 or more (a count, not an index); `parent`
+    (a run id or unique prefix) lists that run's children."""
     limit = whole_number(limit, "--limit (how many runs to list)", low=1)
     if workflow:
         check_text(workflow, "--workflow")
@@ -135,12 +137,38 @@ def list_runs(
         runs = runs.filter(status=status)
     if workflow:
         runs = runs.filter(workflow=workflow)
+    if parent:
+        runs = runs.filter(parent_id=find_run(parent).id)
     now = clock.now()
     if stuck:
         runs = runs.stuck(now=now, stuck_after=timedelta(seconds=float(settings.STUCK_AFTER_SECONDS)))
     if older_than is not None:
         runs = runs.filter(created_at__lt=now - older_than)
     return runs.order_by("-created_at")[:limit]
+
+
+CHILDREN_SHOWN = 50
+
+
+def family_of(run: Run) -> dict[str, Any]:
+    """A run's parent (the run, step and index that started it) and its children: counts by status, the first few."""
+    parent = {"id": str(run.parent_id), "step_id": run.parent_step, "index": run.child_index} if run.parent_id else None
+    children = Run.objects.filter(parent_id=run.id)
+    counts = {row["status"]: row["n"] for row in children.order_by().values("status").annotate(n=Count("id"))}
+    shown_children = children.order_by("parent_step", "child_index").values(
+        "id", "parent_step", "child_index", "status"
+    )[:CHILDREN_SHOWN]
+    return {
+        "parent": parent,
+        "children": {
+            "count": sum(counts.values()),
+            "by_status": counts,
+            "runs": [
+                {"id": str(c["id"]), "step_id": c["parent_step"], "index": c["child_index"], "status": c["status"]}
+                for c in shown_children
+            ],
+        },
+    }
 
 
 def run_summary(run: Run) -> dict[str, Any]:
@@ -226,6 +254,7 @@ def describe_run(run_id: uuid.UUID | str, *, events: int = 200) -> dict[str, Any
             for s in steps
         ],
         "finish_as": run.finish_as,
+        **family_of(run),
         "effects": [
             {
                 "key": e.idempotency_key,

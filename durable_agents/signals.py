@@ -27,7 +27,8 @@ step_committed = Signal()
 step_retried = Signal()
 #: kwargs: run_id, step_id, attempt, error
 step_failed = Signal()
-#: kwargs: run_id, status ("completed", "failed", "cancelled"), error
+#: kwargs: run_id, status ("completed", "failed", "cancelled"), error, parent_id (the run that started it as a
+#: child run; None for other runs)
 run_finished = Signal()
 #: kwargs: run_id, wait_id, kind, name
 wait_opened = Signal()

@@ -144,6 +144,7 @@ class WaitOp(StrEnum):
     EXPIRE = "expire"  # a deadline passed: reject, or expire (the "fail" policy)
     CANCEL = "cancel"  # its run was cancelled, resumed elsewhere or re-planned
     MIGRATE = "migrate"  # an operator moved a run parked on version drift
+    JOIN = "join"  # the child runs a fan-out waits for are done (as its join asks)
 
 
 WAIT_RULES: dict[WaitOp, Rule] = {
@@ -153,6 +154,7 @@ WAIT_RULES: dict[WaitOp, Rule] = {
     WaitOp.EXPIRE: _rule(WaitStatus.OPEN, (WaitStatus.REJECTED, WaitStatus.EXPIRED)),
     WaitOp.CANCEL: _rule(WaitStatus.OPEN, WaitStatus.CANCELLED),
     WaitOp.MIGRATE: _rule(WaitStatus.OPEN, WaitStatus.APPROVED),
+    WaitOp.JOIN: _rule(WaitStatus.OPEN, WaitStatus.APPROVED),
 }
 
 

@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from django.conf import settings
+from django.db.models import Count
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
@@ -53,6 +54,7 @@ TURNS_SHOWN = 50
 EFFECTS_SHOWN = 200
 EVENTS_SHOWN = 200
 WAITS_SHOWN = 50
+CHILDREN_SHOWN = 50
 RETRIES_READ = 500
 RETRIES_LISTED = 10
 PREVIEW_CHARS = 160
@@ -152,6 +154,14 @@ class RunPage:
     running: RunningStep | None = None
     failed_count_shown: int = 0
     failures: dict[str, list[Failure]] = field(default_factory=dict)
+    # Child runs: the parent that started this run, and this run's children (counts by status, the first few).
+    parent: Run | None = None
+    children: list[Run] = field(default_factory=list)
+    children_by_status: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def children_count(self) -> int:
+        return sum(self.children_by_status.values())
 
     @property
     def open_wait(self) -> Wait | None:
@@ -270,7 +280,17 @@ def build_run_page(run: Run, *, now: datetime) -> RunPage:
         latest_version=latest_version,
         waits=waits,
         running=running,
+        **_family(run),
     )
+
+
+def _family(run: Run) -> dict[str, Any]:
+    """Three queries: the parent, this run's children by status, and the first CHILDREN_SHOWN of them."""
+    parent = Run.objects.filter(pk=run.parent_id).first() if run.parent_id else None
+    kids = Run.objects.filter(parent_id=run.id)
+    by_status = {row["status"]: row["n"] for row in kids.order_by().values("status").annotate(n=Count("id"))}
+    shown = list(kids.order_by("parent_step", "child_index")[:CHILDREN_SHOWN]) if by_status else []
+    return {"parent": parent, "children": shown, "children_by_status": by_status}
 
 
 def _running_step(run: Run, steps: list[Step], now: datetime) -> RunningStep | None:

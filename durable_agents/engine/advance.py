@@ -31,6 +31,7 @@ from durable_agents.engine.context import StepContext
 from durable_agents.engine.control import ExtendPlan, Park, Rerun, WaitSpec
 from durable_agents.engine.eager import DEFAULT_QUEUE, Batch, Slice
 from durable_agents.engine.events import record_event
+from durable_agents.engine.family import join_if_ready_txn
 from durable_agents.engine.lease import Claim, Heartbeat, as_uuid, lease_seconds, renew_lease
 from durable_agents.engine.payloads import store_result
 from durable_agents.engine.planned import TOOL_STEP_PREFIX, is_planned, planned_step
@@ -60,7 +61,7 @@ from durable_agents.errors import (
     UnknownWorkflowError,
 )
 from durable_agents.logs import run_logger
-from durable_agents.models import Run, RunStatus, Step, StepKind, StepStatus
+from durable_agents.models import Run, RunStatus, Step, StepKind, StepStatus, WaitKind
 from durable_agents.signals import run_finished, send_on_commit, step_committed, step_failed, step_retried
 from durable_agents.states import StepOp
 from durable_agents.tools import tools
@@ -333,7 +334,9 @@ def _commit(claim: Claim, step: Step, stored: Any, eager: Slice | None) -> Outco
     # Outside a transaction these are sent now, after the commit.
     send_on_commit(step_committed, run_id=claim.run_id, step_id=step.step_id, attempt=claim.attempt)
     if committed is transitions.Committed.FINISHED:
-        send_on_commit(run_finished, run_id=claim.run_id, status=claim.finish_as or RunStatus.COMPLETED, error=None)
+        ending = claim.finish_as or RunStatus.COMPLETED
+        # The parent is loaded with the claim: telling it costs no read.
+        send_on_commit(run_finished, run_id=claim.run_id, status=ending, error=None, parent_id=step.run.parent_id)
         return Outcome.COMPLETED
     if last:
         # The last step committed while a cancel was requested: settle it now (its saga, if asked).
@@ -382,7 +385,8 @@ def _finish_empty(claim: Claim) -> Outcome:
     committed = transitions.finish_empty(claim)
     if committed is transitions.Committed.FINISHED:
         ending = claim.finish_as or RunStatus.COMPLETED
-        send_on_commit(run_finished, run_id=claim.run_id, status=ending, error=None)
+        parent_id = Run.objects.filter(pk=claim.run_id).values_list("parent_id", flat=True).first()
+        send_on_commit(run_finished, run_id=claim.run_id, status=ending, error=None, parent_id=parent_id)
         return Outcome.COMPLETED
     if committed is transitions.Committed.CHECKPOINTED:
         return _settled(settle_cancellation(claim.run_id), otherwise=Outcome.COMMITTED)
@@ -462,7 +466,9 @@ def _fail(claim: Claim, step: Step, failure: Failure, *, compensate: bool) -> Ou
         if compensating:
             wake_on_commit(claim.run_id)
         else:
-            send_on_commit(run_finished, run_id=claim.run_id, status=RunStatus.FAILED, error=error)
+            send_on_commit(
+                run_finished, run_id=claim.run_id, status=RunStatus.FAILED, error=error, parent_id=step.run.parent_id
+            )
     return Outcome.COMPENSATING if compensating else Outcome.FAILED
 
 
@@ -474,9 +480,15 @@ def _left_to_undo(run_id: Any, failed: Step) -> list[str]:
 
 def _park(claim: Claim, step: Step, spec: WaitSpec) -> Outcome:
     """Release the run into `waiting` and open its wait, in one fenced transaction; nothing wakes it but
-    a decision, a signal or the sweep."""
+    a decision, a signal, its children or the sweep."""
     with transaction.atomic():
-        park_txn(claim, step, spec)
+        wait = park_txn(claim, step, spec)
+        if spec.kind == WaitKind.CHILDREN and wait.is_open:
+            # A child that finished after the step counted, before this wait existed, had no wait to close.
+            join_if_ready_txn(wait)
+    if spec.kind == WaitKind.CHILDREN and _cancel_pending(claim.run_id):
+        # Cancelled while it started its children: stop now (and its children with it), not at the next sweep.
+        return _settled(settle_cancellation(claim.run_id), otherwise=Outcome.WAITING)
     return Outcome.WAITING
 
 

@@ -33,7 +33,9 @@ def _in_model_order(model: Any, names: set[str]) -> tuple[str, ...]:
 
 
 # The run and step fields a step needs; the rest stay deferred (loaded on first access, if ever).
-RUN_FIELDS = _in_model_order(Run, {"id", "workflow", "workflow_version", "input", "participant", "effect_scope"})
+RUN_FIELDS = _in_model_order(
+    Run, {"id", "workflow", "workflow_version", "input", "participant", "effect_scope", "parent_id"}
+)
 STEP_FIELDS = _in_model_order(
     Step, {"id", "run_id", "step_id", "name", "position", "kind", "status", "args", "depends_on", "fresh_for"}
 )

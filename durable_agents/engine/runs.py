@@ -143,7 +143,8 @@ def _record_stop(
         )
     else:
         record_event(run_id, "cancelled", step_id=step_id, actor=actor, reason=reason)
-        send_on_commit(run_finished, run_id=run_id, status=RunStatus.CANCELLED, error=None)
+        parent_id = Run.objects.filter(pk=run_id).values_list("parent_id", flat=True).first()
+        send_on_commit(run_finished, run_id=run_id, status=RunStatus.CANCELLED, error=None, parent_id=parent_id)
 
 
 def resume_run(run_id: uuid.UUID | str, *, from_step: str | None = None, actor: str = "") -> Run:

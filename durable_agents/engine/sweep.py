@@ -20,6 +20,7 @@ from django.db.models import Q
 
 from durable_agents import clock
 from durable_agents.conf import settings
+from durable_agents.engine.family import sweep_children
 from durable_agents.engine.heartbeats import prune_heartbeats, record_sweep
 from durable_agents.engine.outbox import enqueue_due as enqueue_due_notifications
 from durable_agents.engine.records import locked
@@ -42,6 +43,8 @@ class SweepReport:
     reminded: int = 0
     notifications: int = 0  # due notifications handed to their delivery task
     scheduled: int = 0  # runs started for due schedule slots
+    joined: int = 0  # parents woken whose children's wake-up was lost
+    orphans_cancelled: int = 0  # live children of cancelled parents, cancelled
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -81,9 +84,12 @@ def sweep() -> SweepReport:
     ).values_list("id", flat=True)[: int(settings.SWEEP_BATCH)]
     cancelled = sum(bool(settle_cancellation(run_id)) for run_id in list(pending_cancels))
     waits = sweep_waits(now)
+    family = sweep_children(now)
     notifications = enqueue_due_notifications()
     scheduled = start_due_schedules(now)
     prune_heartbeats(now)
     # Last, so the row says when a pass last completed: a sweep that fails every time shows as late.
     record_sweep()
-    return SweepReport(woken=len(ids), cancelled=cancelled, notifications=notifications, scheduled=scheduled, **waits)
+    return SweepReport(
+        woken=len(ids), cancelled=cancelled, notifications=notifications, scheduled=scheduled, **waits, **family
+    )

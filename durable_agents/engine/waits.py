@@ -248,13 +248,13 @@ def _expire_and_fail_txn(wait: Wait) -> None:
     error = {"type": "WaitExpiredError", "message": f"{wait.kind} wait {wait.pk} passed its deadline", "step": step_id}
     transitions.move_wait(WaitOp.EXPIRE, wait.pk, to=WaitStatus.EXPIRED, decided_by="deadline", decided_at=DbNow())
     record_event(wait.run_id, "wait_expired", step_id=step_id, wait=wait.pk, policy=DeadlinePolicy.FAIL)
-    run = Run.objects.filter(pk=wait.run_id).only("workflow", "workflow_version").first()
+    run = Run.objects.filter(pk=wait.run_id).only("workflow", "workflow_version", "parent_id").first()
     if run is None:
         return
     if transitions.fail_txn(run.id, wait.step_id, error, claim=None, compensate=_compensates_on_failure(run)):
         wake_on_commit(run.id)
     elif Run.objects.filter(pk=run.id, status=RunStatus.FAILED).exists():
-        send_on_commit(run_finished, run_id=run.id, status=RunStatus.FAILED, error=error)
+        send_on_commit(run_finished, run_id=run.id, status=RunStatus.FAILED, error=error, parent_id=run.parent_id)
 
 
 def _compensates_on_failure(run: Run) -> bool:

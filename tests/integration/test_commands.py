@@ -121,6 +121,8 @@ def test_commands__sweep_reports_what_it_did(manage):
         "reminded": 0,
         "notifications": 0,
         "scheduled": 0,
+        "joined": 0,
+        "orphans_cancelled": 0,
     }
 
 

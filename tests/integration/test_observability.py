@@ -46,12 +46,13 @@ def received():
 def test_signals__run_and_step_lifecycle(received):
     run = drive(api.start("noop", {"steps": 2}).id)
     assert [name for name, _ in received] == ["step_committed", "step_committed", "run_finished"]
-    assert received[-1][1] == {"run_id": run.id, "status": "completed", "error": None}
+    assert received[-1][1] == {"run_id": run.id, "status": "completed", "error": None, "parent_id": None}
 
 
 def test_signals__failure_and_waits(received):
     failed = drive(api.start("broken").id)
-    assert ("run_finished", {"run_id": failed.id, "status": "failed", "error": failed.error}) in received
+    finished = {"run_id": failed.id, "status": "failed", "error": failed.error, "parent_id": None}
+    assert ("run_finished", finished) in received
     assert any(name == "step_failed" and kw["step_id"] == "broken" for name, kw in received)
 
     waiting = drive(api.start("approve_charge", {"order_id": "O-1"}).id)

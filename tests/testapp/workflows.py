@@ -495,4 +495,4 @@ workflow(
 )
 
 
-from tests.testapp import machine, parallel, plans, trust  # noqa: E402,F401  (register the other tests' workflows)
+from tests.testapp import family, machine, parallel, plans, trust  # noqa: E402,F401  (register the other tests' workflows)

@@ -5,6 +5,7 @@ from durable_agents import api
 PUBLIC_API = [
     "AgentLimitError",
     "BudgetExceededError",
+    "ChildRunFailedError",
     "ContextWindowExceededError",
     "ModelRefusalError",
     "ModelRequestError",
@@ -50,6 +51,7 @@ PUBLIC_API = [
     "approval",
     "call",
     "cancel",
+    "children",
     "decide",
     "fork",
     "get",

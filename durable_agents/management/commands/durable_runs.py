@@ -26,6 +26,7 @@ class Command(DurableCommand):
         )
         # Checked by list_runs (1 or more, a bigint), so "-1" or "abc" is one line saying what to give.
         parser.add_argument("--limit", default="100", help="list at most this many runs (100)")
+        parser.add_argument("--parent", help="only the child runs of this run (an id or a unique prefix)")
 
     def handle(self, *args: Any, **options: Any) -> None:
         older = operations.parse_duration(options["older_than"]) if options["older_than"] else None
@@ -36,6 +37,7 @@ class Command(DurableCommand):
             older_than=older,
             version_drift=options["version_drift"],
             limit=options["limit"],
+            parent=options["parent"],
         )
         rows = operations.summarize_runs(runs)
         if options["json"]:

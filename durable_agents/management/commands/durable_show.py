@@ -31,6 +31,17 @@ class Command(DurableCommand):
             write(f"  error: {data['error']['type']}: {data['error']['message']} (step {data['error']['step']})")
             for line in _traceback_tail(data["error"]):
                 write(f"    {line}")
+        if data["parent"]:
+            parent = data["parent"]
+            write(f"  parent: run {parent['id']} (step {parent['step_id']}, child {parent['index']})")
+        family = data["children"]
+        if family["count"]:
+            counts = ", ".join(f"{status} {n}" for status, n in sorted(family["by_status"].items()))
+            write(f"  children: {family['count']} ({counts})")
+            for child in family["runs"]:
+                write(f"    {child['index']:>4}  {child['id']}  {child['status']:<9}  step {child['step_id']}")
+            if family["count"] > len(family["runs"]):
+                write(f"    … all of them: durable_runs --parent {data['id']}")
         usage = data["usage"]
         budget = f" of {usage['token_budget']}" if usage["token_budget"] is not None else ""
         write(

@@ -1,0 +1,384 @@
+"""Child runs: a fan-out step starts them, parks, and is woken once its join is met; cancelling a parent stops them.
+
+A child's key is (parent, parent step, index), a named unique constraint: a step re-executed after a crash
+between starting children and parking finds the children it started and starts only the missing ones.
+The parent holds no worker while it waits: it parks on a `children` wait. A child reaching a terminal status
+(any path: its last commit, a failure, a cancel) sends `run_finished` after its commit; the receiver locks the
+parent's row and, if the join is met, closes the wait and wakes the parent in one transaction. Two children
+finishing at once serialise on that lock: one closes the wait, the other finds it closed. A child that
+finishes while its parent is parking is seen by the park itself (`join_if_ready_txn`, under the same lock).
+A wake lost to a crash after a child's commit is found by the sweep (`sweep_children`), which re-checks each
+open join at most once per IDLE_RESWEEP_SECONDS, and cancels the live children of cancelled parents.
+
+Statuses move only through `transitions` and `runs.cancel_run`.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections import defaultdict
+from collections.abc import Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import IntegrityError, connection, transaction
+from django.db.models import Count, Q
+
+from durable_agents import clock
+from durable_agents.clock import DbNow
+from durable_agents.conf import settings
+from durable_agents.engine import transitions
+from durable_agents.engine.events import record_event
+from durable_agents.engine.payloads import check_input
+from durable_agents.engine.records import locked, plan_row
+from durable_agents.engine.runs import cancel_run
+from durable_agents.engine.wake import wake_on_commit
+from durable_agents.errors import DefinitionError, InvalidInputError, InvalidTransitionError, UnknownWorkflowError
+from durable_agents.models import Run, Step, StepKind, Wait, WaitKind
+from durable_agents.signals import run_finished, send_on_commit, wait_closed
+from durable_agents.states import ACTIVE_RUN_STATUSES, RunStatus, WaitOp, WaitStatus
+from durable_agents.workflows import registry
+
+logger = logging.getLogger("durable_agents.engine")
+
+CHILD_CONSTRAINT = "durable_run_child_uniq"
+INSERT_CHUNK = 500  # children inserted per statement pair (runs, then their plan rows)
+FAILED_STATUSES = (RunStatus.FAILED, RunStatus.CANCELLED)
+
+
+@dataclass(frozen=True)
+class Join:
+    """When a fan-out is done waiting: `need` children completed (None: all of them); `fail_fast`: the first
+    child that fails (or is cancelled) ends the wait."""
+
+    need: int | None = None
+    fail_fast: bool = True
+
+    def needed(self, total: int) -> int:
+        return total if self.need is None else min(self.need, total)
+
+
+@dataclass(frozen=True)
+class Tally:
+    """A fan-out's children by outcome."""
+
+    total: int = 0
+    completed: int = 0
+    failed: int = 0  # failed or cancelled
+    active: int = 0
+
+
+def is_ready(join: Join, tally: Tally) -> bool:
+    """True once waiting longer cannot change the step's outcome."""
+    # Collecting, a join that can no longer be met still waits for every outcome; failing fast, it cannot get there.
+    return tally.completed >= join.needed(tally.total) or tally.active == 0 or (join.fail_fast and tally.failed > 0)
+
+
+def spawn(parent: Run, step: Step, workflow: str, inputs: Sequence[Any]) -> int:
+    """Start the children of `step` that do not exist yet (one per input, by index); how many were started.
+
+    Called by the step on every execution: children started by an earlier execution (or a zombie) are found by
+    their key and never started twice. Bad input for a child is an InvalidInputError naming its index.
+    """
+    definition = registry.get(workflow)
+    for _ in range(3):
+        existing = set(children_of(parent.id, step.step_id).values_list("child_index", flat=True))
+        missing = [i for i in range(len(inputs)) if i not in existing]
+        if not missing:
+            return 0
+        runs: list[Run] = []
+        rows: list[Step] = []
+        for index in missing:
+            child_input = {} if inputs[index] is None else inputs[index]
+            input_hash = check_input(child_input, f"child {index}'s input")
+            try:
+                plan = definition.build_plan(child_input)
+            except InvalidInputError as exc:
+                raise InvalidInputError(f"child {index} of step {step.step_id!r}: {exc}") from exc
+            child = Run(
+                workflow=definition.name,
+                workflow_version=definition.version,
+                input=child_input,
+                input_hash=input_hash,
+                step_count=len(plan),
+                parent_id=parent.id,
+                parent_step=step.step_id,
+                child_index=index,
+            )
+            runs.append(child)
+            rows.extend(plan_row(child.id, definition, element, position) for position, element in enumerate(plan))
+        try:
+            _insert(runs, rows)
+        except IntegrityError as exc:
+            if CHILD_CONSTRAINT not in str(exc):
+                raise
+            continue  # another execution of this step (a zombie) started some of them: look again
+        record_event(parent.id, "children_started", step_id=step.step_id, count=len(runs), workflow=workflow)
+        return len(runs)
+    raise InvalidTransitionError(f"children of step {step.step_id!r} are being started elsewhere; retry")
+
+
+def _insert(runs: list[Run], rows: list[Step]) -> None:
+    first_kind: dict[uuid.UUID, str] = {}
+    for row in rows:
+        first_kind.setdefault(row.run_id, row.kind)
+    with transaction.atomic():
+        for start in range(0, len(runs), INSERT_CHUNK):
+            Run.objects.bulk_create(runs[start : start + INSERT_CHUNK])
+        for start in range(0, len(rows), INSERT_CHUNK):
+            Step.objects.bulk_create(rows[start : start + INSERT_CHUNK])
+        for child in runs:
+            wake_on_commit(child.id, kind=first_kind.get(child.id))
+
+
+def children_of(parent_id: Any, step_id: str | None = None) -> Any:
+    """The children of a run (of one of its steps), a queryset in index order."""
+    children = Run.objects.filter(parent_id=parent_id)
+    if step_id is not None:
+        children = children.filter(parent_step=step_id)
+    return children.order_by("parent_step", "child_index")
+
+
+def tally(parent_id: Any, step_id: str) -> Tally:
+    """One grouped query: the step's children by status."""
+    grouped = children_of(parent_id, step_id).order_by().values("status").annotate(n=Count("id"))
+    return _tally_of({row["status"]: row["n"] for row in grouped})
+
+
+def _tally_of(counts: dict[str, int]) -> Tally:
+    return Tally(
+        total=sum(counts.values()),
+        completed=counts.get(RunStatus.COMPLETED, 0),
+        failed=sum(counts.get(s, 0) for s in FAILED_STATUSES),
+        active=sum(counts.get(s, 0) for s in ACTIVE_RUN_STATUSES),
+    )
+
+
+def gather(parent_id: Any, step_id: str) -> list[dict[str, Any]]:
+    """The step's children in index order: run id, status, and output or error."""
+    rows = children_of(parent_id, step_id).values(
+        "id", "child_index", "status", "output", "error", "cancel_requested_at"
+    )
+    gathered = []
+    for row in rows:
+        status = row["status"]
+        if status in ACTIVE_RUN_STATUSES and row["cancel_requested_at"] is not None:
+            status = "cancelling"  # its step is finishing; it stops after it
+        entry: dict[str, Any] = {"index": row["child_index"], "run": str(row["id"]), "status": status}
+        if status == RunStatus.COMPLETED:
+            entry["output"] = row["output"]
+        elif row["error"] is not None:
+            entry["error"] = row["error"]
+        gathered.append(entry)
+    return gathered
+
+
+def join_of(workflow: str, version: int, step_name: str) -> Join:
+    """The join declared by the step definition `step_name` of that workflow version; if that is gone, wait for
+    all children (a wake-up too many costs one re-check; one too few would strand the run)."""
+    try:
+        definition = registry.get(workflow, version).definition(step_name)
+    except (UnknownWorkflowError, DefinitionError):
+        return Join(need=None, fail_fast=False)
+    return Join(need=definition.options.get("join"), fail_fast=bool(definition.options.get("fail_fast", True)))
+
+
+def is_met(parent_id: Any, step_id: str, join: Join, *, finished: str | None = None) -> bool:
+    """True once waiting longer cannot change the step's outcome (`is_ready`), read with indexed probes instead
+    of counting every child: a join of 1,000 children is not re-counted 1,000 times. `finished`: the status of
+    the child that just ended (its own failure decides a fail-fast join without a read)."""
+    kids = Run.objects.filter(parent_id=parent_id, parent_step=step_id).order_by()
+    if join.fail_fast and finished in FAILED_STATUSES:
+        return True
+    if join.need is not None and kids.filter(status=RunStatus.COMPLETED)[: join.need].count() >= join.need:
+        return True
+    if not kids.filter(status__in=ACTIVE_RUN_STATUSES).exists():  # durable_run_live_children
+        return True
+    # A sibling's failure was told by its own end; without one (the park, the sweep) it is looked for.
+    return join.fail_fast and finished is None and kids.filter(status__in=FAILED_STATUSES).exists()
+
+
+# --- Waking the parent ----------------------------------------------------------------------------------
+
+
+def notify_parent(child_id: Any, status: str | None = None) -> bool:
+    """A run ended (`status`): if it is a child whose parent waits on a join now met, wake the parent. True if
+    woken. Most children end with the join unmet: one read and one probe, no lock."""
+    row = (
+        Run.objects.filter(pk=child_id)
+        .values_list("parent_id", "parent_step", "parent__workflow", "parent__workflow_version")
+        .first()
+    )
+    if row is None or row[0] is None:
+        return False
+    parent_id, step_id, workflow, version = row
+    join = _join_of_step(parent_id, step_id, workflow, version)
+    if not is_met(parent_id, step_id, join, finished=status):
+        return False
+    with transaction.atomic():
+        # The parent's row first: the lock order of every operation on a run and its waits (cancel, park, decide).
+        if not Run.objects.select_for_update().filter(pk=parent_id).exists():
+            return False
+        wait = Wait.objects.open().filter(run_id=parent_id, kind=WaitKind.CHILDREN, name=step_id).first()
+        return wait is not None and join_if_ready_txn(wait, finished=status)
+
+
+def _join_of_step(parent_id: Any, step_id: str, workflow: str, version: int) -> Join:
+    """A children step's id is its definition's name unless a plan named it otherwise: then read its name."""
+    try:
+        definition = registry.get(workflow, version).definition(step_id)
+        if definition.kind == StepKind.CHILDREN:
+            return join_of(workflow, version, step_id)
+    except (UnknownWorkflowError, DefinitionError):
+        pass
+    name = Step.objects.live().filter(run_id=parent_id, step_id=step_id).values_list("name", flat=True).first()
+    return join_of(workflow, version, name or step_id)
+
+
+def join_if_ready_txn(wait: Wait, *, finished: str | None = None) -> bool:
+    """Close the open `children` wait and wake its run if the join is met (the caller holds the run's row lock).
+
+    The park calls it too, in the parking transaction: a child that finished after the step counted its
+    children, but before the wait existed, found no wait to close — the park sees it instead."""
+    assert connection.in_atomic_block, "join_if_ready_txn must run inside transaction.atomic()"
+    step = Step.objects.filter(pk=wait.step_id).values_list("step_id", "name", "run__workflow", "run__workflow_version")
+    found = step.first()
+    if found is None:
+        return False
+    step_id, step_name, workflow, version = found
+    if not is_met(wait.run_id, step_id, join_of(workflow, version, step_name), finished=finished):
+        return False
+    return _close_txn(wait, step_id)
+
+
+def _close_txn(wait: Wait, step_id: str) -> bool:
+    counted = tally(wait.run_id, step_id)
+    decision = {"via": "join", "completed": counted.completed, "failed": counted.failed, "active": counted.active}
+    closing = {"decided_by": "children", "decided_at": DbNow(), "decision": decision}
+    if not transitions.move_wait(WaitOp.JOIN, wait.pk, to=WaitStatus.APPROVED, **closing):
+        return False
+    send_on_commit(wait_closed, run_id=wait.run_id, wait_id=wait.pk, status=WaitStatus.APPROVED, decided_by="children")
+    record_event(wait.run_id, "children_joined", step_id=step_id, wait=wait.pk, **decision)
+    if transitions.wake_txn(wait.run_id):
+        wake_on_commit(wait.run_id)
+    return True
+
+
+# --- Cancelling -----------------------------------------------------------------------------------------
+
+
+# Runs whose children the current cancel_family call cancels itself (with the compensation it was asked for):
+# the `run_finished` backstop, sent when the parent's cancel commits, leaves them alone.
+_cascading: ContextVar[frozenset[str]] = ContextVar("durable_cascading", default=frozenset())
+
+
+def cancel_family(run_id: Any, *, reason: str = "", actor: str = "", compensate: bool = False) -> Run:
+    """Cancel a run (runs.cancel_run) and then its live children, theirs too, with the same `compensate`.
+
+    The parent first: a parent waiting on its join is stopped before its children's cancels could wake it."""
+    token = _cascading.set(_cascading.get() | {str(run_id)})
+    try:
+        run = cancel_run(run_id, reason=reason, actor=actor, compensate=compensate)
+    finally:
+        _cascading.reset(token)
+    cancel_children(run.id, compensate=compensate, why=f"its parent run {run.id} was cancelled")
+    return run
+
+
+def cancel_children(parent_id: Any, *, compensate: bool, why: str, step_id: str | None = None) -> int:
+    """Cancel the live children of a run (of one of its steps); how many. One that finishes meanwhile is left."""
+    live = children_of(parent_id, step_id).filter(
+        status__in=ACTIVE_RUN_STATUSES, cancel_requested_at__isnull=True, finish_as=""
+    )
+    cancelled = 0
+    for child_id in list(live.values_list("id", flat=True)):
+        try:
+            cancel_family(child_id, reason=why, actor=f"parent:{parent_id}", compensate=compensate)
+        except InvalidTransitionError:
+            continue  # it finished between the query and the cancel
+        cancelled += 1
+    return cancelled
+
+
+def _on_run_finished(sender: Any, run_id: Any, status: str, **kwargs: Any) -> None:
+    """After any run's terminal commit: wake its waiting parent; a cancelled parent's late children stop too."""
+    try:
+        if kwargs.get("parent_id") is not None:
+            notify_parent(run_id, status)
+        if status == RunStatus.CANCELLED and str(run_id) not in _cascading.get():
+            _cascade(run_id)
+    except Exception:  # noqa: BLE001 - the run is committed; the sweep finds what this missed
+        logger.warning("run %s finished: its family could not be told now; the sweep will", run_id, exc_info=True)
+
+
+def _cascade(parent_id: Any) -> int:
+    """A cancelled parent's live children (e.g. started by its step after the cancel looked) are cancelled; with
+    compensation if the parent compensated."""
+    compensated = Run.objects.filter(pk=parent_id).exclude(finish_as="").exists()
+    return cancel_children(parent_id, compensate=compensated, why=f"its parent run {parent_id} was cancelled")
+
+
+run_finished.connect(_on_run_finished, dispatch_uid="durable_agents.engine.family")
+
+
+# --- The sweep's share -----------------------------------------------------------------------------------
+
+
+def sweep_children(now: datetime | None = None, *, batch: int | None = None) -> dict[str, int]:
+    """Wake parents whose join was met but whose wake-up was lost (each open join re-checked at most once per
+    IDLE_RESWEEP_SECONDS), and cancel live children of cancelled parents. Safe to run concurrently."""
+    now = now or clock.now()
+    limit = batch or int(settings.SWEEP_BATCH)
+    idle = timedelta(seconds=float(settings.IDLE_RESWEEP_SECONDS))
+    joined = 0
+    stale = Wait.objects.open().filter(kind=WaitKind.CHILDREN, updated_at__lt=now - idle).order_by("updated_at")
+    columns = ("id", "run_id", "step__step_id", "step__name", "run__workflow", "run__workflow_version")
+    due = list(stale.values_list(*columns)[:limit])
+    # One grouped read for the whole batch, not probes per join.
+    counts: dict[tuple[Any, str], dict[str, int]] = defaultdict(dict)
+    parents = Run.objects.filter(parent_id__in={row[1] for row in due}).order_by()
+    grouped = parents.values_list("parent_id", "parent_step", "status").annotate(n=Count("id"))
+    for parent_id, step_id, status, n in grouped:
+        counts[(parent_id, step_id)][status] = n
+    checked = []
+    for wait_id, run_id, step_id, name, workflow, version in due:
+        if not is_ready(join_of(workflow, version, name), _tally_of(counts[(run_id, step_id)])):
+            checked.append(wait_id)
+            continue
+        with transaction.atomic():
+            if locked(Run.objects.filter(pk=run_id)).first() is None:
+                continue  # being parked, cancelled or decided: a later pass gets to it
+            wait = Wait.objects.open().filter(pk=wait_id).first()
+            joined += bool(wait is not None and join_if_ready_txn(wait))
+    # Checked and not met: not again before IDLE_RESWEEP_SECONDS (their status is unchanged).
+    Wait.objects.filter(pk__in=checked, status=WaitStatus.OPEN).update(updated_at=DbNow())
+    orphans = Run.objects.filter(
+        Q(parent__status=RunStatus.CANCELLED),
+        status__in=ACTIVE_RUN_STATUSES,
+        cancel_requested_at__isnull=True,
+        finish_as="",
+    )
+    parents = set(orphans.values_list("parent_id", flat=True)[:limit])
+    cancelled = sum(_cascade(parent_id) for parent_id in parents)
+    return {"joined": joined, "orphans_cancelled": cancelled}
+
+
+__all__ = [
+    "Join",
+    "Tally",
+    "cancel_children",
+    "cancel_family",
+    "children_of",
+    "gather",
+    "is_met",
+    "is_ready",
+    "join_if_ready_txn",
+    "join_of",
+    "notify_parent",
+    "spawn",
+    "sweep_children",
+    "tally",
+]

@@ -1,0 +1,296 @@
+"""Child runs: fan-out steps that start child runs, park holding no worker, and are woken by their join."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+
+import pytest
+from django.core.management import call_command
+from django.db.models import Count
+from django.test import override_settings
+from django.urls import reverse
+from django.utils import timezone
+
+from durable_agents import api
+from durable_agents.engine import family
+from durable_agents.engine.sweep import sweep
+from durable_agents.models import Event, Run, RunStatus, Step, Wait, WaitKind, WaitStatus
+from durable_agents.signals import run_finished
+from durable_agents.testing import drive, wait_for, wait_for_run
+from tests.integration.test_admin import login
+from tests.testapp.models import Execution, LedgerEntry
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _children(run: Run) -> list[Run]:
+    return list(Run.objects.filter(parent_id=run.id).order_by("child_index"))
+
+
+def _drive_children(run: Run, *, only: list[int] | None = None) -> None:
+    for child in _children(run):
+        if only is None or child.child_index in only:
+            drive(child.id)
+
+
+def test_children__all_gathers_results_in_index_order_and_holds_no_worker():
+    run = api.start("fan_all", {"items": [{"item": i} for i in range(4)]})
+    parked = drive(run.id)
+    assert parked.status == RunStatus.WAITING and parked.lease_owner == "", "the parent waits holding no lease"
+    kids = _children(run)
+    assert [k.child_index for k in kids] == [0, 1, 2, 3] and all(k.parent_step == "fan" for k in kids)
+    wait = Wait.objects.get(run=run, kind=WaitKind.CHILDREN)
+    assert wait.status == WaitStatus.OPEN
+    # Finish them out of order: the parent is woken only once all are done.
+    for index in (2, 0, 3):
+        drive(kids[index].id)
+        assert Run.objects.get(pk=run.id).status == RunStatus.WAITING, "woken before its join was met"
+    drive(kids[1].id)
+    assert Run.objects.get(pk=run.id).status == RunStatus.PENDING, "the last child's end wakes the parent"
+    done = drive(run.id)
+    assert done.status == RunStatus.COMPLETED
+    result = Step.objects.get(run=run, step_id="fan").result
+    assert [c["output"]["double"] for c in result["children"]] == [0, 2, 4, 6], "results in index order"
+    assert result["completed"] == 4 and result["joined"] is True
+    assert Event.objects.filter(run=run, kind="children_joined").count() == 1
+
+
+def test_children__re_executed_step_never_starts_duplicates():
+    run = api.start("fan_collect", {"items": [{"item": i} for i in range(3)]})
+    drive(run.id)
+    parent = Run.objects.get(pk=run.id)
+    step = Step.objects.get(run=run, step_id="fan")
+    # A re-execution (the step ran again after a crash) finds the children by their key.
+    assert family.spawn(parent, step, "child_work", [{"item": i} for i in range(3)]) == 0
+    assert family.spawn(parent, step, "child_work", [{"item": i} for i in range(4)]) == 1, "only the missing one"
+    assert Run.objects.filter(parent_id=run.id).count() == 4
+
+
+def test_children__fail_fast_cancels_the_rest_and_fails_the_step():
+    items = [{"item": 0, "hold": True}, {"item": 1, "fail": True}, {"item": 2, "hold": True}]
+    run = api.start("fan_all", {"items": items})
+    drive(run.id)
+    kids = _children(run)
+    _drive_children(run)  # 0 and 2 wait for their signal; 1 fails
+    assert Run.objects.get(pk=run.id).status == RunStatus.PENDING, "a failed child wakes a fail-fast parent"
+    failed = drive(run.id)
+    assert failed.status == RunStatus.FAILED
+    assert failed.error["type"] == "ChildRunFailedError" and "child 1" in failed.error["message"]
+    statuses = {k.child_index: Run.objects.get(pk=k.id).status for k in kids}
+    assert statuses == {0: RunStatus.CANCELLED, 1: RunStatus.FAILED, 2: RunStatus.CANCELLED}
+
+
+def test_children__collect_reports_every_outcome():
+    items = [{"item": 0}, {"item": 1, "fail": True}, {"item": 2}]
+    run = api.start("fan_collect", {"items": items})
+    drive(run.id)
+    _drive_children(run, only=[1])
+    assert Run.objects.get(pk=run.id).status == RunStatus.WAITING, "collect waits for every child"
+    _drive_children(run, only=[0, 2])
+    assert drive(run.id).status == RunStatus.COMPLETED
+    result = Step.objects.get(run=run, step_id="fan").result
+    assert [c["status"] for c in result["children"]] == ["completed", "failed", "completed"]
+    assert result["children"][1]["error"]["type"] == "PermanentError"
+    assert (result["completed"], result["failed"], result["joined"]) == (2, 1, False), "not all completed"
+
+
+def test_children__any_and_first_k_cancel_the_rest_once_met():
+    run = api.start("fan_any", {"items": [{"item": 0, "hold": True}, {"item": 1}, {"item": 2, "hold": True}]})
+    drive(run.id)
+    _drive_children(run)
+    assert drive(run.id).status == RunStatus.COMPLETED
+    result = Step.objects.get(run=run, step_id="fan").result
+    assert [c["status"] for c in result["children"]] == ["cancelled", "completed", "cancelled"]
+
+    run = api.start("fan_two", {"items": [{"item": i, "hold": i == 0} for i in range(4)]})
+    drive(run.id)
+    kids = _children(run)
+    drive(kids[1].id)
+    assert Run.objects.get(pk=run.id).status == RunStatus.WAITING, "one of two is not enough"
+    drive(kids[3].id)
+    assert drive(run.id).status == RunStatus.COMPLETED
+    result = Step.objects.get(run=run, step_id="fan").result
+    assert result["completed"] == 2 and result["joined"] is True
+    assert {Run.objects.get(pk=k.id).status for k in (kids[0], kids[2])} == {RunStatus.CANCELLED}
+
+
+def test_children__collect_waits_for_every_outcome_when_k_cannot_be_met():
+    run = api.start("fan_two", {"items": [{"item": 0, "fail": True}, {"item": 1, "fail": True}, {"item": 2}]})
+    drive(run.id)
+    _drive_children(run, only=[0, 1])
+    assert Run.objects.get(pk=run.id).status == RunStatus.WAITING, "collecting, the last outcome is waited for"
+    _drive_children(run, only=[2])
+    assert drive(run.id).status == RunStatus.COMPLETED
+    result = Step.objects.get(run=run, step_id="fan").result
+    assert (result["completed"], result["failed"], result["joined"]) == (1, 2, False)
+
+
+def test_children__single_child_and_empty_list():
+    run = api.start("fan_one")
+    drive(run.id)
+    _drive_children(run)
+    assert drive(run.id).status == RunStatus.COMPLETED
+    assert Step.objects.get(run=run, step_id="fan").result["children"][0]["output"] == {"item": 7, "double": 14}
+    empty = api.start("fan_all", {"items": []})
+    assert drive(empty.id).status == RunStatus.COMPLETED, "nothing to wait for"
+
+
+def test_children__bad_child_input_fails_the_step_clearly():
+    run = api.start("fan_bad")
+    failed = drive(run.id)
+    assert failed.status == RunStatus.FAILED and "child 1" in failed.error["message"]
+    assert not Run.objects.filter(parent_id=run.id).exists(), "no child of a bad list is started"
+
+
+def test_cancel__parent_cancels_its_children_with_compensation():
+    items = [{"item": i, "order_id": f"child-{i}", "hold": True} for i in range(3)]
+    run = api.start("fan_all", {"items": items})
+    drive(run.id)
+    _drive_children(run)  # each charged, then waits for its signal
+    assert LedgerEntry.objects.filter(kind="charge").count() == 3
+    api.cancel(run.id, "no longer needed", compensate=True, actor="ops")
+    for kid in _children(run):
+        kid = drive(kid.id)  # its compensation step runs
+        assert kid.status == RunStatus.CANCELLED, f"child {kid.child_index} is {kid.status}"
+    assert Run.objects.get(pk=run.id).status == RunStatus.CANCELLED
+    assert LedgerEntry.objects.filter(kind="refund").count() == 3, "each child's charge was undone once"
+
+
+def test_cancel__plain_cancel_of_a_parent_cancels_grandchildren_too():
+    inner = [{"item": 0, "hold": True}]
+    run = api.start("fan_nested", {"items": [{"items": inner}, {"items": inner}]})
+    drive(run.id)
+    _drive_children(run)  # each child fans out in turn, and waits
+    grandchildren = Run.objects.filter(parent__parent_id=run.id)
+    assert grandchildren.count() == 2
+    api.cancel(run.id, "stop")
+    statuses = set(
+        Run.objects.filter(
+            pk__in=[run.id, *Run.objects.filter(parent_id=run.id).values_list("id", flat=True)]
+        ).values_list("status", flat=True)
+    )
+    assert statuses == {RunStatus.CANCELLED}
+    assert set(grandchildren.values_list("status", flat=True)) == {RunStatus.CANCELLED}
+    assert Event.objects.filter(run__parent_id=run.id, kind="cancelled", actor=f"parent:{run.id}").count() == 2
+
+
+def test_sweep__finds_a_lost_wake_up_and_cancels_orphans():
+    run = api.start("fan_all", {"items": [{"item": 0}]})
+    drive(run.id)
+    run_finished.disconnect(dispatch_uid="durable_agents.engine.family")
+    try:
+        _drive_children(run)  # the child's wake-up is lost (as if its worker died right after its commit)
+    finally:
+        run_finished.connect(family._on_run_finished, dispatch_uid="durable_agents.engine.family")
+    assert Run.objects.get(pk=run.id).status == RunStatus.WAITING
+    with override_settings(DURABLE_AGENTS={"IDLE_RESWEEP_SECONDS": 0}):
+        report = sweep()
+    assert report.joined == 1 and Run.objects.get(pk=run.id).status == RunStatus.PENDING
+    assert drive(run.id).status == RunStatus.COMPLETED
+
+
+def test_sweep__an_open_join_not_met_is_rechecked_once_per_idle_period():
+    run = api.start("fan_all", {"items": [{"item": 0, "hold": True}]})
+    drive(run.id)
+    wait = Wait.objects.get(run=run, kind=WaitKind.CHILDREN)
+    Wait.objects.filter(pk=wait.pk).update(updated_at=timezone.now() - timedelta(hours=1))
+    assert sweep().joined == 0
+    checked = Wait.objects.get(pk=wait.pk).updated_at
+    assert checked > timezone.now() - timedelta(minutes=1), "a checked join is not checked again at once"
+    assert Wait.objects.get(pk=wait.pk).status == WaitStatus.OPEN
+
+
+# --- The admin and the CLI ----------------------------------------------------------------------------
+
+
+def test_admin__run_page_links_parent_and_children():
+    run = api.start("fan_collect", {"items": [{"item": 0}, {"item": 1, "fail": True}]})
+    drive(run.id)
+    kids = _children(run)
+    _drive_children(run)
+    operator = login("operator")
+    parent_page = operator.get(reverse("admin:durable_agents_run_change", args=[run.pk])).content.decode()
+    assert "2 child runs: completed 1, failed 1" in " ".join(parent_page.split())
+    for kid in kids:
+        assert reverse("admin:durable_agents_run_change", args=[kid.pk]) in parent_page, "each child is linked"
+    child_page = operator.get(reverse("admin:durable_agents_run_change", args=[kids[1].pk])).content.decode()
+    assert 'id="parent-run"' in child_page and reverse("admin:durable_agents_run_change", args=[run.pk]) in child_page
+
+
+def test_cli__show_prints_parent_and_children_and_runs_lists_children(capsys):
+    run = api.start("fan_all", {"items": [{"item": 0}, {"item": 1}]})
+    drive(run.id)
+    kids = _children(run)
+    call_command("durable_show", str(run.id))
+    shown = capsys.readouterr().out
+    assert "children: 2 (pending 2)" in shown and all(str(k.id) in shown for k in kids)
+    call_command("durable_show", str(kids[0].id))
+    assert f"parent: run {run.id} (step fan, child 0)" in capsys.readouterr().out
+    call_command("durable_runs", "--parent", str(run.id)[:8], "--json")
+    listed = json.loads(capsys.readouterr().out)
+    assert sorted(row["id"] for row in listed) == sorted(str(k.id) for k in kids)
+
+
+# --- Real workers ----------------------------------------------------------------------------------------
+
+
+def test_sigkill__during_fan_out_no_duplicate_child_no_duplicate_effect(start_worker):
+    """SIGKILL the parent's worker after it started its children and before it parked, then again after it
+    gathered their results and before its checkpoint: no child is started twice, no charge lands twice."""
+    count = 20
+    workers = [start_worker(beat=True), start_worker()]
+    items = [{"item": i, "order_id": f"child-{i}"} for i in range(count)]
+    run = api.start("fan_all", {"items": items, "pauses": {"after_spawn": 30, "after_gather": 30}})
+    for point in ("after_spawn", "after_gather"):
+        wait_for(
+            lambda p=point: Execution.objects.filter(run_id=run.id, step_id=f"fan:{p}").exists(),
+            timeout=120,
+            what=f"the fan-out to reach {point}",
+        )
+        holder = Run.objects.get(pk=run.id).lease_owner
+        victim = next((w for w in workers if holder and w.owns(holder)), None)
+        assert victim is not None, f"a test worker holds the parent at {point} (lease owner {holder!r})"
+        victim.kill()
+        workers[workers.index(victim)] = start_worker(beat="--beat" in victim.args)
+    done = wait_for_run(run.id, "completed", timeout=180)
+    assert Run.objects.filter(parent_id=done.id).count() == count, "each child started once"
+    evaluations = Execution.objects.filter(run_id=run.id, step_id="fan:each").count()
+    assert evaluations >= 3, f"the fan-out step re-executed after each kill ({evaluations} executions)"
+    charges = LedgerEntry.objects.filter(kind="charge").values("order_id").annotate(n=Count("id"))
+    assert {c["order_id"]: c["n"] for c in charges} == {f"child-{i}": 1 for i in range(count)}, "one charge each"
+    result = Step.objects.get(run=done, step_id="fan").result
+    assert [c["output"]["item"] for c in result["children"]] == list(range(count))
+    assert Event.objects.filter(run=done, kind="children_started").count() == 1
+
+
+def test_race__children_finishing_together_wake_the_parent_once(start_worker):
+    for _ in range(3):
+        start_worker(concurrency=1)
+    run = api.start("fan_all", {"items": [{"item": i, "hold": True} for i in range(6)]})
+    wait_for(lambda: Run.objects.get(pk=run.id).status == RunStatus.WAITING, timeout=60, what="the parent to park")
+    kids = _children(run)
+    wait_for(
+        lambda: all(Run.objects.get(pk=k.id).status == RunStatus.WAITING for k in kids),
+        timeout=60,
+        what="the children to wait for their signal",
+    )
+    for kid in kids:
+        api.send_signal(kid.id, "go")
+    done = wait_for_run(run.id, "completed", timeout=120)
+    assert Event.objects.filter(run=done, kind="children_joined").count() == 1, "woken once"
+    assert Execution.objects.filter(run_id=run.id, step_id="fan:each").count() == 2, "parked once, joined once"
+
+
+def test_race__children_finishing_while_the_parent_parks_are_seen_by_the_park(start_worker):
+    # No beat: only the park itself can see children that finished before its wait existed.
+    start_worker()
+    start_worker()
+    run = api.start("fan_all", {"items": [{"item": i} for i in range(3)], "pauses": {"after_spawn": 5}})
+    wait_for(
+        lambda: Execution.objects.filter(run_id=run.id, step_id="fan:after_spawn").exists(),
+        timeout=60,
+        what="the parent to pause before parking",
+    )
+    done = wait_for_run(run.id, "completed", timeout=120)
+    assert Event.objects.filter(run=done, kind="children_joined").count() == 1
