@@ -12,8 +12,10 @@ Kept, whatever its age:
 * a run some fork still points at (`forked_from`): the fork shares its effect keys (effect_scope), and those
   keys live in the source's Effect rows — deleting them would let the fork apply the effect again;
 * a run one of whose effects another run relies on (Reliance) or another run's effect compensates;
-* a run with an effect pending or waiting for an operator (`needs_attention`): nothing fails silently.
-The source becomes prunable once its forks are gone (the next pass takes it).
+* a run with an effect pending or waiting for an operator (`needs_attention`): nothing fails silently;
+* a parent with child runs left (they point at it), and a child whose parent is not finished (its join reads
+  the children's rows).
+The source becomes prunable once its forks are gone, a parent once its children are (the next pass takes it).
 
 Crash between archive and delete: the runs stay, and the next pass archives them again (maybe in another batch
 file); an archive is named by its batch's run-id range and rewritten whole, so readers dedupe by run id.
@@ -81,6 +83,8 @@ def prunable(eligible: Q) -> QuerySet[Run]:
         Run.objects.filter(status__in=FINISHED_RUN_STATUSES)
         .filter(eligible)
         .exclude(Exists(Run.objects.filter(forked_from=OuterRef("pk"))))
+        .exclude(Exists(Run.objects.filter(parent=OuterRef("pk"))))
+        .exclude(Q(parent__isnull=False) & ~Q(parent__status__in=FINISHED_RUN_STATUSES))
         .exclude(Exists(others_relying))
         .exclude(Exists(others_compensating))
         .exclude(Exists(unsettled))

@@ -158,6 +158,25 @@ def test_prune__keeps_a_source_while_a_fork_points_at_it_or_relies_on_its_effect
         clock.reset()
 
 
+def test_prune__a_live_parent_keeps_its_children_and_a_parent_goes_only_after_them():
+    parent, *children = old_runs(4)
+    Run.objects.filter(pk__in=children).update(parent=parent, parent_step="fan")
+    for index, child in enumerate(children):
+        Run.objects.filter(pk=child).update(child_index=index)
+    with retained():
+        # The parent still waits on its join, which reads its children's rows: none may go.
+        Run.objects.filter(pk=parent).update(status=RunStatus.WAITING)
+        retention.prune(older_than="1d")
+        assert exists([parent, *children]) == {parent, *children}, "a live parent's children were pruned"
+        # Finished, its children go first; the parent, pointed at by them, waits for the next pass.
+        Run.objects.filter(pk=parent).update(status=RunStatus.COMPLETED)
+        report = retention.prune(older_than="1d")
+        assert exists(children) == set() and exists([parent]) == {parent}
+        assert report.skipped == 0, "no batch was rolled back on the children's foreign key"
+        retention.prune(older_than="1d")
+        assert exists([parent]) == set()
+
+
 def test_prune__an_effect_waiting_for_an_operator_keeps_its_run():
     (run_id,) = old_runs(1, status=RunStatus.FAILED, age_days=400)
     Effect.objects.create(
