@@ -37,6 +37,10 @@ class EffectKind(models.TextChoices):
     NOTIFICATION = "notification"
 
 
+# A run waiting for its concurrency key's slot: it holds no worker and no lease, and no claim takes it.
+QUEUED = Q(status=RunStatus.PENDING, concurrency_key__isnull=False, admitted_at__isnull=True)
+
+
 class RunQuerySet(models.QuerySet["Run"]):
     def active(self) -> RunQuerySet:
         return self.filter(status__in=ACTIVE_RUN_STATUSES)
@@ -45,11 +49,16 @@ class RunQuerySet(models.QuerySet["Run"]):
         return self.filter(status__in=FINISHED_RUN_STATUSES)
 
     def stuck(self, *, now, stuck_after) -> RunQuerySet:
-        """Running with an expired lease, or runnable with no progress for `stuck_after`."""
+        """Running with an expired lease, or runnable with no progress for `stuck_after` (a run queued behind its
+        concurrency key is waiting its turn, not stuck)."""
         return self.filter(
             Q(status=RunStatus.RUNNING, lease_expires_at__lt=now)
             | Q(status__in=RUNNABLE_RUN_STATUSES, updated_at__lt=now - stuck_after)
-        )
+        ).exclude(QUEUED)
+
+    def queued(self) -> RunQuerySet:
+        """Pending behind a concurrency key: not admitted yet (engine/admission.py)."""
+        return self.filter(QUEUED)
 
 
 class Run(models.Model):
@@ -112,6 +121,11 @@ class Run(models.Model):
     # Budgets that hold across retries and resumes (None: the workflow's, or unlimited).
     token_budget = models.BigIntegerField(null=True, blank=True)
     cost_budget_usd = models.DecimalField(max_digits=14, decimal_places=6, null=True, blank=True)
+    # Concurrency key (engine/admission.py): at most `concurrency_limit` runs with one key are admitted and not
+    # finished at a time; the others stay pending, not admitted (admitted_at NULL), holding nothing, in order.
+    concurrency_key = models.CharField(max_length=255, null=True, blank=True)
+    concurrency_limit = models.PositiveIntegerField(default=1)
+    admitted_at = models.DateTimeField(null=True, blank=True)
 
     objects = RunQuerySet.as_manager()
 
@@ -142,6 +156,11 @@ class Run(models.Model):
                 fields=["updated_at"],
                 condition=Q(status__in=["pending", "running"]),
                 name="durable_run_runnable_updated",
+            ),
+            models.Index(
+                fields=["concurrency_key", "created_at"],
+                condition=Q(concurrency_key__isnull=False),
+                name="durable_run_concurrency_key",
             ),
         ]
 

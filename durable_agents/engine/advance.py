@@ -27,6 +27,7 @@ from django.db.models import F
 from durable_agents.clock import DbNow
 from durable_agents.conf import settings
 from durable_agents.engine import transitions
+from durable_agents.engine.admission import admit_on_commit, key_of
 from durable_agents.engine.context import StepContext
 from durable_agents.engine.control import ExtendPlan, Park, Rerun, WaitSpec
 from durable_agents.engine.eager import DEFAULT_QUEUE, Slice
@@ -326,6 +327,7 @@ def _commit(claim: Claim, step: Step, stored: Any, eager: Slice | None) -> Outco
     send_on_commit(step_committed, run_id=claim.run_id, step_id=step.step_id, attempt=claim.attempt)
     if committed is transitions.Committed.FINISHED:
         send_on_commit(run_finished, run_id=claim.run_id, status=claim.finish_as or RunStatus.COMPLETED, error=None)
+        admit_on_commit(step.run.concurrency_key)
         return Outcome.COMPLETED
     if last:
         # The last step committed while a cancel was requested: settle it now (its saga, if asked).
@@ -360,6 +362,7 @@ def _finish_empty(claim: Claim) -> Outcome:
     if committed is transitions.Committed.FINISHED:
         ending = claim.finish_as or RunStatus.COMPLETED
         send_on_commit(run_finished, run_id=claim.run_id, status=ending, error=None)
+        admit_on_commit(key_of(claim.run_id))
         return Outcome.COMPLETED
     if committed is transitions.Committed.CHECKPOINTED:
         return _settled(settle_cancellation(claim.run_id), otherwise=Outcome.COMMITTED)
@@ -440,6 +443,7 @@ def _fail(claim: Claim, step: Step, failure: Failure, *, compensate: bool) -> Ou
             wake_on_commit(claim.run_id)
         else:
             send_on_commit(run_finished, run_id=claim.run_id, status=RunStatus.FAILED, error=error)
+            admit_on_commit(step.run.concurrency_key)
     return Outcome.COMPENSATING if compensating else Outcome.FAILED
 
 
