@@ -32,9 +32,10 @@ def _in_flight(run_ids: list[Any]) -> list[tuple[Any, int, int]]:
 
 
 def _max_overlap(run_ids: list[Any]) -> int:
-    edges = sorted([(first, 1) for _, first, _ in _in_flight(run_ids)] + [(last, -1) for *_, last in _in_flight(run_ids)])
+    spans = _in_flight(run_ids)
+    edges = [(first, 1) for _, first, _ in spans] + [(last, -1) for *_, last in spans]
     deepest = current = 0
-    for _, step in sorted(edges, key=lambda e: (e[0], e[1])):
+    for _, step in sorted(edges):
         current += step
         deepest = max(deepest, current)
     return deepest
@@ -114,9 +115,7 @@ def test_concurrency_limit__three_of_one_key_at_a_time(start_worker):
     for beat in (True, False, False, False):
         start_worker(beat=beat)
     with transaction.atomic():
-        runs = [
-            api.start("keyed", {"customer": "c3", "sleep_ms": [50, 150]}, concurrency_limit=3) for _ in range(9)
-        ]
+        runs = [api.start("keyed", {"customer": "c3", "sleep_ms": [50, 150]}, concurrency_limit=3) for _ in range(9)]
     for run in runs:
         _completed(run)
     assert _max_overlap([r.id for r in runs]) <= 3, "more than 3 runs of a key with limit 3 were in flight"
@@ -129,9 +128,7 @@ def test_sigkill__a_killed_holder_is_taken_over_and_the_queue_moves_on(start_wor
     workers = [start_worker(beat=True), start_worker()]
     with transaction.atomic():
         runs = [api.start("keyed_slow", {"customer": "k", "seconds": 2}) for _ in range(3)]
-    wait_for(
-        lambda: Execution.objects.filter(run_id=runs[0].id, step_id="slow").exists(), timeout=60, what="slow step"
-    )
+    wait_for(lambda: Execution.objects.filter(run_id=runs[0].id, step_id="slow").exists(), timeout=60, what="slow step")
     holder = Run.objects.get(pk=runs[0].id)
     victim = next(w for w in workers if w.owns(holder.lease_owner))
     victim.kill()

@@ -495,9 +495,6 @@ workflow(
 )
 
 
-from tests.testapp import machine, parallel, plans, trust  # noqa: E402,F401  (register the other tests' workflows)
-
-
 # --- Concurrency keys (tests/integration/test_concurrency_keys.py) -----------------------------------------
 # Every step records its execution: the Execution ids order the steps of all runs on all workers, so a run's
 # first "enter" and last "leave" bound its time in flight.
@@ -521,3 +518,6 @@ workflow(
     ],
     concurrency_key=lambda inp: inp["customer"],
 )
+
+
+from tests.testapp import machine, parallel, plans, trust  # noqa: E402,F401  (register the other tests' workflows)
