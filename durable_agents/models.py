@@ -171,6 +171,11 @@ class Run(models.Model):
     def is_finished(self) -> bool:
         return self.status in FINISHED_RUN_STATUSES
 
+    @property
+    def is_queued(self) -> bool:
+        """Pending behind its concurrency key, not admitted yet (the rule of `Run.objects.queued()`)."""
+        return self.status == RunStatus.PENDING and self.concurrency_key is not None and self.admitted_at is None
+
 
 class StepQuerySet(models.QuerySet["Step"]):
     def live(self) -> StepQuerySet:

@@ -113,7 +113,7 @@ def admit_waiting(limit: int) -> int:
 
 def queue_position(run: Run) -> int | None:
     """1 for the next run of its key to be admitted, 2 for the one after...; None if the run is not queued."""
-    if not (run.status == "pending" and run.concurrency_key is not None and run.admitted_at is None):
+    if not run.is_queued:
         return None
     ahead = Run.objects.filter(QUEUED, concurrency_key=run.concurrency_key).filter(
         Q(created_at__lt=run.created_at) | Q(created_at=run.created_at, id__lt=run.id)

@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from datetime import timedelta
+from io import StringIO
 from typing import Any
 
 import pytest
+from django.core.management import call_command
 from django.db import connection, transaction
 from django.db.models import Max, Min
+from django.urls import reverse
 
-from durable_agents import api
+from durable_agents import api, clock, operations
 from durable_agents.engine.admission import admit, holders, queue_position
 from durable_agents.engine.advance import Outcome, advance
 from durable_agents.engine.sweep import sweep
@@ -19,6 +23,7 @@ from durable_agents.errors import DefinitionError, InvalidInputError
 from durable_agents.models import Event, Run, RunStatus, Wait
 from durable_agents.testing import wait_for, wait_for_run
 from durable_agents.workflows import call, workflow
+from tests.integration.test_admin import login
 from tests.testapp.models import Execution
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -259,3 +264,32 @@ def test_start__an_explicit_key_overrides_the_workflows():
     assert holders("explicit") == [run.id]
     plain = api.start("record", {"steps": 1})
     assert plain.concurrency_key is None and plain.admitted_at is None
+
+
+# --- The console ----------------------------------------------------------------------------------------------
+
+
+def test_console__a_queued_run_says_what_it_waits_for():
+    holder, queued = (api.start("keyed", {"customer": "console-7"}) for _ in range(2))
+    client = login("ops")
+    listed = client.get(reverse("admin:durable_agents_run_changelist")).content.decode()
+    assert "waiting for concurrency key &#x27;console-7&#x27; (position 1)" in listed, "the run list says why"
+    assert "key console-7" in listed
+    only_queued = client.get(reverse("admin:durable_agents_run_changelist") + "?concurrency=queued").content.decode()
+    assert str(queued.id)[:8] in only_queued and str(holder.id)[:8] not in only_queued
+    searched = client.get(reverse("admin:durable_agents_run_changelist") + "?q=console-7").content.decode()
+    assert str(queued.id)[:8] in searched and str(holder.id)[:8] in searched
+    page = client.get(reverse("admin:durable_agents_run_change", args=[queued.pk])).content.decode()
+    assert 'id="concurrency-key"' in page and "(position 1)" in page, "the run page says why it has not started"
+    held = client.get(reverse("admin:durable_agents_run_change", args=[holder.pk])).content.decode()
+    assert "holds concurrency key &#x27;console-7&#x27;" in held
+
+    out = StringIO()
+    call_command("durable_show", str(queued.id), stdout=out)
+    assert "waiting for concurrency key 'console-7' (position 1)" in out.getvalue()
+    data = operations.describe_run(queued.id)["concurrency"]
+    assert (data["key"], data["limit"], data["queue_position"], data["admitted_at"]) == ("console-7", 1, 1, None)
+    Run.objects.filter(pk=queued.pk).update(updated_at=clock.now() - timedelta(days=1))
+    assert not Run.objects.stuck(now=clock.now(), stuck_after=timedelta(minutes=1)).filter(pk=queued.pk).exists(), (
+        "a run waiting its turn on its key is not stuck"
+    )
