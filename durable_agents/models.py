@@ -157,10 +157,26 @@ class Run(models.Model):
                 condition=Q(status__in=["pending", "running"]),
                 name="durable_run_runnable_updated",
             ),
+            # Concurrency keys (engine/admission.py): all runs of a key (the console's search), its queue in
+            # admission order, and the runs holding it — the last two small whatever a key's history.
             models.Index(
                 fields=["concurrency_key", "created_at"],
                 condition=Q(concurrency_key__isnull=False),
                 name="durable_run_concurrency_key",
+            ),
+            models.Index(
+                fields=["concurrency_key", "created_at", "id"],
+                condition=Q(status="pending", concurrency_key__isnull=False, admitted_at__isnull=True),
+                name="durable_run_key_queue",
+            ),
+            models.Index(
+                fields=["concurrency_key"],
+                condition=Q(
+                    status__in=["pending", "running", "waiting"],
+                    concurrency_key__isnull=False,
+                    admitted_at__isnull=False,
+                ),
+                name="durable_run_key_holders",
             ),
         ]
 

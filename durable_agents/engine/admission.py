@@ -20,6 +20,7 @@ rerun) queues again for its key (transitions clear `admitted_at`), at its origin
 
 from __future__ import annotations
 
+import logging
 import uuid
 from typing import Any
 
@@ -31,6 +32,8 @@ from durable_agents.clock import DbNow
 from durable_agents.engine.events import record_event
 from durable_agents.engine.wake import wake_on_commit
 from durable_agents.models import ACTIVE_RUN_STATUSES, QUEUED, Run
+
+logger = logging.getLogger("durable_agents.engine")
 
 # The advisory lock's first key: concurrency keys share a namespace of their own (hashtext of the key is the second).
 LOCK_SPACE = "durable_agents.concurrency_key"
@@ -81,7 +84,16 @@ def admit(key: str) -> list[uuid.UUID]:
 def admit_on_commit(key: str | None) -> None:
     """After the current transaction commits (now, outside one): hand a freed slot of `key` on. None: no key."""
     if key is not None:
-        transaction.on_commit(lambda: admit(key))
+        transaction.on_commit(lambda: _hand_on(key))
+
+
+def _hand_on(key: str) -> None:
+    # The transition that freed the slot has committed: a failing hand-off must not be mistaken for the
+    # transition's failure (the caller would try to fail a finished run). The sweep admits the key later.
+    try:
+        admit(key)
+    except Exception:  # noqa: BLE001 - the database has the queue; the sweep is the fallback
+        logger.warning("could not admit the next run of concurrency key %r now; the sweep will", key, exc_info=True)
 
 
 def key_of(run_id: Any) -> str | None:

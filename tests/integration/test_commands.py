@@ -120,6 +120,7 @@ def test_commands__sweep_reports_what_it_did(manage):
         "warned": 0,
         "reminded": 0,
         "notifications": 0,
+        "admitted": 0,
     }
 
 

@@ -293,3 +293,23 @@ def test_console__a_queued_run_says_what_it_waits_for():
     assert not Run.objects.stuck(now=clock.now(), stuck_after=timedelta(minutes=1)).filter(pk=queued.pk).exists(), (
         "a run waiting its turn on its key is not stuck"
     )
+
+
+def test_advance__a_holder_completing_or_failing_hands_its_slot_on(drive):
+    failing = api.start("broken", {}, concurrency_key="ends")
+    completing, last = (api.start("record", {"steps": 2}, concurrency_key="ends") for _ in range(2))
+    assert holders("ends") == [failing.id]
+    assert drive(failing.id).status == RunStatus.FAILED
+    assert holders("ends") == [completing.id], "a failed holder handed its slot on"
+    assert drive(completing.id).status == RunStatus.COMPLETED
+    assert holders("ends") == [last.id], "a completed holder handed its slot on"
+
+
+def test_fork__a_fork_of_a_keyed_run_queues_on_its_key(drive):
+    source = api.start("record", {"steps": 2}, concurrency_key="forked")
+    assert drive(source.id).status == RunStatus.COMPLETED
+    other = api.start("record", {"steps": 2}, concurrency_key="forked")
+    fork = api.fork(source.id, "s002")
+    assert (fork.concurrency_key, Run.objects.get(pk=fork.id).is_queued) == ("forked", True)
+    assert drive(other.id).status == RunStatus.COMPLETED
+    assert holders("forked") == [fork.id]

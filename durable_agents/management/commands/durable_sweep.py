@@ -17,5 +17,6 @@ class Command(DurableCommand):
             self.emit_json(report.as_dict())
         else:
             self.stdout.write(
-                f"woken {report.woken}, cancelled {report.cancelled}, notifications enqueued {report.notifications}"
+                f"woken {report.woken}, cancelled {report.cancelled}, notifications enqueued {report.notifications}, "
+                f"admitted {report.admitted}"
             )
