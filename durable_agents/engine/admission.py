@@ -127,8 +127,10 @@ def queue_position(run: Run) -> int | None:
     """1 for the next run of its key to be admitted, 2 for the one after...; None if the run is not queued."""
     if not run.is_queued:
         return None
-    ahead = Run.objects.filter(QUEUED, concurrency_key=run.concurrency_key).filter(
-        Q(created_at__lt=run.created_at) | Q(created_at=run.created_at, id__lt=run.id)
+    ahead = (
+        Run.objects.filter(QUEUED, concurrency_key=run.concurrency_key)
+        .filter(Q(created_at__lt=run.created_at) | Q(created_at=run.created_at, id__lt=run.id))
+        .exclude(pk=run.pk)  # SQLite compares its stored times as text: never count the run itself
     )
     return ahead.count() + 1
 
