@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from django.core.management import call_command
+from django.core.management.base import CommandError
 from django.db import connection, transaction
 from django.db.models import Max, Min
 from django.urls import reverse
@@ -313,3 +314,12 @@ def test_fork__a_fork_of_a_keyed_run_queues_on_its_key(drive):
     assert (fork.concurrency_key, Run.objects.get(pk=fork.id).is_queued) == ("forked", True)
     assert drive(other.id).status == RunStatus.COMPLETED
     assert holders("forked") == [fork.id]
+
+
+def test_commands__durable_start_takes_a_concurrency_key():
+    out = StringIO()
+    call_command("durable_start", "record", "--concurrency-key", "cli-7", "--concurrency-limit", "2", stdout=out)
+    run = Run.objects.get(pk=out.getvalue().strip())
+    assert (run.concurrency_key, run.concurrency_limit, holders("cli-7")) == ("cli-7", 2, [run.id])
+    with pytest.raises(CommandError, match="concurrency limit"):
+        call_command("durable_start", "record", "--concurrency-key", "cli-7", "--concurrency-limit", "0")
