@@ -156,15 +156,35 @@ COMMENT_MAX_CHARS = 2000
 SCHEDULE_NAME_MAX_CHARS = 200  # Schedule.name; its runs' keys "schedule:<name>:<slot>" then fit in 255
 
 
-def start(workflow: str, input: Any = None, *, idempotency_key: str | None = None, version: int | None = None) -> Run:
+def start(
+    workflow: str,
+    input: Any = None,
+    *,
+    idempotency_key: str | None = None,
+    version: int | None = None,
+    concurrency_key: str | None = None,
+    concurrency_limit: int | None = None,
+) -> Run:
     """Start a run of `workflow` (latest version unless `version`); the same key returns the same run.
 
     Reusing a key with a different input raises IdempotencyKeyReusedError (Stripe semantics).
+    `concurrency_key` (else the workflow's, from the input) queues the run until fewer than `concurrency_limit`
+    (else the workflow's, default 1) runs with that key are in flight, e.g.
+    ``start("refund", {...}, concurrency_key="customer-42")``.
     """
     check_text(workflow, "a workflow name")
     if idempotency_key is not None:
         check_text(idempotency_key, "the idempotency key", max_chars=KEY_MAX_CHARS)
-    return start_run(workflow, input, idempotency_key=idempotency_key, version=_version(version, optional=True))
+    if concurrency_key is not None:
+        check_text(concurrency_key, "the concurrency key", max_chars=KEY_MAX_CHARS)
+    return start_run(
+        workflow,
+        input,
+        idempotency_key=idempotency_key,
+        version=_version(version, optional=True),
+        concurrency_key=concurrency_key,
+        concurrency_limit=concurrency_limit,
+    )
 
 
 def get(run_id: uuid.UUID | str) -> Run:

@@ -38,6 +38,10 @@ class EffectKind(models.TextChoices):
     NOTIFICATION = "notification"
 
 
+# A run waiting for its concurrency key's slot: it holds no worker and no lease, and no claim takes it.
+QUEUED = Q(status=RunStatus.PENDING, concurrency_key__isnull=False, admitted_at__isnull=True)
+
+
 class RunQuerySet(models.QuerySet["Run"]):
     def active(self) -> RunQuerySet:
         return self.filter(status__in=ACTIVE_RUN_STATUSES)
@@ -46,11 +50,16 @@ class RunQuerySet(models.QuerySet["Run"]):
         return self.filter(status__in=FINISHED_RUN_STATUSES)
 
     def stuck(self, *, now, stuck_after) -> RunQuerySet:
-        """Running with an expired lease, or runnable with no progress for `stuck_after`."""
+        """Running with an expired lease, or runnable with no progress for `stuck_after` (a run queued behind its
+        concurrency key is waiting its turn, not stuck)."""
         return self.filter(
             Q(status=RunStatus.RUNNING, lease_expires_at__lt=now)
             | Q(status__in=RUNNABLE_RUN_STATUSES, updated_at__lt=now - stuck_after)
-        )
+        ).exclude(QUEUED)
+
+    def queued(self) -> RunQuerySet:
+        """Pending behind a concurrency key: not admitted yet (engine/admission.py)."""
+        return self.filter(QUEUED)
 
 
 class Run(models.Model):
@@ -118,6 +127,11 @@ class Run(models.Model):
     parent = models.ForeignKey("self", on_delete=models.SET_NULL, null=True, blank=True, related_name="children")
     parent_step = models.CharField(max_length=200, blank=True, default="")
     child_index = models.PositiveIntegerField(null=True, blank=True)
+    # Concurrency key (engine/admission.py): at most `concurrency_limit` runs with one key are admitted and not
+    # finished at a time; the others stay pending, not admitted (admitted_at NULL), holding nothing, in order.
+    concurrency_key = models.CharField(max_length=255, null=True, blank=True)
+    concurrency_limit = models.PositiveIntegerField(default=1)
+    admitted_at = models.DateTimeField(null=True, blank=True)
 
     objects = RunQuerySet.as_manager()
 
@@ -160,6 +174,27 @@ class Run(models.Model):
                 condition=Q(parent__isnull=False, status__in=["pending", "running", "waiting"]),
                 name="durable_run_live_children",
             ),
+            # Concurrency keys (engine/admission.py): all runs of a key (the console's search), its queue in
+            # admission order, and the runs holding it — the last two small whatever a key's history.
+            models.Index(
+                fields=["concurrency_key", "created_at"],
+                condition=Q(concurrency_key__isnull=False),
+                name="durable_run_concurrency_key",
+            ),
+            models.Index(
+                fields=["concurrency_key", "created_at", "id"],
+                condition=Q(status="pending", concurrency_key__isnull=False, admitted_at__isnull=True),
+                name="durable_run_key_queue",
+            ),
+            models.Index(
+                fields=["concurrency_key"],
+                condition=Q(
+                    status__in=["pending", "running", "waiting"],
+                    concurrency_key__isnull=False,
+                    admitted_at__isnull=False,
+                ),
+                name="durable_run_key_holders",
+            ),
         ]
 
     def __str__(self) -> str:
@@ -168,6 +203,11 @@ class Run(models.Model):
     @property
     def is_finished(self) -> bool:
         return self.status in FINISHED_RUN_STATUSES
+
+    @property
+    def is_queued(self) -> bool:
+        """Pending behind its concurrency key, not admitted yet (the rule of `Run.objects.queued()`)."""
+        return self.status == RunStatus.PENDING and self.concurrency_key is not None and self.admitted_at is None
 
 
 class StepQuerySet(models.QuerySet["Step"]):

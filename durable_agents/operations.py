@@ -13,6 +13,7 @@ from django.db.models import Count, QuerySet
 
 from durable_agents import api, clock
 from durable_agents.conf import settings
+from durable_agents.engine.admission import queue_position
 from durable_agents.engine.plans import version_drift as drifted_runs
 from durable_agents.engine.records import get_run
 from durable_agents.engine.sweep import SweepReport
@@ -183,6 +184,7 @@ def run_summary(run: Run) -> dict[str, Any]:
         "step_number": run.cursor + 1 if run.cursor < run.step_count else None,
         "steps": run.step_count,
         "idempotency_key": run.idempotency_key,
+        "concurrency_key": run.concurrency_key,
         "created_at": _iso(run.created_at),
         "updated_at": _iso(run.updated_at),
         "finished_at": _iso(run.finished_at),
@@ -204,6 +206,26 @@ def _wait_brief(wait: Wait | None) -> dict[str, Any] | None:
     return {"id": wait.pk, "kind": wait.kind, "name": wait.name} if wait else None
 
 
+def concurrency_note(run: Run, position: int | None = None) -> str:
+    """Where the run stands on its concurrency key, for the console ("" without one), e.g. "waiting for
+    concurrency key 'customer-42' (position 2): it starts when a run holding the key ends". `position`: the
+    run's place in its key's queue, if known (else one query for a queued run)."""
+    key = run.concurrency_key
+    if key is None:
+        return ""
+    if run.is_queued:
+        position = position or queue_position(run)
+        return (
+            f"waiting for concurrency key {key!r} (position {position}): it starts when one of the "
+            f"{run.concurrency_limit} run{'s' if run.concurrency_limit != 1 else ''} holding the key ends"
+        )
+    if run.admitted_at is None:
+        return f"concurrency key {key!r}: not admitted"
+    if run.is_finished:
+        return f"ran under concurrency key {key!r} (released)"
+    return f"holds concurrency key {key!r} (limit {run.concurrency_limit})"
+
+
 def describe_run(run_id: uuid.UUID | str, *, events: int = 200) -> dict[str, Any]:
     """Everything an operator needs about one run (its id or a unique prefix): the row, its steps, its history."""
     run = find_run(run_id)
@@ -220,6 +242,13 @@ def describe_run(run_id: uuid.UUID | str, *, events: int = 200) -> dict[str, Any
         },
         "attempt": run.attempt,
         "cancel_requested_at": _iso(run.cancel_requested_at),
+        "concurrency": {
+            "key": run.concurrency_key,
+            "limit": run.concurrency_limit,
+            "admitted_at": _iso(run.admitted_at),
+            "queue_position": queue_position(run),
+            "note": concurrency_note(run),
+        },
         "usage": {
             "input_tokens": run.input_tokens,
             "output_tokens": run.output_tokens,

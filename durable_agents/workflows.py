@@ -30,6 +30,7 @@ from durable_agents.tools import Tool
 
 ON_FAILURE_POLICIES = ("fail", "compensate")
 MISSING_VERSION_POLICIES = ("continue", "replan", "park")
+MAX_CONCURRENCY_LIMIT = 10_000
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,199}$")
 
 
@@ -155,8 +156,23 @@ class Workflow:
     # Spend limits for every run of this workflow (a run may override them); None means unlimited.
     token_budget: int | None = None
     cost_budget_usd: Decimal | None = None
+    # Concurrency key (engine/admission.py): `concurrency_key(input)` names the key a run holds from its admission to
+    # its end (None: no key); at most `concurrency_limit` runs hold one key at a time, the rest wait in order.
+    concurrency_key: Callable[[Any], str | None] | None = None
+    concurrency_limit: int = 1
 
     def __post_init__(self) -> None:
+        limit = self.concurrency_limit
+        if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= MAX_CONCURRENCY_LIMIT:
+            raise DefinitionError(
+                f"workflow {self.name!r}: concurrency_limit must be an integer from 1 to {MAX_CONCURRENCY_LIMIT}, "
+                f"got {limit!r}"
+            )
+        if self.concurrency_key is not None and not callable(self.concurrency_key):
+            raise DefinitionError(
+                f"workflow {self.name!r}: concurrency_key must be a function of the run's input, "
+                'e.g. concurrency_key=lambda input: input["customer_id"]'
+            )
         if self.on_missing_version not in MISSING_VERSION_POLICIES:
             raise DefinitionError(
                 f"workflow {self.name!r}: on_missing_version must be one of {', '.join(MISSING_VERSION_POLICIES)}"
@@ -303,9 +319,12 @@ def workflow(
     on_missing_version: str = "park",
     token_budget: int | None = None,
     cost_budget_usd: Decimal | str | None = None,
+    concurrency_key: Callable[[Any], str | None] | None = None,
+    concurrency_limit: int = 1,
     replace: bool = False,
 ) -> Workflow:
     """Define and register a workflow. `plan(input)` builds a dynamic plan; by default each step runs once.
+    `concurrency_key(input)` (with `concurrency_limit`) lets at most that many runs per key be in flight.
 
     Example::
 
@@ -324,5 +343,7 @@ def workflow(
         on_missing_version=on_missing_version,
         token_budget=token_budget,
         cost_budget_usd=Decimal(str(cost_budget_usd)) if cost_budget_usd is not None else None,
+        concurrency_key=concurrency_key,
+        concurrency_limit=concurrency_limit,
     )
     return registry.register(definition, replace=replace)

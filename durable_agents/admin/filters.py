@@ -52,8 +52,8 @@ def stuck_reason(run: Run, now: datetime) -> str:
     if run.status == RunStatus.RUNNING and run.lease_expires_at is not None and run.lease_expires_at < now:
         holder = run.lease_owner or "unknown"
         return f"lease expired {ago((now - run.lease_expires_at).total_seconds())} ago (worker {holder})"
-    if run.status not in RUNNABLE_RUN_STATUSES or run.updated_at >= now - stuck_after():
-        return ""
+    if run.status not in RUNNABLE_RUN_STATUSES or run.updated_at >= now - stuck_after() or run.is_queued:
+        return ""  # a run queued behind its concurrency key waits its turn: not stuck
     idle = ago((now - run.updated_at).total_seconds())
     if run.status == RunStatus.RUNNING:
         return f"running but no progress for {idle} (worker {run.lease_owner or 'unknown'})"
@@ -78,6 +78,23 @@ class WorkflowFilter(admin.SimpleListFilter):
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Run]) -> QuerySet[Run]:
         return queryset.filter(workflow=self.value()) if self.value() else queryset
+
+
+class ConcurrencyFilter(admin.SimpleListFilter):
+    title = "concurrency key"
+    parameter_name = "concurrency"
+
+    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, str]]:
+        return [("queued", "waiting for its key"), ("holding", "holding its key")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Run]) -> QuerySet[Run]:
+        if self.value() == "queued":
+            return queryset.queued()
+        if self.value() == "holding":
+            return queryset.filter(
+                concurrency_key__isnull=False, admitted_at__isnull=False, status__in=ACTIVE_RUN_STATUSES
+            )
+        return queryset
 
 
 class StuckFilter(admin.SimpleListFilter):

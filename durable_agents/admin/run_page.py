@@ -45,6 +45,7 @@ from durable_agents.models import (
     Wait,
     WaitStatus,
 )
+from durable_agents.operations import concurrency_note
 from durable_agents.workflows import registry
 
 # Steps shown: this many plan positions, most of them before the cursor (where problems are).
@@ -138,6 +139,8 @@ class RunPage:
     now: datetime
     stuck: str
     steps: list[Step]
+    # Where the run stands on its concurrency key ("" without one): why a pending run has not started.
+    concurrency: str
     steps_before: int
     steps_after: int
     last_committed: Step | None
@@ -264,6 +267,7 @@ def build_run_page(run: Run, *, now: datetime) -> RunPage:
         run=run,
         now=now,
         stuck=stuck_reason(run, now),
+        concurrency=concurrency_note(run),
         steps=steps,
         steps_before=low,
         steps_after=max(0, run.step_count - high),

@@ -40,6 +40,7 @@ from durable_agents.admin.actions import ACTIONS, actions_for, cancel_selected, 
 from durable_agents.admin.counting import EstimatedCountPaginator
 from durable_agents.admin.filters import (
     AgingFilter,
+    ConcurrencyFilter,
     ErrorTypeFilter,
     StuckFilter,
     VersionDriftFilter,
@@ -54,6 +55,7 @@ from durable_agents.admin.timeline import human_duration
 from durable_agents.clock import DbNow
 from durable_agents.display import when_text
 from durable_agents.models import Run, Step
+from durable_agents.operations import concurrency_note
 
 HEX = frozenset("0123456789abcdef")
 STUCK_BADGE = mark_safe(' <span class="durable-badge durable-stuck">stuck</span>')
@@ -182,9 +184,10 @@ class RunAdmin(admin.ModelAdmin):
         WaitDeadlineFilter,
         ErrorTypeFilter,
         VersionDriftFilter,
+        ConcurrencyFilter,
     ]
     search_fields = ["idempotency_key"]  # the search itself: get_search_results
-    search_help_text = "A run id (or its first characters) or an exact idempotency key."
+    search_help_text = "A run id (or its first characters), an exact idempotency key or an exact concurrency key."
     date_hierarchy = "created_at"
     list_per_page = 50
     show_full_result_count = False
@@ -223,7 +226,7 @@ class RunAdmin(admin.ModelAdmin):
         term = search_term.strip()
         if not term:
             return queryset, False
-        match = Q(idempotency_key=term)
+        match = Q(idempotency_key=term) | Q(concurrency_key=term)
         digits = term.replace("-", "").lower()
         if digits and len(digits) <= 32 and set(digits) <= HEX:
             match |= Q(pk__gte=uuid.UUID(digits.ljust(32, "0")), pk__lte=uuid.UUID(digits.ljust(32, "f")))
@@ -236,10 +239,17 @@ class RunAdmin(admin.ModelAdmin):
     @admin.display(description="workflow")
     def workflow_label(self, run: Run) -> str:
         label = f"{run.workflow}@{run.workflow_version}"
-        if not run.idempotency_key:
+        if run.idempotency_key:
+            label = format_html(
+                '{}<div class="durable-key durable-mono" title="idempotency key">{}</div>', label, run.idempotency_key
+            )
+        if run.concurrency_key is None:
             return label
         return format_html(
-            '{}<div class="durable-key durable-mono" title="idempotency key">{}</div>', label, run.idempotency_key
+            '{}<div class="durable-key durable-mono" title="concurrency key (limit {})">key {}</div>',
+            label,
+            run.concurrency_limit,
+            run.concurrency_key,
         )
 
     @admin.display(description="status")
@@ -247,6 +257,9 @@ class RunAdmin(admin.ModelAdmin):
         """The status, and when the run is stuck, why: in the row, not only in a tooltip."""
         reason = stuck_reason(run, _now(run))
         badge = format_html('<span class="durable-badge durable-{}">{}</span>', run.status, run.status)
+        if run.is_queued:
+            # Why a pending run has not started: its key's queue, in the row.
+            return format_html('{}<div class="durable-reason durable-queued">{}</div>', badge, concurrency_note(run))
         if not reason:
             return badge
         return format_html('{}{}<div class="durable-reason">{}</div>', badge, STUCK_BADGE, reason)

@@ -27,6 +27,7 @@ from django.db.models import F
 from durable_agents.clock import DbNow
 from durable_agents.conf import settings
 from durable_agents.engine import transitions
+from durable_agents.engine.admission import admit_on_commit
 from durable_agents.engine.context import StepContext
 from durable_agents.engine.control import ExtendPlan, Park, Rerun, WaitSpec
 from durable_agents.engine.eager import DEFAULT_QUEUE, Batch, Slice
@@ -337,6 +338,7 @@ def _commit(claim: Claim, step: Step, stored: Any, eager: Slice | None) -> Outco
         ending = claim.finish_as or RunStatus.COMPLETED
         # The parent is loaded with the claim: telling it costs no read.
         send_on_commit(run_finished, run_id=claim.run_id, status=ending, error=None, parent_id=step.run.parent_id)
+        admit_on_commit(step.run.concurrency_key)
         return Outcome.COMPLETED
     if last:
         # The last step committed while a cancel was requested: settle it now (its saga, if asked).
@@ -385,8 +387,9 @@ def _finish_empty(claim: Claim) -> Outcome:
     committed = transitions.finish_empty(claim)
     if committed is transitions.Committed.FINISHED:
         ending = claim.finish_as or RunStatus.COMPLETED
-        parent_id = Run.objects.filter(pk=claim.run_id).values_list("parent_id", flat=True).first()
+        parent_id, key = Run.objects.filter(pk=claim.run_id).values_list("parent_id", "concurrency_key").first()
         send_on_commit(run_finished, run_id=claim.run_id, status=ending, error=None, parent_id=parent_id)
+        admit_on_commit(key)
         return Outcome.COMPLETED
     if committed is transitions.Committed.CHECKPOINTED:
         return _settled(settle_cancellation(claim.run_id), otherwise=Outcome.COMMITTED)
@@ -469,6 +472,7 @@ def _fail(claim: Claim, step: Step, failure: Failure, *, compensate: bool) -> Ou
             send_on_commit(
                 run_finished, run_id=claim.run_id, status=RunStatus.FAILED, error=error, parent_id=step.run.parent_id
             )
+            admit_on_commit(step.run.concurrency_key)
     return Outcome.COMPENSATING if compensating else Outcome.FAILED
 
 

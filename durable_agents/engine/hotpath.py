@@ -34,7 +34,8 @@ def _in_model_order(model: Any, names: set[str]) -> tuple[str, ...]:
 
 # The run and step fields a step needs; the rest stay deferred (loaded on first access, if ever).
 RUN_FIELDS = _in_model_order(
-    Run, {"id", "workflow", "workflow_version", "input", "participant", "effect_scope", "parent_id"}
+    Run,
+    {"id", "workflow", "workflow_version", "input", "participant", "effect_scope", "parent_id", "concurrency_key"},
 )
 STEP_FIELDS = _in_model_order(
     Step, {"id", "run_id", "step_id", "name", "position", "kind", "status", "args", "depends_on", "fresh_for"}
@@ -84,12 +85,14 @@ def _claim_sets(now: str, expires: str, row: Mapping[str, str]) -> dict[str, str
 
 
 def _claimable(now: str, row: Mapping[str, str]) -> str:
-    """When a run may be claimed: runnable, no cancel requested, its lease free, due (`row` as for _claim_sets)."""
+    """When a run may be claimed: runnable, no cancel requested, its lease free, due, admitted if it has a
+    concurrency key (engine/admission.py) (`row` as for _claim_sets)."""
     sources = ", ".join(f"'{s}'" for s in sorted(RUN_RULES[RunOp.CLAIM].sources))
     expiry = row.get("lease_expires_at", "lease_expires_at")
     return (
         f"status IN ({sources}) AND cancel_requested_at IS NULL"
         f" AND ({expiry} IS NULL OR {expiry} < {now}) AND (wake_at IS NULL OR wake_at <= {now})"
+        " AND (concurrency_key IS NULL OR admitted_at IS NOT NULL)"
     )
 
 

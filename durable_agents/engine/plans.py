@@ -18,6 +18,7 @@ from django.db.models import Q
 
 from durable_agents.clock import DbNow
 from durable_agents.engine import transitions
+from durable_agents.engine.admission import admit_on_commit
 from durable_agents.engine.control import Park, Rerun, WaitSpec
 from durable_agents.engine.events import record_event
 from durable_agents.engine.payloads import check_input, copy_payloads
@@ -260,6 +261,9 @@ def fork_run(run_id: uuid.UUID | str, at_step: str, *, input: Any = None, actor:
             step_count=len(steps),
             effect_scope=(source.effect_scope or str(source.id)) if shared else "",
             participant=source.participant,
+            # The same work for the same customer: a fork queues on the source's concurrency key.
+            concurrency_key=source.concurrency_key,
+            concurrency_limit=source.concurrency_limit,
         )
         transitions.copy_plan_txn(steps, fork.id, target.position)
         _rely_on_copied_checkpoints(source, fork, target)
@@ -270,6 +274,7 @@ def fork_run(run_id: uuid.UUID | str, at_step: str, *, input: Any = None, actor:
         )
         record_event(source.id, "fork_started", step_id=at_step, actor=actor, fork=str(fork.id))
         wake_on_commit(fork.id)
+        admit_on_commit(fork.concurrency_key)
     return fork
 
 

@@ -13,6 +13,7 @@ from typing import Any
 from django.db import IntegrityError, transaction
 
 from durable_agents.engine import transitions
+from durable_agents.engine.admission import admit_on_commit
 from durable_agents.engine.events import record_event
 from durable_agents.engine.payloads import check_input
 from durable_agents.engine.records import current_step_id, get_run, insert_run, let_go, plan_row
@@ -26,10 +27,11 @@ from durable_agents.errors import (
 )
 from durable_agents.models import Run, RunStatus, Step, StepStatus
 from durable_agents.signals import run_finished, send_on_commit
-from durable_agents.storable import decimal_amount, whole_number
-from durable_agents.workflows import registry
+from durable_agents.storable import check_text, decimal_amount, whole_number
+from durable_agents.workflows import MAX_CONCURRENCY_LIMIT, Workflow, registry
 
 IDEMPOTENCY_CONSTRAINT = "durable_run_idempotency_key_uniq"
+KEY_MAX_CHARS = 255  # Run.concurrency_key
 COST_COLUMN = {"max_digits": 14, "decimal_places": 6}  # Run.cost_budget_usd
 
 
@@ -39,12 +41,19 @@ def start_run(
     *,
     idempotency_key: str | None = None,
     version: int | None = None,
+    concurrency_key: str | None = None,
+    concurrency_limit: int | None = None,
 ) -> Run:
     """Create a run and its plan rows in one statement (records.insert_run); a worker is woken once it commits
-    (the caller's transaction, if any; else at once, with the first step's kind, so its queue costs no query)."""
+    (the caller's transaction, if any; else at once, with the first step's kind, so its queue costs no query).
+
+    A run with a concurrency key (`concurrency_key`, else the workflow's function of the input) is queued instead:
+    once the start commits it is admitted when its key has a free slot (engine/admission.py), and woken then.
+    """
     run_input = {} if run_input is None else run_input
     definition = registry.get(workflow, version)
     input_hash = check_input(run_input)
+    key, limit = _concurrency(definition, run_input, concurrency_key, concurrency_limit)
     if idempotency_key is not None:
         if not isinstance(idempotency_key, str) or not idempotency_key.strip() or len(idempotency_key) > 255:
             raise InvalidInputError("idempotency key must be a non-empty string of at most 255 characters")
@@ -59,6 +68,8 @@ def start_run(
         input_hash=input_hash,
         idempotency_key=idempotency_key,
         step_count=len(plan),
+        concurrency_key=key,
+        concurrency_limit=limit,
     )
     rows = [plan_row(run.id, definition, element, position) for position, element in enumerate(plan)]
     try:
@@ -69,8 +80,36 @@ def start_run(
         if existing is None:
             raise
         return _same_run_or_error(existing, definition.name, input_hash, cause=exc)
-    wake_on_commit(run.id, kind=rows[0].kind if rows else None)
+    if key is None:
+        wake_on_commit(run.id, kind=rows[0].kind if rows else None)
+    else:
+        admit_on_commit(key)
     return run
+
+
+def _concurrency(definition: Workflow, run_input: Any, key: str | None, limit: int | None) -> tuple[str | None, int]:
+    """The run's concurrency key and limit: the caller's, else the workflow's (its key computed from the input)."""
+    if limit is not None and (
+        not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= MAX_CONCURRENCY_LIMIT
+    ):
+        raise InvalidInputError(
+            f"the concurrency limit must be an integer from 1 to {MAX_CONCURRENCY_LIMIT}, got {limit!r}"
+        )
+    if key is None and definition.concurrency_key is not None:
+        try:
+            key = definition.concurrency_key(run_input)
+        except Exception as exc:  # noqa: BLE001 - the user's function on the user's input: a clear input error
+            raise InvalidInputError(
+                f"workflow {definition.name!r}: its concurrency_key could not be computed from this input "
+                f"({type(exc).__name__}: {exc}); fix the input or the function"
+            ) from exc
+        if isinstance(key, int) and not isinstance(key, bool):
+            key = str(key)
+    if key is not None:
+        check_text(key, "the concurrency key", max_chars=KEY_MAX_CHARS)
+        if not key.strip():
+            raise InvalidInputError("the concurrency key must not be blank; give none for a run without one")
+    return key, limit if limit is not None else definition.concurrency_limit
 
 
 def _same_run_or_error(existing: Run, workflow: str, input_hash: str, cause: Exception | None = None) -> Run:
@@ -143,8 +182,9 @@ def _record_stop(
         )
     else:
         record_event(run_id, "cancelled", step_id=step_id, actor=actor, reason=reason)
-        parent_id = Run.objects.filter(pk=run_id).values_list("parent_id", flat=True).first()
+        parent_id, key = Run.objects.filter(pk=run_id).values_list("parent_id", "concurrency_key").first()
         send_on_commit(run_finished, run_id=run_id, status=RunStatus.CANCELLED, error=None, parent_id=parent_id)
+        admit_on_commit(key)
 
 
 def resume_run(run_id: uuid.UUID | str, *, from_step: str | None = None, actor: str = "") -> Run:
@@ -164,6 +204,7 @@ def resume_run(run_id: uuid.UUID | str, *, from_step: str | None = None, actor: 
                 run.id, "woken", actor=actor, reason="resume of a runnable run", backoff_cleared=bool(run.wake_at)
             )
             wake_on_commit(run.id)
+            admit_on_commit(run.concurrency_key)
         run.refresh_from_db()
         return run
     if run.status not in (RunStatus.FAILED, RunStatus.CANCELLED):
@@ -183,6 +224,7 @@ def resume_run(run_id: uuid.UUID | str, *, from_step: str | None = None, actor: 
             compensating=bool(run.finish_as),
         )
         wake_on_commit(run.id)
+        admit_on_commit(run.concurrency_key)
     run.refresh_from_db()
     return run
 
@@ -230,6 +272,7 @@ def _rerun_from_step(run: Run, step_id: str, *, actor: str) -> Run:
             superseded=superseded,
         )
         wake_on_commit(run.id)
+        admit_on_commit(run.concurrency_key)
     run.refresh_from_db()
     return run
 

@@ -1,5 +1,6 @@
 """The sweep: re-wakes runs whose lease expired or whose message was lost, settles cancellations, runs waits,
-and starts the due slots of schedules (engine/schedules.py).
+and starts the due slots of schedules (engine/schedules.py); it admits runs queued on a concurrency key whose
+hand-off was lost (engine/admission.py).
 
 It also enqueues due notifications (engine/outbox.py) but never sends one: a slow receiver must not hold
 the sweep, nor the worker slot it runs in.
@@ -20,6 +21,7 @@ from django.db.models import Q
 
 from durable_agents import clock
 from durable_agents.conf import settings
+from durable_agents.engine.admission import admit_waiting
 from durable_agents.engine.family import sweep_children
 from durable_agents.engine.heartbeats import prune_heartbeats, record_sweep
 from durable_agents.engine.outbox import enqueue_due as enqueue_due_notifications
@@ -28,7 +30,7 @@ from durable_agents.engine.runs import settle_cancellation
 from durable_agents.engine.schedules import start_due_schedules
 from durable_agents.engine.waits import sweep_waits
 from durable_agents.engine.wake import wake_on_commit
-from durable_agents.models import ACTIVE_RUN_STATUSES, RUNNABLE_RUN_STATUSES, Event, Run
+from durable_agents.models import ACTIVE_RUN_STATUSES, QUEUED, RUNNABLE_RUN_STATUSES, Event, Run
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,7 @@ class SweepReport:
     scheduled: int = 0  # runs started for due schedule slots
     joined: int = 0  # parents woken whose children's wake-up was lost
     orphans_cancelled: int = 0  # live children of cancelled parents, cancelled
+    admitted: int = 0  # queued runs admitted on their concurrency key (a lost hand-off)
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -59,14 +62,18 @@ def sweep() -> SweepReport:
     # Lost: a dead worker's lease expired, a due retry was not picked up, or no progress for `idle`.
     lost = Q(lease_expires_at__lt=now) | Q(wake_at__isnull=False) | Q(updated_at__lt=now - idle)
     not_recently_swept = Q(swept_at__isnull=True) | Q(swept_at__lt=now - idle)
-    candidates = Run.objects.filter(
-        lease_free,
-        due,
-        lost,
-        not_recently_swept,
-        status__in=RUNNABLE_RUN_STATUSES,
-        cancel_requested_at__isnull=True,
-    ).order_by("updated_at")
+    candidates = (
+        Run.objects.filter(
+            lease_free,
+            due,
+            lost,
+            not_recently_swept,
+            status__in=RUNNABLE_RUN_STATUSES,
+            cancel_requested_at__isnull=True,
+        )
+        .exclude(QUEUED)
+        .order_by("updated_at")
+    )
     with transaction.atomic():
         rows = list(locked(candidates).values_list("id", "lease_owner")[: int(settings.SWEEP_BATCH)])
         ids = [run_id for run_id, _ in rows]
@@ -83,6 +90,8 @@ def sweep() -> SweepReport:
         lease_free, status__in=ACTIVE_RUN_STATUSES, cancel_requested_at__isnull=False
     ).values_list("id", flat=True)[: int(settings.SWEEP_BATCH)]
     cancelled = sum(bool(settle_cancellation(run_id)) for run_id in list(pending_cancels))
+    # A slot freed by a run whose process died between its end and the hand-off: its key's queue moves on.
+    admitted = admit_waiting(int(settings.SWEEP_BATCH))
     waits = sweep_waits(now)
     family = sweep_children(now)
     notifications = enqueue_due_notifications()
@@ -91,5 +100,11 @@ def sweep() -> SweepReport:
     # Last, so the row says when a pass last completed: a sweep that fails every time shows as late.
     record_sweep()
     return SweepReport(
-        woken=len(ids), cancelled=cancelled, notifications=notifications, scheduled=scheduled, **waits, **family
+        woken=len(ids),
+        cancelled=cancelled,
+        notifications=notifications,
+        scheduled=scheduled,
+        admitted=admitted,
+        **waits,
+        **family,
     )

@@ -24,7 +24,7 @@ from enum import StrEnum
 from typing import Any
 
 from django.db import connection, transaction
-from django.db.models import Exists, F, Q, QuerySet
+from django.db.models import Case, Exists, F, Q, QuerySet, When
 from django.db.models.functions import Coalesce
 
 from durable_agents import clock
@@ -39,6 +39,7 @@ from durable_agents.errors import LeaseLostError
 from durable_agents.models import Effect, Run, Step, StepKind, Wait
 from durable_agents.states import (
     EFFECT_RULES,
+    FINISHED_RUN_STATUSES,
     RUN_RULES,
     SAGA_ENDINGS,
     STEP_RULES,
@@ -523,7 +524,9 @@ RESTARTED = {
 def resume_txn(run_id: Any, *, from_status: str, cursor: int, **changes: Any) -> bool:
     """A failed or cancelled run continues at its cursor: the failed step there runs again from attempt 1,
     and rejected or expired decisions of that step stop governing it (the step may ask again)."""
-    if not take_txn(RunOp.RESUME, run_id, to=RunStatus.PENDING, where=Q(status=from_status), **RESTARTED, **changes):
+    # A finished run held no slot of its concurrency key: back to pending, it queues for one again (admission.py).
+    restarted = {**RESTARTED, "admitted_at": None, **changes}
+    if not take_txn(RunOp.RESUME, run_id, to=RunStatus.PENDING, where=Q(status=from_status), **restarted):
         return False
     step = Step.objects.live().filter(run_id=run_id, position=cursor).first()
     if step is not None:
@@ -544,7 +547,10 @@ def rerun_txn(run_id: Any, position: int) -> list[str] | None:
     None if a worker holds the run or it waits (decide or cancel its wait first)."""
     # Fenced on finish_as too: a saga planned since the caller looked is never re-run over.
     where = Q(finish_as="")
-    if not take_txn(RunOp.RERUN, run_id, to=RunStatus.PENDING, where=where, cursor=position, output=None, **RESTARTED):
+    # A finished run queues for its concurrency key again; a runnable one keeps the slot it holds (admission.py).
+    admitted = Case(When(status__in=FINISHED_RUN_STATUSES, then=None), default=F("admitted_at"))
+    restarted = {**RESTARTED, "admitted_at": admitted}
+    if not take_txn(RunOp.RERUN, run_id, to=RunStatus.PENDING, where=where, cursor=position, output=None, **restarted):
         return None
     cancel_open_waits_txn(run_id)
     return supersede_from_txn(run_id, position)

@@ -23,6 +23,7 @@ from durable_agents.clock import DbNow
 from durable_agents.conf import settings
 from durable_agents.display import when_text
 from durable_agents.engine import transitions
+from durable_agents.engine.admission import admit_on_commit
 from durable_agents.engine.approvals import latest_wait
 from durable_agents.engine.control import WaitSpec
 from durable_agents.engine.events import record_event
@@ -248,13 +249,16 @@ def _expire_and_fail_txn(wait: Wait) -> None:
     error = {"type": "WaitExpiredError", "message": f"{wait.kind} wait {wait.pk} passed its deadline", "step": step_id}
     transitions.move_wait(WaitOp.EXPIRE, wait.pk, to=WaitStatus.EXPIRED, decided_by="deadline", decided_at=DbNow())
     record_event(wait.run_id, "wait_expired", step_id=step_id, wait=wait.pk, policy=DeadlinePolicy.FAIL)
-    run = Run.objects.filter(pk=wait.run_id).only("workflow", "workflow_version", "parent_id").first()
+    run = (
+        Run.objects.filter(pk=wait.run_id).only("workflow", "workflow_version", "parent_id", "concurrency_key").first()
+    )
     if run is None:
         return
     if transitions.fail_txn(run.id, wait.step_id, error, claim=None, compensate=_compensates_on_failure(run)):
         wake_on_commit(run.id)
     elif Run.objects.filter(pk=run.id, status=RunStatus.FAILED).exists():
         send_on_commit(run_finished, run_id=run.id, status=RunStatus.FAILED, error=error, parent_id=run.parent_id)
+        admit_on_commit(run.concurrency_key)
 
 
 def _compensates_on_failure(run: Run) -> bool:

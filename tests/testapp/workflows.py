@@ -495,4 +495,29 @@ workflow(
 )
 
 
+# --- Concurrency keys (tests/integration/test_concurrency_keys.py) -----------------------------------------
+# Every step records its execution: the Execution ids order the steps of all runs on all workers, so a run's
+# first "enter" and last "leave" bound its time in flight.
+workflow(
+    "keyed",
+    steps=[call("enter", _record_step), call("leave", _record_step)],
+    concurrency_key=lambda inp: inp["customer"],
+    description="two recorded steps; at most one run per customer in flight",
+)
+workflow(
+    "keyed_slow",
+    steps=[call("enter", _record_step), call("slow", _slow), call("leave", _record_step)],
+    concurrency_key=lambda inp: inp["customer"],
+)
+workflow(
+    "keyed_approval",
+    steps=[
+        call("enter", _record_step),
+        approval("ok", question="Go on?", on_approve="the run goes on", on_reject="the run fails"),
+        call("leave", _record_step),
+    ],
+    concurrency_key=lambda inp: inp["customer"],
+)
+
+
 from tests.testapp import family, machine, parallel, plans, trust  # noqa: E402,F401  (register the other tests' workflows)

@@ -27,6 +27,8 @@ class Command(DurableCommand):
         write(f"run {data['id']}  {data['workflow']}@{data['version']}  {data['status']}")
         finished = data["finished_at"] or "-"
         write(f"  {step_progress(data)}  created {data['created_at']}  finished {finished}")
+        if data["concurrency"]["note"]:
+            write(f"  {data['concurrency']['note']}")
         if data["error"]:
             write(f"  error: {data['error']['type']}: {data['error']['message']} (step {data['error']['step']})")
             for line in _traceback_tail(data["error"]):

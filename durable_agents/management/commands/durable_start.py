@@ -1,4 +1,5 @@
-"""durable_start WORKFLOW [--input JSON] [--key KEY] [--version N] [--json]: start a run, print its id."""
+"""durable_start WORKFLOW [--input JSON] [--key KEY] [--version N] [--concurrency-key KEY [--concurrency-limit N]]
+[--json]: start a run, print its id."""
 
 from __future__ import annotations
 
@@ -21,11 +22,21 @@ class Command(DurableCommand):
         parser.add_argument("--input", help="the run input as JSON, e.g. '{\"steps\": 3}'")
         parser.add_argument("--key", help="idempotency key: starting twice with one key returns the first run")
         parser.add_argument("--version", dest="workflow_version", type=int, help="workflow version (default: latest)")
+        parser.add_argument(
+            "--concurrency-key",
+            help="at most --concurrency-limit runs with this key in flight (default: the workflow's)",
+        )
+        parser.add_argument("--concurrency-limit", type=int, help="runs of the key in flight at once (default: 1)")
 
     def handle(self, *args: Any, **options: Any) -> None:
         run_input = parse_json_option(options["input"], "--input")
         run = api.start(
-            options["workflow"], run_input, idempotency_key=options["key"], version=options["workflow_version"]
+            options["workflow"],
+            run_input,
+            idempotency_key=options["key"],
+            version=options["workflow_version"],
+            concurrency_key=options["concurrency_key"],
+            concurrency_limit=options["concurrency_limit"],
         )
         if options["json"]:
             self.emit_json({"id": str(run.id), "status": run.status})

@@ -18,5 +18,5 @@ class Command(DurableCommand):
         else:
             self.stdout.write(
                 f"woken {report.woken}, cancelled {report.cancelled}, notifications enqueued {report.notifications}, "
-                f"scheduled runs started {report.scheduled}"
+                f"scheduled runs started {report.scheduled}, admitted {report.admitted}"
             )

@@ -8,7 +8,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('durable_agents', '0014_child_runs'),
+        ('durable_agents', '0015_concurrency_keys'),
     ]
 
     operations = [

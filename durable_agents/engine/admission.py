@@ -1,0 +1,140 @@
+"""Concurrency keys: at most `concurrency_limit` runs with one key hold it at a time; the rest wait in order.
+
+A run started with a key is inserted pending and *not admitted* (`admitted_at` NULL): no claim takes it
+(hotpath's claimable rule), the sweep does not wake it, it holds no worker and no lease. It holds the key from
+its admission to its terminal status (completed, failed, cancelled) — waits for a human or a timer included:
+"at most one running run per customer" means one run in flight, not one step at a time.
+
+Admission (`admit`) is one short transaction per key, serialised across workers by a transaction-scoped advisory
+lock on the key (Postgres): it counts the key's holders (admitted, not finished) in a statement that starts after
+the lock is taken — so it sees every admission committed before it — and admits the oldest queued runs
+(created_at, id) up to the limit of the queue's head, waking them on commit. Two holders finishing at once, a start
+racing a finish, a duplicate hand-off: each admits under the lock, the second sees the first's admissions.
+
+Hand-offs run after the transition that frees a slot has committed (`admit_on_commit`), never inside it: the
+admission updates queued rows, and a transaction that holds a run's row lock must not then wait for the key's lock
+(a deadlock with an admission waiting for that row). A crash between the commit and the hand-off loses nothing:
+the sweep admits every key with a queued run (`admit_waiting`). A run taken back from a terminal status (resume,
+rerun) queues again for its key (transitions clear `admitted_at`), at its original place in the order.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import Any
+
+from django.db import connection, transaction
+from django.db.models import Count, F, OuterRef, Q, Subquery
+from django.db.models.functions import Coalesce
+
+from durable_agents.clock import DbNow
+from durable_agents.engine.events import record_event
+from durable_agents.engine.wake import wake_on_commit
+from durable_agents.models import ACTIVE_RUN_STATUSES, QUEUED, Run
+
+logger = logging.getLogger("durable_agents.engine")
+
+# The advisory lock's first key: concurrency keys share a namespace of their own (hashtext of the key is the second).
+LOCK_SPACE = "durable_agents.concurrency_key"
+
+
+def holding(key: str) -> Q:
+    """The runs that hold a slot of `key`: admitted and not finished."""
+    return Q(concurrency_key=key, admitted_at__isnull=False, status__in=ACTIVE_RUN_STATUSES)
+
+
+def _lock_key_txn(key: str) -> None:
+    """Serialise admissions of one key until this transaction ends."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("SELECT pg_advisory_xact_lock(hashtext(%s), hashtext(%s))", [LOCK_SPACE, key])
+        else:
+            # SQLite serialises writers: a write first takes the database's write lock for the whole transaction.
+            cursor.execute(f"UPDATE {Run._meta.db_table} SET admitted_at = admitted_at WHERE 1 = 0")
+
+
+def admit(key: str) -> list[uuid.UUID]:
+    """Admit the oldest runs queued on `key` while the key has free slots; their ids (woken on commit).
+
+    Safe to call any number of times, concurrently, from any process: a call with nothing to admit writes
+    nothing. Call it outside any transaction that holds a run's row lock (see the module docstring).
+    """
+    with transaction.atomic():
+        _lock_key_txn(key)
+        # A statement after the lock: its snapshot includes every admission and finish committed before it.
+        held = Run.objects.filter(holding(key)).count()
+        queue = Run.objects.filter(QUEUED, concurrency_key=key, cancel_requested_at__isnull=True)
+        queue = queue.order_by("created_at", "id")
+        head = queue.values_list("concurrency_limit", flat=True).first()
+        if head is None or held >= head:
+            return []
+        admitted = []
+        for run_id in list(queue.values_list("id", flat=True)[: head - held]):
+            # Re-checked row by row: a run cancelled since the queue was read is not admitted (its slot waits for
+            # the cancel's own hand-off, which runs after the cancel commits).
+            if Run.objects.filter(QUEUED, pk=run_id, cancel_requested_at__isnull=True).update(admitted_at=DbNow()):
+                admitted.append(run_id)
+                held += 1
+                record_event(run_id, "admitted", concurrency_key=key, holders=held, limit=head)
+                wake_on_commit(run_id)
+    return admitted
+
+
+def admit_on_commit(key: str | None) -> None:
+    """After the current transaction commits (now, outside one): hand a freed slot of `key` on. None: no key."""
+    if key is not None:
+        transaction.on_commit(lambda: _hand_on(key))
+
+
+def _hand_on(key: str) -> None:
+    # The transition that freed the slot has committed: a failing hand-off must not be mistaken for the
+    # transition's failure (the caller would try to fail a finished run). The sweep admits the key later.
+    try:
+        admit(key)
+    except Exception:  # noqa: BLE001 - the database has the queue; the sweep is the fallback
+        logger.warning("could not admit the next run of concurrency key %r now; the sweep will", key, exc_info=True)
+
+
+def key_of(run_id: Any) -> str | None:
+    """The run's concurrency key (one query), for a hand-off whose caller did not load it."""
+    return Run.objects.filter(pk=run_id).values_list("concurrency_key", flat=True).first()
+
+
+def admit_waiting(limit: int) -> int:
+    """The sweep's pass: admit on every key with a queued run (a hand-off lost to a crash); how many admitted."""
+    # Only keys with a free slot: a key whose queue is full is not locked again on every pass.
+    held = (
+        Run.objects.filter(concurrency_key=OuterRef("concurrency_key"), admitted_at__isnull=False)
+        .filter(status__in=ACTIVE_RUN_STATUSES)
+        .order_by()
+        .values("concurrency_key")
+        .annotate(n=Count("*"))
+        .values("n")
+    )
+    keys = (
+        Run.objects.filter(QUEUED, cancel_requested_at__isnull=True)
+        .alias(held=Coalesce(Subquery(held), 0))
+        .filter(held__lt=F("concurrency_limit"))
+        .order_by()
+        .values_list("concurrency_key", flat=True)
+        .distinct()[:limit]
+    )
+    return sum(len(admit(key)) for key in list(keys) if key is not None)
+
+
+def queue_position(run: Run) -> int | None:
+    """1 for the next run of its key to be admitted, 2 for the one after...; None if the run is not queued."""
+    if not run.is_queued:
+        return None
+    ahead = (
+        Run.objects.filter(QUEUED, concurrency_key=run.concurrency_key)
+        .filter(Q(created_at__lt=run.created_at) | Q(created_at=run.created_at, id__lt=run.id))
+        .exclude(pk=run.pk)  # SQLite compares its stored times as text: never count the run itself
+    )
+    return ahead.count() + 1
+
+
+def holders(key: str) -> list[uuid.UUID]:
+    """The runs that hold a slot of `key` now, oldest admission first."""
+    return list(Run.objects.filter(holding(key)).order_by("admitted_at", "id").values_list("id", flat=True))
