@@ -17,6 +17,7 @@ import inspect
 import logging
 import uuid
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from functools import cache
 
 from django.db import connection, transaction
@@ -119,26 +120,48 @@ def _batch_waker_path() -> str:
 
 
 class _WakeBatch:
-    """The runs woken in one transaction at one savepoint level, sent together (wake_many) once it commits.
+    """Runs woken one after another in one transaction at one savepoint level, each by an on-commit hook of its own
+    (a _Wake), sent together (wake_many) by the first of those hooks that runs.
 
-    It is one on-commit hook among the transaction's others, so a rollback — of the transaction, or of the
-    savepoint it was registered in — discards it and sends nothing, as it would each run's own hook."""
+    Each run keeps its own hook, so Django does to it what it does to a lone run's: a rollback — of the
+    transaction, or of the savepoint it was registered in — discards it (all of a batch's hooks share their
+    savepoints, so a rollback discards all or none); hooks registered between two wakes keep their place (a run
+    woken after another hook opens a new batch); TestCase.captureOnCommitCallbacks captures and runs the hooks
+    registered in its block. A hook sends its own run and the batch's later ones not yet sent."""
 
     def __init__(self) -> None:
         self.run_ids: list[uuid.UUID | str] = []
         self.kinds: list[str | None] = []
+        self.sent: list[bool] = []
 
     def add(self, run_id: uuid.UUID | str, kind: str | None) -> None:
         self.run_ids.append(run_id)
         self.kinds.append(kind)
+        self.sent.append(False)
+        transaction.on_commit(_Wake(self, len(self.run_ids) - 1))
+
+    def send_from(self, index: int) -> None:
+        """Send the runs from `index` on that no hook has sent yet."""
+        unsent = [i for i in range(index, len(self.run_ids)) if not self.sent[i]]
+        for i in unsent:
+            self.sent[i] = True
+        wake_many([self.run_ids[i] for i in unsent], kinds=[self.kinds[i] for i in unsent])
+
+
+@dataclass(frozen=True)
+class _Wake:
+    """The on-commit hook of the `index`-th run of a batch."""
+
+    batch: _WakeBatch
+    index: int
 
     def __call__(self) -> None:
-        wake_many(self.run_ids, kinds=self.kinds)
+        self.batch.send_from(self.index)
 
 
 def wake_on_commit(run_id: uuid.UUID | str, countdown: float | None = None, *, kind: str | None = None) -> None:
     """Wake the run once the current transaction commits; a rollback sends nothing. Runs woken now (no countdown)
-    in one transaction go out together (wake_many)."""
+    one after another in one transaction go out together (wake_many)."""
     if countdown is None and connection.in_atomic_block and _batch_waker_path():
         _open_batch().add(run_id, kind)
         return
@@ -146,16 +169,12 @@ def wake_on_commit(run_id: uuid.UUID | str, countdown: float | None = None, *, k
 
 
 def _open_batch() -> _WakeBatch:
-    """This transaction's batch at the current savepoint level, registered as an on-commit hook on first use.
-
-    Found among the connection's pending hooks (Django keeps them, each with the savepoints active when it was
-    registered, in `run_on_commit`): one that a rollback discarded or a commit ran is no longer there."""
-    savepoints = set(connection.savepoint_ids)
-    for registered_in, hook, _robust in reversed(connection.run_on_commit):
-        if isinstance(hook, _WakeBatch):
-            if registered_in == savepoints:
-                return hook
-            break
-    batch = _WakeBatch()
-    transaction.on_commit(batch)
-    return batch
+    """The batch of the last hook registered in this transaction, if it is a run's and was registered at the
+    current savepoint level (Django keeps the pending hooks, each with the savepoints active when it was
+    registered, in `run_on_commit`); else a new one."""
+    pending = connection.run_on_commit
+    if pending:
+        registered_in, hook, _robust = pending[-1]
+        if isinstance(hook, _Wake) and registered_in == set(connection.savepoint_ids):
+            return hook.batch
+    return _WakeBatch()
