@@ -64,23 +64,31 @@ def advance(self: Any, run_id: str) -> str:
 @shared_task(bind=True, name="durable_agents.advance_many", acks_late=True, reject_on_worker_lost=True, **JSON)
 def advance_many(self: Any, run_ids: list[str]) -> str:
     """Advance runs woken together (engine/wake.py), one after another, each as `advance` advances a run sent on
-    its own, all within one eager slice; those not begun when it is spent go on in a new message. A run whose
-    advance raises ends the task as `advance` would end, once the runs after it have their message."""
+    its own, all within one eager slice; those not begun when it is spent go on in a new message (those the
+    broker refuses are advanced here, one step each: this message was theirs). A run whose advance raises ends
+    the task as `advance` would end, once the runs after it have their message."""
     if not isinstance(run_ids, list) or not all(isinstance(run_id, str) for run_id in run_ids):
         logger.error("advance_many takes a list of run ids, not %r: message dropped", run_ids)
         return "rejected"
     delivered_on = (getattr(self.request, "delivery_info", None) or {}).get("routing_key")
     ends_by = Slice.ends_by()
-    for index, run_id in enumerate(run_ids):
-        if index and time.monotonic() >= ends_by:
-            engine_wake_many(run_ids[index:])
-            return f"{index} advanced, {len(run_ids) - index} passed on"
+    left, advanced, passed_on, spent = list(run_ids), 0, 0, False
+    while left:
+        if advanced and not spent and time.monotonic() >= ends_by:
+            spent = True
+            refused = set(engine_wake_many(left))
+            passed_on = len(left) - len(refused)
+            left = [run_id for run_id in left if run_id in refused]
+            if not left:
+                break
+        run_id = left.pop(0)
         try:
             _dropping_dead_connections(lambda run_id=run_id: _advance_or_pass_on(run_id, delivered_on, ends_by))
         except BaseException:
-            engine_wake_many(run_ids[index + 1 :])
+            engine_wake_many(left)
             raise
-    return f"{len(run_ids)} advanced"
+        advanced += 1
+    return f"{advanced} advanced, {passed_on} passed on" if passed_on else f"{advanced} advanced"
 
 
 def _advance_or_pass_on(run_id: str, delivered_on: str | None, ends_by: float | None = None) -> str:

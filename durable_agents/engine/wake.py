@@ -48,8 +48,8 @@ def _takes_queue(path: str) -> bool:
     return any(p.name == "queue" or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
 
 
-def wake(run_id: uuid.UUID | str, countdown: float | None = None, *, kind: str | None = None) -> None:
-    """Ask a worker to advance `run_id` (now, or after `countdown` seconds).
+def wake(run_id: uuid.UUID | str, countdown: float | None = None, *, kind: str | None = None) -> bool:
+    """Ask a worker to advance `run_id` (now, or after `countdown` seconds); False if that could not be asked.
 
     A broker that cannot take the message loses nothing: the run is committed and the sweep wakes it
     later, so the caller (who may be starting the run) must not see an error for it. `kind`: the next step's,
@@ -64,6 +64,8 @@ def wake(run_id: uuid.UUID | str, countdown: float | None = None, *, kind: str |
         _waker(settings.WAKER)(str(run_id), countdown=countdown, **routed)
     except Exception:  # noqa: BLE001 - the database has the run; the sweep is the fallback
         logger.warning("could not wake run %s now; the sweep will", run_id, exc_info=True)
+        return False
+    return True
 
 
 def queue_for(run_id: uuid.UUID | str, kind: str | None = None) -> str | None:
@@ -83,22 +85,23 @@ def next_kind(run_id: uuid.UUID | str) -> str | None:
     return steps.values_list("kind", flat=True).first()
 
 
-def wake_many(run_ids: Sequence[uuid.UUID | str], *, kinds: Sequence[str | None] | None = None) -> None:
+def wake_many(run_ids: Sequence[uuid.UUID | str], *, kinds: Sequence[str | None] | None = None) -> list[str]:
     """Ask workers to advance each of `run_ids` now: WAKE_BATCH_SIZE to a message, by queue, if batching is on
     (else, and for a lone run, as wake() does). `kinds`: each run's next step's, where known (saves a query each).
-    Like wake(), it loses nothing if the broker refuses: the sweep wakes what was not sent."""
+    Like wake(), it loses nothing if the broker refuses: the sweep wakes what was not sent. Returns the runs
+    that could not be woken."""
     kinds = kinds if kinds is not None else [None] * len(run_ids)
     batch_waker = _batch_waker_path()
     if len(run_ids) < 2 or not batch_waker:
-        for run_id, kind in zip(run_ids, kinds, strict=True):
-            wake(run_id, kind=kind)
-        return
+        return [str(run_id) for run_id, kind in zip(run_ids, kinds, strict=True) if not wake(run_id, kind=kind)]
+    refused: list[str] = []
     by_queue: dict[str | None, list[str]] = {}
     for run_id, kind in zip(run_ids, kinds, strict=True):
         try:
             by_queue.setdefault(queue_for(run_id, kind), []).append(str(run_id))
         except Exception:  # noqa: BLE001 - as wake(): the database has the run; the sweep is the fallback
             logger.warning("could not wake run %s now; the sweep will", run_id, exc_info=True)
+            refused.append(str(run_id))
     size = int(settings.WAKE_BATCH_SIZE)
     for queue, ids in by_queue.items():
         for start in range(0, len(ids), size):
@@ -107,6 +110,8 @@ def wake_many(run_ids: Sequence[uuid.UUID | str], *, kinds: Sequence[str | None]
                 _waker(batch_waker)(chunk, **({"queue": queue} if queue else {}))
             except Exception:  # noqa: BLE001 - the database has the runs; the sweep is the fallback
                 logger.warning("could not wake %d runs now (%s…); the sweep will", len(chunk), chunk[0], exc_info=True)
+                refused.extend(chunk)
+    return refused
 
 
 def _batch_waker_path() -> str:

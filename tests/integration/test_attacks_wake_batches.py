@@ -12,7 +12,8 @@ from django.conf import settings
 from django.db import transaction
 from django.test.utils import override_settings
 
-from durable_agents import api
+from durable_agents import api, tasks
+from durable_agents.models import Run, RunStatus
 
 order: list[object] = []
 
@@ -100,3 +101,28 @@ def test_a_run_started_by_an_on_commit_hook_inside_an_atomic_block_is_woken():
         first = [_start(), _start()]
         transaction.on_commit(start_more)
     assert sorted(_sent()) == sorted(first + started), order
+
+
+# --- advance_many ---------------------------------------------------------------------------------------------------
+
+
+def refuse_wake(run_id: str, countdown: float | None = None, **routed: str) -> None:
+    raise ConnectionError("the broker is down")
+
+
+def refuse_batch(run_ids: list[str], **routed: str) -> None:
+    raise ConnectionError("the broker is down")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_spent_slice_the_broker_refuses_to_pass_on_advances_the_rest_itself(caplog):
+    """A delivered message advances its run: a batch whose slice is spent and whose pass-on the broker refuses
+    advances the rest itself (one step each), rather than acknowledge runs nobody woke (left for the sweep)."""
+    with _in_process(), transaction.atomic():
+        ids = [str(api.start("eager", {"steps": 1, "sleep_ms": [20, 20]}).id) for _ in range(3)]
+    refused = {"WAKER": f"{__name__}.refuse_wake", "BATCH_WAKER": f"{__name__}.refuse_batch", "EAGER_SLICE_MS": 1.0}
+    with _in_process(**refused):
+        tasks.advance_many.run(ids)
+    assert "could not wake 2 runs now" in caplog.text, "the slice was not spent: lengthen the steps"
+    statuses = dict(Run.objects.filter(pk__in=ids).values_list("id", "status"))
+    assert sorted(statuses.values()) == [RunStatus.COMPLETED] * 3, statuses
