@@ -126,3 +126,15 @@ def test_a_spent_slice_the_broker_refuses_to_pass_on_advances_the_rest_itself(ca
     assert "could not wake 2 runs now" in caplog.text, "the slice was not spent: lengthen the steps"
     statuses = dict(Run.objects.filter(pk__in=ids).values_list("id", "status"))
     assert sorted(statuses.values()) == [RunStatus.COMPLETED] * 3, statuses
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_run_id_that_raises_mid_batch_fails_the_task_once_the_runs_after_it_have_their_message():
+    """A garbage id in a batch does what it does alone (the task fails); the runs before it were advanced and
+    those after it are passed on, never dropped with it."""
+    with _in_process(), transaction.atomic():
+        ids = [_start() for _ in range(3)]
+    with _in_process(), pytest.raises(ValueError):
+        tasks.advance_many.run([ids[0], "not-a-run-id", ids[1], ids[2]])
+    assert Run.objects.get(pk=ids[0]).status == RunStatus.COMPLETED
+    assert order == [[ids[1], ids[2]]], "the runs after the raising one were not passed on"
