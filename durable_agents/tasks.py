@@ -64,7 +64,7 @@ def advance(self: Any, run_id: str) -> str:
 @shared_task(bind=True, name="durable_agents.advance_many", acks_late=True, reject_on_worker_lost=True, **JSON)
 def advance_many(self: Any, run_ids: list[str]) -> str:
     """Advance runs woken together (engine/wake.py), one after another, each as `advance` advances a run sent on
-    its own, all within one eager slice; those not begun when it is spent go on in a new message (those the
+    its own, all within one eager slice; those not begun when it is spent go on in a message each (those the
     broker refuses are advanced here, one step each: this message was theirs). A run whose advance raises ends
     the task as `advance` would end, once the runs after it have their message."""
     if not isinstance(run_ids, list) or not all(isinstance(run_id, str) for run_id in run_ids):
@@ -76,7 +76,8 @@ def advance_many(self: Any, run_ids: list[str]) -> str:
     while left:
         if advanced and not spent and time.monotonic() >= ends_by:
             spent = True
-            refused = set(engine_wake_many(left))
+            # One message each: passed on as one batch, the n-th run would wait behind n - 1 spent slices.
+            refused = {run_id for run_id in left if not engine_wake(run_id)}
             passed_on = len(left) - len(refused)
             left = [run_id for run_id in left if run_id in refused]
             if not left:

@@ -6,9 +6,11 @@ queue and its prefork workers. A waker then receives `queue=` (None: the default
 
 Runs woken by one transaction — a thousand started together, the sweep re-waking those an outage stranded, a
 fan-out's children — go out WAKE_BATCH_SIZE to a message (BATCH_WAKER): one task advances them one after another
-within its eager slice, each by its own claim exactly as if it had its own message, and passes the rest on when
-the slice is spent. A batch is a delivery of several runs, nothing more: a duplicate, a redelivery after a
-worker's death or a lost message does to each of its runs what it does to a run with a message of its own.
+within its eager slice, each by its own claim exactly as if it had its own message, and passes each of the rest on
+in a message of its own when the slice is spent (so none waits behind more than one spent slice). Model-bound runs,
+whose steps spend any slice waiting on the model, are woken one message each. A batch is a delivery of several runs,
+nothing more: a duplicate, a redelivery after a worker's death or a lost message does to each of its runs what it
+does to a run with a message of its own.
 """
 
 from __future__ import annotations
@@ -57,6 +59,15 @@ def wake(run_id: uuid.UUID | str, countdown: float | None = None, *, kind: str |
     """
     try:
         queue = queue_for(run_id, kind)
+    except Exception:  # noqa: BLE001 - the database has the run; the sweep is the fallback
+        logger.warning("could not wake run %s now; the sweep will", run_id, exc_info=True)
+        return False
+    return _send(run_id, countdown, queue)
+
+
+def _send(run_id: uuid.UUID | str, countdown: float | None, queue: str | None) -> bool:
+    """Hand the run to the WAKER, on `queue` (None: the default); False if it could not take it."""
+    try:
         routed = {"queue": queue} if queue else {}
         if routed and not _takes_queue(settings.WAKER):
             logger.error("WAKER %s takes no `queue`: run %s is woken on its default queue", settings.WAKER, run_id)
@@ -86,10 +97,10 @@ def next_kind(run_id: uuid.UUID | str) -> str | None:
 
 
 def wake_many(run_ids: Sequence[uuid.UUID | str], *, kinds: Sequence[str | None] | None = None) -> list[str]:
-    """Ask workers to advance each of `run_ids` now: WAKE_BATCH_SIZE to a message, by queue, if batching is on
-    (else, and for a lone run, as wake() does). `kinds`: each run's next step's, where known (saves a query each).
-    Like wake(), it loses nothing if the broker refuses: the sweep wakes what was not sent. Returns the runs
-    that could not be woken."""
+    """Ask workers to advance each of `run_ids` now: WAKE_BATCH_SIZE to a message if batching is on, a model-bound
+    run (with a MODEL_QUEUE) alone (else, and for a lone run, as wake() does). `kinds`: each run's next step's,
+    where known (saves a query each). Like wake(), it loses nothing if the broker refuses: the sweep wakes what was
+    not sent. Returns the runs that could not be woken."""
     kinds = kinds if kinds is not None else [None] * len(run_ids)
     batch_waker = _batch_waker_path()
     if len(run_ids) < 2 or not batch_waker:
@@ -104,6 +115,11 @@ def wake_many(run_ids: Sequence[uuid.UUID | str], *, kinds: Sequence[str | None]
             refused.append(str(run_id))
     size = int(settings.WAKE_BATCH_SIZE)
     for queue, ids in by_queue.items():
+        if queue:
+            # The model queue: each step waits on the model, which spends any slice, so in one message the runs
+            # would wait one after another; a message each lets the model queue's pool wait on them all at once.
+            refused.extend(run_id for run_id in ids if not _send(run_id, None, queue))
+            continue
         for start in range(0, len(ids), size):
             chunk = ids[start : start + size]
             try:
