@@ -184,7 +184,8 @@ SETTINGS: dict[str, Setting] = {
         25,
         int,
         "runs woken by one transaction (started together, re-woken by the sweep) go out this many to a message, "
-        "advanced one after another by one task within EAGER_SLICE_MS; 1 (or EAGER_SLICE_MS 0): one message per run",
+        "advanced one after another by one task within EAGER_SLICE_MS (the rest then a message each; model-bound runs "
+        "with a MODEL_QUEUE: a message each); 1 (or EAGER_SLICE_MS 0): one message per run",
         at_least=1,
         at_most=MOST_ROWS,
     ),

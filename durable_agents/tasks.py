@@ -66,8 +66,9 @@ def advance(self: Any, run_id: str) -> str:
 def advance_many(self: Any, run_ids: list[str]) -> str:
     """Advance runs woken together (engine/wake.py), one after another, each as `advance` advances a run sent on
     its own, all within one eager slice (a run's last commit may claim the next run: engine/eager.py Batch);
-    those not begun when it is spent go on in a new message. A run whose advance raises ends the task as
-    `advance` would end, once the runs after it have their message."""
+    those not begun when it is spent go on in a message each (those the broker refuses are advanced here, one step
+    each: this message was theirs). A run whose advance raises ends the task as `advance` would end, once the runs
+    after it have their message."""
     if not isinstance(run_ids, list) or not all(isinstance(run_id, str) for run_id in run_ids):
         logger.error("advance_many takes a list of run ids, not %r: message dropped", run_ids)
         return "rejected"
@@ -76,17 +77,25 @@ def advance_many(self: Any, run_ids: list[str]) -> str:
         run_ids = [run_id for run_id in run_ids if _as_id(run_id) is not None]
     delivered_on = (getattr(self.request, "delivery_info", None) or {}).get("routing_key")
     batch = Batch.start()
-    for index, run_id in enumerate(run_ids):
-        if index and not batch.holds(_as_id(run_id)) and not batch.is_open():
-            engine_wake_many(run_ids[index:])
-            return f"{index} advanced, {len(run_ids) - index} passed on"
-        batch.following = _as_id(run_ids[index + 1]) if index + 1 < len(run_ids) else None
+    left, advanced, passed_on, spent = list(run_ids), 0, 0, False
+    while left:
+        if advanced and not spent and not batch.holds(_as_id(left[0])) and not batch.is_open():
+            spent = True
+            # One message each: passed on as one batch, the n-th run would wait behind n - 1 spent slices.
+            refused = {run_id for run_id in left if not engine_wake(run_id)}
+            passed_on = len(left) - len(refused)
+            left = [run_id for run_id in left if run_id in refused]
+            if not left:
+                break
+        run_id = left.pop(0)
+        batch.following = _as_id(left[0]) if left and not spent else None
         try:
             _dropping_dead_connections(lambda run_id=run_id: _advance_or_pass_on(run_id, delivered_on, batch))
         except BaseException:
-            engine_wake_many(run_ids[index + 1 :])
+            engine_wake_many(left)
             raise
-    return f"{len(run_ids)} advanced"
+        advanced += 1
+    return f"{advanced} advanced, {passed_on} passed on" if passed_on else f"{advanced} advanced"
 
 
 def _as_id(run_id: str) -> uuid.UUID | None:

@@ -6,9 +6,11 @@ queue and its prefork workers. A waker then receives `queue=` (None: the default
 
 Runs woken by one transaction — a thousand started together, the sweep re-waking those an outage stranded, a
 fan-out's children — go out WAKE_BATCH_SIZE to a message (BATCH_WAKER): one task advances them one after another
-within its eager slice, each by its own claim exactly as if it had its own message, and passes the rest on when
-the slice is spent. A batch is a delivery of several runs, nothing more: a duplicate, a redelivery after a
-worker's death or a lost message does to each of its runs what it does to a run with a message of its own.
+within its eager slice, each by its own claim exactly as if it had its own message, and passes each of the rest on
+in a message of its own when the slice is spent (so none waits behind more than one spent slice). Model-bound runs,
+whose steps spend any slice waiting on the model, are woken one message each. A batch is a delivery of several runs,
+nothing more: a duplicate, a redelivery after a worker's death or a lost message does to each of its runs what it
+does to a run with a message of its own.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import inspect
 import logging
 import uuid
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from functools import cache
 
 from django.db import connection, transaction
@@ -47,8 +50,8 @@ def _takes_queue(path: str) -> bool:
     return any(p.name == "queue" or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
 
 
-def wake(run_id: uuid.UUID | str, countdown: float | None = None, *, kind: str | None = None) -> None:
-    """Ask a worker to advance `run_id` (now, or after `countdown` seconds).
+def wake(run_id: uuid.UUID | str, countdown: float | None = None, *, kind: str | None = None) -> bool:
+    """Ask a worker to advance `run_id` (now, or after `countdown` seconds); False if that could not be asked.
 
     A broker that cannot take the message loses nothing: the run is committed and the sweep wakes it
     later, so the caller (who may be starting the run) must not see an error for it. `kind`: the next step's,
@@ -56,6 +59,15 @@ def wake(run_id: uuid.UUID | str, countdown: float | None = None, *, kind: str |
     """
     try:
         queue = queue_for(run_id, kind)
+    except Exception:  # noqa: BLE001 - the database has the run; the sweep is the fallback
+        logger.warning("could not wake run %s now; the sweep will", run_id, exc_info=True)
+        return False
+    return _send(run_id, countdown, queue)
+
+
+def _send(run_id: uuid.UUID | str, countdown: float | None, queue: str | None) -> bool:
+    """Hand the run to the WAKER, on `queue` (None: the default); False if it could not take it."""
+    try:
         routed = {"queue": queue} if queue else {}
         if routed and not _takes_queue(settings.WAKER):
             logger.error("WAKER %s takes no `queue`: run %s is woken on its default queue", settings.WAKER, run_id)
@@ -63,6 +75,8 @@ def wake(run_id: uuid.UUID | str, countdown: float | None = None, *, kind: str |
         _waker(settings.WAKER)(str(run_id), countdown=countdown, **routed)
     except Exception:  # noqa: BLE001 - the database has the run; the sweep is the fallback
         logger.warning("could not wake run %s now; the sweep will", run_id, exc_info=True)
+        return False
+    return True
 
 
 def queue_for(run_id: uuid.UUID | str, kind: str | None = None) -> str | None:
@@ -82,30 +96,38 @@ def next_kind(run_id: uuid.UUID | str) -> str | None:
     return steps.values_list("kind", flat=True).first()
 
 
-def wake_many(run_ids: Sequence[uuid.UUID | str], *, kinds: Sequence[str | None] | None = None) -> None:
-    """Ask workers to advance each of `run_ids` now: WAKE_BATCH_SIZE to a message, by queue, if batching is on
-    (else, and for a lone run, as wake() does). `kinds`: each run's next step's, where known (saves a query each).
-    Like wake(), it loses nothing if the broker refuses: the sweep wakes what was not sent."""
+def wake_many(run_ids: Sequence[uuid.UUID | str], *, kinds: Sequence[str | None] | None = None) -> list[str]:
+    """Ask workers to advance each of `run_ids` now: WAKE_BATCH_SIZE to a message if batching is on, a model-bound
+    run (with a MODEL_QUEUE) alone (else, and for a lone run, as wake() does). `kinds`: each run's next step's,
+    where known (saves a query each). Like wake(), it loses nothing if the broker refuses: the sweep wakes what was
+    not sent. Returns the runs that could not be woken."""
     kinds = kinds if kinds is not None else [None] * len(run_ids)
     batch_waker = _batch_waker_path()
     if len(run_ids) < 2 or not batch_waker:
-        for run_id, kind in zip(run_ids, kinds, strict=True):
-            wake(run_id, kind=kind)
-        return
+        return [str(run_id) for run_id, kind in zip(run_ids, kinds, strict=True) if not wake(run_id, kind=kind)]
+    refused: list[str] = []
     by_queue: dict[str | None, list[str]] = {}
     for run_id, kind in zip(run_ids, kinds, strict=True):
         try:
             by_queue.setdefault(queue_for(run_id, kind), []).append(str(run_id))
         except Exception:  # noqa: BLE001 - as wake(): the database has the run; the sweep is the fallback
             logger.warning("could not wake run %s now; the sweep will", run_id, exc_info=True)
+            refused.append(str(run_id))
     size = int(settings.WAKE_BATCH_SIZE)
     for queue, ids in by_queue.items():
+        if queue:
+            # The model queue: each step waits on the model, which spends any slice, so in one message the runs
+            # would wait one after another; a message each lets the model queue's pool wait on them all at once.
+            refused.extend(run_id for run_id in ids if not _send(run_id, None, queue))
+            continue
         for start in range(0, len(ids), size):
             chunk = ids[start : start + size]
             try:
                 _waker(batch_waker)(chunk, **({"queue": queue} if queue else {}))
             except Exception:  # noqa: BLE001 - the database has the runs; the sweep is the fallback
                 logger.warning("could not wake %d runs now (%s…); the sweep will", len(chunk), chunk[0], exc_info=True)
+                refused.extend(chunk)
+    return refused
 
 
 def _batch_waker_path() -> str:
@@ -119,26 +141,48 @@ def _batch_waker_path() -> str:
 
 
 class _WakeBatch:
-    """The runs woken in one transaction at one savepoint level, sent together (wake_many) once it commits.
+    """Runs woken one after another in one transaction at one savepoint level, each by an on-commit hook of its own
+    (a _Wake), sent together (wake_many) by the first of those hooks that runs.
 
-    It is one on-commit hook among the transaction's others, so a rollback — of the transaction, or of the
-    savepoint it was registered in — discards it and sends nothing, as it would each run's own hook."""
+    Each run keeps its own hook, so Django does to it what it does to a lone run's: a rollback — of the
+    transaction, or of the savepoint it was registered in — discards it (all of a batch's hooks share their
+    savepoints, so a rollback discards all or none); hooks registered between two wakes keep their place (a run
+    woken after another hook opens a new batch); TestCase.captureOnCommitCallbacks captures and runs the hooks
+    registered in its block. A hook sends its own run and the batch's later ones not yet sent."""
 
     def __init__(self) -> None:
         self.run_ids: list[uuid.UUID | str] = []
         self.kinds: list[str | None] = []
+        self.sent: list[bool] = []
 
     def add(self, run_id: uuid.UUID | str, kind: str | None) -> None:
         self.run_ids.append(run_id)
         self.kinds.append(kind)
+        self.sent.append(False)
+        transaction.on_commit(_Wake(self, len(self.run_ids) - 1))
+
+    def send_from(self, index: int) -> None:
+        """Send the runs from `index` on that no hook has sent yet."""
+        unsent = [i for i in range(index, len(self.run_ids)) if not self.sent[i]]
+        for i in unsent:
+            self.sent[i] = True
+        wake_many([self.run_ids[i] for i in unsent], kinds=[self.kinds[i] for i in unsent])
+
+
+@dataclass(frozen=True)
+class _Wake:
+    """The on-commit hook of the `index`-th run of a batch."""
+
+    batch: _WakeBatch
+    index: int
 
     def __call__(self) -> None:
-        wake_many(self.run_ids, kinds=self.kinds)
+        self.batch.send_from(self.index)
 
 
 def wake_on_commit(run_id: uuid.UUID | str, countdown: float | None = None, *, kind: str | None = None) -> None:
     """Wake the run once the current transaction commits; a rollback sends nothing. Runs woken now (no countdown)
-    in one transaction go out together (wake_many)."""
+    one after another in one transaction go out together (wake_many)."""
     if countdown is None and connection.in_atomic_block and _batch_waker_path():
         _open_batch().add(run_id, kind)
         return
@@ -146,16 +190,12 @@ def wake_on_commit(run_id: uuid.UUID | str, countdown: float | None = None, *, k
 
 
 def _open_batch() -> _WakeBatch:
-    """This transaction's batch at the current savepoint level, registered as an on-commit hook on first use.
-
-    Found among the connection's pending hooks (Django keeps them, each with the savepoints active when it was
-    registered, in `run_on_commit`): one that a rollback discarded or a commit ran is no longer there."""
-    savepoints = set(connection.savepoint_ids)
-    for registered_in, hook, _robust in reversed(connection.run_on_commit):
-        if isinstance(hook, _WakeBatch):
-            if registered_in == savepoints:
-                return hook
-            break
-    batch = _WakeBatch()
-    transaction.on_commit(batch)
-    return batch
+    """The batch of the last hook registered in this transaction, if it is a run's and was registered at the
+    current savepoint level (Django keeps the pending hooks, each with the savepoints active when it was
+    registered, in `run_on_commit`); else a new one."""
+    pending = connection.run_on_commit
+    if pending:
+        registered_in, hook, _robust = pending[-1]
+        if isinstance(hook, _Wake) and registered_in == set(connection.savepoint_ids):
+            return hook.batch
+    return _WakeBatch()

@@ -143,13 +143,14 @@ def test_a_refused_batch_loses_nothing_the_sweep_wakes_the_runs_again(caplog):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_with_a_model_queue_a_batch_holds_one_queue_s_runs():
+def test_with_a_model_queue_a_batch_holds_the_default_queue_s_runs_only():
     with _in_process(MODEL_QUEUE=MODEL_QUEUE), transaction.atomic():
         plain = _start(2, "eager", {"steps": 1})
         model_bound = _start(2, "approve_briefed", {})
         plain += _start(1, "eager", {"steps": 1})
-    by_queue = {routed.get("queue"): run_ids for run_ids, routed in batches}
-    assert by_queue == {None: plain, MODEL_QUEUE: model_bound}
+    assert batches == [(plain, {})]
+    # Model-bound runs each get a message of their own (tests/integration/test_attacks_wake_batches.py).
+    assert woken == [(run_id, {"queue": MODEL_QUEUE}) for run_id in model_bound]
 
 
 # --- in this process: a run's last commit claims the batch's next run --------------------------------------------
@@ -310,7 +311,8 @@ def test_workers__forty_runs_started_together_take_four_messages_and_each_runs_o
 @pytest.mark.django_db(transaction=True)
 def test_workers__a_spent_slice_passes_the_rest_of_its_batch_on_and_every_run_completes(start_worker):
     # Each step sleeps 20 ms and the slice is 1 ms: whatever the machine's speed, a batch's task runs one run and
-    # passes the others on in a new message, which does the same.
+    # passes each of the others on in a message of its own, so none waits behind more than one spent slice (passed
+    # on as one batch, the n-th run would wait behind n - 1 of them: the model queue's runs one model call each).
     short = {**ON, "EAGER_SLICE_MS": 1.0}
     _counter().delete(BATCHES_KEY)
     _worker(start_worker, short)
@@ -318,9 +320,8 @@ def test_workers__a_spent_slice_passes_the_rest_of_its_batch_on_and_every_run_co
     for run_id in ids:
         wait_for_run(run_id, "completed", timeout=120)
     _assert_each_step_once(ids)
-    assert int(_counter().get(BATCHES_KEY) or 0) == 4, "5 runs: a batch of 5, then of 4, 3 and 2; the last alone"
-    # The n-th run was in n messages: every batch before its turn came, and its own (the last one's plain).
-    assert [_deliveries(run_id) for run_id in ids] == [1, 2, 3, 4, 5]
+    assert int(_counter().get(BATCHES_KEY) or 0) == 1, "5 runs: one batch, then a message each for the 4 left"
+    assert [_deliveries(run_id) for run_id in ids] == [1, 2, 2, 2, 2]
 
 
 @pytest.mark.django_db(transaction=True)
