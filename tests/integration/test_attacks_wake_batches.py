@@ -130,15 +130,23 @@ def test_a_spent_slice_the_broker_refuses_to_pass_on_advances_the_rest_itself(ca
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_run_id_that_raises_mid_batch_fails_the_task_once_the_runs_after_it_have_their_message():
-    """A garbage id in a batch does what it does alone (the task fails); the runs before it were advanced and
-    those after it are passed on, never dropped with it."""
+def test_a_run_whose_advance_raises_mid_batch_fails_the_task_once_the_runs_after_it_have_their_message(monkeypatch):
+    """A run whose advance raises in a batch does what it does alone (the task fails); the runs before it were
+    advanced and those after it are passed on, never dropped with it."""
     with _in_process(), transaction.atomic():
-        ids = [_start() for _ in range(3)]
-    with _in_process(), pytest.raises(ValueError):
-        tasks.advance_many.run([ids[0], "not-a-run-id", ids[1], ids[2]])
+        ids = [_start() for _ in range(4)]
+    advance_slice = tasks.engine_advance.advance_slice
+
+    def raising_for_the_second(run_id, **kwargs):
+        if str(run_id) == ids[1]:
+            raise RuntimeError("the database said no")
+        return advance_slice(run_id, **kwargs)
+
+    monkeypatch.setattr(tasks.engine_advance, "advance_slice", raising_for_the_second)
+    with _in_process(), pytest.raises(RuntimeError):
+        tasks.advance_many.run(ids)
     assert Run.objects.get(pk=ids[0]).status == RunStatus.COMPLETED
-    assert order == [[ids[1], ids[2]]], "the runs after the raising one were not passed on"
+    assert order == [[ids[2], ids[3]]], "the runs after the raising one were not passed on"
 
 
 # --- a batch never makes its runs wait on each other's slow steps ----------------------------------------------------
