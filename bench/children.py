@@ -11,7 +11,8 @@
   pass that re-checks every join (all due), and a pass right after (each checked join waits
   IDLE_RESWEEP_SECONDS), against a pass over the same database with no join due.
 
-Uses its own database, `durable_bench_children`, and Redis DB 13. Prints figures; asserts nothing.
+BENCH_DATABASE names its database (default `durable_bench_children`, dropped and created) and BENCH_BROKER_URL its
+Redis database (default DB 13, emptied). Prints figures; asserts nothing.
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-DB_NAME = "durable_bench_children"
-BROKER = "redis://127.0.0.1:6379/13"
+DB_NAME = os.environ.get("BENCH_DATABASE", "durable_bench_children")
+BROKER = os.environ.get("BENCH_BROKER_URL", "redis://127.0.0.1:6379/13")
 os.environ.update(
     DJANGO_SETTINGS_MODULE="tests.settings",  # its test app has the fan-out workflows (tests/testapp/family.py)
     DJANGO_LOCAL_SECRET_KEY="1",
