@@ -25,7 +25,7 @@ from django.utils import timezone
 from durable_agents import api, tasks
 from durable_agents.engine import transitions
 from durable_agents.engine.lease import lease_seconds
-from durable_agents.models import Event, Run, RunStatus
+from durable_agents.models import Event, Run
 from durable_agents.signals import run_finished, step_committed
 from tests.testapp.models import Execution
 
