@@ -25,9 +25,12 @@ from django.utils import timezone
 from durable_agents import api, tasks
 from durable_agents.engine import transitions
 from durable_agents.engine.lease import lease_seconds
-from durable_agents.models import Event, Run
+from durable_agents.engine.payloads import StoredResult
+from durable_agents.models import Event, Run, RunStatus
 from durable_agents.signals import run_finished, step_committed
-from tests.testapp.models import Execution
+from durable_agents.testing import wait_for_run
+from tests.integration.test_wake_batches import _worker
+from tests.testapp.models import Execution, LedgerEntry
 
 woken: list[str] = []
 batches: list[list[str]] = []
@@ -128,3 +131,78 @@ def test_eager__a_worker_paused_after_the_commit_that_claimed_the_next_step_prov
         "step 2's body ran under a claim the worker had lost while paused"
     )
     assert Run.objects.get(pk=run_id).lease_token == taker["token"]
+
+
+# --- the next run: not admitted, cancelled once claimed ----------------------------------------------------------
+
+
+def _finish_and_claim(run_id: str, next_id: str):
+    claimed = transitions.claim_run(uuid.UUID(run_id))
+    assert claimed is not None
+    claim, step = claimed
+    return transitions.checkpoint_and_claim_next(
+        claim, step, StoredResult({"done": True}), uuid.UUID(next_id), model_bound=True, plain=True
+    )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_cross_claim__a_keyed_run_not_admitted_is_never_claimed():
+    with _in_process(), transaction.atomic():
+        first = str(api.start("eager", {"steps": 1}).id)
+        holder = api.start("keyed", {"customer": "k1"})
+        queued = api.start("keyed", {"customer": "k1"})
+    assert Run.objects.get(pk=holder.id).admitted_at is not None and Run.objects.get(pk=queued.id).admitted_at is None
+    committed, claimed = _finish_and_claim(first, str(queued.id))
+    assert committed is transitions.Committed.FINISHED and claimed is None, "a queued run was claimed"
+    assert Run.objects.get(pk=queued.id).status == RunStatus.PENDING and Run.objects.get(pk=queued.id).attempt == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_cross_claim__a_cancel_requested_after_the_next_run_was_claimed_is_settled_after_its_step():
+    """B is claimed by A's commit, then cancelled before this task runs it: B's step (already claimed) may run, but
+    B never completes — its last commit checkpoints and the cancel is settled."""
+    first, following = _start_together(2)
+
+    def cancel_following(sender, run_id, **kwargs) -> None:
+        if str(run_id) == first:
+            api.cancel(following, "not wanted")
+
+    run_finished.connect(cancel_following, dispatch_uid="attacks-batches2-cancel")
+    try:
+        with _in_process(**LONG):
+            tasks.advance_many.run([first, following])
+    finally:
+        run_finished.disconnect(dispatch_uid="attacks-batches2-cancel")
+    after = Run.objects.get(pk=following)
+    assert after.status == RunStatus.CANCELLED, f"a cancel requested of a claimed run was lost: {after.status}"
+    assert after.lease_owner == "" and Execution.objects.filter(run_id=following).count() <= 1
+
+
+# --- a death between the commit that claimed the next run and that run's step (real workers) ---------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_workers__the_claimer_dies_after_the_commit_that_claimed_the_next_run_the_run_is_taken_over_once(
+    start_worker,
+):
+    """This process plays the worker that dies: it commits A's last step, which claims B, and never runs B (as after
+    a SIGKILL right after that statement). The batch is delivered again to a real worker: A is finished, B's lease
+    is held by the dead claimer until it expires, then the sweep's re-wake takes B over (a claim: new token,
+    attempt 2); C runs. Each body runs once; no run is left behind."""
+    ids = _start_together(3, data={"steps": 1, "effects": True})
+    first, following, last = ids
+    dead_token = None
+    with _in_process(**LONG):
+        committed, claimed = _finish_and_claim(first, following)
+        assert committed is transitions.Committed.FINISHED and claimed is not None
+        dead_token = claimed[0].token
+    on = {"WAKE_BATCH_SIZE": 10, "EAGER_SLICE_MS": 600_000.0, "EAGER_MAX_STEPS": 10}
+    _worker(start_worker, on, beat=True)
+    tasks.wake_many(ids)  # the dead worker's batch, delivered again
+    for run_id in ids:
+        wait_for_run(run_id, "completed", timeout=120)
+    assert not Execution.objects.filter(run_id=first).exists(), "A's committed step ran again"
+    assert [Execution.objects.filter(run_id=run_id).count() for run_id in (following, last)] == [1, 1]
+    taken = Event.objects.get(run_id=following, kind="lease_takeover")
+    assert taken.detail["token"] > dead_token and taken.detail["attempt"] == 1, "the dead claim's attempt is counted"
+    assert LedgerEntry.objects.filter(kind="eager").count() == 2, "an effect repeated or was lost"
