@@ -29,6 +29,7 @@ from durable_agents.engine.payloads import StoredResult
 from durable_agents.models import Event, Run, RunStatus
 from durable_agents.signals import run_finished, step_committed
 from durable_agents.testing import wait_for_run
+from tests.integration.test_concurrency_keys import _max_overlap
 from tests.integration.test_wake_batches import _worker
 from tests.testapp.models import Execution, LedgerEntry
 
@@ -206,3 +207,27 @@ def test_workers__the_claimer_dies_after_the_commit_that_claimed_the_next_run_th
     taken = Event.objects.get(run_id=following, kind="lease_takeover")
     assert taken.detail["token"] > dead_token and taken.detail["attempt"] == 1, "the dead claim's attempt is counted"
     assert LedgerEntry.objects.filter(kind="eager").count() == 2, "an effect repeated or was lost"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_workers__keyed_and_plain_runs_in_batches_delivered_twice_in_opposite_orders_never_exceed_the_key(
+    start_worker,
+):
+    """Keyed runs (limit 1) and plain ones woken in one batch, then the batch delivered twice more, once reversed, to
+    two workers: a cross-claim takes only admitted runs, so the key's runs never overlap, and each step runs once."""
+    on = {"WAKE_BATCH_SIZE": 20, "EAGER_SLICE_MS": 600_000.0, "EAGER_MAX_STEPS": 10}
+    _worker(start_worker, on, beat=True)
+    _worker(start_worker, on)
+    with override_settings(DURABLE_AGENTS={**settings.DURABLE_AGENTS, **on}), transaction.atomic():
+        keyed, plain = [], []
+        for _ in range(6):
+            keyed.append(str(api.start("keyed", {"customer": "race", "sleep_ms": [5, 20]}).id))
+            plain.append(str(api.start("eager", {"steps": 2, "sleep_ms": [5, 20]}).id))
+    everything = [run_id for pair in zip(keyed, plain, strict=True) for run_id in pair]
+    tasks.wake_many(everything)
+    tasks.wake_many(list(reversed(everything)))
+    for run_id in everything:
+        wait_for_run(run_id, "completed", timeout=180)
+    assert _max_overlap(keyed) == 1, "two runs of a key with limit 1 were in flight at once"
+    assert Execution.objects.filter(run_id__in=everything).count() == 24, "a step body ran twice or not at all"
+    assert not Execution.objects.filter(run_id__in=everything, after_commit=True).exists(), "a committed step ran again"
