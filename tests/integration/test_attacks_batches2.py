@@ -231,3 +231,38 @@ def test_workers__keyed_and_plain_runs_in_batches_delivered_twice_in_opposite_or
     assert _max_overlap(keyed) == 1, "two runs of a key with limit 1 were in flight at once"
     assert Execution.objects.filter(run_id__in=everything).count() == 24, "a step body ran twice or not at all"
     assert not Execution.objects.filter(run_id__in=everything, after_commit=True).exists(), "a committed step ran again"
+
+
+# --- a parent's join met while its children are being batch-advanced ----------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_children__a_join_met_while_the_children_s_batch_runs_cancels_the_rest_even_the_cross_claimed_one():
+    """A fan-out (join "any") starts four children, woken as one batch. Child 0's last commit claims child 1 for this
+    task; child 0's end meets the join and the parent runs (here: in child 0's run_finished receiver), cancelling the
+    children still live — child 1 while this task holds it. Child 1's step may run (it was claimed before the
+    cancel), but it never completes; children 2 and 3 never run; no child is left held; the parent completes."""
+    with _in_process(**LONG):
+        parent = str(api.start("fan_any", {"items": [{"item": i} for i in range(4)]}).id)
+        tasks.advance.run(parent)
+        kids = [run_id for batch in batches for run_id in batch]
+    assert len(kids) == 4, f"the children were not woken as one batch: {batches} {woken}"
+    ran_parent: list[str] = []
+
+    def parent_runs(sender, run_id, **kwargs) -> None:
+        if str(run_id) == kids[0] and not ran_parent:
+            ran_parent.append(tasks.advance.run(parent))
+
+    run_finished.connect(parent_runs, dispatch_uid="attacks-batches2-join")
+    try:
+        with _in_process(**LONG):
+            tasks.advance_many.run(kids)
+    finally:
+        run_finished.disconnect(dispatch_uid="attacks-batches2-join")
+    assert ran_parent, "child 0's end did not reach the receiver"
+    statuses = dict(Run.objects.filter(pk__in=kids).values_list("id", "status"))
+    assert [statuses[uuid.UUID(k)] for k in kids] == ["completed", "cancelled", "cancelled", "cancelled"]
+    assert not Run.objects.filter(pk__in=kids).exclude(lease_owner="").exists(), "a child was left held"
+    assert not Execution.objects.filter(run_id__in=kids[2:], step_id="work").exists(), "a cancelled child ran"
+    assert Execution.objects.filter(run_id=kids[1], step_id="work").count() <= 1
+    assert Run.objects.get(pk=parent).status == RunStatus.COMPLETED
