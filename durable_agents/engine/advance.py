@@ -121,7 +121,6 @@ def _claim_kept(run_id: uuid.UUID) -> tuple[Claim, Step | None] | None:
 
 
 def _advance_claimed(run_id: uuid.UUID, claimed: tuple[Claim, Step | None] | None, eager: Slice | None) -> Outcome:
-    claimed_at = time.monotonic()
     if claimed is None:
         # Most unclaimable deliveries are duplicates: a read, not a write, tells whether a cancel waits.
         found = list(Run.objects.filter(pk=run_id).values_list("cancel_requested_at", flat=True)[:1])
@@ -142,7 +141,7 @@ def _advance_claimed(run_id: uuid.UUID, claimed: tuple[Claim, Step | None] | Non
     if step is None:
         return _finish_empty(claim)
     try:
-        return _advance(claim, step, claimed_at, eager)
+        return _advance(claim, step, eager)
     except LeaseLostError:
         # Another worker holds the run now: this worker's work is discarded, never recorded as a failure.
         return _rejected(claim, step)
@@ -185,7 +184,7 @@ def _fail_unrecorded(claim: Claim, step: Step, exc: Exception) -> Outcome:
         return _rejected(claim, step)
 
 
-def _advance(claim: Claim, step: Step, claimed_at: float, eager: Slice | None) -> Outcome:
+def _advance(claim: Claim, step: Step, eager: Slice | None) -> Outcome:
     run = step.run
     log = run_logger("durable_agents.engine", run.id, step.step_id, claim.attempt)
     try:
@@ -211,9 +210,10 @@ def _advance(claim: Claim, step: Step, claimed_at: float, eager: Slice | None) -
     if guarded is not None:
         return guarded
 
-    # A worker paused between its claim and the step (SIGSTOP, a GC storm) may have been taken over:
-    # prove the lease again before running the step body, so a thawed zombie stops here.
-    if time.monotonic() - claimed_at > lease_seconds() / 3 and not renew_lease(claim):
+    # A worker paused between its claim and the step (SIGSTOP, a GC storm, a slow receiver of the commit that made
+    # the claim) may have been taken over: prove the lease again before running the step body, so a thawed zombie
+    # stops here. Timed from the claim itself: one made by the previous commit is older than this call.
+    if time.monotonic() - claim.taken > lease_seconds() / 3 and not renew_lease(claim):
         return _rejected(claim, step)
     log.debug("step start")
     with Heartbeat(claim) as beat:

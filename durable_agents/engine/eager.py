@@ -25,7 +25,9 @@ What holds (the guarantees of DESIGN.md §2 are those of one step per task, step
   returns (acks_late, requeued when a pool process is lost), is delivered again and its claim takes the
   step under the cursor (a message carries a run, never a step, so a redelivery after a commit advances);
   and the sweep re-wakes a runnable run with a free lease and no progress for IDLE_RESWEEP_SECONDS. A death
-  after the next claim is a death mid-step: the lease expires and the sweep re-wakes the run.
+  after the next claim is a death mid-step: the lease expires and the sweep re-wakes the run. A claim made by a
+  commit is as old as that commit: a task paused after it (a slow signal receiver, SIGSTOP) proves the lease again
+  before the step body runs, as it would for a claim of its own (Claim.taken).
 * A step body runs at least once, and again only after a death or a lost lease, as with one step per task;
   effects through the effect API apply once (their keys do not depend on which task ran the step).
 """

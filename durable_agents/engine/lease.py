@@ -13,7 +13,7 @@ import socket
 import threading
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -63,6 +63,9 @@ class Claim:
     # The holder this claim took over from (previous_owner): when it had claimed, and when its lease ran out.
     previous_claimed_at: datetime | None = None
     previous_expires_at: datetime | None = None
+    # When this process got the claim (time.monotonic()): a claim made ahead of its step — by the commit before it,
+    # for the slice's next step or the batch's next run — is as old as that commit, not as the step's start.
+    taken: float = field(default_factory=time.monotonic, compare=False)
 
 
 def as_uuid(run_id: uuid.UUID | str) -> uuid.UUID:
