@@ -215,10 +215,12 @@ def concurrency_note(run: Run, position: int | None = None) -> str:
         return ""
     if run.is_queued:
         position = position or queue_position(run)
-        return (
-            f"waiting for concurrency key {key!r} (position {position}): it starts when one of the "
-            f"{run.concurrency_limit} run{'s' if run.concurrency_limit != 1 else ''} holding the key ends"
+        holders = (
+            "the run holding the key ends"
+            if run.concurrency_limit == 1
+            else f"one of the {run.concurrency_limit} runs holding the key ends"
         )
+        return f"waiting for concurrency key {key!r} (position {position}): it starts when {holders}"
     if run.admitted_at is None:
         return f"concurrency key {key!r}: not admitted"
     if run.is_finished:

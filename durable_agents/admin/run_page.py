@@ -43,6 +43,7 @@ from durable_agents.models import (
     StepStatus,
     Turn,
     Wait,
+    WaitKind,
     WaitStatus,
 )
 from durable_agents.operations import concurrency_note
@@ -480,6 +481,8 @@ def _step_status(step: Step, run: Run, undone: list[Effect]) -> str:
 def _wait_status(wait: Wait, run: Run) -> str:
     if wait.status == WaitStatus.OPEN and run.is_finished:
         return f"{run.status} with its run"
+    if wait.status == WaitStatus.APPROVED and wait.kind == WaitKind.CHILDREN:
+        return "joined"  # its children met the join: nobody approved anything
     return wait.status
 
 

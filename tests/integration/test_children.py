@@ -212,6 +212,7 @@ def test_admin__run_page_links_parent_and_children():
     operator = login("operator")
     parent_page = operator.get(reverse("admin:durable_agents_run_change", args=[run.pk])).content.decode()
     assert "2 child runs: completed 1, failed 1" in " ".join(parent_page.split())
+    assert ">joined</span>" in parent_page and ">approved</span>" not in parent_page, "a join is no approval"
     for kid in kids:
         assert reverse("admin:durable_agents_run_change", args=[kid.pk]) in parent_page, "each child is linked"
     child_page = operator.get(reverse("admin:durable_agents_run_change", args=[kids[1].pk])).content.decode()

@@ -279,6 +279,7 @@ def test_console__a_queued_run_says_what_it_waits_for():
     client = login("ops")
     listed = client.get(reverse("admin:durable_agents_run_changelist")).content.decode()
     assert "waiting for concurrency key &#x27;console-7&#x27; (position 1)" in listed, "the run list says why"
+    assert "it starts when the run holding the key ends" in listed
     assert "key console-7" in listed
     only_queued = client.get(reverse("admin:durable_agents_run_changelist") + "?concurrency=queued").content.decode()
     assert str(queued.id)[:8] in only_queued and str(holder.id)[:8] not in only_queued
