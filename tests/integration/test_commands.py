@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import uuid
 from pathlib import Path
 
@@ -21,21 +19,6 @@ from durable_agents.testing import drive
 
 pytestmark = pytest.mark.django_db(transaction=True)
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-def manage(worker_env):
-    def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "django", *args],
-            cwd=ROOT,
-            env={**worker_env},
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-
-    return run
 
 
 def test_commands__start_show_runs_cancel_resume_round_trip(manage):

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import subprocess
-import sys
 import uuid
 from datetime import timedelta
 from pathlib import Path
@@ -265,21 +263,6 @@ def test_prune__races_a_worker_running_other_runs(start_worker):
         counts = Execution.objects.filter(run_id=run_id).values_list("step_id", flat=True)
         assert len(counts) == 40 and len(set(counts)) == 40, "every step of a live run ran exactly once"
     assert exists(live) == set(live)
-
-
-@pytest.fixture
-def manage(worker_env):
-    def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "django", *args],
-            cwd=ROOT,
-            env={**worker_env},
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-
-    return run
 
 
 @pytest.mark.parametrize(

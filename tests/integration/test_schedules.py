@@ -10,8 +10,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -358,21 +356,6 @@ def test_schedule__a_worker_sigkilled_inside_the_sweeps_transaction_starts_the_s
 
 
 # The command line
-
-
-@pytest.fixture
-def manage(worker_env):
-    def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "django", *args],
-            cwd=ROOT,
-            env={**worker_env},
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-
-    return run
 
 
 def test_durable_schedules__lists_pauses_and_resumes(manage):
