@@ -9,6 +9,9 @@ To run some of them directly: `python -m pytest --ds tests.example_settings test
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -60,3 +63,15 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
     if not is_example_session() and is_example_test(collection_path):
         return True
     return None
+
+
+@pytest.fixture
+def manage(worker_env) -> Callable[..., subprocess.CompletedProcess[str]]:
+    """Run `manage.py ARGS` in a subprocess with the workers' environment (this test's database and settings)."""
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "manage.py", *args], cwd=ROOT, env=worker_env, capture_output=True, text=True, timeout=120
+        )
+
+    return run

@@ -11,10 +11,7 @@ from __future__ import annotations
 
 import os
 import random
-import subprocess
-import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -38,7 +35,6 @@ from durable_agents.testing.fake_anthropic import FakeAnthropic, RecordedRequest
 from project.refunds import script
 from project.refunds.models import Order, OutboundEmail, Refund
 from project.refunds.script import next_move
-from tests.chaos.fleet import ROOT
 from tests.chaos.workload import Case, make_cases, seed, timeout
 from tests.testapp.models import Execution, LedgerEntry
 
@@ -356,16 +352,6 @@ ARGPARSE_CASES = [
     ("decide-neither-approve-nor-reject", lambda w: ["durable_decide", str(w.wait.pk)], "--approve"),
     ("migrate-version-missing", lambda w: ["durable_migrate", str(w.pending.id)], "--version"),
 ]
-
-
-@pytest.fixture
-def manage(worker_env) -> Callable[..., subprocess.CompletedProcess[str]]:
-    def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "manage.py", *args], cwd=ROOT, env=worker_env, capture_output=True, text=True, timeout=120
-        )
-
-    return run
 
 
 @pytest.mark.parametrize(("args", "message"), [pytest.param(a, m, id=i) for i, a, m in CLI_CASES])

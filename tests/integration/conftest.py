@@ -1,9 +1,5 @@
 """Integration tests prove the guarantees on real Postgres, Redis and `celery worker` processes."""
 
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 from django.conf import settings
 from django.db import connection
@@ -11,7 +7,6 @@ from django.test import override_settings
 
 MODEL_QUEUE = "durable-model"
 ROUTED = {"MODEL_QUEUE": MODEL_QUEUE}  # DURABLE_AGENTS for a test (and its workers) with a model worker
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(autouse=True)
@@ -26,20 +21,3 @@ def routed():
     """This process wakes model-bound steps on MODEL_QUEUE (workers get ROUTED via DURABLE_TEST_SETTINGS)."""
     with override_settings(DURABLE_AGENTS={**settings.DURABLE_AGENTS, **ROUTED}):
         yield
-
-
-@pytest.fixture
-def manage(worker_env):
-    """Run `python -m django ARGS` in a subprocess with the workers' environment (this test's database)."""
-
-    def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "django", *args],
-            cwd=ROOT,
-            env={**worker_env},
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-
-    return run

@@ -13,7 +13,6 @@ from durable_agents.models import Effect, EffectStatus, Event, Run, RunStatus
 from durable_agents.testing import drive
 from durable_agents.testing.receiver import IdempotentReceiver
 from tests.integration.test_admin import action_url, login, page_url
-from tests.integration.test_commands import manage  # noqa: F401 - the fixture
 from tests.testapp.trust import HOOKS
 
 pytestmark = pytest.mark.django_db(transaction=True)
