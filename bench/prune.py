@@ -1,6 +1,7 @@
 """Prune beside a live engine: step latency while `durable_prune` deletes old runs, against an idle database.
 
     python bench/prune.py [--runs 200000] [--batch 200] [--pause 0.25] [--chains 2] [--steps 200]
+                          [--idle-seconds S] [--seed-only | --reuse]
 
 Writes --runs finished refund_agent runs a year old (real rows, copied in SQL: bench/records.py), starts a
 `celery worker` (prefork, 2 processes), and measures the same workload twice in the same run: --chains runs of
@@ -9,7 +10,9 @@ the prune will take (measured on a first pass), then while `manage.py durable_pr
 subprocess. A step's latency is the time from the previous step's commit to its own (claim, body, commit and,
 between tasks, a broker hop): p50, p95 and p99 of each phase and their ratio (the goal: p95 within 20 %).
 Prints figures; asserts nothing. BENCH_DATABASE names the database (dropped and created); BENCH_BROKER_URL the
-Redis database (emptied).
+Redis database (emptied). Seeding a million runs takes a while: `--seed-only` writes them and stops, and a later
+`--reuse` measures on what is there (the database kept, topped up to --runs), so the measurement can wait for
+a quiet machine.
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ def prepare() -> None:
     subprocess.run(["redis-cli", "-u", BROKER, "flushdb"], check=True, capture_output=True)
 
 
-if __name__ == "__main__":
+if __name__ == "__main__" and "--reuse" not in sys.argv:
     prepare()
 
 import django  # noqa: E402
@@ -65,8 +68,10 @@ OLD = timedelta(days=365)
 
 
 def seed(total: int) -> float:
-    templates = real_runs()
     began = time.monotonic()
+    if Run.objects.filter(workflow="refund_agent").count() >= total:
+        return 0.0  # --reuse, and there already
+    templates = real_runs()
     per_chunk = 2000
     while (left := total - Run.objects.filter(workflow="refund_agent").count()) > 0:
         copy_runs(templates, max(1, min(per_chunk, left // len(templates))), status="completed", age=OLD)
@@ -154,11 +159,16 @@ def main() -> None:
     parser.add_argument("--chains", type=int, default=2)
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--idle-seconds", type=float, default=0, help="idle phase length (0: as long as the prune)")
+    kept = parser.add_mutually_exclusive_group()
+    kept.add_argument("--seed-only", action="store_true", help="write the runs and stop (measure later: --reuse)")
+    kept.add_argument("--reuse", action="store_true", help="keep the database and its runs (topped up to --runs)")
     args = parser.parse_args()
 
     took = seed(args.runs)
     rows = {m.__name__: m.objects.count() for m in (Run, Step)}
-    print(f"seeded {args.runs:,} finished refund_agent runs a year old in {took:.0f} s ({rows})")
+    print(f"seeded {args.runs:,} finished refund_agent runs a year old in {took:.0f} s ({rows})", flush=True)
+    if args.seed_only:
+        return
     worker = WorkerProcess(name="bench-prune", pool="prefork", concurrency=2, cwd=ROOT).start()
     try:
         pruned: dict[str, object] = {}

@@ -7,6 +7,9 @@ key, "schedule:<name>:<slot in UTC>", makes any other repeat (two sweeps on SQLi
 return the slot's first run instead of a second one.
 
 Slots are computed in the schedule's time zone on the database's clock (`clock.now()`), never a worker's.
+Daylight saving follows Vixie cron: when the clocks go back, a fixed hour (`30 2 * * *`, `@daily`) fires in
+the first pass of the repeated hour only, and an hour field starting with `*` (`*/30 * * * *`) follows real
+time, firing in both; when they go forward, a time in the missing hour fires at the first minute after it.
 Missed slots (beat down, a deploy): SKIP starts only the latest, CATCH_UP each, oldest first, at most
 `catch_up_limit` (the most recent ones). Paused slots are never owed: resuming starts from the next slot.
 """
@@ -14,6 +17,7 @@ Missed slots (beat down, a deploy): SKIP starts only the latest, CATCH_UP each, 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -82,26 +86,42 @@ def check_cron(cron: str) -> str:
     return expression
 
 
+def each_slot(cron: str, tz: str, moment: datetime, *, backward: bool = False) -> Iterator[datetime]:
+    """The slots strictly after `moment` (or, `backward`, before it, latest first), in UTC.
+
+    A fixed hour's second pass through an hour the clocks repeat is not a slot (see the module's docstring).
+    """
+    local = zone(tz)
+    walk = croniter(cron, moment.astimezone(local))
+    step = walk.get_prev if backward else walk.get_next
+    once_a_day = not _follows_real_time(cron)
+    while True:
+        slot = step(datetime)
+        if once_a_day and _second_pass(slot, local):
+            continue
+        yield _utc(slot)
+
+
 def slot_after(cron: str, tz: str, moment: datetime) -> datetime:
     """The first slot strictly after `moment`, in UTC."""
-    return _utc(croniter(cron, moment.astimezone(zone(tz))).get_next(datetime))
+    return next(each_slot(cron, tz, moment))
 
 
 def owed_slots(schedule: Schedule, now: datetime) -> Slots:
     """The slots due at `now` (from `next_slot` on) that the schedule's missed-slot policy starts."""
     limit = 1 if schedule.missed == MissedSlots.SKIP else max(1, schedule.catch_up_limit)
     # Walk back from the latest due slot: a month of missed minutes costs `limit` steps, not 43,200.
-    back = croniter(schedule.cron, (now + _JUST_AFTER).astimezone(zone(schedule.timezone)))
+    back = each_slot(schedule.cron, schedule.timezone, now + _JUST_AFTER, backward=True)
     due: list[datetime] = []
     while len(due) < limit:
-        slot = _utc(back.get_prev(datetime))
+        slot = next(back)
         if slot < schedule.next_slot:
             break
         due.append(slot)
     skipped = 0
     if due and len(due) == limit:
         # Count what the limit left out, bounded: the sweep must not walk a year of minutes to say so.
-        while skipped < CATCH_UP_MOST and _utc(back.get_prev(datetime)) >= schedule.next_slot:
+        while skipped < CATCH_UP_MOST and next(back) >= schedule.next_slot:
             skipped += 1
     return Slots(due=due[::-1], skipped=skipped, next_slot=slot_after(schedule.cron, schedule.timezone, now))
 
@@ -123,9 +143,12 @@ def _start_due(name: str, now: datetime) -> int:
             with transaction.atomic():
                 runs = [_start_slot_txn(schedule, slot, slots.skipped) for slot in slots.due]
         except DurableAgentsError as exc:
-            # The workflow was removed, or the input no longer fits it: keep the slot owed and say why.
-            logger.warning("schedule %s could not start its slot: %s", name, exc)
-            Schedule.objects.filter(pk=schedule.pk).update(last_error=storable_text(str(exc)), updated_at=clock.DbNow())
+            # The workflow was removed, or the input no longer fits it: keep the slot owed and say why (in the
+            # log once, not at every sweep; the admin and `durable_schedules` show it until it is mended).
+            error = storable_text(str(exc))
+            if error != schedule.last_error:
+                logger.warning("schedule %s could not start its slot: %s", name, exc)
+                Schedule.objects.filter(pk=schedule.pk).update(last_error=error, updated_at=clock.DbNow())
             return 0
         advance: dict[str, Any] = {"next_slot": slots.next_slot, "last_error": "", "updated_at": clock.DbNow()}
         if runs:
@@ -235,6 +258,19 @@ def _locked(name: str) -> Schedule:
     if schedule is None:
         raise ScheduleNotFoundError(f"no schedule is named {name!r}; `durable_schedules` lists them")
     return schedule
+
+
+def _follows_real_time(cron: str) -> bool:
+    """Vixie cron's test: an hour field starting with `*` (`@hourly` is `0 * * * *`)."""
+    return cron == "@hourly" or (not cron.startswith("@") and cron.split(" ")[1].startswith("*"))
+
+
+def _second_pass(slot: datetime, local: ZoneInfo) -> bool:
+    """True if `slot` is the later of two moments its wall-clock time names (the clocks went back over it)."""
+    wall = slot.replace(tzinfo=None)
+    first, second = wall.replace(tzinfo=local, fold=0), wall.replace(tzinfo=local, fold=1)
+    # In a repeated hour fold 0 is the earlier moment; in a missing one (clocks forward) it is the later.
+    return _utc(first) < _utc(second) and _utc(slot) == _utc(second)
 
 
 def _utc(moment: datetime) -> datetime:

@@ -211,6 +211,22 @@ def test_schedule__a_slot_that_cannot_start_stays_owed_and_says_why():
     assert sweep().scheduled == 1 and Schedule.objects.get(name="fragile").last_error == ""
 
 
+def test_schedule__a_slot_that_cannot_start_warns_once_not_at_every_sweep(caplog):
+    api.schedule("fragile", "record", cron="0 * * * *")
+    Schedule.objects.filter(name="fragile").update(workflow="removed_in_a_deploy")
+    clock.advance(timedelta(hours=1))
+    with caplog.at_level("WARNING", logger="durable_agents.engine"):
+        for _ in range(5):
+            sweep()
+            clock.advance(timedelta(seconds=30))
+    warnings = [r for r in caplog.records if "schedule fragile could not start" in r.getMessage()]
+    assert len(warnings) == 1, f"the same failure warned {len(warnings)} times; the admin shows it meanwhile"
+    Schedule.objects.filter(name="fragile").update(workflow="other_removed")
+    with caplog.at_level("WARNING", logger="durable_agents.engine"):
+        sweep()
+    assert "other_removed" in caplog.records[-1].getMessage(), "a different failure is a new warning"
+
+
 @pytest.mark.parametrize(
     ("kwargs", "error", "says"),
     [
