@@ -11,9 +11,11 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.test import override_settings
 
-from durable_agents import clock, retention
+from durable_agents import api, clock, retention
 from durable_agents.engine.archive import read_archive
 from durable_agents.models import Run, RunStatus
+from durable_agents.testing import drive
+from tests.testapp.models import LedgerEntry
 
 pytestmark = pytest.mark.django_db(transaction=True)
 POLICY = {"default": {"completed": "30d", "failed": "30d", "cancelled": "30d"}}
@@ -90,3 +92,29 @@ def test_archive__a_later_batch_with_the_same_ends_does_not_overwrite_a_deleted_
         kept = archived_run_ids(tmp_path)
     assert str(b) in kept, "b was deleted in the first pass: its archive must not be replaced by a later batch"
     assert Run.objects.count() == 0
+
+
+def test_prune__a_parent_rerun_from_its_fan_out_after_its_children_were_pruned_charges_nobody_twice():
+    """Children are pruned before their parent; a parent that stays (a longer policy, or the next pass) can be
+    rerun from its fan-out step, whose children are found by their key (parent, step, index): none is there."""
+    run = api.start("fan_collect", {"items": [{"item": i, "order_id": f"kid-{i}"} for i in range(2)]})
+    drive(run.id)
+    for child in Run.objects.filter(parent_id=run.id):
+        drive(child.id)
+    assert drive(run.id).status == RunStatus.COMPLETED
+    assert LedgerEntry.objects.filter(kind="charge").count() == 2
+    clock.advance(timedelta(days=400))
+    try:
+        # The parents' workflow is kept longer than its children's: the children go, the parent stays.
+        policy = {**POLICY, "fan_collect": {"completed": None}}
+        with override_settings(DURABLE_AGENTS={**settings.DURABLE_AGENTS, "RETENTION": policy}):
+            assert retention.prune().deleted == 2
+        assert list(Run.objects.values_list("id", flat=True)) == [run.id]
+        api.resume(run.id, from_step="fan")
+        rerun = drive(run.id)
+        for child in Run.objects.filter(parent_id=run.id):
+            drive(child.id)
+    finally:
+        clock.reset()
+    assert LedgerEntry.objects.filter(kind="charge").count() == 2, "a pruned child was started again: charged twice"
+    assert rerun.status == RunStatus.FAILED and "were pruned" in rerun.error["message"], rerun.error
