@@ -1,0 +1,38 @@
+"""Attacks on scheduled runs (issue 19): a schedule that cannot start must not stop the others."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from durable_agents import api, clock
+from durable_agents.api import PlannedStep, call, workflow
+from durable_agents.engine.sweep import sweep
+from durable_agents.models import Run, Schedule
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+def _reset_clock():
+    yield
+    clock.reset()
+
+
+def _plan_needs_n(run_input):
+    return [PlannedStep(f"work{run_input['n']}", "work")]  # KeyError on an input that no longer fits
+
+
+def test_schedule__a_plan_that_raises_on_its_input_does_not_stop_the_other_schedules(isolated_registries):
+    workflow("needs_n", steps=[call("work", lambda ctx: {})], plan=_plan_needs_n)
+    api.schedule("broken", "needs_n", cron="* * * * *", input={"m": 1})
+    api.schedule("healthy", "record", cron="* * * * *")
+    # The broken one is owed first (oldest next_slot): it sorts ahead of the healthy one at every sweep.
+    Schedule.objects.filter(name="broken").update(next_slot=clock.now() - timedelta(hours=1))
+    clock.advance(timedelta(minutes=2))
+    report = sweep()
+    assert report.scheduled == 1, report
+    assert Run.objects.filter(workflow="record").count() == 1, "the healthy schedule's slot was started"
+    broken = Schedule.objects.get(name="broken")
+    assert "'n'" in broken.last_error and broken.next_slot <= clock.now(), broken.last_error
