@@ -31,6 +31,8 @@ from durable_agents.tools import Tool
 ON_FAILURE_POLICIES = ("fail", "compensate")
 MISSING_VERSION_POLICIES = ("continue", "replan", "park")
 MAX_CONCURRENCY_LIMIT = 10_000
+# What a validator or plan function raises on an input it cannot read (missing key, wrong type): an input error.
+INPUT_SHAPE_ERRORS: tuple[type[Exception], ...] = (ValueError, TypeError, LookupError, AttributeError)
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,199}$")
 
 
@@ -226,12 +228,19 @@ class Workflow:
                 self.validate_input(run_input)
             except InvalidInputError:
                 raise
-            except (ValueError, TypeError, KeyError) as exc:
+            except INPUT_SHAPE_ERRORS as exc:
                 raise InvalidInputError(f"invalid input for {self.label}: {exc}") from exc
         if self.plan is None:
             planned = [PlannedStep(step_id=d.name, name=d.name) for d in self.steps]
         else:
-            planned = list(self.plan(run_input))
+            try:
+                planned = list(self.plan(run_input))
+            except InvalidInputError:
+                raise
+            except INPUT_SHAPE_ERRORS as exc:
+                # An input the plan cannot read (a schedule's input after a deploy): a clear input error that the
+                # caller (start, a schedule's sweep, a child's spawn) reports, not a crash of the caller.
+                raise InvalidInputError(f"invalid input for {self.label}: its plan raised {exc!r}") from exc
         names = {d.name for d in self.steps}
         ids: set[str] = set()
         for element in planned:

@@ -36,8 +36,14 @@ from durable_agents.engine.payloads import check_input
 from durable_agents.engine.records import locked, plan_row
 from durable_agents.engine.runs import cancel_run
 from durable_agents.engine.wake import wake_on_commit
-from durable_agents.errors import DefinitionError, InvalidInputError, InvalidTransitionError, UnknownWorkflowError
-from durable_agents.models import Run, Step, StepKind, Wait, WaitKind
+from durable_agents.errors import (
+    DefinitionError,
+    InvalidInputError,
+    InvalidTransitionError,
+    PermanentError,
+    UnknownWorkflowError,
+)
+from durable_agents.models import Event, Run, Step, StepKind, Wait, WaitKind
 from durable_agents.signals import run_finished, send_on_commit, wait_closed
 from durable_agents.states import ACTIVE_RUN_STATUSES, RunStatus, WaitOp, WaitStatus
 from durable_agents.workflows import registry
@@ -89,6 +95,7 @@ def spawn(parent: Run, step: Step, workflow: str, inputs: Sequence[Any]) -> int:
         missing = [i for i in range(len(inputs)) if i not in existing]
         if not missing:
             return 0
+        _refuse_restarting_pruned(parent, step, len(existing))
         runs: list[Run] = []
         rows: list[Step] = []
         for index in missing:
@@ -119,6 +126,18 @@ def spawn(parent: Run, step: Step, workflow: str, inputs: Sequence[Any]) -> int:
         record_event(parent.id, "children_started", step_id=step.step_id, count=len(runs), workflow=workflow)
         return len(runs)
     raise InvalidTransitionError(f"children of step {step.step_id!r} are being started elsewhere; retry")
+
+
+def _refuse_restarting_pruned(parent: Run, step: Step, existing: int) -> None:
+    """A step re-executed (a rerun, a resume) after retention pruned some of its children must not start them
+    again: under new run ids their effects would apply a second time. The parent's events count what it started."""
+    started = Event.objects.filter(run_id=parent.id, kind="children_started", step_id=step.step_id)
+    counted = sum(int((detail or {}).get("count") or 0) for detail in started.values_list("detail", flat=True))
+    if counted > existing:
+        raise PermanentError(
+            f"{counted - existing} of the {counted} child runs step {step.step_id!r} started were pruned; starting "
+            f"them again would repeat their effects: start the work as a new run (`manage.py durable_fork`) instead"
+        )
 
 
 def _insert(runs: list[Run], rows: list[Step]) -> None:

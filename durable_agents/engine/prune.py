@@ -18,11 +18,13 @@ Kept, whatever its age:
 The source becomes prunable once its forks are gone, a parent once its children are (the next pass takes it).
 
 Crash between archive and delete: the runs stay, and the next pass archives them again (maybe in another batch
-file); an archive is named by its batch's run-id range and rewritten whole, so readers dedupe by run id.
+file); an archive is named by its batch's run ids (range, count and a digest of them all) and rewritten whole,
+so readers dedupe by run id.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 import uuid
@@ -157,9 +159,12 @@ def prune(
 
 
 def archive_name(ids: list[uuid.UUID]) -> str:
-    """A batch's archive: named by its first and last run id, so writing the same batch again replaces it."""
+    """A batch's archive: named by its first and last run id and a digest of every id in it, so writing the same
+    batch again replaces it, and a later batch with the same ends and size (a run between them deleted, another
+    come due) never replaces the archive of a run already deleted."""
     first, last = str(ids[0]), str(ids[-1])
-    return f"durable_agents/archive/{first[:2]}/{first}--{last}--{len(ids)}.jsonl.gz"
+    digest = hashlib.sha256(b"".join(run_id.bytes for run_id in sorted(ids))).hexdigest()[:16]
+    return f"durable_agents/archive/{first[:2]}/{first}--{last}--{len(ids)}--{digest}.jsonl.gz"
 
 
 def delete_batch(chosen: dict[uuid.UUID, Fingerprint], eligible: Q) -> list[uuid.UUID]:
