@@ -13,9 +13,11 @@ Kept, whatever its age:
   keys live in the source's Effect rows — deleting them would let the fork apply the effect again;
 * a run one of whose effects another run relies on (Reliance) or another run's effect compensates;
 * a run with an effect pending or waiting for an operator (`needs_attention`): nothing fails silently;
-* a parent with child runs left (they point at it), and a child whose parent is not finished (its join reads
-  the children's rows).
+* a parent with child runs left (they point at it), and a child whose parent is not finished and due itself
+  (its join reads the children's rows; a rerun of its fan-out step finds its children by their key).
 The source becomes prunable once its forks are gone, a parent once its children are (the next pass takes it).
+A parent held by someone else while its children go is passed by, and may be rerun from its fan-out step before
+the next pass: that step then fails, saying its children were pruned, rather than start them again.
 
 Crash between archive and delete: the runs stay, and the next pass archives them again (maybe in another batch
 file); an archive is named by its batch's run ids (range, count and a digest of them all) and rewritten whole,
@@ -81,12 +83,14 @@ def prunable(eligible: Q) -> QuerySet[Run]:
     unsettled = Effect.objects.filter(run=OuterRef("pk")).filter(
         Q(status=EffectStatus.PENDING) | ~Q(needs_attention="")
     )
+    parent_due = Run.objects.filter(status__in=FINISHED_RUN_STATUSES).filter(eligible).filter(pk=OuterRef("parent"))
     return (
         Run.objects.filter(status__in=FINISHED_RUN_STATUSES)
         .filter(eligible)
         .exclude(Exists(Run.objects.filter(forked_from=OuterRef("pk"))))
         .exclude(Exists(Run.objects.filter(parent=OuterRef("pk"))))
-        .exclude(Q(parent__isnull=False) & ~Q(parent__status__in=FINISHED_RUN_STATUSES))
+        # A family goes together: a child only once its parent is finished and due itself.
+        .exclude(Q(parent__isnull=False) & ~Exists(parent_due))
         .exclude(Exists(others_relying))
         .exclude(Exists(others_compensating))
         .exclude(Exists(unsettled))

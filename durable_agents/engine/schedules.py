@@ -24,7 +24,7 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import CroniterError, croniter
-from django.db import IntegrityError, connection, transaction
+from django.db import DatabaseError, IntegrityError, connection, transaction
 
 from durable_agents import clock
 from durable_agents.conf import settings
@@ -142,12 +142,15 @@ def _start_due(name: str, now: datetime) -> int:
         try:
             with transaction.atomic():
                 runs = [_start_slot_txn(schedule, slot, slots.skipped) for slot in slots.due]
-        except DurableAgentsError as exc:
-            # The workflow was removed, or the input no longer fits it: keep the slot owed and say why (in the
-            # log once, not at every sweep; the admin and `durable_schedules` show it until it is mended).
-            error = storable_text(str(exc))
+        except DatabaseError:
+            raise  # the database's trouble is the sweep's, not this schedule's
+        except Exception as exc:  # noqa: BLE001 - one schedule's failure must not starve the schedules after it
+            # The workflow was removed, its input no longer fits, its plan raised: keep the slot owed and say why
+            # (logged once, not at every sweep; the admin and `durable_schedules` show it until it is mended).
+            expected = isinstance(exc, DurableAgentsError)
+            error = storable_text(str(exc) if expected else f"{type(exc).__name__}: {exc}")
             if error != schedule.last_error:
-                logger.warning("schedule %s could not start its slot: %s", name, exc)
+                logger.warning("schedule %s could not start its slot: %s", name, error, exc_info=not expected)
                 Schedule.objects.filter(pk=schedule.pk).update(last_error=error, updated_at=clock.DbNow())
             return 0
         advance: dict[str, Any] = {"next_slot": slots.next_slot, "last_error": "", "updated_at": clock.DbNow()}

@@ -94,21 +94,46 @@ def test_archive__a_later_batch_with_the_same_ends_does_not_overwrite_a_deleted_
     assert Run.objects.count() == 0
 
 
-def test_prune__a_parent_rerun_from_its_fan_out_after_its_children_were_pruned_charges_nobody_twice():
-    """Children are pruned before their parent; a parent that stays (a longer policy, or the next pass) can be
-    rerun from its fan-out step, whose children are found by their key (parent, step, index): none is there."""
+def finished_fan_out() -> Run:
     run = api.start("fan_collect", {"items": [{"item": i, "order_id": f"kid-{i}"} for i in range(2)]})
     drive(run.id)
     for child in Run.objects.filter(parent_id=run.id):
         drive(child.id)
     assert drive(run.id).status == RunStatus.COMPLETED
     assert LedgerEntry.objects.filter(kind="charge").count() == 2
+    return run
+
+
+def test_prune__children_stay_while_their_parent_is_kept():
+    """A family goes together: children are pruned only once their parent is due too (its policy, its age), so a
+    parent kept longer can still be rerun from its fan-out step and find its children by their key."""
+    run = finished_fan_out()
     clock.advance(timedelta(days=400))
     try:
-        # The parents' workflow is kept longer than its children's: the children go, the parent stays.
-        policy = {**POLICY, "fan_collect": {"completed": None}}
+        policy = {**POLICY, "fan_collect": {"completed": None}}  # the parents' workflow is kept for ever
         with override_settings(DURABLE_AGENTS={**settings.DURABLE_AGENTS, "RETENTION": policy}):
-            assert retention.prune().deleted == 2
+            assert retention.prune().deleted == 0
+            assert retention.prune(dry_run=True).selected == 0, "the dry run counts what a pass deletes"
+        assert Run.objects.count() == 3
+        api.resume(run.id, from_step="fan")
+        rerun = drive(run.id)
+    finally:
+        clock.reset()
+    assert rerun.status == RunStatus.COMPLETED, rerun.error
+    assert LedgerEntry.objects.filter(kind="charge").count() == 2, "the rerun found its children: none ran again"
+
+
+def test_prune__a_parent_rerun_from_its_fan_out_after_its_children_were_pruned_charges_nobody_twice():
+    """The window a family still has: the prune deletes the children, and an operator holds the parent (resuming
+    it) so the prune passes it by. Rerun from its fan-out step, the parent finds no child by its key (parent,
+    step, index): it must fail, not start them again under new ids."""
+    run = finished_fan_out()
+    clock.advance(timedelta(days=400))
+    try:
+        with override_settings(DURABLE_AGENTS={**settings.DURABLE_AGENTS, "RETENTION": POLICY}):
+            with Holder([run.id]):
+                report = retention.prune()
+            assert report.deleted == 2, report.as_dict()
         assert list(Run.objects.values_list("id", flat=True)) == [run.id]
         api.resume(run.id, from_step="fan")
         rerun = drive(run.id)

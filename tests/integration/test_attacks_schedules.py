@@ -40,6 +40,32 @@ def test_schedule__a_plan_that_raises_on_its_input_does_not_stop_the_other_sched
     assert "'n'" in broken.last_error and broken.next_slot <= clock.now(), broken.last_error
 
 
+class ReportDown(RuntimeError):
+    pass
+
+
+def _plan_calls_a_service(run_input):
+    raise ReportDown("the report service is down")  # any exception of the product's code, not only bad input
+
+
+def test_schedule__any_exception_starting_a_slot_stays_with_its_schedule(isolated_registries, caplog):
+    workflow("flaky_plan", steps=[call("work", lambda ctx: {})], plan=_plan_calls_a_service)
+    api.schedule("broken", "flaky_plan", cron="* * * * *")
+    api.schedule("healthy", "record", cron="* * * * *")
+    Schedule.objects.filter(name="broken").update(next_slot=clock.now() - timedelta(hours=1))
+    clock.advance(timedelta(minutes=2))
+    with caplog.at_level("WARNING", logger="durable_agents.engine"):
+        assert sweep().scheduled == 1
+        clock.advance(timedelta(minutes=1))
+        assert sweep().scheduled == 1
+    assert Run.objects.filter(workflow="record").count() == 2, "the healthy schedule went on at every sweep"
+    assert not Run.objects.filter(workflow="flaky_plan").exists()
+    broken = Schedule.objects.get(name="broken")
+    assert broken.last_error == "ReportDown: the report service is down" and broken.next_slot <= clock.now()
+    logged = [r for r in caplog.records if "schedule broken could not start" in r.getMessage()]
+    assert len(logged) == 1 and logged[0].exc_info, "logged once, with its traceback"
+
+
 @pytest.mark.parametrize(
     ("tz", "cron", "day"),
     [
