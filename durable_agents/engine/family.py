@@ -118,12 +118,14 @@ def spawn(parent: Run, step: Step, workflow: str, inputs: Sequence[Any]) -> int:
             runs.append(child)
             rows.extend(plan_row(child.id, definition, element, position) for position, element in enumerate(plan))
         try:
-            _insert(runs, rows)
+            with transaction.atomic():
+                _insert(runs, rows)
+                # With the children, never without: the count a re-execution checks after a prune (above).
+                record_event(parent.id, "children_started", step_id=step.step_id, count=len(runs), workflow=workflow)
         except IntegrityError as exc:
             if CHILD_CONSTRAINT not in str(exc):
                 raise
             continue  # another execution of this step (a zombie) started some of them: look again
-        record_event(parent.id, "children_started", step_id=step.step_id, count=len(runs), workflow=workflow)
         return len(runs)
     raise InvalidTransitionError(f"children of step {step.step_id!r} are being started elsewhere; retry")
 

@@ -143,3 +143,24 @@ def test_prune__a_parent_rerun_from_its_fan_out_after_its_children_were_pruned_c
         clock.reset()
     assert LedgerEntry.objects.filter(kind="charge").count() == 2, "a pruned child was started again: charged twice"
     assert rerun.status == RunStatus.FAILED and "were pruned" in rerun.error["message"], rerun.error
+
+
+def test_spawn__the_children_started_count_is_written_with_the_children_never_without(monkeypatch):
+    """The count a rerun checks after a prune is in the children's transaction: a crash between the two (here,
+    the event's insert failing) leaves neither, and the step starts them on its next execution."""
+    from durable_agents.engine import family
+
+    def crash(*args, **kwargs):
+        raise RuntimeError("killed between the children and their count")
+
+    monkeypatch.setattr(family, "record_event", crash)
+    run = api.start("fan_collect", {"items": [{"item": i, "order_id": f"kid-{i}"} for i in range(2)]})
+    drive(run.id)
+    assert not Run.objects.filter(parent_id=run.id).exists(), "children committed without their count"
+    monkeypatch.undo()
+    api.resume(run.id)  # the failed fan-out step, executed again
+    drive(run.id)
+    for child in Run.objects.filter(parent_id=run.id):
+        drive(child.id)
+    assert drive(run.id).status == RunStatus.COMPLETED
+    assert LedgerEntry.objects.filter(kind="charge").count() == 2
