@@ -7,9 +7,10 @@ key, "schedule:<name>:<slot in UTC>", makes any other repeat (two sweeps on SQLi
 return the slot's first run instead of a second one.
 
 Slots are computed in the schedule's time zone on the database's clock (`clock.now()`), never a worker's.
-Daylight saving follows Vixie cron: when the clocks go back, a fixed hour (`30 2 * * *`, `@daily`) fires in
-the first pass of the repeated hour only, and an hour field starting with `*` (`*/30 * * * *`) follows real
-time, firing in both; when they go forward, a time in the missing hour fires at the first minute after it.
+Daylight saving follows Vixie cron: when the clocks go back, a fixed time (`30 2 * * *`, `@daily`) fires in
+the first pass of the repeated hour only, and a minute or hour field starting with `*` (`*/30 * * * *`,
+`* 2 * * *`) follows real time, firing in both; when they go forward, a time in the missing hour fires at the
+first minute after it.
 Missed slots (beat down, a deploy): SKIP starts only the latest, CATCH_UP each, oldest first, at most
 `catch_up_limit` (the most recent ones). Paused slots are never owed: resuming starts from the next slot.
 """
@@ -89,15 +90,15 @@ def check_cron(cron: str) -> str:
 def each_slot(cron: str, tz: str, moment: datetime, *, backward: bool = False) -> Iterator[datetime]:
     """The slots strictly after `moment` (or, `backward`, before it, latest first), in UTC.
 
-    A fixed hour's second pass through an hour the clocks repeat is not a slot (see the module's docstring).
+    A fixed time's second pass through an hour the clocks repeat is not a slot (see the module's docstring).
     """
     local = zone(tz)
     walk = croniter(cron, moment.astimezone(local))
     step = walk.get_prev if backward else walk.get_next
-    once_a_day = not _follows_real_time(cron)
+    once = not _follows_real_time(cron)
     while True:
         slot = step(datetime)
-        if once_a_day and _second_pass(slot, local):
+        if once and _second_pass(slot, local):
             continue
         yield _utc(slot)
 
@@ -264,8 +265,11 @@ def _locked(name: str) -> Schedule:
 
 
 def _follows_real_time(cron: str) -> bool:
-    """Vixie cron's test: an hour field starting with `*` (`@hourly` is `0 * * * *`)."""
-    return cron == "@hourly" or (not cron.startswith("@") and cron.split(" ")[1].startswith("*"))
+    """Vixie cron's "wildcard job": a minute or hour field starting with `*` (`@hourly` is `0 * * * *`)."""
+    if cron.startswith("@"):
+        return cron == "@hourly"
+    minute, hour = cron.split(" ")[:2]
+    return minute.startswith("*") or hour.startswith("*")
 
 
 def _second_pass(slot: datetime, local: ZoneInfo) -> bool:

@@ -70,7 +70,7 @@ def test_schedule__any_exception_starting_a_slot_stays_with_its_schedule(isolate
     ("tz", "cron", "day"),
     [
         ("Australia/Lord_Howe", "45 1 * * *", "2026-04-05"),  # clocks back 30 minutes: 01:45 happens twice
-        ("Australia/Lord_Howe", "*/15 1 * * *", "2026-04-05"),  # a fixed hour: the repeated half hour fires once
+        ("Australia/Lord_Howe", "15,45 1 * * *", "2026-04-05"),  # fixed times: the repeated half hour fires once
         ("America/New_York", "30 1 * * *", "2026-11-01"),  # clocks back an hour: 01:30 happens twice
     ],
 )

@@ -1,7 +1,7 @@
 """Where a schedule's slots fall, across daylight-saving changes (pure functions: no database, no clock).
 
-Vixie cron's rule: a job at a fixed hour runs once a day, also on the day the clocks go back and that hour
-happens twice; a job whose hour field starts with `*` (`*`, `*/2`) follows real time, in both passes of the
+Vixie cron's rule: a job at a fixed time runs once, also on the day the clocks go back and its hour happens
+twice; a job whose minute or hour field starts with `*` (`*`, `*/15`) follows real time, in both passes of the
 repeated hour. On the day the clocks go forward, a fixed time in the missing hour runs at the
 first minute after it.
 """
@@ -45,6 +45,11 @@ def test_no_fixed_hour_doubles_on_the_day_the_clocks_go_back(cron):
 def test_an_hourly_schedule_runs_in_both_passes_of_the_repeated_hour():
     slots = walk("*/30 * * * *", PARIS, utc(2026, 10, 24, 23, 59), 6)
     assert slots == [utc(2026, 10, 25, 0, 0) + timedelta(minutes=30 * i) for i in range(6)]
+
+
+def test_a_wildcard_minute_in_a_fixed_hour_follows_real_time_through_both_passes():
+    slots = walk("*/20 2 * * *", PARIS, utc(2026, 10, 24, 23, 59), 6)
+    assert slots == [utc(2026, 10, 25, 0, 0) + timedelta(minutes=20 * i) for i in range(6)]
 
 
 def test_a_fixed_time_in_the_missing_hour_runs_once_just_after_it_when_the_clocks_go_forward():
