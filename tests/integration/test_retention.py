@@ -311,3 +311,18 @@ def test_checks__a_bad_policy_or_archive_alias_is_an_error_with_a_hint():
     assert "invalid duration 'a month'" in found["durable_agents.E011"].msg
     with retained():
         assert checks.check_retention() == []
+
+
+def test_prune__a_batch_of_runs_it_must_keep_does_not_end_the_pass():
+    """Candidates are read by age in id order, then checked: a whole batch of old runs that must be kept (here,
+    each with an effect waiting for an operator) is passed over, and the prunable runs behind it still go."""
+    ids = sorted(old_runs(7))
+    kept = ids[:4]
+    for run_id in kept:
+        Effect.objects.create(
+            run_id=run_id, idempotency_key=f"{run_id}:x", tool="ship", args_hash="h", needs_attention="outcome unknown"
+        )
+    with retained():
+        report = retention.prune(batch_size=2)
+    assert exists(ids) == set(kept)
+    assert (report.deleted, report.selected) == (3, 3), report.as_dict()
