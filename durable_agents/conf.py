@@ -333,11 +333,19 @@ SETTINGS: dict[str, Setting] = {
         at_most=100_000,
     ),
     "RETENTION_PAUSE_SECONDS": Setting(
-        0.25,
+        0.0,
         float,
-        "the prune rests this long between batches, so the engine's commits go first",
+        "the prune rests at least this long between batches (RETENTION_DUTY_CYCLE may ask for longer)",
         at_least=0,
         at_most=LONGEST_SECONDS,
+    ),
+    "RETENTION_DUTY_CYCLE": Setting(
+        0.1,
+        float,
+        "the share of the wall clock the prune may work: after a batch of t seconds it rests "
+        "t × (1 − share) / share, so a pass never takes more than this share of the database; 1: flat out",
+        at_least=0.01,
+        at_most=1,
     ),
     "RETENTION_ARCHIVE": Setting(
         None,

@@ -38,10 +38,6 @@ from durable_agents.models import (
 )
 from durable_agents.storable import check_text, shown, whole_number
 
-DURATION_RE = re.compile(r"^\s*(\d{1,12}(?:\.\d{1,9})?)\s*([smhdw])\s*$")
-DURATION_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
-# Longer ago than this is before any run; it also keeps `now - duration` inside datetime's range.
-MAX_DURATION = timedelta(days=100 * 365)
 # The admin and the demo print a run id's first 8 characters; 6 keep a typo from matching a run by chance.
 MIN_PREFIX = 6
 AMBIGUOUS_SHOWN = 3
@@ -103,17 +99,6 @@ def _ids_starting_with(digits: str) -> QuerySet[Run, uuid.UUID]:
 def find_run(text: uuid.UUID | str) -> Run:
     """The run an operator named by its id or by a unique prefix of it (see `resolve_run_id`)."""
     return get_run(resolve_run_id(text))
-
-
-def parse_duration(text: str) -> timedelta:
-    """'90s', '30m', '2h', '3d', '1w' → timedelta; anything else is a clear InvalidInputError."""
-    match = DURATION_RE.match(text or "") if isinstance(text, str) else None
-    if not match:
-        raise InvalidInputError(f"invalid duration {shown(text)}: use a number and a unit, e.g. 90s, 30m, 2h, 3d, 1w")
-    amount, unit = float(match.group(1)), DURATION_UNITS[match.group(2)]
-    if amount > MAX_DURATION / timedelta(**{unit: 1}):
-        raise InvalidInputError(f"duration {text.strip()!r} is longer than 100 years; give a shorter one, e.g. 52w")
-    return timedelta(**{unit: amount})
 
 
 def list_runs(

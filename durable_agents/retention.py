@@ -2,8 +2,10 @@
 
 The policy is DURABLE_AGENTS["RETENTION"]: per workflow name (or "default", for every other workflow), per
 finished status, an age as `durable_runs --older-than` writes one ("30d", "12h", "26w"), or None to keep
-for ever. A workflow's entry overrides the default status by status. No RETENTION (the default): nothing
-is pruned. Pending, running and waiting runs are never pruned, whatever the policy says.
+for ever. A workflow's entry overrides the default status by status. A workflow may also declare its own,
+`workflow(..., retention={"completed": "30d"})`: the settings' entry for it wins over that, status by status,
+and that over the settings' default. Nothing in the settings or the workflows (the default): nothing is
+pruned. Pending, running and waiting runs are never pruned, whatever the policy says.
 
 Example::
 
@@ -22,7 +24,7 @@ an operator touched last week is a week old, whenever it finished. The pass (`pr
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -30,14 +32,16 @@ from django.db.models import Count, Q
 
 from durable_agents import clock
 from durable_agents.conf import settings
+from durable_agents.durations import parse_duration
 from durable_agents.engine import prune as engine_prune
 from durable_agents.engine.archive import record_lines
 from durable_agents.engine.prune import PruneReport
 from durable_agents.engine.records import get_run
 from durable_agents.errors import InvalidInputError
-from durable_agents.operations import parse_duration, resolve_run_id
+from durable_agents.operations import resolve_run_id
 from durable_agents.states import FINISHED_RUN_STATUSES
 from durable_agents.storable import check_text, shown, whole_number
+from durable_agents.workflows import registry
 
 DEFAULT = "default"
 FROM_SETTINGS: Any = object()
@@ -46,21 +50,34 @@ STATUSES: tuple[str, ...] = tuple(str(status) for status in FINISHED_RUN_STATUSE
 
 @dataclass(frozen=True)
 class Policy:
-    """Ages by workflow ("default" for the rest) and finished status; None keeps runs of that status for ever."""
+    """Ages by workflow ("default" for the rest) and finished status; None keeps runs of that status for ever.
+
+    `ages` comes from the settings, `declared` from the workflows' own `retention=`: for each status, the
+    settings' entry for the workflow wins, then the workflow's own, then the settings' default.
+    """
 
     ages: dict[str, dict[str, timedelta | None]]
+    declared: dict[str, dict[str, timedelta | None]] = field(default_factory=dict)
 
     def age(self, workflow: str, status: str) -> timedelta | None:
         """How long a `status` run of `workflow` is kept (its own entry, else the default; None: for ever)."""
-        own = self.ages.get(workflow, {})
-        return own[status] if status in own else self.ages.get(DEFAULT, {}).get(status)
+        for entry in (self.ages.get(workflow, {}), self.declared.get(workflow, {})):
+            if status in entry:
+                return entry[status]
+        return self.ages.get(DEFAULT, {}).get(status)
+
+    def named(self) -> list[str]:
+        """The workflows with an age of their own (in the settings or declared), the default aside."""
+        return sorted((set(self.ages) | set(self.declared)) - {DEFAULT})
 
 
-def load_policy(config: Any = FROM_SETTINGS) -> Policy:
-    """The policy from DURABLE_AGENTS["RETENTION"] (or `config`); a bad entry is an InvalidInputError saying which."""
+def load_policy(config: Any = FROM_SETTINGS, *, declared: bool = True) -> Policy:
+    """The policy from DURABLE_AGENTS["RETENTION"] (or `config`) and, unless `declared` is False, the registered
+    workflows' own `retention=`; a bad settings entry is an InvalidInputError saying which."""
     config = settings.RETENTION if config is FROM_SETTINGS else config
+    own = _declared() if declared else {}
     if config is None:
-        return Policy({})
+        return Policy({}, own)
     if not isinstance(config, dict):
         raise InvalidInputError(f"RETENTION must be a dict of workflow names, got {shown(config)}")
     ages: dict[str, dict[str, timedelta | None]] = {}
@@ -80,7 +97,17 @@ def load_policy(config: Any = FROM_SETTINGS) -> Policy:
                 ages[workflow][status] = None if age is None else parse_duration(age)
             except InvalidInputError as exc:
                 raise InvalidInputError(f"RETENTION[{workflow!r}][{status!r}]: {exc}") from None
-    return Policy(ages)
+    return Policy(ages, own)
+
+
+def _declared() -> dict[str, dict[str, timedelta | None]]:
+    """Each registered workflow's own `retention=` (its newest version's), checked when it was defined."""
+    found = {}
+    for name in registry.names():
+        ages = registry.get(name).retention
+        if ages is not None:
+            found[name] = dict(ages)
+    return found
 
 
 def eligible(policy: Policy, now: datetime, *, workflow: str | None = None, older_than: timedelta | None = None) -> Q:
@@ -91,7 +118,7 @@ def eligible(policy: Policy, now: datetime, *, workflow: str | None = None, olde
     if older_than is not None:
         chosen = [_older(STATUSES, now - older_than)]
     else:
-        named = [name for name in policy.ages if name != DEFAULT]
+        named = policy.named()
         chosen = []
         for name in [*named, DEFAULT]:
             for status in STATUSES:
@@ -122,9 +149,12 @@ def prune(
     workflow: str | None = None,
     older_than: str | timedelta | None = None,
     pause_seconds: float | str | None = None,
+    duty_cycle: float | str | None = None,
 ) -> PruneReport:
     """Prune the finished runs the policy (or `older_than`) lets go, archiving each batch first if
     RETENTION_ARCHIVE names a storage. `dry_run` only counts them (report.counts by workflow and status).
+    The pace: at most `duty_cycle` (RETENTION_DUTY_CYCLE) of the wall clock at work, and at least
+    `pause_seconds` (RETENTION_PAUSE_SECONDS) of rest between batches.
 
     Example: `prune(dry_run=True, workflow="refund-agent", older_than="90d").selected`
     """
@@ -144,6 +174,7 @@ def prune(
         archive=settings.RETENTION_ARCHIVE,
         dry_run=dry_run,
         pause_seconds=0.0 if dry_run else _pause(pause_seconds),
+        duty_cycle=_duty_cycle(duty_cycle),
     )
     if dry_run:
         rows = engine_prune.prunable(which).values("workflow", "status").annotate(n=Count("id")).order_by()
@@ -162,6 +193,22 @@ def _pause(value: float | str | None) -> float:
     if not 0 <= pause <= 3600:
         raise InvalidInputError(f"--pause is seconds from 0 to 3600 between batches, e.g. 0.2; got {shown(value)}")
     return pause
+
+
+def _duty_cycle(value: float | str | None) -> float:
+    """The share of the wall clock a pass may work: RETENTION_DUTY_CYCLE, or `--duty-cycle` (0.01 to 1)."""
+    if value is None:
+        return float(settings.RETENTION_DUTY_CYCLE)
+    try:
+        share = float(value)
+    except (TypeError, ValueError):
+        share = -1.0
+    if not 0.01 <= share <= 1:
+        raise InvalidInputError(
+            f"--duty-cycle is the share of the time the prune may work, from 0.01 to 1 (flat out), e.g. 0.1; "
+            f"got {shown(value)}"
+        )
+    return share
 
 
 def export_run(run_id: str) -> bytes:

@@ -25,7 +25,9 @@ from decimal import Decimal
 from typing import Any
 
 from durable_agents.conf import settings
+from durable_agents.durations import parse_duration
 from durable_agents.errors import DefinitionError, InvalidInputError, UnknownWorkflowError
+from durable_agents.states import FINISHED_RUN_STATUSES
 from durable_agents.tools import Tool
 
 ON_FAILURE_POLICIES = ("fail", "compensate")
@@ -162,8 +164,13 @@ class Workflow:
     # its end (None: no key); at most `concurrency_limit` runs hold one key at a time, the rest wait in order.
     concurrency_key: Callable[[Any], str | None] | None = None
     concurrency_limit: int = 1
+    # How long finished runs are kept, by status ("30d", a timedelta, None: for ever), unless RETENTION in the
+    # settings names this workflow (retention.py); a status left out falls back to RETENTION["default"].
+    retention: Mapping[str, str | timedelta | None] | None = None
 
     def __post_init__(self) -> None:
+        if self.retention is not None:
+            object.__setattr__(self, "retention", self._retention_ages(self.retention))
         limit = self.concurrency_limit
         if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= MAX_CONCURRENCY_LIMIT:
             raise DefinitionError(
@@ -207,6 +214,26 @@ class Workflow:
             seen.add(definition.name)
         if not self.steps:
             raise DefinitionError(f"workflow {self.name!r}: define at least one step")
+
+    def _retention_ages(self, given: Any) -> dict[str, timedelta | None]:
+        example = "e.g. retention={'completed': '30d', 'failed': None}"
+        if not isinstance(given, Mapping):
+            raise DefinitionError(f"workflow {self.name!r}: retention maps finished statuses to ages, {example}")
+        ages: dict[str, timedelta | None] = {}
+        for status, age in given.items():
+            if status not in FINISHED_RUN_STATUSES:
+                finished = ", ".join(str(s) for s in FINISHED_RUN_STATUSES)
+                raise DefinitionError(
+                    f"workflow {self.name!r}: retention names status {status!r}; only finished runs are pruned: "
+                    f"use {finished}"
+                )
+            try:
+                ages[str(status)] = age if age is None or isinstance(age, timedelta) else parse_duration(age)
+            except InvalidInputError as exc:
+                raise DefinitionError(f"workflow {self.name!r}: retention[{status!r}]: {exc}") from None
+            if isinstance(age, timedelta) and age < timedelta(0):
+                raise DefinitionError(f"workflow {self.name!r}: retention[{status!r}] is negative: {age}")
+        return ages
 
     @property
     def label(self) -> str:
@@ -330,10 +357,13 @@ def workflow(
     cost_budget_usd: Decimal | str | None = None,
     concurrency_key: Callable[[Any], str | None] | None = None,
     concurrency_limit: int = 1,
+    retention: Mapping[str, str | timedelta | None] | None = None,
     replace: bool = False,
 ) -> Workflow:
     """Define and register a workflow. `plan(input)` builds a dynamic plan; by default each step runs once.
     `concurrency_key(input)` (with `concurrency_limit`) lets at most that many runs per key be in flight.
+    `retention` keeps its finished runs this long by status (`{"completed": "30d"}`), unless the settings'
+    RETENTION names the workflow.
 
     Example::
 
@@ -354,5 +384,6 @@ def workflow(
         cost_budget_usd=Decimal(str(cost_budget_usd)) if cost_budget_usd is not None else None,
         concurrency_key=concurrency_key,
         concurrency_limit=concurrency_limit,
+        retention=retention,
     )
     return registry.register(definition, replace=replace)

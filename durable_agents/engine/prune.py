@@ -62,6 +62,7 @@ class PruneReport:
     batches: int = 0
     archives: list[str] = field(default_factory=list)
     busy: bool = False  # another prune held the lock: this pass did nothing
+    rested: float = 0.0  # seconds rested between batches (the pace: RETENTION_PAUSE_SECONDS, RETENTION_DUTY_CYCLE)
     counts: dict[str, int] = field(default_factory=dict)  # dry run: "workflow/status" -> runs that would go
 
     def as_dict(self) -> dict[str, Any]:
@@ -73,6 +74,7 @@ class PruneReport:
             "batches": self.batches,
             "archives": list(self.archives),
             "busy": self.busy,
+            "rested": round(self.rested, 3),
             "counts": dict(self.counts),
         }
 
@@ -127,10 +129,14 @@ def prune(
     archive: str | None = None,
     dry_run: bool = False,
     pause_seconds: float = 0.0,
+    duty_cycle: float = 1.0,
     name_archive: Callable[[list[uuid.UUID]], str] | None = None,
 ) -> PruneReport:
     """Delete every prunable run matching `eligible`, `batch_size` runs per transaction, archiving each batch to
-    the storage alias `archive` first (if given). `dry_run` counts what would go and changes nothing."""
+    the storage alias `archive` first (if given). `dry_run` counts what would go and changes nothing.
+
+    After each batch the pass rests `rest_after(...)`: at least `pause_seconds`, and long enough that its work
+    takes at most `duty_cycle` of the wall clock (see `rest_after`)."""
     report = PruneReport(dry_run=dry_run)
     if dry_run:
         report.selected = prunable(eligible).count()
@@ -145,6 +151,7 @@ def prune(
             candidates = old_enough(eligible).order_by("id")
             if after is not None:
                 candidates = candidates.filter(id__gt=after)
+            began = time.monotonic()
             page = list(candidates.values_list("id", flat=True)[:batch_size])
             if not page:
                 return report
@@ -168,8 +175,24 @@ def prune(
                 deleted = []
             report.deleted += len(deleted)
             report.skipped += len(ids) - len(deleted)
-            if pause_seconds:
-                time.sleep(pause_seconds)
+            rest = rest_after(time.monotonic() - began, pause_seconds, duty_cycle)
+            report.rested += rest
+            if rest:
+                _sleep(rest)
+
+
+def rest_after(worked: float, pause_seconds: float, duty_cycle: float) -> float:
+    """The rest after a batch that took `worked` seconds: `pause_seconds`, or more if the pass's share of the
+    wall clock would otherwise exceed `duty_cycle` (1.0: no such limit).
+
+    The batch's own time is the measure: on a busy database a batch takes longer and the pass rests longer, so
+    its share of the database stays near `duty_cycle` on any machine, however slow. E.g. a batch of 0.3 s at a
+    duty cycle of 0.1 rests 2.7 s.
+    """
+    return max(pause_seconds, worked * (1 - duty_cycle) / duty_cycle)
+
+
+_sleep = time.sleep  # the rest between batches (a test replaces it to see the rests without taking them)
 
 
 def archive_name(ids: list[uuid.UUID]) -> str:

@@ -26,7 +26,7 @@ def archived(tmp_path):
         **settings.STORAGES,
         "archive": {"BACKEND": "django.core.files.storage.FileSystemStorage", "OPTIONS": {"location": str(tmp_path)}},
     }
-    durable = {**settings.DURABLE_AGENTS, "RETENTION": POLICY, "RETENTION_PAUSE_SECONDS": 0}
+    durable = {**settings.DURABLE_AGENTS, "RETENTION": POLICY, "RETENTION_DUTY_CYCLE": 1}
     return override_settings(STORAGES=storages, DURABLE_AGENTS={**durable, "RETENTION_ARCHIVE": "archive"})
 
 

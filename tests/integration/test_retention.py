@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import uuid
 from datetime import timedelta
 from pathlib import Path
@@ -18,9 +19,10 @@ from django.test import override_settings
 from durable_agents import api, checks, clock, retention
 from durable_agents.engine import prune as engine_prune
 from durable_agents.engine.archive import read_archive, record_lines, write_archive
-from durable_agents.errors import InvalidInputError
+from durable_agents.errors import DefinitionError, InvalidInputError
 from durable_agents.models import Effect, Event, Reliance, Run, RunStatus, Step, StepStatus
 from durable_agents.testing import drive, wait_for_run
+from durable_agents.workflows import call, registry, workflow
 from tests.testapp.models import Execution
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -32,9 +34,9 @@ POLICY = {
 
 
 def retained(**extra):
-    """DURABLE_AGENTS with a retention policy (and no pause between batches: tests need no politeness)."""
+    """DURABLE_AGENTS with a retention policy (and no rest between batches: tests need no politeness)."""
     return override_settings(
-        DURABLE_AGENTS={**settings.DURABLE_AGENTS, "RETENTION": POLICY, "RETENTION_PAUSE_SECONDS": 0, **extra}
+        DURABLE_AGENTS={**settings.DURABLE_AGENTS, "RETENTION": POLICY, "RETENTION_DUTY_CYCLE": 1, **extra}
     )
 
 
@@ -273,6 +275,9 @@ def test_prune__races_a_worker_running_other_runs(start_worker):
         (["durable_prune", "--batch-size", "0"], "--batch-size"),
         (["durable_prune", "--older-than", "soon"], "invalid duration 'soon'"),
         (["durable_prune", "--pause", "-1"], "--pause is seconds from 0 to 3600"),
+        (["durable_prune", "--duty-cycle", "0"], "--duty-cycle is the share of the time the prune may work"),
+        (["durable_prune", "--duty-cycle", "1.5"], "from 0.01 to 1 (flat out)"),
+        (["durable_prune", "--duty-cycle", "half"], "got 'half'"),
         (["durable_prune", "--workflow", "w" * 500], "--workflow"),
     ],
 )
@@ -303,6 +308,27 @@ def test_command__prune_in_process_reports_deleted(capsys):
     assert "deleted 3 runs in 2 batches" in capsys.readouterr().out
 
 
+def test_pace__a_batch_is_followed_by_a_rest_that_keeps_the_pass_to_its_duty_cycle():
+    assert engine_prune.rest_after(0.3, 0.0, 0.1) == pytest.approx(2.7)
+    assert engine_prune.rest_after(0.3, 0.0, 1.0) == 0.0, "1: flat out"
+    assert engine_prune.rest_after(0.3, 5.0, 0.5) == 5.0, "the pause is the least rest"
+    assert engine_prune.rest_after(2.0, 0.0, 0.5) == pytest.approx(2.0), "a slower batch (a busy database) rests more"
+
+
+@pytest.mark.parametrize(("extra", "rests"), [({"RETENTION_DUTY_CYCLE": 0.25}, [6.0, 6.0]), ({}, [18.0, 18.0])])
+def test_prune__rests_by_each_batchs_own_time(monkeypatch, extra, rests):
+    """Each batch takes 2 s on a clock the test controls; the pass rests (1 - share) / share of that after it: 6 s
+    at a duty cycle of 0.25, 18 s at 0.1 (the default). The report sums the rests."""
+    seconds = iter(range(0, 1000, 2))
+    monkeypatch.setattr(engine_prune, "time", type("Clock", (), {"monotonic": staticmethod(lambda: next(seconds))}))
+    taken: list[float] = []
+    monkeypatch.setattr(engine_prune, "_sleep", taken.append)
+    old_runs(4)
+    with retained(**{"RETENTION_DUTY_CYCLE": 0.1, **extra}):
+        report = retention.prune(batch_size=2)
+    assert report.deleted == 4 and taken == rests and report.rested == sum(rests)
+
+
 def test_checks__a_bad_policy_or_archive_alias_is_an_error_with_a_hint():
     bad = {"RETENTION": {"default": {"completed": "a month"}}, "RETENTION_ARCHIVE": "nowhere"}
     with override_settings(DURABLE_AGENTS={**settings.DURABLE_AGENTS, **bad}):
@@ -326,3 +352,49 @@ def test_prune__a_batch_of_runs_it_must_keep_does_not_end_the_pass():
         report = retention.prune(batch_size=2)
     assert exists(ids) == set(kept)
     assert (report.deleted, report.selected) == (3, 3), report.as_dict()
+
+
+def _work(ctx) -> dict:
+    return {}
+
+
+@pytest.mark.parametrize(
+    ("declared", "message"),
+    [
+        ({"done": "30d"}, "retention names status 'done'; only finished runs are pruned: use completed, failed"),
+        ({"completed": "a month"}, "retention['completed']: invalid duration 'a month'"),
+        ("30d", "retention maps finished statuses to ages"),
+        ({"failed": timedelta(days=-1)}, "retention['failed'] is negative"),
+    ],
+)
+def test_workflow_retention__a_bad_declaration_is_refused_when_defined(declared, message):
+    with registry.isolated(), pytest.raises(DefinitionError, match=re.escape(message)):
+        workflow("brief", steps=[call("work", _work)], retention=declared)
+
+
+def test_workflow_retention__its_own_ages_apply_and_the_settings_entry_for_it_wins():
+    """A workflow declares its own ages: they prune its runs even with no RETENTION in the settings; a status it
+    leaves out falls back to the settings' default; the settings' entry for the workflow wins, status by status."""
+    with registry.isolated():
+        workflow("brief", steps=[call("work", _work)], retention={"completed": "1d", "failed": None})
+        young = old_runs(2, workflow="brief", age_days=0.5)
+        old = old_runs(2, workflow="brief", age_days=2)
+        failed = old_runs(2, workflow="brief", status=RunStatus.FAILED, age_days=400)
+        cancelled = old_runs(2, workflow="brief", status=RunStatus.CANCELLED, age_days=40)
+        other = old_runs(2, age_days=2)
+        policy = retention.load_policy(None)
+        assert policy.age("brief", "completed") == timedelta(days=1) and policy.age("brief", "failed") is None
+        assert policy.age("record", "completed") is None
+        with override_settings(DURABLE_AGENTS={**settings.DURABLE_AGENTS, "RETENTION": None}):
+            retention.prune(duty_cycle=1)
+        assert exists(young + old + failed + cancelled + other) == set(young + failed + cancelled + other)
+
+        # The settings' default fills the status the workflow left out (cancelled: 30d)...
+        with retained():
+            retention.prune()
+        assert exists(young + failed + cancelled) == set(young + failed)
+        # ...and the settings' own entry for the workflow wins over its declaration (failed: 180d).
+        with retained(RETENTION={"brief": {"failed": "180d"}}):
+            assert retention.load_policy().age("brief", "completed") == timedelta(days=1)
+            retention.prune()
+        assert exists(young + failed) == set(young)

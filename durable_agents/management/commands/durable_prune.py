@@ -1,4 +1,5 @@
-"""durable_prune [--dry-run] [--batch-size N] [--workflow NAME] [--older-than AGE] [--pause S] [--json]: one pass."""
+"""durable_prune [--dry-run] [--batch-size N] [--workflow NAME] [--older-than AGE] [--pause S] [--duty-cycle F]
+[--json]: one pass."""
 
 from __future__ import annotations
 
@@ -16,7 +17,11 @@ class Command(DurableCommand):
         parser.add_argument("--dry-run", action="store_true", help="count the runs that would go; change nothing")
         parser.add_argument("--batch-size", help="runs per transaction (default: RETENTION_BATCH)")
         parser.add_argument("--workflow", help="only runs of this workflow")
-        parser.add_argument("--pause", help="seconds between batches (default: RETENTION_PAUSE_SECONDS)")
+        parser.add_argument("--pause", help="least seconds between batches (default: RETENTION_PAUSE_SECONDS)")
+        parser.add_argument(
+            "--duty-cycle",
+            help="share of the time the pass may work, 0.01 to 1 (flat out) (default: RETENTION_DUTY_CYCLE)",
+        )
         parser.add_argument(
             "--older-than", help="instead of the policy: finished runs unchanged for this long, e.g. 90d"
         )
@@ -28,6 +33,7 @@ class Command(DurableCommand):
             workflow=options["workflow"],
             older_than=options["older_than"],
             pause_seconds=options["pause"],
+            duty_cycle=options["duty_cycle"],
         )
         if options["json"]:
             self.emit_json(report.as_dict())
@@ -41,5 +47,5 @@ class Command(DurableCommand):
             archived = f", {len(report.archives)} archives written" if report.archives else ""
             self.stdout.write(
                 f"deleted {report.deleted} runs in {report.batches} batches, kept {report.skipped} that were busy "
-                f"or changed{archived}"
+                f"or changed{archived}; rested {report.rested:.1f} s between batches"
             )

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from durable_agents import operations
+from durable_agents.durations import parse_duration
 from durable_agents.management.commands._base import DurableCommand, step_progress
 
 
@@ -29,7 +30,7 @@ class Command(DurableCommand):
         parser.add_argument("--parent", help="only the child runs of this run (an id or a unique prefix)")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        older = operations.parse_duration(options["older_than"]) if options["older_than"] else None
+        older = parse_duration(options["older_than"]) if options["older_than"] else None
         runs = operations.list_runs(
             status=options["status"],
             workflow=options["workflow"],
