@@ -64,7 +64,7 @@ from durable_agents.errors import (
     WaitNotFoundError,
 )
 from durable_agents.judge import judge
-from durable_agents.models import Effect, MissedSlots, Run, RunStatus, Schedule, StepStatus
+from durable_agents.models import Effect, MissedSlots, Overlap, Run, RunStatus, Schedule, StepStatus
 from durable_agents.planner import planner
 from durable_agents.storable import check_json, check_text, whole_number
 from durable_agents.tools import Field, Tool, tool
@@ -296,12 +296,16 @@ def schedule(
     timezone: str = "UTC",
     missed: str = MissedSlots.SKIP,
     catch_up_limit: int = 10,
+    overlap: str = Overlap.SKIP,
 ) -> Schedule:
     """Start `workflow` with `input` at every slot of `cron` (five fields, in `timezone`), each slot exactly once.
 
     Idempotent: call it at start-up or in a data migration; the same definition changes nothing, a new cron
     starts from its next slot, and a schedule an operator paused stays paused. Slots missed while no sweep
     ran: `missed="skip"` starts the latest only, `"catch_up"` each (at most `catch_up_limit`, the latest).
+    A slot due while the schedule's last run is still live (pending, running, waiting): `overlap="skip"` (the
+    default) does not start it, nor owes it later, and counts it in `Schedule.overlap_skipped`; `"allow"` starts
+    it beside the live one.
 
     Example::
 
@@ -312,8 +316,16 @@ def schedule(
     check_text(cron, "the cron expression")
     check_text(timezone, "the time zone", max_chars=64)
     check_text(missed, "missed")
+    check_text(overlap, "overlap")
     return define_schedule(
-        name, workflow, cron=cron, run_input=input, tz=timezone, missed=missed, catch_up_limit=catch_up_limit
+        name,
+        workflow,
+        cron=cron,
+        run_input=input,
+        tz=timezone,
+        missed=missed,
+        catch_up_limit=catch_up_limit,
+        overlap=overlap,
     )
 
 

@@ -535,13 +535,21 @@ class MissedSlots(models.TextChoices):
     CATCH_UP = "catch_up"  # start every missed slot, oldest first, at most `catch_up_limit` of them
 
 
+class Overlap(models.TextChoices):
+    """What the sweep does with a slot that falls due while the schedule's last run is still live."""
+
+    SKIP = "skip"  # do not start it (nor owe it later); count it in `overlap_skipped`
+    ALLOW = "allow"  # start it anyway: two runs of the schedule may be live at once
+
+
 class Schedule(models.Model):
     """A recurring run: the sweep starts `workflow` with `input` at each slot of `cron`, in `timezone`.
 
     `next_slot` (UTC) is the first slot not yet started; the sweep starts due slots and advances it in one
     transaction, and each slot's run carries the idempotency key "schedule:<name>:<slot>", so a slot is started
     once even if that transaction is retried. A paused schedule starts nothing; resuming starts from the next
-    slot after the moment of resuming.
+    slot after the moment of resuming. Under `overlap="skip"` a slot due while `last_run` is still live is passed
+    over (counted in `overlap_skipped`), never started late.
     """
 
     name = models.CharField(max_length=200, unique=True)
@@ -551,6 +559,8 @@ class Schedule(models.Model):
     input = models.JSONField(default=dict, blank=True)
     missed = models.CharField(max_length=16, choices=MissedSlots.choices, default=MissedSlots.SKIP)
     catch_up_limit = models.PositiveIntegerField(default=10)
+    overlap = models.CharField(max_length=16, choices=Overlap.choices, default=Overlap.SKIP)
+    overlap_skipped = models.PositiveIntegerField(default=0)
     paused = models.BooleanField(default=False)
     next_slot = models.DateTimeField()
     last_slot = models.DateTimeField(null=True, blank=True)

@@ -13,6 +13,10 @@ the first pass of the repeated hour only, and a minute or hour field starting wi
 first minute after it.
 Missed slots (beat down, a deploy): SKIP starts only the latest, CATCH_UP each, oldest first, at most
 `catch_up_limit` (the most recent ones). Paused slots are never owed: resuming starts from the next slot.
+Overlap: under SKIP (the default, as Temporal's) slots due while the schedule's last run is still live (pending,
+running, waiting) are not started, nor owed later: the sweep advances `next_slot` past them and adds them to
+`overlap_skipped`, in the same locked transaction, and writes nothing on the live run. Under CATCH_UP that is
+every owed slot (they would all overlap it). A last run pruned away counts as finished. ALLOW starts them anyway.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import CroniterError, croniter
 from django.db import DatabaseError, IntegrityError, connection, transaction
+from django.db.models import F
 
 from durable_agents import clock
 from durable_agents.conf import settings
@@ -34,7 +39,8 @@ from durable_agents.engine.payloads import check_input
 from durable_agents.engine.records import locked
 from durable_agents.engine.runs import start_run
 from durable_agents.errors import DurableAgentsError, InvalidInputError, ScheduleNotFoundError
-from durable_agents.models import MissedSlots, Run, Schedule
+from durable_agents.models import MissedSlots, Overlap, Run, Schedule
+from durable_agents.states import FINISHED_RUN_STATUSES
 from durable_agents.storable import storable_text, whole_number
 from durable_agents.workflows import registry
 
@@ -140,6 +146,15 @@ def _start_due(name: str, now: datetime) -> int:
         if schedule is None:
             return 0  # another sweep holds it, or it was paused or advanced meanwhile
         slots = owed_slots(schedule, now)
+        if slots.due and schedule.overlap == Overlap.SKIP and _last_run_is_live_txn(schedule):
+            # Passed over, not postponed: a slot owed until the run ends would start late, then overlap the next.
+            Schedule.objects.filter(pk=schedule.pk).update(
+                next_slot=slots.next_slot,
+                overlap_skipped=F("overlap_skipped") + len(slots.due),
+                last_error="",
+                updated_at=clock.DbNow(),
+            )
+            return 0
         try:
             with transaction.atomic():
                 runs = [_start_slot_txn(schedule, slot, slots.skipped) for slot in slots.due]
@@ -159,6 +174,16 @@ def _start_due(name: str, now: datetime) -> int:
             advance.update(last_slot=slots.due[-1], last_run=runs[-1])
         Schedule.objects.filter(pk=schedule.pk).update(**advance)
     return len(runs)
+
+
+def _last_run_is_live_txn(schedule: Schedule) -> bool:
+    """True if the schedule's last run is pending, running or waiting; a pruned one (no row) has finished."""
+    # Under the schedule's lock, so two sweeps cannot both see it live-or-not and act twice; a run finishing
+    # right after this read only means its overlapping slot was passed over, as it would have been a moment earlier.
+    assert connection.in_atomic_block, "the last run is checked in the transaction that advances its schedule"
+    if schedule.last_run_id is None:
+        return False
+    return Run.objects.filter(pk=schedule.last_run_id).exclude(status__in=FINISHED_RUN_STATUSES).exists()
 
 
 def _start_slot_txn(schedule: Schedule, slot: datetime, skipped: int) -> Run:
@@ -185,10 +210,12 @@ def define_schedule(
     tz: str = "UTC",
     missed: str = MissedSlots.SKIP,
     catch_up_limit: int = 10,
+    overlap: str = Overlap.SKIP,
 ) -> Schedule:
     """Create or update the schedule `name` (safe to call at every start-up: the same definition changes nothing).
 
-    A new cron or time zone starts from the next slot after now; a paused schedule stays paused.
+    A new cron or time zone starts from the next slot after now; a paused schedule stays paused; a new missed or
+    overlap policy applies from the next sweep, without retiming.
     """
     if not name.strip():
         raise InvalidInputError("the schedule name is empty; name it, e.g. 'nightly-report'")
@@ -199,6 +226,8 @@ def define_schedule(
     zone(tz)
     if missed not in MissedSlots.values:
         raise InvalidInputError(f"missed must be one of {', '.join(MissedSlots.values)}, got {missed!r}")
+    if overlap not in Overlap.values:
+        raise InvalidInputError(f"overlap must be one of {', '.join(Overlap.values)}, got {overlap!r}")
     catch_up_limit = whole_number(catch_up_limit, "catch_up_limit", low=1, high=CATCH_UP_MOST)
     fields = {
         "workflow": workflow,
@@ -207,6 +236,7 @@ def define_schedule(
         "input": run_input,
         "missed": missed,
         "catch_up_limit": catch_up_limit,
+        "overlap": overlap,
     }
     with transaction.atomic():
         schedule = Schedule.objects.select_for_update().filter(name=name).first()

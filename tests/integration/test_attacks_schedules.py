@@ -51,7 +51,7 @@ def _plan_calls_a_service(run_input):
 def test_schedule__any_exception_starting_a_slot_stays_with_its_schedule(isolated_registries, caplog):
     workflow("flaky_plan", steps=[call("work", lambda ctx: {})], plan=_plan_calls_a_service)
     api.schedule("broken", "flaky_plan", cron="* * * * *")
-    api.schedule("healthy", "record", cron="* * * * *")
+    api.schedule("healthy", "record", cron="* * * * *", overlap="allow")  # its runs stay pending (no worker)
     Schedule.objects.filter(name="broken").update(next_slot=clock.now() - timedelta(hours=1))
     clock.advance(timedelta(minutes=2))
     with caplog.at_level("WARNING", logger="durable_agents.engine"):

@@ -27,7 +27,8 @@ from durable_agents import api, clock
 from durable_agents.engine.schedules import slot_key, start_due_schedules
 from durable_agents.engine.sweep import sweep
 from durable_agents.models import Event, Run, Schedule
-from durable_agents.testing import wait_for, wait_for_run
+from durable_agents.testing import drive, wait_for, wait_for_run
+from durable_agents.testing.runs import take_lease
 
 pytestmark = pytest.mark.django_db(transaction=True)
 ROOT = Path(__file__).resolve().parents[2]
@@ -93,7 +94,8 @@ class SharedClock:
 
 
 def test_schedule__each_slot_starts_once_as_the_clock_moves():
-    api.schedule("every-5", "record", cron="*/5 * * * *")
+    # Runs stay pending here (no worker): allow overlap, so every slot is owed a run.
+    api.schedule("every-5", "record", cron="*/5 * * * *", overlap="allow")
     begin = clock.now()
     for _ in range(40):
         clock.advance(timedelta(minutes=2))
@@ -106,7 +108,7 @@ def test_schedule__each_slot_starts_once_as_the_clock_moves():
 
 
 def test_schedule__concurrent_sweeps_start_each_slot_once():
-    api.schedule("racing", "record", cron="* * * * *", missed="catch_up", catch_up_limit=100)
+    api.schedule("racing", "record", cron="* * * * *", missed="catch_up", catch_up_limit=100, overlap="allow")
     begin = clock.now()
     barrier = threading.Barrier(4)
     errors: list[BaseException] = []
@@ -227,6 +229,97 @@ def test_schedule__a_slot_that_cannot_start_warns_once_not_at_every_sweep(caplog
     assert "other_removed" in caplog.records[-1].getMessage(), "a different failure is a new warning"
 
 
+# Overlap: a slot due while the last run is still live
+
+
+def sweep_hours(hours: int) -> int:
+    """Move the clock an hour at a time (one hourly slot each) and sweep; how many runs the sweeps started."""
+    count = 0
+    for _ in range(hours):
+        clock.advance(timedelta(hours=1))
+        count += sweep().scheduled
+    return count
+
+
+def hold_live(run: Run, how: str) -> None:
+    if how == "running":
+        assert take_lease(run.id) is not None, "a fresh run is claimable"
+    elif how == "waiting":
+        Run.objects.filter(pk=run.pk).update(status="waiting")  # stands in for a run parked on an approval
+
+
+@pytest.mark.parametrize("live", ["pending", "running", "waiting"])
+def test_schedule__overlap_skip_passes_over_slots_while_the_last_run_is_live(live):
+    api.schedule("tight", "record", cron="0 * * * *")  # overlap="skip", the default
+    begin = clock.now()
+    assert sweep_hours(1) == 1
+    first = Schedule.objects.get(name="tight").last_run
+    hold_live(first, live)
+    # The sweep re-wakes a pending run whose message it presumes lost ("swept"); the schedule adds nothing.
+    own_events = Event.objects.filter(run=first).exclude(kind="swept")
+    events = own_events.count()
+    assert sweep_hours(3) == 0, f"a slot started while the last run was {live}: the default must not overlap it"
+    schedule = Schedule.objects.get(name="tight")
+    assert schedule.overlap_skipped == 3, "each slot passed over is counted"
+    assert schedule.next_slot > clock.now(), "the passed-over slots are not owed later"
+    assert schedule.last_run_id == first.id and own_events.count() == events, "nothing is recorded on the live run"
+    Run.objects.filter(pk=first.pk).update(status="pending")  # let it be driven to its end from any live state
+    assert drive(first.id).status == "completed"
+    assert sweep().scheduled == 0, "a slot passed over is not started once the run ends"
+    assert sweep_hours(1) == 1, "the next slot after the run finished starts"
+    owed = slots_between("0 * * * *", begin, clock.now())
+    assert_exactly("tight", [owed[0], owed[-1]])
+    assert Schedule.objects.get(name="tight").overlap_skipped == 3
+
+
+def test_schedule__overlap_allow_starts_while_the_last_run_is_live():
+    api.schedule("loose", "record", cron="0 * * * *", overlap="allow")
+    begin = clock.now()
+    assert sweep_hours(3) == 3
+    assert Run.objects.filter(idempotency_key__startswith="schedule:loose:", status="pending").count() == 3
+    assert_exactly("loose", slots_between("0 * * * *", begin, clock.now()))
+    assert Schedule.objects.get(name="loose").overlap_skipped == 0
+
+
+def test_schedule__overlap_skip_under_catch_up_starts_none_of_the_owed_slots_while_live():
+    api.schedule("catcher", "record", cron="0 * * * *", missed="catch_up", catch_up_limit=10)
+    begin = clock.now()
+    assert sweep_hours(1) == 1
+    first = Schedule.objects.get(name="catcher").last_run
+    passed = clock.now()
+    clock.advance(timedelta(hours=5, minutes=30))  # beat was down: five or six slots owed, all overlapping the run
+    assert sweep().scheduled == 0
+    owed = slots_between("0 * * * *", passed, clock.now())
+    assert len(owed) in (5, 6)
+    schedule = Schedule.objects.get(name="catcher")
+    assert schedule.overlap_skipped == len(owed) and schedule.next_slot > clock.now()
+    drive(first.id)
+    assert sweep_hours(1) == 1
+    assert_exactly("catcher", [slots_between("0 * * * *", begin, passed)[0], schedule.next_slot])
+
+
+def test_schedule__overlap_skip_counts_a_pruned_last_run_as_finished():
+    api.schedule("pruned", "record", cron="0 * * * *")
+    assert sweep_hours(1) == 1
+    last_run = Schedule.objects.get(name="pruned").last_run_id
+    Run.objects.filter(pk=last_run).delete()
+    # Retention deletes runs by SQL, not the ORM's SET_NULL: the schedule keeps the bare id (db_constraint=False).
+    Schedule.objects.filter(name="pruned").update(last_run_id=last_run)
+    assert sweep_hours(1) == 1, "a last run with no row left cannot overlap anything"
+    assert Schedule.objects.get(name="pruned").overlap_skipped == 0
+
+
+def test_schedule__redefining_the_overlap_policy_updates_it_without_retiming():
+    first = api.schedule("nightly", "record", cron="0 3 * * *")
+    assert first.overlap == "skip" and first.overlap_skipped == 0
+    api.pause_schedule("nightly")
+    clock.advance(timedelta(days=2))
+    again = api.schedule("nightly", "record", cron="0 3 * * *", overlap="allow")
+    stored = Schedule.objects.get(name="nightly")
+    assert again.overlap == stored.overlap == "allow"
+    assert stored.next_slot == first.next_slot and stored.paused, "a new overlap policy neither retimes nor resumes"
+
+
 @pytest.mark.parametrize(
     ("kwargs", "error", "says"),
     [
@@ -237,6 +330,8 @@ def test_schedule__a_slot_that_cannot_start_warns_once_not_at_every_sweep(caplog
         ({"cron": "0 * * * *", "workflow": "nope"}, api.UnknownWorkflowError, "unknown workflow 'nope'"),
         ({"cron": "0 * * * *", "timezone": "Mars/Olympus"}, api.InvalidInputError, "unknown time zone"),
         ({"cron": "0 * * * *", "missed": "sometimes"}, api.InvalidInputError, "missed must be one of skip, catch_up"),
+        ({"cron": "0 * * * *", "overlap": "sometimes"}, api.InvalidInputError, "overlap must be one of skip, allow"),
+        ({"cron": "0 * * * *", "overlap": None}, api.InvalidInputError, "overlap must be a string"),
         ({"cron": "0 * * * *", "catch_up_limit": 0}, api.InvalidInputError, "catch_up_limit"),
         ({"cron": "0 * * * *", "name": "x" * 201}, api.InvalidInputError, "at most 200 fit"),
         ({"cron": "0 * * * *", "name": "a\x00b"}, api.InvalidInputError, "\\u0000"),
@@ -264,7 +359,8 @@ def test_schedule__unknown_names_are_clear_errors():
 def test_schedule__survives_beat_restarts_and_sigkilled_workers_without_a_missed_or_doubled_slot(start_worker):
     shared = SharedClock()
     shared.to_half_past()
-    api.schedule("hourly", "record", cron="0 * * * *", missed="catch_up", catch_up_limit=24)
+    # A SIGKILL can leave the last run live while slots pass: allow overlap, so each slot is owed a run.
+    api.schedule("hourly", "record", cron="0 * * * *", missed="catch_up", catch_up_limit=24, overlap="allow")
     begin = clock.now()
     worker = start_worker(beat=True, env=shared.env)
     rng = random.Random(19)
@@ -292,7 +388,7 @@ def test_schedule__survives_beat_restarts_and_sigkilled_workers_without_a_missed
 def test_schedule__two_beats_sweeping_at_once_start_each_slot_once(start_worker):
     shared = SharedClock()
     shared.to_half_past()
-    api.schedule("twice-swept", "record", cron="*/20 * * * *", missed="catch_up")
+    api.schedule("twice-swept", "record", cron="*/20 * * * *", missed="catch_up", overlap="allow")
     begin = clock.now()
     # Two embedded beats: a misconfigured deploy, or the old beat still up while the new one starts.
     start_worker(beat=True, env=shared.env)
