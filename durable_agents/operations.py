@@ -340,7 +340,8 @@ def sweep() -> SweepReport:
 
 
 def list_schedules() -> list[dict[str, Any]]:
-    """Every schedule as `durable_schedules` shows it: timing, next slot (UTC), last run, paused, last error."""
+    """Every schedule as `durable_schedules` shows it: timing and policies, next slot (UTC), last run, paused,
+    slots skipped for overlapping a live run, last error."""
     return [
         {
             "name": schedule.name,
@@ -348,6 +349,8 @@ def list_schedules() -> list[dict[str, Any]]:
             "cron": schedule.cron,
             "timezone": schedule.timezone,
             "missed": schedule.missed,
+            "overlap": schedule.overlap,
+            "overlap_skipped": schedule.overlap_skipped,
             "paused": schedule.paused,
             "next_slot": _iso(schedule.next_slot),
             "last_slot": _iso(schedule.last_slot),

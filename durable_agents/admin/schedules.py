@@ -51,8 +51,17 @@ def resume_selected(model_admin: Any, request: HttpRequest, queryset: QuerySet[S
 
 @admin.register(Schedule)
 class ScheduleAdmin(admin.ModelAdmin):
-    list_display = ("name", "workflow", "cron_column", "next_slot_column", "last_run_link", "paused", "error")
-    list_filter = ("paused", "workflow", "missed")
+    list_display = (
+        "name",
+        "workflow",
+        "cron_column",
+        "next_slot_column",
+        "last_run_link",
+        "overlap_column",
+        "paused",
+        "error",
+    )
+    list_filter = ("paused", "workflow", "missed", "overlap")
     search_fields = ("name", "workflow")
     actions = [pause_selected, resume_selected]
     readonly_fields = [f.name for f in Schedule._meta.fields]
@@ -60,6 +69,11 @@ class ScheduleAdmin(admin.ModelAdmin):
     @admin.display(description="cron")
     def cron_column(self, schedule: Schedule) -> str:
         return format_html("<code>{}</code> {} · missed: {}", schedule.cron, schedule.timezone, schedule.missed)
+
+    @admin.display(description="overlap", ordering="overlap_skipped")
+    def overlap_column(self, schedule: Schedule) -> str:
+        # How many slots were passed over because the last run was still live: a schedule too tight for its runs.
+        return format_html("{} · skipped: {}", schedule.overlap, schedule.overlap_skipped)
 
     @admin.display(description="next slot", ordering="next_slot")
     def next_slot_column(self, schedule: Schedule) -> str:

@@ -475,11 +475,15 @@ def test_durable_schedules__lists_pauses_and_resumes(manage):
     api.schedule("nightly", "record", cron="0 3 * * *", timezone="Europe/Paris")
     listed = manage("durable_schedules").stdout
     assert "nightly  record  0 3 * * * (Europe/Paris, skip)  next 20" in listed and "no run yet" in listed
+    assert "no run yet  overlap skip" in listed and "skipped while" not in listed
     paused = manage("durable_schedules", "pause", "nightly")
     assert paused.returncode == 0 and "schedule nightly: paused" in paused.stdout
     assert Schedule.objects.get(name="nightly").paused
     [row] = json.loads(manage("durable_schedules", "--json").stdout)
     assert row["paused"] is True and row["cron"] == "0 3 * * *"
+    assert row["overlap"] == "skip" and row["overlap_skipped"] == 0
+    Schedule.objects.filter(name="nightly").update(overlap_skipped=3)
+    assert "overlap skip (3 skipped while the last run was live)" in manage("durable_schedules").stdout
     resumed = manage("durable_schedules", "resume", "nightly")
     assert resumed.returncode == 0 and "active, next slot" in resumed.stdout
     assert not Schedule.objects.get(name="nightly").paused
@@ -511,6 +515,7 @@ def test_admin__lists_schedules_and_pauses_and_resumes_them(admin_client):
     sweep()
     page = admin_client.get("/admin/durable_agents/schedule/").content.decode()
     assert "nightly" in page and "<code>0 3 * * *</code>" in page
+    assert "skip · skipped: 0" in page, "the overlap policy and its count of skipped slots are listed"
     last_run = Schedule.objects.get(name="hourly").last_run_id
     assert f"/admin/durable_agents/run/{last_run}/change/" in page, "the last run links to its page"
     pks = [Schedule.objects.get(name="nightly").pk]

@@ -11,7 +11,7 @@ from durable_agents.management.commands._base import USER_MISTAKE, DurableComman
 
 
 class Command(DurableCommand):
-    help = "List schedules (next slot, last run, paused), or pause or resume one by name."
+    help = "List schedules (next slot, last run, paused, overlap policy), or pause or resume one by name."
 
     def add_arguments(self, parser: Any) -> None:
         super().add_arguments(parser)
@@ -44,8 +44,11 @@ class Command(DurableCommand):
         for row in schedules:
             state = "paused" if row["paused"] else f"next {row['next_slot']}"
             last = f"last run {row['last_run']}" if row["last_run"] else "no run yet"
+            overlap = f"overlap {row['overlap']}"
+            if row["overlap_skipped"]:
+                overlap += f" ({row['overlap_skipped']} skipped while the last run was live)"
             error = f" — cannot start: {row['last_error']}" if row["last_error"] else ""
             self.stdout.write(
                 f"{row['name']}  {row['workflow']}  {row['cron']} ({row['timezone']}, {row['missed']})  "
-                f"{state}  {last}{error}"
+                f"{state}  {last}  {overlap}{error}"
             )
