@@ -1,7 +1,7 @@
 """Prune beside a live engine: step latency while `durable_prune` deletes old runs, against an idle database.
 
-    python bench/prune.py [--runs 200000] [--batch 200] [--pause 0.25] [--chains 2] [--steps 200]
-                          [--idle-seconds S] [--seed-only | --reuse]
+    python bench/prune.py [--runs 200000] [--batch 200] [--duty-cycle 0.1] [--pause 0] [--chains 2] [--steps 200]
+                          [--prune-for S] [--idle-seconds S] [--seed-only | --reuse]
 
 Writes --runs finished refund_agent runs a year old (real rows, copied in SQL: bench/records.py), starts a
 `celery worker` (prefork, 2 processes), and measures the same workload twice in the same run: --chains runs of
@@ -139,8 +139,11 @@ def figures(gaps: list[float]) -> dict[str, float]:
     return {"n": len(gaps), "p50": statistics.median(gaps), "p95": cuts[94], "p99": cuts[98]}
 
 
-def prune_command(batch: int, pause: float) -> subprocess.CompletedProcess[str]:
-    command = ["durable_prune", "--older-than", "30d", "--batch-size", str(batch), "--pause", str(pause), "--json"]
+def prune_command(batch: int, pause: float, duty_cycle: float, seconds: float) -> subprocess.CompletedProcess[str]:
+    command = ["durable_prune", "--older-than", "30d", "--batch-size", str(batch), "--pause", str(pause)]
+    command += ["--duty-cycle", str(duty_cycle), "--json"]
+    if seconds:
+        command += ["--stop-after", f"{seconds}s"]
     return subprocess.run(
         [sys.executable, "manage.py", *command],
         cwd=ROOT,
@@ -155,9 +158,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=200_000)
     parser.add_argument("--batch", type=int, default=200)
-    parser.add_argument("--pause", type=float, default=0.25, help="seconds the prune rests between batches")
+    parser.add_argument("--pause", type=float, default=0.0, help="least seconds the prune rests between batches")
+    parser.add_argument("--duty-cycle", type=float, default=0.1, help="share of the time the prune may work")
     parser.add_argument("--chains", type=int, default=2)
     parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--prune-for", type=float, default=0, help="stop the prune after S seconds (0: prune all)")
     parser.add_argument("--idle-seconds", type=float, default=0, help="idle phase length (0: as long as the prune)")
     kept = parser.add_mutually_exclusive_group()
     kept.add_argument("--seed-only", action="store_true", help="write the runs and stop (measure later: --reuse)")
@@ -174,7 +179,7 @@ def main() -> None:
         pruned: dict[str, object] = {}
 
         def run_prune() -> None:
-            pruned.update(json.loads(prune_command(args.batch, args.pause).stdout))
+            pruned.update(json.loads(prune_command(args.batch, args.pause, args.duty_cycle, args.prune_for).stdout))
 
         # The prune first, so the idle phase can last as long as it did (the same number of steps seen).
         loaded, prune_seconds = measure(args.chains, args.steps, run_prune)
@@ -185,8 +190,9 @@ def main() -> None:
     rate = pruned.get("deleted", 0) / prune_seconds
     print(
         f"pruned {pruned.get('deleted'):,} runs in {pruned.get('batches')} batches of {args.batch} "
-        f"(--pause {args.pause}) in "
-        f"{prune_seconds:.1f} s ({rate:,.0f} runs/s, with their steps, turns, effects, waits and events)"
+        f"(--duty-cycle {args.duty_cycle}, --pause {args.pause}) in {prune_seconds:.1f} s, "
+        f"{pruned.get('rested'):.0f} s of it resting ({rate:,.0f} runs/s, with their steps, turns, effects, waits "
+        "and events)"
     )
     a, b = figures(idle), figures(loaded)
     print(f"{'step latency (ms)':<24}{'steps':>8}{'p50':>9}{'p95':>9}{'p99':>9}")

@@ -150,11 +150,13 @@ def prune(
     older_than: str | timedelta | None = None,
     pause_seconds: float | str | None = None,
     duty_cycle: float | str | None = None,
+    stop_after: str | timedelta | None = None,
 ) -> PruneReport:
     """Prune the finished runs the policy (or `older_than`) lets go, archiving each batch first if
     RETENTION_ARCHIVE names a storage. `dry_run` only counts them (report.counts by workflow and status).
     The pace: at most `duty_cycle` (RETENTION_DUTY_CYCLE) of the wall clock at work, and at least
-    `pause_seconds` (RETENTION_PAUSE_SECONDS) of rest between batches.
+    `pause_seconds` (RETENTION_PAUSE_SECONDS) of rest between batches. `stop_after` ("2h") ends the pass
+    once that long has passed, before its next batch (a maintenance window; the next pass goes on).
 
     Example: `prune(dry_run=True, workflow="refund-agent", older_than="90d").selected`
     """
@@ -167,6 +169,7 @@ def prune(
     if workflow is not None:
         check_text(workflow, "--workflow")
     age = parse_duration(older_than) if isinstance(older_than, str) else older_than
+    limit = parse_duration(stop_after) if isinstance(stop_after, str) else stop_after
     which = eligible(load_policy(), clock.now(), workflow=workflow, older_than=age)
     report = engine_prune.prune(
         which,
@@ -175,6 +178,7 @@ def prune(
         dry_run=dry_run,
         pause_seconds=0.0 if dry_run else _pause(pause_seconds),
         duty_cycle=_duty_cycle(duty_cycle),
+        stop_after=None if limit is None else limit.total_seconds(),
     )
     if dry_run:
         rows = engine_prune.prunable(which).values("workflow", "status").annotate(n=Count("id")).order_by()

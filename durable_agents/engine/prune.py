@@ -63,6 +63,7 @@ class PruneReport:
     archives: list[str] = field(default_factory=list)
     busy: bool = False  # another prune held the lock: this pass did nothing
     rested: float = 0.0  # seconds rested between batches (the pace: RETENTION_PAUSE_SECONDS, RETENTION_DUTY_CYCLE)
+    stopped: bool = False  # the pass reached its time limit (stop_after) with runs perhaps left to prune
     counts: dict[str, int] = field(default_factory=dict)  # dry run: "workflow/status" -> runs that would go
 
     def as_dict(self) -> dict[str, Any]:
@@ -75,6 +76,7 @@ class PruneReport:
             "archives": list(self.archives),
             "busy": self.busy,
             "rested": round(self.rested, 3),
+            "stopped": self.stopped,
             "counts": dict(self.counts),
         }
 
@@ -130,13 +132,15 @@ def prune(
     dry_run: bool = False,
     pause_seconds: float = 0.0,
     duty_cycle: float = 1.0,
+    stop_after: float | None = None,
     name_archive: Callable[[list[uuid.UUID]], str] | None = None,
 ) -> PruneReport:
     """Delete every prunable run matching `eligible`, `batch_size` runs per transaction, archiving each batch to
     the storage alias `archive` first (if given). `dry_run` counts what would go and changes nothing.
 
     After each batch the pass rests `rest_after(...)`: at least `pause_seconds`, and long enough that its work
-    takes at most `duty_cycle` of the wall clock (see `rest_after`)."""
+    takes at most `duty_cycle` of the wall clock (see `rest_after`). With `stop_after` (seconds) the pass starts
+    no batch once that long has passed, and says so (`report.stopped`): the next pass goes on from the start."""
     report = PruneReport(dry_run=dry_run)
     if dry_run:
         report.selected = prunable(eligible).count()
@@ -146,7 +150,11 @@ def prune(
             report.busy = True
             return report
         after: uuid.UUID | None = None
+        started = time.monotonic()
         while True:
+            if stop_after is not None and time.monotonic() - started >= stop_after:
+                report.stopped = True
+                return report
             # Keyset order by id: a run skipped in this pass is behind the next batch, never chosen again in it.
             candidates = old_enough(eligible).order_by("id")
             if after is not None:

@@ -278,6 +278,7 @@ def test_prune__races_a_worker_running_other_runs(start_worker):
         (["durable_prune", "--duty-cycle", "0"], "--duty-cycle is the share of the time the prune may work"),
         (["durable_prune", "--duty-cycle", "1.5"], "from 0.01 to 1 (flat out)"),
         (["durable_prune", "--duty-cycle", "half"], "got 'half'"),
+        (["durable_prune", "--stop-after", "later"], "invalid duration 'later'"),
         (["durable_prune", "--workflow", "w" * 500], "--workflow"),
     ],
 )
@@ -327,6 +328,21 @@ def test_prune__rests_by_each_batchs_own_time(monkeypatch, extra, rests):
     with retained(**{"RETENTION_DUTY_CYCLE": 0.1, **extra}):
         report = retention.prune(batch_size=2)
     assert report.deleted == 4 and taken == rests and report.rested == sum(rests)
+    assert not report.stopped
+
+
+def test_prune__stop_after_starts_no_batch_past_its_time(monkeypatch):
+    """A maintenance window: each batch takes 2 s on the test's clock; with --stop-after 5s the pass checks the
+    clock before each batch (0 s, 2 s in: go; 8 s in: stop) and says it stopped; the next pass goes on."""
+    seconds = iter(range(0, 1000, 2))
+    monkeypatch.setattr(engine_prune, "time", type("Clock", (), {"monotonic": staticmethod(lambda: next(seconds))}))
+    monkeypatch.setattr(engine_prune, "_sleep", lambda seconds: None)
+    ids = old_runs(6)
+    with retained(RETENTION_DUTY_CYCLE=0.5):
+        first = retention.prune(batch_size=2, stop_after="5s")
+        assert (first.deleted, first.stopped) == (2, True) and len(exists(ids)) == 4
+        rest = retention.prune(batch_size=2)
+    assert (rest.deleted, rest.stopped, exists(ids)) == (4, False, set())
 
 
 def test_checks__a_bad_policy_or_archive_alias_is_an_error_with_a_hint():

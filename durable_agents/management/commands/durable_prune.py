@@ -1,5 +1,5 @@
 """durable_prune [--dry-run] [--batch-size N] [--workflow NAME] [--older-than AGE] [--pause S] [--duty-cycle F]
-[--json]: one pass."""
+[--stop-after DURATION] [--json]: one pass."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ class Command(DurableCommand):
             "--duty-cycle",
             help="share of the time the pass may work, 0.01 to 1 (flat out) (default: RETENTION_DUTY_CYCLE)",
         )
+        parser.add_argument("--stop-after", help="start no batch after this long, e.g. 2h (the next pass goes on)")
         parser.add_argument(
             "--older-than", help="instead of the policy: finished runs unchanged for this long, e.g. 90d"
         )
@@ -34,6 +35,7 @@ class Command(DurableCommand):
             older_than=options["older_than"],
             pause_seconds=options["pause"],
             duty_cycle=options["duty_cycle"],
+            stop_after=options["stop_after"],
         )
         if options["json"]:
             self.emit_json(report.as_dict())
@@ -49,3 +51,5 @@ class Command(DurableCommand):
                 f"deleted {report.deleted} runs in {report.batches} batches, kept {report.skipped} that were busy "
                 f"or changed{archived}; rested {report.rested:.1f} s between batches"
             )
+            if report.stopped:
+                self.stdout.write("stopped at --stop-after; older runs may be left for the next pass")
