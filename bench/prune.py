@@ -1,6 +1,6 @@
 """Prune beside a live engine: step latency while `durable_prune` deletes old runs, against an idle database.
 
-    python bench/prune.py [--runs 200000] [--batch 200] [--duty-cycle 0.1] [--pause 0] [--chains 2] [--steps 200]
+    python bench/prune.py [--runs 200000] [--batch 50] [--duty-cycle 0.1] [--pause 0] [--chains 2] [--steps 200]
                           [--prune-for S] [--idle-seconds S] [--seed-only | --reuse]
 
 Writes --runs finished refund_agent runs a year old (real rows, copied in SQL: bench/records.py), starts a
@@ -157,7 +157,7 @@ def prune_command(batch: int, pause: float, duty_cycle: float, seconds: float) -
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=200_000)
-    parser.add_argument("--batch", type=int, default=200)
+    parser.add_argument("--batch", type=int, default=50)
     parser.add_argument("--pause", type=float, default=0.0, help="least seconds the prune rests between batches")
     parser.add_argument("--duty-cycle", type=float, default=0.1, help="share of the time the prune may work")
     parser.add_argument("--chains", type=int, default=2)

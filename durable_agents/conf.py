@@ -326,7 +326,7 @@ SETTINGS: dict[str, Setting] = {
         '{"completed": "30d", "failed": "180d", "cancelled": "30d"}}; None (an age or the whole policy): for ever',
     ),
     "RETENTION_BATCH": Setting(
-        200,
+        50,
         int,
         "runs deleted per transaction by the prune (children deleted explicitly in it)",
         at_least=1,

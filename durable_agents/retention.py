@@ -71,11 +71,11 @@ class Policy:
         return sorted((set(self.ages) | set(self.declared)) - {DEFAULT})
 
 
-def load_policy(config: Any = FROM_SETTINGS, *, declared: bool = True) -> Policy:
-    """The policy from DURABLE_AGENTS["RETENTION"] (or `config`) and, unless `declared` is False, the registered
-    workflows' own `retention=`; a bad settings entry is an InvalidInputError saying which."""
+def load_policy(config: Any = FROM_SETTINGS) -> Policy:
+    """The policy from DURABLE_AGENTS["RETENTION"] (or `config`) and the registered workflows' own `retention=`;
+    a bad settings entry is an InvalidInputError saying which."""
     config = settings.RETENTION if config is FROM_SETTINGS else config
-    own = _declared() if declared else {}
+    own = _declared()
     if config is None:
         return Policy({}, own)
     if not isinstance(config, dict):
@@ -168,8 +168,8 @@ def prune(
     )
     if workflow is not None:
         check_text(workflow, "--workflow")
-    age = parse_duration(older_than) if isinstance(older_than, str) else older_than
-    limit = parse_duration(stop_after) if isinstance(stop_after, str) else stop_after
+    age = _duration(older_than, "older_than")
+    limit = _duration(stop_after, "stop_after")
     which = eligible(load_policy(), clock.now(), workflow=workflow, older_than=age)
     report = engine_prune.prune(
         which,
@@ -197,6 +197,15 @@ def _pause(value: float | str | None) -> float:
     if not 0 <= pause <= 3600:
         raise InvalidInputError(f"--pause is seconds from 0 to 3600 between batches, e.g. 0.2; got {shown(value)}")
     return pause
+
+
+def _duration(value: str | timedelta | None, what: str) -> timedelta | None:
+    """A duration given as text ("2h", as on the command line) or a timedelta; None stays None."""
+    if value is None or isinstance(value, timedelta):
+        return value
+    if isinstance(value, str):
+        return parse_duration(value)
+    raise InvalidInputError(f"{what} is a duration, e.g. '2h' or a timedelta; got {shown(value)}")
 
 
 def _duty_cycle(value: float | str | None) -> float:

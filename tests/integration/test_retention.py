@@ -331,6 +331,12 @@ def test_prune__rests_by_each_batchs_own_time(monkeypatch, extra, rests):
     assert not report.stopped
 
 
+@pytest.mark.parametrize("keyword", ["stop_after", "older_than"])
+def test_prune__a_duration_that_is_not_one_is_a_clear_error(keyword):
+    with retained(), pytest.raises(InvalidInputError, match=f"{keyword} is a duration, e.g. '2h' or a timedelta"):
+        retention.prune(**{keyword: 60})
+
+
 def test_prune__stop_after_starts_no_batch_past_its_time(monkeypatch):
     """A maintenance window: each batch takes 2 s on the test's clock; with --stop-after 5s the pass checks the
     clock before each batch (0 s, 2 s in: go; 8 s in: stop) and says it stopped; the next pass goes on."""
