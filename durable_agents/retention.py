@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db.models import Count, Q
+from django.db.models import Q
 
 from durable_agents import clock
 from durable_agents.conf import settings
@@ -180,9 +180,6 @@ def prune(
         duty_cycle=_duty_cycle(duty_cycle),
         stop_after=None if limit is None else limit.total_seconds(),
     )
-    if dry_run:
-        rows = engine_prune.prunable(which).values("workflow", "status").annotate(n=Count("id")).order_by()
-        report.counts = {f"{row['workflow']}/{row['status']}": row["n"] for row in rows}
     return report
 
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Exists, Max, OuterRef, Q, QuerySet, Subquery
+from django.db.models import Count, Exists, Max, OuterRef, Q, QuerySet, Subquery
 
 from durable_agents.engine.archive import write_archive
 from durable_agents.models import Effect, EffectStatus, Event, Payload, Reliance, Run, Step, Turn, Wait
@@ -143,7 +143,10 @@ def prune(
     no batch once that long has passed, and says so (`report.stopped`): the next pass goes on from the start."""
     report = PruneReport(dry_run=dry_run)
     if dry_run:
-        report.selected = prunable(eligible).count()
+        # One query, counted by workflow and status (the whole table at once: a dry run is read-only and rare).
+        rows = prunable(eligible).values("workflow", "status").annotate(n=Count("id")).order_by()
+        report.counts = {f"{row['workflow']}/{row['status']}": row["n"] for row in rows}
+        report.selected = sum(report.counts.values())
         return report
     with _one_prune_at_a_time() as alone:
         if not alone:
