@@ -335,9 +335,9 @@ SETTINGS: dict[str, Setting] = {
     "RETENTION_PAUSE_SECONDS": Setting(
         0.0,
         float,
-        "the prune rests at least this long between batches (RETENTION_DUTY_CYCLE may ask for longer)",
+        "the prune rests at least this long between batches (RETENTION_DUTY_CYCLE may ask for longer), as --pause",
         at_least=0,
-        at_most=LONGEST_SECONDS,
+        at_most=3600,
     ),
     "RETENTION_DUTY_CYCLE": Setting(
         0.1,

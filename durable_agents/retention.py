@@ -32,7 +32,7 @@ from django.db.models import Q
 
 from durable_agents import clock
 from durable_agents.conf import settings
-from durable_agents.durations import parse_duration
+from durable_agents.durations import MAX_DURATION, parse_duration
 from durable_agents.engine import prune as engine_prune
 from durable_agents.engine.archive import record_lines
 from durable_agents.engine.prune import PruneReport
@@ -41,9 +41,11 @@ from durable_agents.errors import InvalidInputError
 from durable_agents.operations import resolve_run_id
 from durable_agents.states import FINISHED_RUN_STATUSES
 from durable_agents.storable import check_text, shown, whole_number
-from durable_agents.workflows import registry
+from durable_agents.workflows import RETENTION_DEFAULT, registry
 
-DEFAULT = "default"
+DEFAULT = RETENTION_DEFAULT
+# The longest rest between batches (--pause, RETENTION_PAUSE_SECONDS): the pass holds the prune's lock as it rests.
+MOST_PAUSE = 3600.0
 FROM_SETTINGS: Any = object()
 STATUSES: tuple[str, ...] = tuple(str(status) for status in FINISHED_RUN_STATUSES)
 
@@ -132,7 +134,7 @@ def eligible(policy: Policy, now: datetime, *, workflow: str | None = None, olde
     matched = Q()
     for part in chosen:
         matched |= part
-    return matched & Q(workflow=workflow) if workflow else matched
+    return matched if workflow is None else matched & Q(workflow=workflow)
 
 
 def _older(statuses: Any, before: datetime) -> Q:
@@ -166,10 +168,11 @@ def prune(
         low=1,
         high=100_000,
     )
-    if workflow is not None:
-        check_text(workflow, "--workflow")
+    if workflow is not None and not check_text(workflow, "--workflow").strip():
+        # `--workflow "$WF"` with WF unset must not widen the pass to every workflow (with --older-than: every run).
+        raise InvalidInputError("--workflow is empty; name the workflow whose runs to prune, or leave it out")
     age = _duration(older_than, "older_than")
-    limit = _duration(stop_after, "stop_after")
+    limit = _duration(stop_after, "stop_after", positive=True)
     which = eligible(load_policy(), clock.now(), workflow=workflow, older_than=age)
     report = engine_prune.prune(
         which,
@@ -183,40 +186,55 @@ def prune(
     return report
 
 
-def _pause(value: float | str | None) -> float:
-    """The rest between batches: RETENTION_PAUSE_SECONDS, or `--pause` (seconds, 0 to 3600)."""
+def _duration(value: str | timedelta | None, what: str, *, positive: bool = False) -> timedelta | None:
+    """A duration given as text ("2h", as on the command line) or a timedelta, from 0 (above 0 if `positive`) to
+    100 years; None stays None. A number is refused (seconds? days?), and so is an age past 100 years (`now - age`
+    would overflow)."""
     if value is None:
-        return float(settings.RETENTION_PAUSE_SECONDS)
+        return None
+    if not isinstance(value, str | timedelta):
+        raise InvalidInputError(f"{what} is a duration, e.g. '2h' or a timedelta; got {shown(value)}")
+    duration = parse_duration(value) if isinstance(value, str) else value
+    option = "--" + what.replace("_", "-")
+    if duration > MAX_DURATION:
+        raise InvalidInputError(f"{option} {shown(value)} is longer than 100 years; give a shorter one, e.g. 52w")
+    if duration < timedelta(0) or (positive and not duration):
+        # A window of 0 would stop every pass before its first batch: nothing would ever be pruned.
+        least = "longer than 0" if positive else "0 or longer"
+        raise InvalidInputError(f"{option} must be {least}, e.g. 2h; got {shown(value)}")
+    return duration
+
+
+def _number(value: Any) -> float:
     try:
-        pause = float(value)
+        return float(value)
     except (TypeError, ValueError):
-        pause = -1.0
-    if not 0 <= pause <= 3600:
-        raise InvalidInputError(f"--pause is seconds from 0 to 3600 between batches, e.g. 0.2; got {shown(value)}")
+        return float("nan")  # fails every bound below
+
+
+def _pause(value: float | str | None) -> float:
+    """The rest between batches: `--pause`, else RETENTION_PAUSE_SECONDS (seconds, 0 to 3600).
+
+    The setting is checked here too: a Celery worker runs no system checks, and a bad value would crash the pass
+    after its first batch or rest it for years holding the prune's lock."""
+    name = "--pause" if value is not None else "DURABLE_AGENTS['RETENTION_PAUSE_SECONDS']"
+    given = settings.RETENTION_PAUSE_SECONDS if value is None else value
+    pause = _number(given)
+    if not 0 <= pause <= MOST_PAUSE:
+        raise InvalidInputError(f"{name} is seconds from 0 to 3600 between batches, e.g. 0.2; got {shown(given)}")
     return pause
 
 
-def _duration(value: str | timedelta | None, what: str) -> timedelta | None:
-    """A duration given as text ("2h", as on the command line) or a timedelta; None stays None."""
-    if value is None or isinstance(value, timedelta):
-        return value
-    if isinstance(value, str):
-        return parse_duration(value)
-    raise InvalidInputError(f"{what} is a duration, e.g. '2h' or a timedelta; got {shown(value)}")
-
-
 def _duty_cycle(value: float | str | None) -> float:
-    """The share of the wall clock a pass may work: RETENTION_DUTY_CYCLE, or `--duty-cycle` (0.01 to 1)."""
-    if value is None:
-        return float(settings.RETENTION_DUTY_CYCLE)
-    try:
-        share = float(value)
-    except (TypeError, ValueError):
-        share = -1.0
+    """The share of the wall clock a pass may work: `--duty-cycle`, else RETENTION_DUTY_CYCLE (0.01 to 1), checked
+    as `_pause` checks its setting (0 divided the first batch's time by zero)."""
+    name = "--duty-cycle" if value is not None else "DURABLE_AGENTS['RETENTION_DUTY_CYCLE']"
+    given = settings.RETENTION_DUTY_CYCLE if value is None else value
+    share = _number(given)
     if not 0.01 <= share <= 1:
         raise InvalidInputError(
-            f"--duty-cycle is the share of the time the prune may work, from 0.01 to 1 (flat out), e.g. 0.1; "
-            f"got {shown(value)}"
+            f"{name} is the share of the time the prune may work, from 0.01 to 1 (flat out), e.g. 0.1; "
+            f"got {shown(given)}"
         )
     return share
 

@@ -25,7 +25,7 @@ from decimal import Decimal
 from typing import Any
 
 from durable_agents.conf import settings
-from durable_agents.durations import parse_duration
+from durable_agents.durations import MAX_DURATION, parse_duration
 from durable_agents.errors import DefinitionError, InvalidInputError, UnknownWorkflowError
 from durable_agents.states import FINISHED_RUN_STATUSES
 from durable_agents.tools import Tool
@@ -36,6 +36,9 @@ MAX_CONCURRENCY_LIMIT = 10_000
 # What a validator or plan function raises on an input it cannot read (missing key, wrong type): an input error.
 INPUT_SHAPE_ERRORS: tuple[type[Exception], ...] = (ValueError, TypeError, LookupError, AttributeError)
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,199}$")
+# RETENTION's key for every workflow the settings do not name (retention.py). A workflow of that name declaring its
+# own ages would lend them to every other workflow: the policy could not tell "default" the workflow from the rest.
+RETENTION_DEFAULT = "default"
 
 
 @dataclass(frozen=True)
@@ -217,6 +220,11 @@ class Workflow:
 
     def _retention_ages(self, given: Any) -> dict[str, timedelta | None]:
         example = "e.g. retention={'completed': '30d', 'failed': None}"
+        if self.name == RETENTION_DEFAULT:
+            raise DefinitionError(
+                f"workflow {self.name!r} cannot declare retention: RETENTION[{RETENTION_DEFAULT!r}] means every "
+                f"workflow the settings do not name; rename the workflow, or give its ages in the settings"
+            )
         if not isinstance(given, Mapping):
             raise DefinitionError(f"workflow {self.name!r}: retention maps finished statuses to ages, {example}")
         ages: dict[str, timedelta | None] = {}
@@ -233,6 +241,11 @@ class Workflow:
                 raise DefinitionError(f"workflow {self.name!r}: retention[{status!r}]: {exc}") from None
             if isinstance(age, timedelta) and age < timedelta(0):
                 raise DefinitionError(f"workflow {self.name!r}: retention[{status!r}] is negative: {age}")
+            if isinstance(age, timedelta) and age > MAX_DURATION:
+                # Past it, `now - age` overflows in every prune pass.
+                raise DefinitionError(
+                    f"workflow {self.name!r}: retention[{status!r}] is longer than 100 years; use None to keep for ever"
+                )
         return ages
 
     @property

@@ -138,9 +138,10 @@ def prune(
     """Delete every prunable run matching `eligible`, `batch_size` runs per transaction, archiving each batch to
     the storage alias `archive` first (if given). `dry_run` counts what would go and changes nothing.
 
-    After each batch the pass rests `rest_after(...)`: at least `pause_seconds`, and long enough that its work
-    takes at most `duty_cycle` of the wall clock (see `rest_after`). With `stop_after` (seconds) the pass starts
-    no batch once that long has passed, and says so (`report.stopped`): the next pass goes on from the start."""
+    After each page (a batch, or a page of runs it must keep) the pass rests `rest_after(...)`: at least
+    `pause_seconds`, and long enough that its work takes at most `duty_cycle` of the wall clock (see `rest_after`).
+    With `stop_after` (seconds) the pass starts no batch once that long has passed, nor rests into that time, and
+    says so (`report.stopped`): the next pass goes on from the start."""
     report = PruneReport(dry_run=dry_run)
     if dry_run:
         # One query, counted by workflow and status (the whole table at once: a dry run is read-only and rare).
@@ -170,26 +171,44 @@ def prune(
             # Checked by id: the planner probes each run's forks, children, reliances and effects by index. Asked
             # of the whole table with a LIMIT, it anti-joined the effect table (13 s a batch at 1 M runs).
             chosen = _fingerprints(prunable(eligible).filter(id__in=page))
-            if not chosen:
-                continue  # a page of runs that must be kept (relied on, a fork's source...): the next page
-            ids = sorted(chosen)
-            report.selected += len(ids)
-            report.batches += 1
-            if archive:
-                report.archives.append(write_archive(archive, (name_archive or archive_name)(ids), ids))
-            try:
-                deleted = delete_batch(chosen, eligible)
-            except IntegrityError:
-                # A product table points at one of these runs with a foreign key of its own: the whole batch is
-                # kept (rolled back), this pass goes on with the next one; the log and `skipped` say so.
-                logger.warning("prune: a batch of %d runs is referenced by other rows and was kept", len(ids))
-                deleted = []
-            report.deleted += len(deleted)
-            report.skipped += len(ids) - len(deleted)
+            # An empty `chosen` is a page of runs that must be kept (relied on, a fork's source...): the next page.
+            if chosen:
+                _delete_chosen(chosen, eligible, report, archive, name_archive)
+            # A page read and checked is work on the database even if nothing went: it is rested after too, or a
+            # table of old runs that must be kept (children of a parent kept for ever) is scanned flat out.
             rest = rest_after(time.monotonic() - began, pause_seconds, duty_cycle)
+            if stop_after is not None and time.monotonic() - started + rest >= stop_after:
+                # The rest would carry the pass past its window (at a duty cycle of 0.01 it is 99x the batch), and
+                # no batch starts after it: stop now, not once the window is over, still holding the lock.
+                report.stopped = True
+                return report
             report.rested += rest
             if rest:
                 _sleep(rest)
+
+
+def _delete_chosen(
+    chosen: dict[uuid.UUID, Fingerprint],
+    eligible: Q,
+    report: PruneReport,
+    archive: str | None,
+    name_archive: Callable[[list[uuid.UUID]], str] | None,
+) -> None:
+    """One batch: archived (if asked), then deleted in one transaction; counted in `report`."""
+    ids = sorted(chosen)
+    report.selected += len(ids)
+    report.batches += 1
+    if archive:
+        report.archives.append(write_archive(archive, (name_archive or archive_name)(ids), ids))
+    try:
+        deleted = delete_batch(chosen, eligible)
+    except IntegrityError:
+        # A product table points at one of these runs with a foreign key of its own: the whole batch is kept
+        # (rolled back), this pass goes on with the next one; the log and `skipped` say so.
+        logger.warning("prune: a batch of %d runs is referenced by other rows and was kept", len(ids))
+        deleted = []
+    report.deleted += len(deleted)
+    report.skipped += len(ids) - len(deleted)
 
 
 def rest_after(worked: float, pause_seconds: float, duty_cycle: float) -> float:

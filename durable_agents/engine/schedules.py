@@ -16,7 +16,9 @@ Missed slots (beat down, a deploy): SKIP starts only the latest, CATCH_UP each, 
 Overlap: under SKIP (the default, as Temporal's) slots due while the schedule's last run is still live (pending,
 running, waiting) are not started, nor owed later: the sweep advances `next_slot` past them and adds them to
 `overlap_skipped`, in the same locked transaction, and writes nothing on the live run. Under CATCH_UP that is
-every owed slot (they would all overlap it). A last run pruned away counts as finished. ALLOW starts them anyway.
+every owed slot (they would all overlap it); with the last run finished, CATCH_UP starts the oldest owed slot
+and passes over the rest (each would overlap its run). A last run pruned away counts as finished. ALLOW starts
+them anyway.
 """
 
 from __future__ import annotations
@@ -146,18 +148,23 @@ def _start_due(name: str, now: datetime) -> int:
         if schedule is None:
             return 0  # another sweep holds it, or it was paused or advanced meanwhile
         slots = owed_slots(schedule, now)
-        if slots.due and schedule.overlap == Overlap.SKIP and _last_run_is_live_txn(schedule):
-            # Passed over, not postponed: a slot owed until the run ends would start late, then overlap the next.
-            Schedule.objects.filter(pk=schedule.pk).update(
-                next_slot=slots.next_slot,
-                overlap_skipped=F("overlap_skipped") + len(slots.due),
-                last_error="",
-                updated_at=clock.DbNow(),
-            )
-            return 0
+        due, passed_over = slots.due, 0
+        if due and schedule.overlap == Overlap.SKIP:
+            if _last_run_is_live_txn(schedule):
+                # Passed over, not postponed: a slot owed until the run ends would start late, then overlap the next.
+                Schedule.objects.filter(pk=schedule.pk).update(
+                    next_slot=slots.next_slot,
+                    # The missed slots beyond `due` (beat was down) were due while it was live too: counted, not lost.
+                    overlap_skipped=F("overlap_skipped") + len(due) + slots.skipped,
+                    last_error="",
+                    updated_at=clock.DbNow(),
+                )
+                return 0
+            # Catching up, each owed slot after the oldest would overlap the oldest's run, started a moment before.
+            due, passed_over = due[:1], len(due) - 1
         try:
             with transaction.atomic():
-                runs = [_start_slot_txn(schedule, slot, slots.skipped) for slot in slots.due]
+                runs = [_start_slot_txn(schedule, slot, slots.skipped) for slot in due]
         except DatabaseError:
             raise  # the database's trouble is the sweep's, not this schedule's
         except Exception as exc:  # noqa: BLE001 - one schedule's failure must not starve the schedules after it
@@ -171,7 +178,9 @@ def _start_due(name: str, now: datetime) -> int:
             return 0
         advance: dict[str, Any] = {"next_slot": slots.next_slot, "last_error": "", "updated_at": clock.DbNow()}
         if runs:
-            advance.update(last_slot=slots.due[-1], last_run=runs[-1])
+            advance.update(last_slot=due[-1], last_run=runs[-1])
+        if passed_over:
+            advance.update(overlap_skipped=F("overlap_skipped") + passed_over)
         Schedule.objects.filter(pk=schedule.pk).update(**advance)
     return len(runs)
 

@@ -143,8 +143,9 @@ def test_schedule__concurrent_sweeps_start_each_slot_once():
 
 def test_schedule__after_a_gap_skip_starts_the_latest_slot_and_catch_up_each_within_its_limit():
     api.schedule("skipper", "record", cron="0 * * * *", missed="skip")
-    api.schedule("catcher", "record", cron="0 * * * *", missed="catch_up", catch_up_limit=10)
-    api.schedule("bounded", "record", cron="0 * * * *", missed="catch_up", catch_up_limit=3)
+    # Runs stay pending here (no worker): allow overlap, so catching up starts each owed slot (see test_attacks19b).
+    api.schedule("catcher", "record", cron="0 * * * *", missed="catch_up", catch_up_limit=10, overlap="allow")
+    api.schedule("bounded", "record", cron="0 * * * *", missed="catch_up", catch_up_limit=3, overlap="allow")
     begin = clock.now()
     clock.advance(timedelta(hours=5, minutes=30))  # beat was down: five or six hourly slots passed
     report = sweep()
@@ -162,7 +163,7 @@ def test_schedule__after_a_gap_skip_starts_the_latest_slot_and_catch_up_each_wit
 
 
 def test_schedule__a_month_of_missed_minutes_costs_the_limit_not_the_gap():
-    api.schedule("minutely", "record", cron="* * * * *", missed="catch_up", catch_up_limit=5)
+    api.schedule("minutely", "record", cron="* * * * *", missed="catch_up", catch_up_limit=5, overlap="allow")
     begin = clock.now()
     clock.advance(timedelta(days=30))
     assert sweep().scheduled == 5
@@ -173,7 +174,7 @@ def test_schedule__a_month_of_missed_minutes_costs_the_limit_not_the_gap():
 
 
 def test_schedule__paused_starts_nothing_and_resume_owes_no_paused_slot():
-    api.schedule("pausable", "record", cron="*/10 * * * *", missed="catch_up")
+    api.schedule("pausable", "record", cron="*/10 * * * *", missed="catch_up", overlap="allow")
     api.pause_schedule("pausable")
     clock.advance(timedelta(hours=1))
     assert sweep().scheduled == 0 and not started("pausable")
