@@ -3,6 +3,7 @@ schedules' overlap policy."""
 
 from __future__ import annotations
 
+import threading
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -10,11 +11,13 @@ from croniter import croniter
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import CommandError
+from django.db import connections
 from django.test import override_settings
 
 from durable_agents import api, clock, retention
 from durable_agents.conf import SETTINGS
 from durable_agents.engine import prune as engine_prune
+from durable_agents.engine.schedules import start_due_schedules
 from durable_agents.engine.sweep import sweep
 from durable_agents.errors import DefinitionError, InvalidInputError
 from durable_agents.models import Effect, Run, RunStatus, Schedule
@@ -296,3 +299,60 @@ def test_prune__an_empty_workflow_is_refused_not_read_as_every_workflow():
         call_command("durable_prune", "--older-than", "1d", "--workflow", "")
     assert raised.value.returncode == 2
     assert exists(ids) == set(ids)
+
+
+def test_schedule__concurrent_sweeps_and_a_finishing_run_neither_double_nor_lose_a_slot_under_skip():
+    """Three sweeps at once, catching up seven minutely slots a round, while another thread drives the live run to
+    its end: under overlap="skip" at most one run of the schedule is live after any round, and every slot is
+    either started once or counted as passed over (started + overlap_skipped = slots due)."""
+    api.schedule("racing", "record", cron="* * * * *", missed="catch_up", catch_up_limit=100)
+    begin = clock.now()
+    barrier = threading.Barrier(5)
+    errors: list[BaseException] = []
+    live_after_round: list[int] = []
+
+    def guarded(body):
+        def run() -> None:
+            try:
+                body()
+            except BaseException as exc:  # noqa: BLE001 - reported below, in the test's thread
+                errors.append(exc)
+                barrier.abort()
+            finally:
+                connections.close_all()
+
+        return run
+
+    def sweeper() -> None:
+        for _ in range(6):
+            barrier.wait(timeout=60)
+            start_due_schedules(clock.now())
+            barrier.wait(timeout=60)
+
+    def finisher() -> None:
+        for _ in range(6):
+            barrier.wait(timeout=60)
+            for run_id in live_runs("racing").values_list("id", flat=True):
+                drive(run_id)
+            barrier.wait(timeout=60)
+
+    def mover() -> None:
+        for _ in range(6):
+            barrier.wait(timeout=60)
+            barrier.wait(timeout=60)
+            live_after_round.append(live_runs("racing").count())
+            clock.advance(timedelta(minutes=7))
+
+    threads = [threading.Thread(target=guarded(sweeper)) for _ in range(3)]
+    threads += [threading.Thread(target=guarded(finisher)), threading.Thread(target=guarded(mover))]
+    clock.advance(timedelta(minutes=7))
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=180)
+    assert not errors, f"a thread failed: {errors[0]!r}"
+    assert max(live_after_round) <= 1, f"two runs of the schedule were live at once: {live_after_round}"
+    due = slots_between("* * * * *", begin, clock.now() - timedelta(minutes=7))
+    started = Run.objects.filter(idempotency_key__startswith="schedule:racing:").count()
+    skipped = Schedule.objects.get(name="racing").overlap_skipped
+    assert started + skipped == len(due), f"{started} started + {skipped} passed over, but {len(due)} slots were due"
