@@ -158,7 +158,8 @@ def prune(
     RETENTION_ARCHIVE names a storage. `dry_run` only counts them (report.counts by workflow and status).
     The pace: at most `duty_cycle` (RETENTION_DUTY_CYCLE) of the wall clock at work, and at least
     `pause_seconds` (RETENTION_PAUSE_SECONDS) of rest between batches. `stop_after` ("2h") ends the pass
-    once that long has passed, before its next batch (a maintenance window; the next pass goes on).
+    once that long has passed, before its next batch (a maintenance window); such a pass begins at a random
+    point of the id order and goes round, so the windows of successive passes cover the whole table.
 
     Example: `prune(dry_run=True, workflow="refund-agent", older_than="90d").selected`
     """
@@ -182,6 +183,7 @@ def prune(
         pause_seconds=0.0 if dry_run else _pause(pause_seconds),
         duty_cycle=_duty_cycle(duty_cycle),
         stop_after=None if limit is None else limit.total_seconds(),
+        start_at=None if limit is None else engine_prune.window_start(),
     )
     return report
 

@@ -133,6 +133,7 @@ def prune(
     pause_seconds: float = 0.0,
     duty_cycle: float = 1.0,
     stop_after: float | None = None,
+    start_at: uuid.UUID | None = None,
     name_archive: Callable[[list[uuid.UUID]], str] | None = None,
 ) -> PruneReport:
     """Delete every prunable run matching `eligible`, `batch_size` runs per transaction, archiving each batch to
@@ -141,7 +142,8 @@ def prune(
     After each page (a batch, or a page of runs it must keep) the pass rests `rest_after(...)`: at least
     `pause_seconds`, and long enough that its work takes at most `duty_cycle` of the wall clock (see `rest_after`).
     With `stop_after` (seconds) the pass starts no batch once that long has passed, nor rests into that time, and
-    says so (`report.stopped`): the next pass goes on from the start."""
+    says so (`report.stopped`). `start_at` (a run id) begins the pass there and goes round to it (retention
+    passes a random one to a windowed pass: see `window_start`)."""
     report = PruneReport(dry_run=dry_run)
     if dry_run:
         # One query, counted by workflow and status (the whole table at once: a dry run is read-only and rare).
@@ -153,20 +155,28 @@ def prune(
         if not alone:
             report.busy = True
             return report
-        after: uuid.UUID | None = None
+        # Keyset order by id, from `start_at` round to it: a run skipped in this pass is behind the next batch,
+        # never chosen again in it. A windowed pass starts at a point of its own (`window_start`): passes that
+        # all began at the smallest id would each stop in the same stretch of runs it must keep, and never reach
+        # the runs behind it.
+        after, wrapped = start_at, start_at is None
         started = time.monotonic()
         while True:
             if stop_after is not None and time.monotonic() - started >= stop_after:
                 report.stopped = True
                 return report
-            # Keyset order by id: a run skipped in this pass is behind the next batch, never chosen again in it.
             candidates = old_enough(eligible).order_by("id")
             if after is not None:
                 candidates = candidates.filter(id__gt=after)
+            if wrapped and start_at is not None:
+                candidates = candidates.filter(id__lte=start_at)
             began = time.monotonic()
             page = list(candidates.values_list("id", flat=True)[:batch_size])
             if not page:
-                return report
+                if wrapped:
+                    return report
+                after, wrapped = None, True  # round from the smallest id to where this pass began
+                continue
             after = page[-1]
             # Checked by id: the planner probes each run's forks, children, reliances and effects by index. Asked
             # of the whole table with a LIMIT, it anti-joined the effect table (13 s a batch at 1 M runs).
@@ -209,6 +219,11 @@ def _delete_chosen(
         deleted = []
     report.deleted += len(deleted)
     report.skipped += len(ids) - len(deleted)
+
+
+def window_start() -> uuid.UUID:
+    """Where a windowed pass begins in the id order: anywhere, so the windows of many passes cover the table."""
+    return uuid.uuid4()
 
 
 def rest_after(worked: float, pause_seconds: float, duty_cycle: float) -> float:

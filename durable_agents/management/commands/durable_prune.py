@@ -22,7 +22,9 @@ class Command(DurableCommand):
             "--duty-cycle",
             help="share of the time the pass may work, 0.01 to 1 (flat out) (default: RETENTION_DUTY_CYCLE)",
         )
-        parser.add_argument("--stop-after", help="start no batch after this long, e.g. 2h (the next pass goes on)")
+        parser.add_argument(
+            "--stop-after", help="start no batch after this long, e.g. 2h (begins anywhere; passes cover it all)"
+        )
         parser.add_argument(
             "--older-than", help="instead of the policy: finished runs unchanged for this long, e.g. 90d"
         )
