@@ -65,9 +65,15 @@ def test_check_settings__a_limit_beyond_sql_bigint_is_an_error(name):
         assert ids() == ["durable_agents.E003"], f"{name}=10**19 passed the checks; Postgres refuses it as a LIMIT"
 
 
-@pytest.mark.parametrize("name", SECONDS)
+# Every duration may be years long, but those bounded lower on purpose (RETENTION_PAUSE_SECONDS: at most an hour,
+# the prune holds its lock as it rests).
+DECADE = 10 * 365 * 24 * 3600.0
+SECONDS_OF_YEARS = [name for name in SECONDS if SETTINGS[name].at_most is None or SETTINGS[name].at_most >= DECADE]
+
+
+@pytest.mark.parametrize("name", SECONDS_OF_YEARS)
 def test_check_settings__a_duration_of_years_passes(name):
-    with override_settings(DURABLE_AGENTS={name: 10 * 365 * 24 * 3600.0}):
+    with override_settings(DURABLE_AGENTS={name: DECADE}):
         assert ids() == []
 
 
