@@ -4,10 +4,10 @@ schedules' overlap policy."""
 from __future__ import annotations
 
 import threading
-from datetime import UTC, datetime, timedelta
+import uuid
+from datetime import timedelta
 
 import pytest
-from croniter import croniter
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import CommandError
@@ -24,6 +24,7 @@ from durable_agents.models import Effect, Run, RunStatus, Schedule
 from durable_agents.states import FINISHED_RUN_STATUSES
 from durable_agents.testing import drive
 from durable_agents.workflows import call, registry, workflow
+from tests.integration.test_schedules import slots_between
 
 pytestmark = pytest.mark.django_db(transaction=True)
 POLICY = {"default": {"completed": "30d", "failed": "30d", "cancelled": "30d"}}
@@ -181,6 +182,7 @@ def test_prune__a_rest_does_not_carry_the_pass_past_stop_after(monkeypatch):
     """At a duty cycle of 0.01 a batch of 1 s is followed by 99 s of rest: with --stop-after 30s the pass must end
     near its window (the maintenance window is the operator's), not rest 99 s, holding the prune's lock, first."""
     fake = FakeClock(monkeypatch)
+    monkeypatch.setattr(engine_prune, "window_start", lambda: uuid.UUID(int=0))  # from the smallest id: a full page
     ids = old_runs(6)
     with durable(RETENTION=POLICY):
         report = retention.prune(batch_size=2, duty_cycle=0.01, stop_after="30s")
@@ -228,14 +230,6 @@ def test_prune__a_pass_begun_inside_the_id_order_goes_round_to_where_it_began():
 
 
 # Schedules: overlap="skip" under catch_up
-
-
-def slots_between(cron: str, after: datetime, until: datetime) -> list[datetime]:
-    it = croniter(cron, after.astimezone(UTC))
-    found = []
-    while (slot := it.get_next(datetime).astimezone(UTC).replace(fold=0)) <= until:
-        found.append(slot)
-    return found
 
 
 def live_runs(name: str):
