@@ -303,7 +303,7 @@ def schedule(
     Idempotent: call it at start-up or in a data migration; the same definition changes nothing, a new cron
     starts from its next slot, and a schedule an operator paused stays paused. Slots missed while no sweep
     ran: `missed="skip"` starts the latest only, `"catch_up"` each (at most `catch_up_limit`, the latest).
-    A slot due while the schedule's last run is still live (pending, running, waiting): `overlap="skip"` (the
+    A slot due while a run the schedule started is still live (pending, running, waiting): `overlap="skip"` (the
     default) does not start it, nor owes it later, and counts it in `Schedule.overlap_skipped` (so catching up
     under it starts the oldest owed slot only: the others would overlap its run); `"allow"` starts it beside
     the live one.

@@ -132,6 +132,9 @@ class Run(models.Model):
     concurrency_key = models.CharField(max_length=255, null=True, blank=True)
     concurrency_limit = models.PositiveIntegerField(default=1)
     admitted_at = models.DateTimeField(null=True, blank=True)
+    # The schedule that started this run for one of its slots (its name; engine/schedules.py), else "". Its
+    # overlap policy asks "is any run of mine still live?" of the index below, whatever the schedule's history.
+    schedule = models.CharField(max_length=200, blank=True, default="")
 
     objects = RunQuerySet.as_manager()
 
@@ -194,6 +197,11 @@ class Run(models.Model):
                     admitted_at__isnull=False,
                 ),
                 name="durable_run_key_holders",
+            ),
+            models.Index(
+                fields=["schedule"],
+                condition=Q(status__in=["pending", "running", "waiting"]) & ~Q(schedule=""),
+                name="durable_run_schedule_live",
             ),
         ]
 
@@ -536,7 +544,7 @@ class MissedSlots(models.TextChoices):
 
 
 class Overlap(models.TextChoices):
-    """What the sweep does with a slot that falls due while the schedule's last run is still live."""
+    """What the sweep does with a slot that falls due while a run the schedule started is still live."""
 
     SKIP = "skip"  # do not start it (nor owe it later); count it in `overlap_skipped`
     ALLOW = "allow"  # start it anyway: two runs of the schedule may be live at once
@@ -548,8 +556,8 @@ class Schedule(models.Model):
     `next_slot` (UTC) is the first slot not yet started; the sweep starts due slots and advances it in one
     transaction, and each slot's run carries the idempotency key "schedule:<name>:<slot>", so a slot is started
     once even if that transaction is retried. A paused schedule starts nothing; resuming starts from the next
-    slot after the moment of resuming. Under `overlap="skip"` a slot due while `last_run` is still live is passed
-    over (counted in `overlap_skipped`), never started late.
+    slot after the moment of resuming. Under `overlap="skip"` a slot due while a run it started (`Run.schedule`)
+    is still live is passed over (counted in `overlap_skipped`), never started late.
     """
 
     name = models.CharField(max_length=200, unique=True)

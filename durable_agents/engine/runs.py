@@ -43,6 +43,7 @@ def start_run(
     version: int | None = None,
     concurrency_key: str | None = None,
     concurrency_limit: int | None = None,
+    schedule: str = "",
 ) -> Run:
     """Create a run and its plan rows in one statement (records.insert_run); a worker is woken once it commits
     (the caller's transaction, if any; else at once, with the first step's kind, so its queue costs no query).
@@ -70,6 +71,7 @@ def start_run(
         step_count=len(plan),
         concurrency_key=key,
         concurrency_limit=limit,
+        schedule=schedule,
     )
     rows = [plan_row(run.id, definition, element, position) for position, element in enumerate(plan)]
     try:

@@ -13,12 +13,12 @@ the first pass of the repeated hour only, and a minute or hour field starting wi
 first minute after it.
 Missed slots (beat down, a deploy): SKIP starts only the latest, CATCH_UP each, oldest first, at most
 `catch_up_limit` (the most recent ones). Paused slots are never owed: resuming starts from the next slot.
-Overlap: under SKIP (the default, as Temporal's) slots due while the schedule's last run is still live (pending,
-running, waiting) are not started, nor owed later: the sweep advances `next_slot` past them and adds them to
-`overlap_skipped`, in the same locked transaction, and writes nothing on the live run. Under CATCH_UP that is
-every owed slot (they would all overlap it); with the last run finished, CATCH_UP starts the oldest owed slot
-and passes over the rest (each would overlap its run). A last run pruned away counts as finished. ALLOW starts
-them anyway.
+Overlap: under SKIP (the default, as Temporal's) slots due while any run the schedule started (`Run.schedule`) is
+still live (pending, running, waiting) are not started, nor owed later: the sweep advances `next_slot` past them
+and adds them to `overlap_skipped`, in the same locked transaction, and writes nothing on the live run. Under
+CATCH_UP that is every owed slot (they would all overlap it); with no run live, CATCH_UP starts the oldest owed
+slot and passes over the rest (each would overlap its run). A run pruned away has finished. ALLOW starts them
+anyway.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from durable_agents.engine.records import locked
 from durable_agents.engine.runs import start_run
 from durable_agents.errors import DurableAgentsError, InvalidInputError, ScheduleNotFoundError
 from durable_agents.models import MissedSlots, Overlap, Run, Schedule
-from durable_agents.states import FINISHED_RUN_STATUSES
+from durable_agents.states import ACTIVE_RUN_STATUSES
 from durable_agents.storable import storable_text, whole_number
 from durable_agents.workflows import registry
 
@@ -150,7 +150,7 @@ def _start_due(name: str, now: datetime) -> int:
         slots = owed_slots(schedule, now)
         due, passed_over = slots.due, 0
         if due and schedule.overlap == Overlap.SKIP:
-            if _last_run_is_live_txn(schedule):
+            if _a_run_is_live_txn(schedule):
                 # Passed over, not postponed: a slot owed until the run ends would start late, then overlap the next.
                 Schedule.objects.filter(pk=schedule.pk).update(
                     next_slot=slots.next_slot,
@@ -185,14 +185,13 @@ def _start_due(name: str, now: datetime) -> int:
     return len(runs)
 
 
-def _last_run_is_live_txn(schedule: Schedule) -> bool:
-    """True if the schedule's last run is pending, running or waiting; a pruned one (no row) has finished."""
+def _a_run_is_live_txn(schedule: Schedule) -> bool:
+    """True if any run this schedule started is pending, running or waiting (pruned runs have finished)."""
     # Under the schedule's lock, so two sweeps cannot both see it live-or-not and act twice; a run finishing
     # right after this read only means its overlapping slot was passed over, as it would have been a moment earlier.
-    assert connection.in_atomic_block, "the last run is checked in the transaction that advances its schedule"
-    if schedule.last_run_id is None:
-        return False
-    return Run.objects.filter(pk=schedule.last_run_id).exclude(status__in=FINISHED_RUN_STATUSES).exists()
+    # Every run, not only the last: runs started under overlap="allow" may still be live after a later one ended.
+    assert connection.in_atomic_block, "the schedule's runs are checked in the transaction that advances it"
+    return Run.objects.filter(schedule=schedule.name, status__in=ACTIVE_RUN_STATUSES).exists()
 
 
 def _start_slot_txn(schedule: Schedule, slot: datetime, skipped: int) -> Run:
@@ -202,7 +201,7 @@ def _start_slot_txn(schedule: Schedule, slot: datetime, skipped: int) -> Run:
     existing = Run.objects.filter(idempotency_key=key).first()
     if existing is not None:
         return existing  # started already (the schedule was redefined onto a slot it had started)
-    run = start_run(schedule.workflow, schedule.input, idempotency_key=key)
+    run = start_run(schedule.workflow, schedule.input, idempotency_key=key, schedule=schedule.name)
     detail: dict[str, Any] = {"schedule": schedule.name, "slot": slot.isoformat()}
     if skipped:
         detail["skipped_slots"] = skipped

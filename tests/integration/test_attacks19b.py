@@ -258,12 +258,6 @@ def test_schedule__overlap_skip_under_catch_up_never_starts_two_runs_at_once():
     assert sweep().scheduled == 1, "the next slot after the run ended starts"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="overlap='skip' looks only at the schedule's last run: runs started under overlap='allow' (or before "
-    "the policy existed) that are still live are not seen once a later run has finished. Finding every live run of "
-    "a schedule needs the schedule on the run (an indexed column), not its idempotency key's prefix.",
-)
 def test_schedule__switching_to_overlap_skip_sees_every_live_run_not_only_the_last():
     api.schedule("switcher", "record", cron="0 * * * *", overlap="allow")
     clock.advance(timedelta(hours=1))

@@ -7,6 +7,7 @@ found by its idempotency key, "schedule:<name>:<slot>": a missed slot has none, 
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import random
@@ -20,11 +21,13 @@ from zoneinfo import ZoneInfo
 import pytest
 import redis
 from croniter import croniter
+from django.apps import apps
 from django.contrib.auth.models import Permission
 from django.db import connection, connections, transaction
+from django.test.utils import CaptureQueriesContext
 
 from durable_agents import api, clock
-from durable_agents.engine.schedules import slot_key, start_due_schedules
+from durable_agents.engine.schedules import _a_run_is_live_txn, slot_key, start_due_schedules
 from durable_agents.engine.sweep import sweep
 from durable_agents.models import Event, Run, Schedule
 from durable_agents.testing import drive, wait_for, wait_for_run
@@ -308,6 +311,41 @@ def test_schedule__overlap_skip_counts_a_pruned_last_run_as_finished():
     Schedule.objects.filter(name="pruned").update(last_run_id=last_run)
     assert sweep_hours(1) == 1, "a last run with no row left cannot overlap anything"
     assert Schedule.objects.get(name="pruned").overlap_skipped == 0
+
+
+def test_schedule__its_runs_carry_its_name_and_other_runs_none():
+    api.schedule("named", "record", cron="0 * * * *")
+    assert sweep_hours(1) == 1
+    assert Schedule.objects.get(name="named").last_run.schedule == "named"
+    assert api.start("record", {}).schedule == "", "a run no schedule started names none"
+
+
+def test_schedule__the_overlap_question_is_answered_by_the_live_runs_index():
+    """At a million runs a scan of the run table per due slot would be seconds: the question must fit the partial
+    index (its condition implied by the query's), whatever the table's size makes the planner prefer here."""
+    schedule = api.schedule("indexed", "record", cron="0 * * * *")
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SET LOCAL enable_seqscan = off")
+        with CaptureQueriesContext(connection) as queries:
+            _a_run_is_live_txn(schedule)
+        [query] = queries.captured_queries
+        cursor.execute(f"EXPLAIN {query['sql']}")
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+    assert "durable_run_schedule_live" in plan, plan
+
+
+def test_migration__names_the_schedule_of_the_runs_live_when_it_runs():
+    """Migration 0018 added Run.schedule: runs started before it are named from their slot key if still live (the
+    only ones the overlap policy asks about); finished runs and other keys are left as they were."""
+    migration = importlib.import_module("durable_agents.migrations.0018_run_schedule")
+    slot = datetime(2026, 12, 1, 3, tzinfo=UTC)
+    live = api.start("record", {"n": 1}, idempotency_key=slot_key("night:shift", slot))
+    done = api.start("record", {"n": 2}, idempotency_key=slot_key("night:shift", slot + timedelta(days=1)))
+    drive(done.id)
+    other = api.start("record", {"n": 3}, idempotency_key="schedule:looks-like-one")
+    migration.name_live_scheduled_runs(apps, None)
+    named = dict(Run.objects.filter(pk__in=[live.id, done.id, other.id]).values_list("id", "schedule"))
+    assert named == {live.id: "night:shift", done.id: "", other.id: ""}
 
 
 def test_schedule__redefining_the_overlap_policy_updates_it_without_retiming():
