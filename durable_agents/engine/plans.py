@@ -264,6 +264,8 @@ def fork_run(run_id: uuid.UUID | str, at_step: str, *, input: Any = None, actor:
             # The same work for the same customer: a fork queues on the source's concurrency key.
             concurrency_key=source.concurrency_key,
             concurrency_limit=source.concurrency_limit,
+            # A fork of a slot's run is that slot's work: its schedule's overlap policy sees it (engine/schedules.py).
+            schedule=source.schedule,
         )
         transitions.copy_plan_txn(steps, fork.id, target.position)
         _rely_on_copied_checkpoints(source, fork, target)

@@ -1,5 +1,5 @@
 """Attacks on issue 19c: overlap="skip" asks every live run a schedule started (`Run.schedule`, commit 3ad30dd),
-and migration 0018 names the runs live when it runs from their slot keys."""
+and migration 0018 names the runs a schedule started before it from their slot keys."""
 
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ def test_migration__a_run_that_failed_before_it_and_is_resumed_after_is_seen():
     have been seen. Finished runs that can come back must be named too (or the check must fall back to the key)."""
     run = failed_slot_run("nightly")
     before_0018(run)
-    migration.name_live_scheduled_runs(apps, None)
+    migration.name_scheduled_runs(apps, None)
     assert api.resume(run.id).status == "pending"
     assert sweep_hours(1) == 0, "overlap='skip' started a slot beside a resumed run of the schedule"
     assert Schedule.objects.get(name="nightly").overlap_skipped == 1
@@ -68,7 +68,7 @@ def test_migration__a_schedule_name_with_a_newline_is_parsed():
     assert sweep_hours(1) == 1
     run = Schedule.objects.get(name=name).last_run
     before_0018(run)
-    migration.name_live_scheduled_runs(apps, None)
+    migration.name_scheduled_runs(apps, None)
     assert Run.objects.get(pk=run.pk).schedule == name, "the migration did not name the run of a multi-line name"
     assert sweep_hours(1) == 0
 
@@ -81,7 +81,7 @@ def test_migration__a_look_alike_key_too_long_for_the_column_does_not_abort_it()
     key = f"schedule:{'x' * 220}:2026-12-01T03:00:00Z"
     assert len(key) <= 255
     run = api.start("record", {}, idempotency_key=key)
-    migration.name_live_scheduled_runs(apps, None)
+    migration.name_scheduled_runs(apps, None)
     assert Run.objects.get(pk=run.pk).schedule == ""
 
 
@@ -105,7 +105,7 @@ def test_migration__names_unicode_and_colon_names_at_the_longest_and_leaves_user
             "schedule:x:2026-12-01T03:00:00.123Z",
         )
     ]
-    migration.name_live_scheduled_runs(apps, None)
+    migration.name_scheduled_runs(apps, None)
     named = dict(Run.objects.values_list("id", "schedule"))
     assert {name: named[run_id] for name, run_id in cases.items()} == {name: name for name in cases}
     assert {named[run_id] for run_id in near_misses} == {""}

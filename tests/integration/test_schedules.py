@@ -334,18 +334,18 @@ def test_schedule__the_overlap_question_is_answered_by_the_live_runs_index():
     assert "durable_run_schedule_live" in plan, plan
 
 
-def test_migration__names_the_schedule_of_the_runs_live_when_it_runs():
-    """Migration 0018 added Run.schedule: runs started before it are named from their slot key if still live (the
-    only ones the overlap policy asks about); finished runs and other keys are left as they were."""
+def test_migration__names_the_schedule_of_every_slot_run_before_it():
+    """Migration 0018 added Run.schedule: runs started before it for a slot are named from their slot key, live or
+    finished (a finished one can be resumed or rerun: live again); other keys are left as they were."""
     migration = importlib.import_module("durable_agents.migrations.0018_run_schedule")
     slot = datetime(2026, 12, 1, 3, tzinfo=UTC)
     live = api.start("record", {"n": 1}, idempotency_key=slot_key("night:shift", slot))
     done = api.start("record", {"n": 2}, idempotency_key=slot_key("night:shift", slot + timedelta(days=1)))
     drive(done.id)
     other = api.start("record", {"n": 3}, idempotency_key="schedule:looks-like-one")
-    migration.name_live_scheduled_runs(apps, None)
+    migration.name_scheduled_runs(apps, None)
     named = dict(Run.objects.filter(pk__in=[live.id, done.id, other.id]).values_list("id", "schedule"))
-    assert named == {live.id: "night:shift", done.id: "", other.id: ""}
+    assert named == {live.id: "night:shift", done.id: "night:shift", other.id: ""}
 
 
 def test_schedule__redefining_the_overlap_policy_updates_it_without_retiming():
