@@ -134,7 +134,8 @@ class Run(models.Model):
     admitted_at = models.DateTimeField(null=True, blank=True)
     # The schedule that started this run for one of its slots (its name; engine/schedules.py), else "". Its
     # overlap policy asks "is any run of mine still live?" of the index below, whatever the schedule's history.
-    schedule = models.CharField(max_length=200, blank=True, default="")
+    # A database default too: processes still on the previous version insert runs while migration 0018 applies.
+    schedule = models.CharField(max_length=200, blank=True, default="", db_default="")
 
     objects = RunQuerySet.as_manager()
 

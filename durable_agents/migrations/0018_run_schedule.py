@@ -38,7 +38,7 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='run',
             name='schedule',
-            field=models.CharField(blank=True, default='', max_length=200),
+            field=models.CharField(blank=True, db_default='', default='', max_length=200),
         ),
         migrations.AddIndex(
             model_name='run',

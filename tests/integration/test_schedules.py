@@ -348,6 +348,18 @@ def test_migration__names_the_schedule_of_every_slot_run_before_it():
     assert named == {live.id: "night:shift", done.id: "night:shift", other.id: ""}
 
 
+def test_migration__the_new_column_has_a_database_default_for_the_previous_versions_inserts():
+    """During a rolling deploy the previous version's processes insert runs without naming `schedule`: without a
+    database default (Django drops the one AddField uses) each of their starts fails until they restart."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT column_default FROM information_schema.columns WHERE table_name = %s AND column_name = 'schedule'",
+            [Run._meta.db_table],
+        )
+        [(default,)] = cursor.fetchall()
+    assert default is not None and default.startswith("''"), default
+
+
 def test_schedule__redefining_the_overlap_policy_updates_it_without_retiming():
     first = api.schedule("nightly", "record", cron="0 3 * * *")
     assert first.overlap == "skip" and first.overlap_skipped == 0
