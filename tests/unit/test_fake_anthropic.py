@@ -12,7 +12,7 @@ from typing import Any
 import anthropic
 import httpx2
 import pytest
-from anthropic.types import Message, TextBlock, ToolUseBlock
+from anthropic.types import Message, TextBlock, ThinkingBlock, ToolUseBlock
 
 from durable_agents.testing.fake_anthropic import (
     STOP_REASONS,
@@ -43,6 +43,12 @@ def create(client: anthropic.Anthropic, messages: list[dict[str, Any]] = HELLO, 
     return client.messages.create(model=MODEL, max_tokens=64, messages=messages, **kwargs)  # type: ignore[arg-type]
 
 
+def visible(message: Message) -> list[Any]:
+    """The reply's blocks past the thinking block the fake puts in front when a request thinks (the default for a
+    model it does not know, which it serves with the newest models' rules)."""
+    return [block for block in message.content if block.type not in ("thinking", "redacted_thinking")]
+
+
 def post_raw(fake: FakeAnthropic, path: str, body: dict[str, Any], headers: dict[str, str]) -> tuple[int, Any]:
     request = urllib.request.Request(
         fake.url + path, data=json.dumps(body).encode(), headers={"content-type": "application/json", **headers}
@@ -64,7 +70,9 @@ def test_fake_anthropic__text_reply_parses_as_message(fake: FakeAnthropic, clien
     assert isinstance(message, Message)
     assert message.id.startswith("msg_") and message.type == "message" and message.role == "assistant"
     assert message.model == MODEL, "the fake should echo the requested model"
-    assert message.content == [TextBlock(type="text", text="hi there")]
+    thinking, *rest = message.content
+    assert isinstance(thinking, ThinkingBlock) and thinking.signature, "a thinking request must get a signed block"
+    assert rest == [TextBlock(type="text", text="hi there")]
     assert (message.stop_reason, message.stop_sequence) == ("end_turn", None)
     assert message.usage.input_tokens >= 1 and message.usage.output_tokens >= 1
     assert (message.usage.cache_creation_input_tokens, message.usage.cache_read_input_tokens) == (0, 0)
@@ -73,7 +81,7 @@ def test_fake_anthropic__text_reply_parses_as_message(fake: FakeAnthropic, clien
 def test_fake_anthropic__empty_script_gives_default_end_turn(client: anthropic.Anthropic) -> None:
     message = create(client)
 
-    assert message.stop_reason == "end_turn" and isinstance(message.content[0], TextBlock)
+    assert message.stop_reason == "end_turn" and isinstance(visible(message)[0], TextBlock)
 
 
 def test_fake_anthropic__tool_use_reply_parses_as_tool_use_block(
@@ -84,8 +92,8 @@ def test_fake_anthropic__tool_use_reply_parses_as_tool_use_block(
     message = create(client)
 
     assert message.stop_reason == "tool_use"
-    assert isinstance(message.content[0], TextBlock) and message.content[0].text == "Let me look."
-    call = message.content[1]
+    text, call = visible(message)
+    assert isinstance(text, TextBlock) and text.text == "Let me look."
     assert isinstance(call, ToolUseBlock), f"expected a ToolUseBlock, got {call!r}"
     assert call.id.startswith("toolu_") and call.name == "search" and call.input == {"q": "otters", "limit": 3}
 
@@ -105,7 +113,8 @@ def test_fake_anthropic__streaming_reassembles_the_same_message(
     assert event_types[0] == "message_start" and event_types[-1] == "message_stop"
     for expected in ("content_block_start", "content_block_delta", "content_block_stop", "message_delta"):
         assert expected in event_types, f"stream is missing {expected}: {event_types}"
-    text, call = final.content
+    thinking, text, call = final.content
+    assert isinstance(thinking, ThinkingBlock) and thinking.signature, "signature_delta did not reassemble"
     assert isinstance(text, TextBlock) and text.text == long_text, "text deltas did not reassemble"
     assert isinstance(call, ToolUseBlock), f"expected a ToolUseBlock, got {call!r}"
     assert (call.id, call.name, call.input) == ("toolu_x", "lookup", {"id": 7, "tags": ["a", "b"]})
@@ -196,7 +205,7 @@ def test_fake_anthropic__reset_is_api_connection_error(fake: FakeAnthropic, clie
         create(client)
 
     assert not isinstance(caught.value, anthropic.APITimeoutError), "a reset must fail fast, not time out"
-    assert create(client).content[0].text == "after the reset", "the server must keep serving after a reset"  # type: ignore[union-attr]
+    assert visible(create(client))[0].text == "after the reset", "the server must keep serving after a reset"  # type: ignore[union-attr]
 
 
 def test_fake_anthropic__stream_error_raises_while_iterating(fake: FakeAnthropic, client: anthropic.Anthropic) -> None:
@@ -282,8 +291,8 @@ def test_fake_anthropic__responder_answers_per_conversation(fake: FakeAnthropic,
     fake.responder = respond
     fake.enqueue(Reply.text("queued first"))
 
-    assert create(client).content[0].text == "queued first", "the queue must win over the responder"  # type: ignore[union-attr]
-    call = create(client).content[0]
+    assert visible(create(client))[0].text == "queued first", "the queue must win over the responder"  # type: ignore[union-attr]
+    call = visible(create(client))[0]
     assert isinstance(call, ToolUseBlock) and call.input == {"q": "hello"}
     answer = create(
         client,
@@ -293,7 +302,7 @@ def test_fake_anthropic__responder_answers_per_conversation(fake: FakeAnthropic,
             {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id, "content": "2 otters"}]},
         ],
     )
-    assert answer.content[0].text == "found 2 otters"  # type: ignore[union-attr]
+    assert visible(answer)[0].text == "found 2 otters"  # type: ignore[union-attr]
 
 
 def test_fake_anthropic__responder_exception_is_a_500_and_recorded(
@@ -380,7 +389,7 @@ def test_fake_anthropic__sdk_retries_through_529(fake: FakeAnthropic) -> None:
 
     message = create(retrying)
 
-    assert message.content[0].text == "made it"  # type: ignore[union-attr]
+    assert visible(message)[0].text == "made it"  # type: ignore[union-attr]
     attempts = fake.requests
     assert [(r.attempt, r.retry_count) for r in attempts] == [(1, 0), (2, 1)]
     assert fake.count(attempts[0].conversation, 0) == 2 and fake.pending == 0
@@ -393,7 +402,7 @@ def test_fake_anthropic__fail_next_goes_ahead_of_the_queue(fake: FakeAnthropic, 
     for _ in range(2):
         with pytest.raises(anthropic.InternalServerError):
             create(client)
-    assert create(client).content[0].text == "eventually"  # type: ignore[union-attr]
+    assert visible(create(client))[0].text == "eventually"  # type: ignore[union-attr]
 
 
 def test_fake_anthropic__missing_api_key_is_401_and_unknown_path_is_404(fake: FakeAnthropic) -> None:
@@ -417,7 +426,7 @@ def test_fake_anthropic__concurrent_clients_each_get_one_queued_reply(fake: Fake
     def ask(worker: int) -> list[str]:
         local = fake.client(max_retries=0)
         messages = [{"role": "user", "content": f"worker {worker}"}]
-        return [create(local, messages).content[0].text for _ in range(5)]  # type: ignore[union-attr]
+        return [visible(create(local, messages))[0].text for _ in range(5)]  # type: ignore[union-attr]
 
     with ThreadPoolExecutor(max_workers=8) as pool:
         answers = [text for batch in pool.map(ask, range(8)) for text in batch]
@@ -432,7 +441,7 @@ def test_fake_anthropic__env_var_base_url(fake: FakeAnthropic, monkeypatch: pyte
         monkeypatch.setenv(name, value)
     fake.enqueue(Reply.text("via env"))
 
-    assert create(anthropic.Anthropic(max_retries=0)).content[0].text == "via env"  # type: ignore[union-attr]
+    assert visible(create(anthropic.Anthropic(max_retries=0)))[0].text == "via env"  # type: ignore[union-attr]
 
 
 def test_fake_anthropic__reset_clears_queue_log_and_cache(fake: FakeAnthropic, client: anthropic.Anthropic) -> None:

@@ -1,0 +1,79 @@
+"""The fake Anthropic API's request log: what each request was, whose conversation, which turn, which attempt."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from durable_agents.testing.fake_cache import blocks, canonical
+
+if TYPE_CHECKING:
+    from durable_agents.testing.fake_replies import Fault, Reply
+
+__all__ = ["CONVERSATION_HEADER", "RecordedRequest", "Responder", "identify"]
+
+CONVERSATION_HEADER = "x-durable-conversation"
+
+
+@dataclass(frozen=True)
+class RecordedRequest:
+    """One request as the fake saw it; credentials are already redacted. `refused` is the error it was answered
+    with when the fake refused it (a 400 or 404 message), else None."""
+
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: Any
+    conversation: str
+    turn: int
+    attempt: int
+    time: float
+    retry_count: int | None = None  # the SDK's `x-stainless-retry-count`
+    refused: str | None = None
+
+    @property
+    def messages(self) -> list[dict[str, Any]]:
+        return list(self.body.get("messages") or []) if isinstance(self.body, dict) else []
+
+    @property
+    def stream(self) -> bool:
+        return isinstance(self.body, dict) and bool(self.body.get("stream"))
+
+    @property
+    def last_user_text(self) -> str:
+        """The text of the last user message (tool results excluded), for responders that answer by prompt."""
+        content = blocks(self._last_user_content())
+        return "".join(b.get("text", "") for b in content if b.get("type") == "text")
+
+    @property
+    def tool_results(self) -> list[dict[str, Any]]:
+        """The `tool_result` blocks of the last user message."""
+        return [b for b in blocks(self._last_user_content()) if b.get("type") == "tool_result"]
+
+    def _last_user_content(self) -> Any:
+        users = [m for m in self.messages if m.get("role") == "user"]
+        return users[-1].get("content") if users else None
+
+
+Responder = Callable[[RecordedRequest], "Reply | Fault | None"]
+
+
+def identify(headers: Mapping[str, str], body: Any) -> tuple[str, int]:
+    """(conversation, turn): metadata.user_id, else the conversation header, else the first user message."""
+    if not isinstance(body, dict):
+        return "", 0
+    messages = [m for m in body.get("messages") or [] if isinstance(m, dict)]
+    turn = sum(1 for m in messages if m.get("role") == "assistant")
+    user_id = (body.get("metadata") or {}).get("user_id") if isinstance(body.get("metadata"), dict) else None
+    if user_id:
+        return str(user_id), turn
+    if headers.get(CONVERSATION_HEADER):
+        return headers[CONVERSATION_HEADER], turn
+    first = next((m.get("content") for m in messages if m.get("role") == "user"), None)
+    # Moving cache breakpoints must not change a conversation's identity, so they are stripped first.
+    digest = hashlib.sha256(
+        canonical([{k: v for k, v in b.items() if k != "cache_control"} for b in blocks(first)]).encode()
+    ).hexdigest()
+    return f"conv_{digest[:16]}", turn
