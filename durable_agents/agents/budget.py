@@ -7,10 +7,12 @@ workflow's; None means unlimited. Tokens are everything billed: input, output, c
 
 The check stops a run *before* the call that would cross the limit: it adds an estimate of that call
 (prompt tokens + `max_tokens`, the most it can produce) to what is spent. The prompt is estimated, not
-counted with `messages.count_tokens`: that is a round trip per turn (and rate-limited), while the
-previous turn's reported prompt size plus ~4 characters a token for what was added since is close
-enough for a guard — it errs high, by up to the previous message. The run fails with
-BudgetExceededError, whose message says how to raise the budget and resume.
+counted with `messages.count_tokens` on every turn: that is a round trip per turn (free, but limited by a
+requests-per-minute limit of its own), while the previous turn's reported prompt size plus ~4 characters
+a token for what was added since is close enough for a guard — it errs high, by up to the previous
+message. Only the first turn has nothing measured; a caller may pass `count` (e.g.
+`AnthropicParticipant.count_tokens`) to ask the API for that one, and keeps the estimate when it cannot
+say. The run fails with BudgetExceededError, whose message says how to raise the budget and resume.
 
 Example::
 
@@ -21,7 +23,7 @@ Example::
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -107,14 +109,25 @@ class PromptSize:
     messages: int
 
 
-def estimate_prompt(request_kwargs: dict[str, Any], messages: Sequence[Any], measured: PromptSize | None) -> int:
-    """Prompt tokens of the next request: the last measured prompt plus what was added since, else ~4 chars a token.
+def estimate_prompt(
+    request_kwargs: dict[str, Any],
+    messages: Sequence[Any],
+    measured: PromptSize | None,
+    count: Callable[[], int | None] | None = None,
+) -> int:
+    """Prompt tokens of the next request: the last measured prompt plus what was added since; with nothing measured,
+    `count()` (the API's count, None if it could not say), else ~4 chars a token.
 
     What was added is counted from the last message the measured request already held, because a
     continuation (after `max_tokens`) grows that message instead of adding one.
+
+    Example::
+
+        estimate_prompt(kwargs, messages, measured, count=lambda: participant.count_tokens(request))
     """
     if measured is None or measured.messages > len(messages) or measured.messages < 1:
-        return estimate_tokens(request_kwargs)
+        counted = count() if count is not None else None
+        return counted if counted else estimate_tokens(request_kwargs)
     return measured.tokens + estimate_tokens(list(messages[measured.messages - 1 :]))
 
 

@@ -4,8 +4,17 @@ One retry owner: the engine. The SDK's own retries are off (`max_retries=0`) so 
 multiply; a transient error (connection, timeout, 429, 5xx, 529) becomes ModelUnavailableError carrying
 the server's `retry-after`, the step attempt is persisted, and the re-executed step resumes from the
 journal — the model is asked again only for the turn that never got an answer. 400/401/403/404/413
-become ModelRequestError: permanent, with a message that says what to fix. The API key is read from
+become ModelRequestError: permanent, with a message that says what to fix. Two answers outrank the status:
+a spend limit (the usage tier's monthly cap, a 429 with `error.details.error_code` "enforced_spend_limit_reached"
+and no `retry-after`; or a limit the organization set, a 400) is permanent, because the API refuses every call
+until someone raises the limit; and the API's own `x-should-retry` header ("true" / "false", which the SDK obeys
+before any status rule) makes a status transient or permanent against its default. The API key is read from
 ANTHROPIC_API_KEY by the SDK and never written anywhere: error messages are scrubbed of it.
+
+An answered call's `anthropic-ratelimit-*` headers tell the shared rate limiter how much of the API's own limits
+is left, so the workers slow down before the API answers 429 (rate_limits.py). With COUNT_TOKENS, the first
+request of a conversation is reserved by the API's count of its prompt (messages.count_tokens) instead of the
+four-characters-a-token estimate.
 
 Compaction calls are ordinary Messages requests (the agent loop appends a summarisation instruction to the
 conversation it would have sent), so they read the same cached prefix as the turns before them. Only
@@ -15,6 +24,8 @@ answered requests are billed and journaled: an HTTP error carries no usage, and 
 from __future__ import annotations
 
 import itertools
+import json
+import logging
 import math
 import os
 import threading
@@ -26,7 +37,7 @@ import anthropic
 import httpx2 as httpx
 
 from durable_agents.agents import rate_limits
-from durable_agents.agents.messages import ModelRequest, ModelResponse, Usage
+from durable_agents.agents.messages import TURN, ModelRequest, ModelResponse, Usage
 from durable_agents.conf import settings
 from durable_agents.errors import ModelRequestError, ModelUnavailableError
 
@@ -39,6 +50,33 @@ PERMANENT_HINTS = {
     404: "the model or endpoint does not exist; check DURABLE_AGENTS['DEFAULT_MODEL']",
     413: "the request is too large; lower max_tokens or compact the conversation",
 }
+# `error.details.error_code` of the 429s that no retry fixes: the API refuses every call until the limit is raised
+# (https://platform.claude.com/docs/en/api/errors; the SDK names them EnforcedSpendLimitReachedError and
+# ContractSpendLimitReachedError).
+SPEND_LIMIT_CODES = {
+    "enforced_spend_limit_reached": (
+        "the organization reached the monthly spend limit of its API usage tier",
+        "move it to a higher usage tier in the Claude Console (Settings > Limits), or wait for the date the message "
+        "gives",
+    ),
+    "contract_spend_limit_reached": (
+        "the organization reached the spend limit of its contract",
+        "ask Anthropic to raise the contract's limit",
+    ),
+}
+# A spend limit the organization (or a workspace) set itself is a 400 whose message begins "You have reached your
+# specified API usage limits" / "... specified workspace API usage limits"; it has no error code to branch on.
+OWN_SPEND_LIMIT_TEXT = ("specified api usage limits", "specified workspace api usage limits")
+OWN_SPEND_LIMIT = (
+    "the organization or workspace reached a spend limit it set",
+    "raise that limit in the Claude Console (Settings > Limits)",
+)
+# count_tokens takes the prompt and what shapes it, not the generation parameters (max_tokens, metadata, stream).
+COUNTED_PARAMETERS = ("model", "messages", "system", "tools", "tool_choice", "thinking", "output_config")
+# A count is an optional refinement of an estimate: it may not hold the turn up for long.
+COUNT_TOKENS_TIMEOUT_SECONDS = 10.0
+
+logger = logging.getLogger(__name__)
 
 
 def redact(message: str) -> str:
@@ -78,13 +116,43 @@ def map_errors() -> Iterator[None]:
         message = redact(getattr(exc, "message", None) or str(exc))
         # An error event inside a 200 stream carries its kind in the body, not in the status.
         body = exc.body if isinstance(exc.body, dict) else {}
-        error_type = (body.get("error") or {}).get("type") if isinstance(body.get("error"), dict) else None
-        if status == 429 or status >= 500 or error_type in TRANSIENT_ERROR_TYPES:
+        error = body.get("error") if isinstance(body.get("error"), dict) else {}
+        error_type = error.get("type")
+        headers = exc.response.headers if exc.response is not None else {}
+        spend_limit = spend_limit_of(status, getattr(exc, "error_code", None), str(error.get("message") or ""))
+        if spend_limit:
+            # Before x-should-retry: the error code names the cause, and this cause outlasts any retry schedule.
+            cause, action = spend_limit
+            raise ModelRequestError(
+                f"model API {status}: {message} ({cause}: every call fails until the limit is raised; {action}, "
+                "then resume the run with `manage.py durable_resume <run id>`)",
+                status=status,
+            ) from exc
+        transient = status == 429 or status >= 500 or error_type in TRANSIENT_ERROR_TYPES
+        should_retry = headers.get("x-should-retry")
+        if should_retry == "false" and transient:
+            raise ModelRequestError(
+                f"model API {status}: {message} (the API said retrying this request will not help "
+                "(x-should-retry: false); fix what the message names, then resume the run with "
+                "`manage.py durable_resume <run id>`)",
+                status=status,
+            ) from exc
+        if transient or should_retry == "true":
+            asked = "" if transient else " (the API asked for a retry: x-should-retry: true)"
             raise ModelUnavailableError(
-                f"model API {status}: {message}", retry_after=retry_after(exc.response.headers), status=status
+                f"model API {status}: {message}{asked}", retry_after=retry_after(headers), status=status
             ) from exc
         hint = PERMANENT_HINTS.get(status, "the model API refused the request")
         raise ModelRequestError(f"model API {status}: {message} ({hint})", status=status) from exc
+
+
+def spend_limit_of(status: int, error_code: str | None, api_message: str) -> tuple[str, str] | None:
+    """The spend limit an error response reports, as (the cause, what to do), in words; None if it reports none."""
+    if error_code in SPEND_LIMIT_CODES:
+        return SPEND_LIMIT_CODES[error_code]
+    if status == 400 and any(text in api_message.lower() for text in OWN_SPEND_LIMIT_TEXT):
+        return OWN_SPEND_LIMIT
+    return None
 
 
 class AnthropicParticipant:
@@ -115,15 +183,19 @@ class AnthropicParticipant:
 
     def respond(self, request: ModelRequest) -> ModelResponse:
         """Ask Claude, within the shared rate limit of the model and API key when MODEL_RATE_LIMITS sets one:
-        wait for room first, correct the reservation by the billed usage after, and pass a 429's retry-after on
-        to every other worker (rate_limits.py)."""
+        wait for room first, correct the reservation by the billed usage after, pass a 429's retry-after on to
+        every other worker, and hold them all when the answer's headers say the API's own limit is nearly spent
+        (rate_limits.py)."""
         kwargs = request.as_kwargs()
         client = self.client
         shared = rate_limits.limiter()
         key = client.api_key or ""
-        reservation = shared.acquire(request.model, key, kwargs, request.max_tokens) if shared else None
+        reservation = None
+        if shared:
+            counted = self._first_count(client, request)
+            reservation = shared.acquire(request.model, key, kwargs, request.max_tokens, input_tokens=counted)
         try:
-            message = self._call(client, kwargs)
+            message, headers, wire = self._call(client, kwargs)
         except ModelUnavailableError as exc:
             if shared and reservation:
                 if exc.status == 429:
@@ -131,23 +203,88 @@ class AnthropicParticipant:
                 else:
                     shared.settle(reservation, Usage())
             raise
+        except ModelRequestError:
+            # Refused, so nothing was billed: give the reserved tokens back for the other workers.
+            if shared and reservation:
+                shared.settle(reservation, Usage())
+            raise
         usage = usage_of(message.usage)
-        if shared and reservation:
-            shared.settle(reservation, usage)
+        if shared:
+            if reservation:
+                shared.settle(reservation, usage)
+            shared.observe(request.model, key, headers)
+        details = getattr(message, "stop_details", None)
         return ModelResponse(
-            content=tuple(block.model_dump(mode="json", exclude_none=True) for block in message.content),
+            content=wire or tuple(block.model_dump(mode="json", exclude_none=True) for block in message.content),
             stop_reason=message.stop_reason or "",
             model=message.model,
             usage=usage,
             request_id=getattr(message, "_request_id", None) or "",
+            stop_details=details.model_dump(mode="json", exclude_none=True) if details is not None else None,
         )
 
-    def _call(self, client: anthropic.Anthropic, kwargs: dict[str, Any]) -> Any:
+    def count_tokens(self, request: ModelRequest) -> int | None:
+        """The prompt's input tokens as the API counts them (`messages.count_tokens`), or None if it could not say.
+
+        The count is free but a round trip of its own, limited by a requests-per-minute limit apart from the Messages
+        API's (https://platform.claude.com/docs/en/build-with-claude/token-counting); any failure gives None, so a
+        caller falls back to its estimate::
+
+            tokens = participant.count_tokens(request) or estimate_tokens(request.as_kwargs())
+        """
+        return count_input_tokens(self.client, request.as_kwargs())
+
+    def _first_count(self, client: anthropic.Anthropic, request: ModelRequest) -> int | None:
+        # Only the first request of a conversation: nothing about its prompt was measured yet, and its system prompt
+        # and tools are often most of it. Later reservations are corrected by each answer's billed usage, so a count
+        # per turn would double the round trips for little.
+        if not settings.COUNT_TOKENS or request.turn != 0 or request.purpose != TURN:
+            return None
+        if rate_limits.limits_for(request.model) is None:
+            return None  # nothing would be reserved
+        return count_input_tokens(client, request.as_kwargs())
+
+    def _call(self, client: anthropic.Anthropic, kwargs: dict[str, Any]) -> tuple[Any, Any, tuple[Any, ...] | None]:
+        """The answer, its HTTP headers (the rate limiter reads `anthropic-ratelimit-*` off them) and its content
+        blocks as they came over the wire (None when streamed: the SDK assembles those).
+
+        The wire's blocks are what is journaled and sent back: keys in the order the API wrote them (a tool_use's
+        input as the model wrote it), where the SDK's models would reorder a block's fields. Null fields are left
+        out, as the SDK's `exclude_none` would.
+        """
         with map_errors():
             if self.stream:
                 with client.messages.stream(**kwargs) as stream:
-                    return stream.get_final_message()
-            return client.messages.create(**kwargs)
+                    return stream.get_final_message(), stream.response.headers, None
+            raw = client.messages.with_raw_response.create(**kwargs)
+            return raw.parse(), raw.headers, wire_content(raw.http_response)
+
+
+def wire_content(response: Any) -> tuple[dict[str, Any], ...] | None:
+    """The content blocks of a Messages API response body, in its own key order; None if it has none to give."""
+    try:
+        blocks = json.loads(response.content).get("content")
+    except (ValueError, AttributeError):
+        return None
+    if not isinstance(blocks, list) or not all(isinstance(b, dict) for b in blocks):
+        return None
+    return tuple({k: v for k, v in block.items() if v is not None} for block in blocks)
+
+
+def count_input_tokens(client: anthropic.Anthropic, request: dict[str, Any]) -> int | None:
+    """The input tokens of a Messages request by `messages.count_tokens`; None on any failure (logged, never raised).
+
+    The count is the whole prompt (cached or not), so a reservation made from it errs high when part of the prompt
+    is read from the cache; the billed usage corrects it after the call.
+    """
+    params = {name: request[name] for name in COUNTED_PARAMETERS if name in request}
+    try:
+        counted = client.messages.count_tokens(**params, timeout=COUNT_TOKENS_TIMEOUT_SECONDS)
+    except Exception as exc:  # noqa: BLE001 - a count refines an estimate: the call it is for must not fail with it
+        logger.warning("count_tokens failed, the estimate stands: %s", redact(f"{type(exc).__name__}: {exc}"))
+        return None
+    tokens = getattr(counted, "input_tokens", None)
+    return int(tokens) if isinstance(tokens, int) and tokens > 0 else None
 
 
 def new_clients() -> list[anthropic.Anthropic]:

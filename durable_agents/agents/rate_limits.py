@@ -17,16 +17,32 @@ needs the network and costs a call of its own) and corrected after it by the tok
 cache writes; cache reads do not count against the API's limit); output tokens are reserved as max_tokens and the
 unused rest refunded. A 429 empties the bucket until its `retry-after` has passed, so the other workers stop
 sending too. Buckets are named "<model>|<fingerprint>", the fingerprint a SHA-256 prefix of the API key: the key
-itself is never stored.
+itself is never stored. With COUNT_TOKENS the caller may pass the API's count of the prompt instead.
+
+The API says how much of its own limits is left on every answer (`anthropic-ratelimit-{requests,tokens,
+input-tokens,output-tokens}-{limit,remaining,reset}`, reset an RFC 3339 time). The configured limits are a guess at
+the API's; the headers are the API's own count, and they also see other clients of the same organization. When an
+answer shows less than HEADROOM of a limit left, the bucket is emptied until that limit's reset, the way a 429's
+`retry-after` empties it, so every worker holds its next call before the API has to refuse it. The documentation
+gives the reset as the time the limit has room again and promises nothing sooner, so the hold lasts until then; it
+only starts below HEADROOM, where limits configured under the API's never lead, so it is the safety net for limits
+set too high or for another client of the same organization. The reset is read against the answer's `date` header
+(the API's clock, not this worker's), which errs late by under a second. A model MODEL_RATE_LIMITS does not limit
+has no shared bucket: its hold is kept in this process only. Without MODEL_RATE_LIMITS there is no limiter, and the
+headers are not read.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
+from email.utils import parsedate_to_datetime
 from typing import Any, Protocol
 
 from django.db import connection
@@ -42,6 +58,15 @@ FINGERPRINT_CHARS = 16
 CHARS_PER_TOKEN = 4
 # A Redis bucket outlives its last reservation by this long, then expires (a Postgres row stays: one per model).
 REDIS_KEEP_SECONDS = 86400
+# The API's limits named in its response headers: anthropic-ratelimit-<name>-{limit,remaining,reset}. "tokens" is the
+# most restrictive token limit in effect (https://platform.claude.com/docs/en/api/rate-limits).
+HEADER_LIMITS = ("requests", "tokens", "input-tokens", "output-tokens")
+# Less than this share of one of the API's limits left holds every worker's next call until that limit's reset.
+HEADROOM = 0.05
+# The API's limits are per minute and refill continuously: a reset further ahead than this is a clock not to trust.
+LONGEST_HEADER_HOLD_SECONDS = 60.0
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -87,6 +112,57 @@ def estimate_input_tokens(request: dict[str, Any]) -> int:
     return max(1, len(json.dumps(request, separators=(",", ":"), default=str)) // CHARS_PER_TOKEN)
 
 
+@dataclass(frozen=True)
+class Allowance:
+    """One of the API's own limits, as an answer's `anthropic-ratelimit-<name>-*` headers state it."""
+
+    name: str
+    limit: int
+    remaining: int
+    resets_in: float  # seconds after the answer
+
+    @property
+    def is_low(self) -> bool:
+        """Less than HEADROOM of the limit is left: the next calls may well be refused."""
+        return self.limit > 0 and self.remaining < HEADROOM * self.limit
+
+
+def allowances(headers: Mapping[str, str], now: float | None = None) -> list[Allowance]:
+    """The API's limits an answer's headers state; `now` (epoch seconds) is when it answered, by default its `date`.
+
+    Tokens remaining are rounded to the nearest thousand by the API. A header that cannot be read is left out: the
+    headers refine the pacing, they never fail a call.
+    """
+    answered = now if now is not None else _answered_at(headers)
+    found = []
+    for name in HEADER_LIMITS:
+        prefix = f"anthropic-ratelimit-{name}-"
+        limit, remaining, reset = (headers.get(prefix + part) for part in ("limit", "remaining", "reset"))
+        if limit is None or remaining is None:
+            continue
+        try:
+            resets_in = datetime.fromisoformat(reset).timestamp() - answered if reset else 0.0
+            found.append(Allowance(name, int(limit), int(remaining), max(resets_in, 0.0)))
+        except (TypeError, ValueError):
+            continue
+    return found
+
+
+def header_hold(headers: Mapping[str, str], now: float | None = None) -> float:
+    """Seconds to hold new calls after an answer with these headers: until the latest reset of a limit nearly spent
+    (at most LONGEST_HEADER_HOLD_SECONDS); 0 when every limit has room."""
+    low = [allowance.resets_in for allowance in allowances(headers, now) if allowance.is_low]
+    return min(max(low, default=0.0), LONGEST_HEADER_HOLD_SECONDS)
+
+
+def _answered_at(headers: Mapping[str, str]) -> float:
+    # The API's clock: a reset compared with this worker's clock would be off by the machines' skew.
+    try:
+        return parsedate_to_datetime(headers["date"]).timestamp()
+    except (KeyError, TypeError, ValueError, IndexError):
+        return time.time()
+
+
 class Backend(Protocol):
     @property
     def last_wait(self) -> float:
@@ -124,25 +200,25 @@ class RateLimiter:
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
 
-    def acquire(self, model: str, api_key: str, request: dict[str, Any], max_tokens: int) -> Reservation | None:
+    def acquire(
+        self, model: str, api_key: str, request: dict[str, Any], max_tokens: int, *, input_tokens: int | None = None
+    ) -> Reservation | None:
         """Wait for room for this call (holding no database connection), or raise ModelUnavailableError with
-        `retry_after` when the wait is longer than RATE_LIMIT_MAX_WAIT_SECONDS. None: the model is not limited."""
+        `retry_after` when the wait is longer than RATE_LIMIT_MAX_WAIT_SECONDS. None: the model is not limited.
+
+        `input_tokens`: the API's count of the prompt (COUNT_TOKENS), reserved instead of the estimate."""
         limits = limits_for(model)
-        if limits is None:
-            return None
-        bucket = f"{model}|{fingerprint(api_key)}"
-        estimate = estimate_input_tokens(request)
+        bucket = bucket_name(model, api_key)
         max_wait = float(settings.RATE_LIMIT_MAX_WAIT_SECONDS)
+        if limits is None:
+            self._wait_out_local_hold(model, bucket, max_wait)
+            return None
+        estimate = max(1, input_tokens) if input_tokens else estimate_input_tokens(request)
         wait = self.backend.reserve(
             bucket, limits.seconds(1, estimate, max_tokens), float(settings.RATE_LIMIT_BURST_SECONDS), max_wait
         )
         if wait is None:
-            raise ModelUnavailableError(
-                f"the shared rate limit of {model} has no room for {self.backend.last_wait:.1f} s "
-                f"(more than RATE_LIMIT_MAX_WAIT_SECONDS, {max_wait:g} s); the step waits without a worker",
-                retry_after=self.backend.last_wait,
-                capacity_wait=True,
-            )
+            raise _capacity_wait(model, self.backend.last_wait, max_wait)
         if wait > 0:
             release_connection()
             time.sleep(wait)
@@ -162,6 +238,64 @@ class RateLimiter:
         self.settle(reservation, Usage())
         if retry_after:
             self.backend.block(reservation.bucket, retry_after, float(settings.RATE_LIMIT_BURST_SECONDS))
+
+    def observe(self, model: str, api_key: str, headers: Mapping[str, str]) -> float:
+        """Read an answer's `anthropic-ratelimit-*` headers: if one of the API's limits is nearly spent, hold every
+        worker's next call of this model and key until it resets (a limited model's bucket is emptied until then, as
+        by a 429; an unlimited one is held in this process). Returns the hold in seconds, 0 for none."""
+        hold = header_hold(headers)
+        if hold <= 0:
+            return 0.0
+        bucket = bucket_name(model, api_key)
+        if limits_for(model) is None:
+            _hold_locally(bucket, hold)
+        else:
+            self.backend.block(bucket, hold, float(settings.RATE_LIMIT_BURST_SECONDS))
+        logger.info("the API's rate limit of %s is nearly spent: new calls wait %.1f s", model, hold)
+        return hold
+
+    def _wait_out_local_hold(self, model: str, bucket: str, max_wait: float) -> None:
+        wait = _local_hold(bucket)
+        if wait > max_wait:
+            raise _capacity_wait(model, wait, max_wait)
+        if wait > 0:
+            release_connection()
+            time.sleep(wait)
+
+
+def bucket_name(model: str, api_key: str) -> str:
+    return f"{model}|{fingerprint(api_key)}"
+
+
+def _capacity_wait(model: str, wait: float, max_wait: float) -> ModelUnavailableError:
+    return ModelUnavailableError(
+        f"the shared rate limit of {model} has no room for {wait:.1f} s "
+        f"(more than RATE_LIMIT_MAX_WAIT_SECONDS, {max_wait:g} s); the step waits without a worker",
+        retry_after=wait,
+        capacity_wait=True,
+    )
+
+
+# Holds of models without a shared bucket, by bucket name: when (time.monotonic()) their next call may go.
+_holds: dict[str, float] = {}
+_holds_lock = threading.Lock()
+
+
+def _hold_locally(bucket: str, seconds: float) -> None:
+    with _holds_lock:
+        _holds[bucket] = max(_holds.get(bucket, 0.0), time.monotonic() + seconds)
+
+
+def _local_hold(bucket: str) -> float:
+    """Seconds the process-local hold of `bucket` still has to run (0: none)."""
+    with _holds_lock:
+        until = _holds.get(bucket)
+        if until is None:
+            return 0.0
+        left = until - time.monotonic()
+        if left <= 0:
+            del _holds[bucket]
+        return max(left, 0.0)
 
 
 # -- Postgres -------------------------------------------------------------------------------------------------------

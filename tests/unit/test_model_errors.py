@@ -1,0 +1,415 @@
+"""Errors as the API means them: spend limits, x-should-retry, refusal details and rate-limit headers, read through
+the real SDK over real HTTP (FakeAnthropic, or ScriptedAPI below where the fake cannot say it). No database.
+
+Each test names the documentation it holds the code to.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator, Mapping
+from datetime import UTC, datetime
+from email.utils import formatdate
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import anthropic
+import pytest
+
+from durable_agents.agents import rate_limits
+from durable_agents.agents.claude import AnthropicParticipant, count_input_tokens
+from durable_agents.agents.messages import ModelRequest
+from durable_agents.errors import ModelRequestError, ModelUnavailableError, StepError
+from durable_agents.testing.fake_anthropic import FakeAnthropic, Fault
+
+API_KEY = "sk-ant-test-secret-errors-0123456789"
+ERRORS_DOC = "https://platform.claude.com/docs/en/api/errors"
+# The tier's monthly spend cap, as the errors page shows it: a 429 rate_limit_error with an error code, no retry-after.
+SPEND_CAP_BODY = {
+    "type": "error",
+    "error": {
+        "type": "rate_limit_error",
+        "message": "You have reached your API usage limits: your organization has crossed its monthly API usage "
+        "threshold, set based on your organization's API tier. You will regain access on 2027-01-01 at 00:00 UTC.",
+        "details": {"error_code": "enforced_spend_limit_reached"},
+    },
+    "request_id": "req_011spendcap",
+}
+
+
+# -- a loopback Messages API that says what FakeAnthropic cannot (stop_details, rate-limit headers, a fixed date) ----
+
+
+class ScriptedAPI:
+    """Answers each `POST /v1/messages` with the next scripted (status, body, headers), else a plain reply; each
+    `POST /v1/messages/count_tokens` with the next scripted count answer, else 404. `date` fixes the `date` header
+    (epoch seconds) so a reset time can be exact; `hold` keeps Messages requests in flight. Requests are recorded,
+    body and path.
+
+    Example::
+
+        with ScriptedAPI() as api:
+            api.answer(message(stop_reason="refusal"), headers={"anthropic-ratelimit-requests-remaining": "0"})
+            client = anthropic.Anthropic(api_key="k", base_url=api.url, max_retries=0)
+    """
+
+    def __init__(self) -> None:
+        self.answers: deque[tuple[int, dict[str, Any], dict[str, str]]] = deque()
+        self.counts: deque[tuple[int, dict[str, Any]]] = deque()
+        self.requests: list[tuple[str, dict[str, Any]]] = []
+        self.date: float | None = None
+        # `hold.clear()` keeps Messages requests waiting (each sets `arrived`) until `hold.set()`.
+        self.hold = threading.Event()
+        self.hold.set()
+        self.arrived = threading.Event()
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+        self._server.api = self  # type: ignore[attr-defined]
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+
+    @property
+    def url(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def answer(self, body: dict[str, Any], status: int = 200, headers: Mapping[str, str] | None = None) -> None:
+        self.answers.append((status, body, dict(headers or {})))
+
+    def count(self, body: dict[str, Any], status: int = 200) -> None:
+        self.counts.append((status, body))
+
+    def paths(self) -> list[str]:
+        return [path for path, _body in self.requests]
+
+    def client(self, **kwargs: Any) -> anthropic.Anthropic:
+        return anthropic.Anthropic(api_key=API_KEY, base_url=self.url, max_retries=0, timeout=5.0, **kwargs)
+
+    def __enter__(self) -> ScriptedAPI:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+        api: ScriptedAPI = self.server.api  # type: ignore[attr-defined]
+        body = json.loads(self.rfile.read(int(self.headers.get("content-length") or 0)) or b"{}")
+        path = self.path.split("?", 1)[0]
+        api.requests.append((path, body))
+        if path.endswith("/count_tokens"):
+            status, answer = api.counts.popleft() if api.counts else (404, error_body("not_found_error", "no count"))
+            return self._json(status, answer, {})
+        api.arrived.set()
+        api.hold.wait(timeout=30)
+        status, answer, headers = api.answers.popleft() if api.answers else (200, message(), {})
+        if status == 200 and body.get("stream"):
+            return self._stream(answer, headers)
+        return self._json(status, answer, headers)
+
+    def date_time_string(self, timestamp: float | None = None) -> str:
+        fixed = self.server.api.date  # type: ignore[attr-defined]
+        return formatdate(fixed if fixed is not None else time.time(), usegmt=True)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def _json(self, status: int, body: dict[str, Any], headers: Mapping[str, str]) -> None:
+        payload = json.dumps(body).encode()
+        self.send_response(status)
+        for name, value in {"content-type": "application/json", "content-length": str(len(payload)), **headers}.items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def _stream(self, answer: dict[str, Any], headers: Mapping[str, str]) -> None:
+        self.send_response(200)
+        for name, value in {"content-type": "text/event-stream", "transfer-encoding": "chunked", **headers}.items():
+            self.send_header(name, value)
+        self.end_headers()
+        start = {**answer, "content": [], "stop_reason": None, "stop_details": None}
+        events: list[tuple[str, dict[str, Any]]] = [("message_start", {"type": "message_start", "message": start})]
+        for index, block in enumerate(answer["content"]):
+            events.append(
+                (
+                    "content_block_start",
+                    {"type": "content_block_start", "index": index, "content_block": {"type": "text", "text": ""}},
+                )
+            )
+            delta = {"type": "text_delta", "text": block["text"]}
+            events.append(("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta}))
+            events.append(("content_block_stop", {"type": "content_block_stop", "index": index}))
+        stop = {k: answer.get(k) for k in ("stop_reason", "stop_sequence", "stop_details")}
+        events.append(("message_delta", {"type": "message_delta", "delta": stop, "usage": answer["usage"]}))
+        events.append(("message_stop", {"type": "message_stop"}))
+        for event, data in events:
+            chunk = f"event: {event}\ndata: {json.dumps(data)}\n\n".encode()
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+        self.wfile.write(b"0\r\n\r\n")
+
+
+def message(
+    text: str = "ok", *, stop_reason: str = "end_turn", stop_details: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    return {
+        "id": "msg_01scripted",
+        "type": "message",
+        "role": "assistant",
+        "model": "claude-sonnet-5-5",
+        "content": [{"type": "text", "text": text}],
+        "stop_reason": stop_reason,
+        "stop_sequence": None,
+        "stop_details": stop_details,
+        "usage": {
+            "input_tokens": 12,
+            "output_tokens": 3,
+            "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": 0,
+        },
+    }
+
+
+def error_body(kind: str, text: str) -> dict[str, Any]:
+    return {"type": "error", "error": {"type": kind, "message": text}, "request_id": "req_011scripted"}
+
+
+def rfc3339(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, UTC).isoformat().replace("+00:00", "Z")
+
+
+def ratelimit_headers(limit: int, remaining: int, reset: float, *, name: str = "requests") -> dict[str, str]:
+    return {
+        f"anthropic-ratelimit-{name}-limit": str(limit),
+        f"anthropic-ratelimit-{name}-remaining": str(remaining),
+        f"anthropic-ratelimit-{name}-reset": rfc3339(reset),
+    }
+
+
+def ask(model: str = "claude-sonnet-5-5") -> ModelRequest:
+    return ModelRequest(
+        model=model, max_tokens=64, system="", tools=(), messages=({"role": "user", "content": "Refund A-1"},)
+    )
+
+
+@pytest.fixture
+def fake(monkeypatch) -> Iterator[FakeAnthropic]:
+    monkeypatch.setenv("ANTHROPIC_API_KEY", API_KEY)
+    with FakeAnthropic() as server:
+        yield server
+
+
+@pytest.fixture
+def claude(fake) -> AnthropicParticipant:
+    return AnthropicParticipant(client=fake.client(api_key=API_KEY, max_retries=0, timeout=5.0))
+
+
+# -- spend limits ---------------------------------------------------------------------------------------------------
+
+
+def test_map_errors__spend_cap_429_is_permanent_and_sent_once(fake, claude):
+    # https://platform.claude.com/docs/en/api/errors : the tier's monthly cap is a 429 with error_code
+    # enforced_spend_limit_reached and no retry-after; "Retrying ... fails until access resumes".
+    fake.enqueue(Fault.status(429, SPEND_CAP_BODY))
+
+    with pytest.raises(ModelRequestError) as raised:
+        claude.respond(ask())
+
+    assert not isinstance(raised.value, ModelUnavailableError), "a spend cap is not transient"
+    assert raised.value.status == 429
+    text = str(raised.value)
+    assert "monthly spend limit" in text and "higher usage tier" in text and "durable_resume" in text, text
+    assert len(fake.requests) == 1, f"the spend-capped call was sent {len(fake.requests)} times, not once"
+
+
+def test_map_errors__contract_spend_limit_429_is_permanent(fake, claude):
+    # https://platform.claude.com/docs/en/api/errors (error codes); the SDK names it ContractSpendLimitReachedError.
+    body = {
+        **SPEND_CAP_BODY,
+        "error": {**SPEND_CAP_BODY["error"], "details": {"error_code": "contract_spend_limit_reached"}},
+    }
+    fake.enqueue(Fault.status(429, body))
+
+    with pytest.raises(ModelRequestError, match="spend limit of its contract.*ask Anthropic to raise"):
+        claude.respond(ask())
+    assert len(fake.requests) == 1
+
+
+def test_map_errors__own_spend_limit_400_names_the_limit(fake, claude):
+    # https://platform.claude.com/docs/en/api/errors : a spend limit the organization set is a 400 whose message
+    # begins "You have reached your specified API usage limits".
+    fake.enqueue(
+        Fault.status(400, "You have reached your specified API usage limits. You will regain access on 2027-01-01.")
+    )
+
+    with pytest.raises(ModelRequestError, match="a spend limit it set") as raised:
+        claude.respond(ask())
+    assert "raise that limit in the Claude Console" in str(raised.value) and "durable_resume" in str(raised.value)
+
+
+def test_map_errors__spend_cap_outranks_x_should_retry_true(fake, claude):
+    # https://platform.claude.com/docs/en/api/errors : "branch on error_code"; the cap holds until the limit is raised.
+    fake.enqueue(Fault.status(429, SPEND_CAP_BODY, {"x-should-retry": "true"}))
+
+    with pytest.raises(ModelRequestError, match="monthly spend limit"):
+        claude.respond(ask())
+
+
+def test_map_errors__a_rate_limit_429_stays_transient(fake, claude):
+    # https://platform.claude.com/docs/en/api/rate-limits : a 429 "along with a retry-after header"; retry after it.
+    fake.enqueue(Fault.status(429, "Number of requests has exceeded your per-minute rate limit", {"retry-after": "7"}))
+
+    with pytest.raises(ModelUnavailableError) as raised:
+        claude.respond(ask())
+    assert raised.value.status == 429 and raised.value.retry_after == 7.0
+
+
+# -- x-should-retry -------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("status", "header", "expected"),
+    [
+        (400, "true", ModelUnavailableError),
+        (409, "true", ModelUnavailableError),
+        (400, None, ModelRequestError),
+        (429, "false", ModelRequestError),
+        (500, "false", ModelRequestError),
+        (529, "false", ModelRequestError),
+        (529, None, ModelUnavailableError),
+        (529, "true", ModelUnavailableError),
+    ],
+)
+def test_map_errors__x_should_retry_flips_the_class(fake, claude, status, header, expected):
+    # The SDK obeys `x-should-retry` before any status rule (anthropic/_base_client.py `_should_retry`), and the
+    # errors page lists the statuses it would otherwise go by: https://platform.claude.com/docs/en/api/errors
+    fake.enqueue(Fault.status(status, headers={"x-should-retry": header} if header else {}))
+
+    with pytest.raises(StepError) as raised:
+        claude.respond(ask())
+
+    assert type(raised.value) is expected, f"{status} with x-should-retry {header}: got {type(raised.value).__name__}"
+    assert raised.value.status == status
+    if header == "false":
+        assert "x-should-retry: false" in str(raised.value), "the message must say why a transient status is final"
+    if expected is ModelUnavailableError and status < 429:
+        assert "x-should-retry: true" in str(raised.value)
+    assert len(fake.requests) == 1, "the participant never retries by itself: the engine owns retries"
+
+
+# -- stop_details ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["create", "stream"])
+def test_respond__keeps_the_refusal_stop_details(stream):
+    # https://platform.claude.com/docs/en/build-with-claude/handling-stop-reasons : a refusal is a 200 whose
+    # stop_details gives the category and an explanation; stop_details is null for every other stop reason.
+    details = {"type": "refusal", "category": "cyber", "explanation": "This could help write malware."}
+    with ScriptedAPI() as api:
+        api.answer(message("", stop_reason="refusal", stop_details=details))
+        api.answer(message("fine"))
+        claude = AnthropicParticipant(client=api.client(), stream=stream)
+
+        refused = claude.respond(ask())
+        answered = claude.respond(ask())
+
+    assert refused.stop_reason == "refusal" and refused.stop_details == details
+    assert answered.stop_details is None
+
+
+def test_respond__drops_the_null_fields_of_stop_details():
+    # https://platform.claude.com/docs/en/build-with-claude/handling-stop-reasons : category, explanation may be null.
+    with ScriptedAPI() as api:
+        api.answer(message("", stop_reason="refusal", stop_details={"type": "refusal", "category": None}))
+        refused = AnthropicParticipant(client=api.client()).respond(ask())
+    assert refused.stop_details == {"type": "refusal"}
+
+
+# -- anthropic-ratelimit-* headers, read offline --------------------------------------------------------------------
+
+
+def test_allowances__reads_each_limit_against_the_answers_date():
+    # https://platform.claude.com/docs/en/api/rate-limits : anthropic-ratelimit-{requests,tokens,input-tokens,
+    # output-tokens}-{limit,remaining,reset}, reset in RFC 3339.
+    answered = 1_800_000_000.0
+    headers = {
+        "date": formatdate(answered, usegmt=True),
+        **ratelimit_headers(50, 49, answered + 1.2),
+        **ratelimit_headers(30_000, 1_000, answered + 58, name="input-tokens"),
+        **ratelimit_headers(8_000, 8_000, answered, name="output-tokens"),
+    }
+
+    found = {a.name: a for a in rate_limits.allowances(headers)}
+
+    assert set(found) == {"requests", "input-tokens", "output-tokens"}
+    assert found["requests"].resets_in == pytest.approx(1.2) and not found["requests"].is_low
+    assert found["input-tokens"].is_low, "1,000 of 30,000 left is under the headroom"
+    assert found["input-tokens"].resets_in == pytest.approx(58)
+    assert rate_limits.header_hold(headers) == pytest.approx(58)
+
+
+def test_header_hold__nothing_low_or_nothing_readable_holds_nothing():
+    # https://platform.claude.com/docs/en/api/rate-limits : the headers refine pacing; unreadable ones are ignored.
+    now = 1_800_000_000.0
+    assert rate_limits.header_hold(ratelimit_headers(50, 40, now + 30), now) == 0.0
+    assert rate_limits.header_hold({}, now) == 0.0
+    garbled = {**ratelimit_headers(50, 0, now + 30), "anthropic-ratelimit-requests-reset": "soon"}
+    assert rate_limits.header_hold(garbled, now) == 0.0
+
+
+def test_header_hold__a_reset_far_ahead_is_capped_at_a_minute():
+    # https://platform.claude.com/docs/en/api/rate-limits : the limits are per minute (a token bucket refilled
+    # continuously), so a reset an hour ahead says more about a clock than about the limit.
+    now = 1_800_000_000.0
+    assert rate_limits.header_hold(ratelimit_headers(50, 0, now + 3600), now) == rate_limits.LONGEST_HEADER_HOLD_SECONDS
+
+
+def test_header_hold__without_a_date_reads_this_machines_clock():
+    # https://platform.claude.com/docs/en/api/rate-limits : reset is an absolute RFC 3339 time.
+    hold = rate_limits.header_hold(ratelimit_headers(50, 0, time.time() + 20))
+    assert 15 < hold <= 20, hold
+
+
+# -- count_tokens, offline of the limiter ---------------------------------------------------------------------------
+
+
+def test_count_input_tokens__sends_the_prompt_not_the_generation_parameters():
+    # https://platform.claude.com/docs/en/build-with-claude/token-counting : the same inputs as a message (system,
+    # tools, messages), no max_tokens; the answer is {"input_tokens": N}.
+    request = ModelRequest(
+        model="claude-sonnet-5-5",
+        max_tokens=512,
+        system="You handle refunds.",
+        tools=({"name": "refund", "description": "Refund", "input_schema": {"type": "object"}},),
+        messages=({"role": "user", "content": "Refund A-1"},),
+        metadata={"user_id": "conv-1"},
+    ).as_kwargs()
+    with ScriptedAPI() as api:
+        api.count({"input_tokens": 321})
+        assert count_input_tokens(api.client(), request) == 321
+        (path, body), *_ = api.requests
+    assert path == "/v1/messages/count_tokens"
+    assert set(body) == {"model", "messages", "system", "tools"}, body
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [(429, error_body("rate_limit_error", "count_tokens limit")), (500, error_body("api_error", "boom")), (200, {})],
+    ids=["429", "500", "no-count"],
+)
+def test_count_input_tokens__any_failure_is_none(answer):
+    # https://platform.claude.com/docs/en/build-with-claude/token-counting : free, but rate-limited on its own.
+    with ScriptedAPI() as api:
+        api.count(answer[1], status=answer[0])
+        assert count_input_tokens(api.client(), ask().as_kwargs()) is None
+
+
+def test_count_input_tokens__an_unreachable_api_is_none():
+    # https://platform.claude.com/docs/en/build-with-claude/token-counting : a count refines an estimate, no more.
+    client = anthropic.Anthropic(api_key=API_KEY, base_url="http://127.0.0.1:9", max_retries=0, timeout=2.0)
+    assert count_input_tokens(client, ask().as_kwargs()) is None
