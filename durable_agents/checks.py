@@ -15,6 +15,8 @@ Registered in `DurableAgentsConfig.ready()` under the tag `durable_agents`; `man
     E010  RATE_LIMIT_BACKEND is neither "postgres" nor a Redis URL
     E011  RETENTION names a status that is not finished, or an age that is not a duration
     E012  RETENTION_ARCHIVE names no STORAGES entry
+    E013  a MODELS entry is not a model profile (an unknown field, a wrong value)
+    E014  a model step asks its model for what the model table says it refuses (thinking, effort, max_tokens)
     W000  a check could not run (its own bug; it reports instead of raising)
     W001  no `durable_agents.sweep` in CELERY_BEAT_SCHEDULE: runs whose message was lost are never woken
     W002  Celery may send or accept pickle
@@ -24,6 +26,7 @@ Registered in `DurableAgentsConfig.ready()` under the tag `durable_agents`; `man
     W006  (deploy) steps ask Claude, and ANTHROPIC_API_KEY is not set
     W007  durable_agents.urls is not included, so no decision link can be made
     W008  QUEUE names the durable workers' queue, but beat sends the sweep elsewhere
+    W009  a model step names a model the model table does not know: requests follow the conservative profile
 
 A check never raises on odd input: a traceback at start-up is worse than no check, so each one is guarded
 and reports W000 instead.
@@ -45,6 +48,7 @@ from django.core.checks import CheckMessage, Error, Warning
 from django.urls import NoReverseMatch, Resolver404, resolve, reverse
 from django.utils.module_loading import import_string
 
+from durable_agents.agents.capabilities import ModelChoice, model_profile, problems
 from durable_agents.agents.participants import participants
 from durable_agents.conf import SETTINGS, describe
 from durable_agents.errors import InvalidInputError
@@ -509,6 +513,58 @@ def check_rate_limit_backend(app_configs: Sequence[Any] | None = None, **kwargs:
     ]
 
 
+@_never_raises
+def check_models(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> list[CheckMessage]:
+    """E013, E014, W009: the model table's additions are profiles, and every step asking Claude asks what its model
+    takes (a scripted or function participant is not held to a model's rules)."""
+    configured = getattr(django_settings, "DURABLE_AGENTS", {})
+    if not isinstance(configured, dict) or any(
+        SETTINGS[name].problem(configured[name]) for name in ("MODELS", "DEFAULT_MODEL") if name in configured
+    ):
+        return []  # E001 or E003 says what to fix first; the model table cannot be read until then
+    messages: list[CheckMessage] = []
+    table = _value("MODELS")
+    for model, overrides in table.items() if isinstance(table, dict) else ():
+        for problem in problems(overrides) if isinstance(overrides, dict) else ["must be a dict of profile fields"]:
+            messages.append(
+                Error(
+                    f"{_key('MODELS')}[{model!r}]: {problem}",
+                    hint="See the model table in the README for the fields and their values.",
+                    id="durable_agents.E013",
+                )
+            )
+    if messages:
+        return messages
+    unknown: set[str] = set()
+    for definition, step in _steps_asking_claude():
+        choice: ModelChoice | None = step.options.get("model_choice")
+        if choice is None:
+            continue
+        problem = choice.problem()
+        if problem is not None:
+            messages.append(
+                Error(
+                    f"{definition.label} step {step.name!r}: {problem}",
+                    hint="Change the step's thinking=, effort= or max_tokens=, or its model "
+                    "(every run of it would fail with a 400 from the API).",
+                    id="durable_agents.E014",
+                )
+            )
+        for model in (choice.resolved_model, choice.fallback_model):
+            if model and not model_profile(model).known and model not in unknown:
+                unknown.add(model)
+                messages.append(
+                    Warning(
+                        f"{definition.label} step {step.name!r} asks {model!r}, which the model table does not "
+                        "know: its requests follow the conservative profile (thinking on, no prefill, no forced "
+                        "tool choice).",
+                        hint=f"Check the model id, or describe it in {_key('MODELS')}.",
+                        id="durable_agents.W009",
+                    )
+                )
+    return messages
+
+
 def _steps_asking_claude_label() -> str:
     """The steps that ask Claude, for a message: the first three named, the rest counted; "" if none."""
     asking = [f"{definition.label} step {step.name!r}" for definition, step in _steps_asking_claude()]
@@ -543,5 +599,6 @@ CHECKS: tuple[Check, ...] = (
     check_decision_links,
     check_anthropic_sdk,
     check_rate_limit_backend,
+    check_models,
 )
 DEPLOY_CHECKS: tuple[Check, ...] = (check_database, check_anthropic_key)

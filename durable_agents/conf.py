@@ -228,14 +228,18 @@ SETTINGS: dict[str, Setting] = {
         1000, int, "HTTP connections the process's Anthropic client may open: the model worker's threads", at_least=1
     ),
     "MODEL_PRICES": Setting(
-        {
-            "claude-opus": (5.0, 25.0, 6.25, 0.5),
-            "claude-sonnet": (3.0, 15.0, 3.75, 0.3),
-            "claude-haiku": (1.0, 5.0, 1.25, 0.1),
-        },
+        {},
         Prices,
-        "USD per million tokens by model name prefix: input, output, cache write, cache read[, 1 h cache write]",
+        "USD per million tokens by model name prefix, over the model table's prices (a negotiated rate): input, "
+        "output, cache write, cache read[, 1 h cache write]",
         at_least=0,
+    ),
+    "MODELS": Setting(
+        {},
+        dict[str, dict[str, typing.Any]],
+        "rows added to or changed in the model table (durable_agents/agents/capabilities.py), by model id: "
+        "context_window, max_output, thinking_default, thinking_types, efforts, prefill, forced_tool_choice, "
+        "sampling, prefix_check, prices",
     ),
     "MODEL_RATE_LIMITS": Setting(
         None,
@@ -244,6 +248,13 @@ SETTINGS: dict[str, Setting] = {
         'longest prefix, else "*"): requests_per_minute, input_tokens_per_minute, output_tokens_per_minute; '
         "None: no limiter",
         above=0,
+    ),
+    "COUNT_TOKENS": Setting(
+        False,
+        bool,
+        "the shared rate limit reserves a conversation's first request by the API's count of its prompt "
+        "(messages.count_tokens: free, one more round trip, its own requests-per-minute limit) instead of ~4 "
+        "characters a token; on any error, the estimate",
     ),
     "RATE_LIMIT_BACKEND": Setting(
         "postgres",

@@ -1,9 +1,10 @@
 """Judge steps (LLM-as-judge): a verdict against a rubric, snapshotted so a retry replays it, never re-asks.
 
-The judge asks the run's participant to call one forced tool, `submit_verdict`; the response is
-journaled (Turn, purpose "judge") before it is acted on. A failing verdict routes as declared: fail the
-run, redo an earlier step with the judge's reasons as feedback (`ctx.feedback()`, bounded), or ask a
-human whether to accept it anyway.
+The judge asks the run's participant to call one tool, `submit_verdict` — forced where the model takes forced
+tool use, else asked for (and asked again, bounded) as agents/structured.py describes, since today's models
+refuse forced tool choice; every response is journaled (Turn, purpose "judge") before it is acted on. A
+failing verdict routes as declared: fail the run, redo an earlier step with the judge's reasons as feedback
+(`ctx.feedback()`, bounded), or ask a human whether to accept it anyway.
 
 Example::
 
@@ -16,14 +17,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from durable_agents.agents.journal import ask, journal_call
-from durable_agents.agents.messages import ForcedToolRequest
+from durable_agents.agents.capabilities import ModelChoice, check_choice, thinking_param
 from durable_agents.agents.participants import Participant, participants
+from durable_agents.agents.structured import Form, ask_for_call
 from durable_agents.conf import settings
 from durable_agents.engine.control import Park, Rerun, WaitSpec
 from durable_agents.engine.waits import latest_wait
 from durable_agents.errors import DefinitionError, PermanentError
-from durable_agents.models import Step, StepKind, StepStatus, Turn, WaitKind, WaitStatus
+from durable_agents.models import Step, StepKind, StepStatus, WaitKind, WaitStatus
 from durable_agents.workflows import StepDef
 
 ROUTES = ("fail", "redo", "ask_human")
@@ -61,16 +62,27 @@ def judge(
     max_redos: int = 2,
     participant: str | Participant | None = None,
     model: str | None = None,
-    max_tokens: int = 512,
+    max_tokens: int = 4096,
+    thinking: str | dict[str, Any] | None = None,
+    effort: str | None = None,
+    max_asks: int = 3,
 ) -> StepDef:
-    """A judge step; its result is {"passed", "score", "reasons"} (plus "overridden_by" if a human accepted)."""
+    """A judge step; its result is {"passed", "score", "reasons"} (plus "overridden_by" if a human accepted).
+
+    `thinking` and `effort` as for `agent()`, checked against the model table; `max_tokens` bounds thinking and
+    verdict together; `max_asks` bounds the asks for a valid verdict on models that refuse forced tool use.
+    """
     if on_fail not in ROUTES:
         raise DefinitionError(f"judge {name!r}: on_fail must be one of {ROUTES}, got {on_fail!r}")
     if on_fail == "redo" and not redo_step:
         raise DefinitionError(f"judge {name!r}: on_fail='redo' needs redo_step")
+    if max_asks < 1:
+        raise DefinitionError(f"judge {name!r}: max_asks must be at least 1")
+    choice = ModelChoice(model, thinking_param(thinking), effort, max_tokens)
+    check_choice(f"judge {name!r}", choice)
 
     def run(ctx: Any) -> dict[str, Any]:
-        verdict = _verdict(ctx, _snapshot(ctx) or _ask(ctx, rubric, subject(ctx), participant, model, max_tokens))
+        verdict = _ask(ctx, rubric, subject, participant, choice, max_asks)
         if verdict["passed"]:
             return verdict
         if on_fail == "redo":
@@ -81,36 +93,42 @@ def judge(
             return _ask_human(ctx, name, verdict)
         raise JudgeFailedError(f"{name} failed (score {verdict['score']}): {verdict['reasons']}")
 
-    return StepDef(name=name, kind=StepKind.JUDGE, fn=run, options={"rubric": rubric, "participant": participant})
+    options = {"rubric": rubric, "participant": participant, "model_choice": choice}
+    return StepDef(name=name, kind=StepKind.JUDGE, fn=run, options=options)
 
 
-def _snapshot(ctx: Any) -> Turn | None:
-    return Turn.objects.filter(step_id=ctx.step.pk, purpose="judge").order_by("-index").first()
-
-
-def _ask(ctx: Any, rubric: str, text: str, participant: Any, model: str | None, max_tokens: int) -> Turn:
+def _ask(
+    ctx: Any, rubric: str, subject: Callable[[Any], str], participant: Any, choice: ModelChoice, max_asks: int
+) -> dict[str, Any]:
+    """The verdict: replayed from the journal when one was given (the snapshot), else asked for."""
     chosen = ctx.run.participant or participant or settings.DEFAULT_PARTICIPANT
     answerer = participants.get(chosen) if isinstance(chosen, str) else chosen
-    request = ForcedToolRequest(
-        model=model or settings.DEFAULT_MODEL,
-        max_tokens=max_tokens,
+    form = Form(
+        purpose="judge",
+        tool=VERDICT_TOOL,
         system=SYSTEM + rubric,
-        tools=[VERDICT_TOOL],
-        messages=[{"role": "user", "content": f"Subject to review:\n\n{text}"}],
-        metadata={"user_id": f"{ctx.run_id}:{ctx.step_id}"},
-        tool_choice={"type": "tool", "name": "submit_verdict"},
-        step_key=str(ctx.step.pk),
+        prompt=f"Subject to review:\n\n{subject(ctx)}",
+        choice=choice,
+        read=_read_verdict,
+        max_asks=max_asks,
+        answer="verdict",
     )
-    return journal_call(ctx, "judge", request, ask(ctx, answerer, request), answerer.name)
+    verdict, _turn = ask_for_call(ctx, answerer, form)
+    return verdict
 
 
-def _verdict(ctx: Any, turn: Turn) -> dict[str, Any]:
-    for block in turn.content:
-        if block.get("type") == "tool_use" and block.get("name") == "submit_verdict":
-            data = block.get("input") or {}
-            if isinstance(data.get("passed"), bool):
-                return {"passed": data["passed"], "score": data.get("score"), "reasons": str(data.get("reasons", ""))}
-    raise PermanentError(f"judge {ctx.step_id} answered without a verdict (stop_reason {turn.stop_reason})")
+def _read_verdict(data: dict[str, Any]) -> tuple[dict[str, Any] | None, str | None]:
+    """A verdict that keeps to VERDICT_TOOL's schema, or what is wrong with it (sent back to the model)."""
+    score, reasons = data.get("score"), data.get("reasons")
+    if not isinstance(data.get("passed"), bool):
+        problem = "passed must be true or false"
+    elif isinstance(score, bool) or not isinstance(score, int | float) or not 0 <= score <= 1:
+        problem = f"score must be a number from 0 to 1, got {score!r}"
+    elif not isinstance(reasons, str) or not reasons.strip():
+        problem = "reasons must say, concretely, what is right or wrong"
+    else:
+        return {"passed": data["passed"], "score": score, "reasons": reasons}, None
+    return None, f"{problem}; call submit_verdict again with passed, score and reasons"
 
 
 def _ask_human(ctx: Any, name: str, verdict: dict[str, Any]) -> dict[str, Any]:

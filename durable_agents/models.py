@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 
 from django.db import models
@@ -17,6 +18,27 @@ from durable_agents.states import (
     StepStatus,
     WaitStatus,
 )
+
+
+class OrderedJSONField(models.JSONField):
+    """JSON kept as written, keys in their order: text on Postgres, not `jsonb` (which sorts an object's keys).
+
+    A conversation must be sent again byte for byte (a thinking block's signature covers everything before it), so
+    what the model returned — a tool_use's input keys in the model's order — is stored as it came. Text rather
+    than Postgres' `json` type: a process still on the previous version during a rolling deploy reads text as its
+    JSONField expects (psycopg would decode `json` itself, and Django would then fail to decode it again), and its
+    `jsonb` writes are assigned to text by Postgres' I/O cast.
+    """
+
+    def db_type(self, connection):  # type: ignore[no-untyped-def]
+        return "text" if connection.vendor == "postgresql" else super().db_type(connection)
+
+    def get_db_prep_value(self, value, connection, prepared=False):  # type: ignore[no-untyped-def]
+        if connection.vendor != "postgresql":
+            return super().get_db_prep_value(value, connection, prepared)
+        if not prepared:
+            value = self.get_prep_value(value)
+        return json.dumps(value, cls=self.encoder)
 
 
 class StepKind(models.TextChoices):
@@ -251,6 +273,9 @@ class Step(models.Model):
     # An agent step's compacted context, stored with its checkpoint: the summary and the first turn index
     # it does not cover. A resume reads this, not the whole journal.
     context = models.JSONField(null=True, blank=True)
+    # A model step's conversation head (model, system, tools, first prompt, thinking, effort) as its first model
+    # call sent it: every later call of the step sends the same, whatever code is deployed since.
+    frozen_request = OrderedJSONField(null=True, blank=True)
     cost_usd = models.DecimalField(max_digits=14, decimal_places=6, default=0)
     input_tokens = models.BigIntegerField(default=0)
     output_tokens = models.BigIntegerField(default=0)
@@ -311,10 +336,12 @@ class Turn(models.Model):
     # "turn" for the agent loop; other journaled model calls: "compaction", "brief", "judge", "planner".
     purpose = models.CharField(max_length=20, default="turn")
     request_digest = models.CharField(max_length=64)
-    content = models.JSONField(default=list, help_text="the response's content blocks")
+    content = OrderedJSONField(default=list, help_text="the response's content blocks, as the API returned them")
     stop_reason = models.CharField(max_length=40, blank=True, default="")
     # The tool_result blocks sent back for this turn's tool_use blocks, once every tool call finished.
-    tool_results = models.JSONField(null=True, blank=True)
+    tool_results = OrderedJSONField(null=True, blank=True)
+    # A refusal's category and explanation, as the API gave them (null for every other stop reason).
+    stop_details = models.JSONField(null=True, blank=True)
     model = models.CharField(max_length=100, blank=True, default="")
     participant = models.CharField(max_length=100, blank=True, default="")
     request_id = models.CharField(max_length=100, blank=True, default="")

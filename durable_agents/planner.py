@@ -2,7 +2,8 @@
 
 The plan is a list of tool calls (tool + arguments, optional freshness budget, optional human approval),
 checked against the workflow's allowed tools and their schemas. An invalid plan goes back to the model as
-an is_error tool result (bounded attempts), never into the table. Each planned step then runs one per
+an is_error tool result (bounded attempts), never into the table; on models that refuse forced tool use the
+plan is asked for as agents/structured.py describes. Each planned step then runs one per
 task like any static step. A planned effect's key is derived from its tool and canonical arguments, so a
 re-plan that proposes the same refund again reuses the applied one instead of refunding twice.
 
@@ -20,14 +21,14 @@ from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
 
-from durable_agents.agents.journal import ask, journal_call
-from durable_agents.agents.messages import ForcedToolRequest
+from durable_agents.agents.capabilities import ModelChoice, check_choice, thinking_param
 from durable_agents.agents.participants import participants
+from durable_agents.agents.structured import Form, ask_for_call
 from durable_agents.conf import settings
 from durable_agents.engine.control import ExtendPlan
 from durable_agents.engine.planned import PlannedCall, planned_rows
-from durable_agents.errors import DefinitionError, PermanentError, ToolArgumentsError
-from durable_agents.models import StepKind, Turn
+from durable_agents.errors import DefinitionError, ToolArgumentsError
+from durable_agents.models import StepKind
 from durable_agents.tools import Tool
 from durable_agents.workflows import StepDef
 
@@ -69,68 +70,47 @@ def planner(
     prompt: Callable[[Any], Any] | None = None,
     participant: str | None = None,
     model: str | None = None,
-    max_tokens: int = 1024,
+    max_tokens: int = 8192,
     max_attempts: int = 3,
+    thinking: str | dict[str, Any] | None = None,
+    effort: str | None = None,
 ) -> StepDef:
-    """A planner step: the model submits a plan of calls to `tools`; valid plans become plan rows."""
+    """A planner step: the model submits a plan of calls to `tools`; valid plans become plan rows.
+
+    `max_attempts` bounds the asks for a valid plan; `thinking`, `effort` and `max_tokens` as for `agent()`.
+    """
     if not tools:
         raise DefinitionError(f"planner {name!r}: give the tools a plan may use")
+    if max_attempts < 1:
+        raise DefinitionError(f"planner {name!r}: max_attempts must be at least 1")
     allowed = {t.name: t for t in tools}
     plan_tool = _plan_tool(tools)
+    choice = ModelChoice(model, thinking_param(thinking), effort, max_tokens)
+    check_choice(f"planner {name!r}", choice)
+
+    def read(data: dict[str, Any]) -> tuple[list[PlannedCall] | None, str | None]:
+        calls, errors = _read_plan(name, data, allowed)
+        return (None, "The plan was refused: " + "; ".join(errors)) if errors else (calls, None)
 
     def run(ctx: Any) -> Any:
         chosen = ctx.run.participant or participant or settings.DEFAULT_PARTICIPANT
         answerer = participants.get(chosen)
         first = prompt(ctx) if prompt else json.dumps(ctx.input, cls=DjangoJSONEncoder)
-        messages: list[dict[str, Any]] = [{"role": "user", "content": first}]
-        unread = list(Turn.objects.filter(step_id=ctx.step.pk, purpose="planner").order_by("index"))
-        asked = len(unread)
-        while True:
-            for turn in unread:
-                calls, errors, use_id = _read_plan(name, turn.content, allowed)
-                if not errors:
-                    result = {"plan": [{"tool": c.tool, "args": c.args, "step_id": c.step_id} for c in calls]}
-                    raise ExtendPlan(planned_rows(calls), result)
-                messages += [
-                    {"role": "assistant", "content": turn.content},
-                    {
-                        "role": "user",
-                        "content": [
-                            {
-                                "type": "tool_result",
-                                "tool_use_id": use_id,
-                                "is_error": True,
-                                "content": "The plan was refused: " + "; ".join(errors),
-                            }
-                        ],
-                    },
-                ]
-            if asked >= max_attempts:
-                raise PermanentError(f"planner {name!r} produced no valid plan in {max_attempts} attempts")
-            request = ForcedToolRequest(
-                model=model or settings.DEFAULT_MODEL,
-                max_tokens=max_tokens,
-                system=instructions,
-                tools=[plan_tool],
-                messages=list(messages),
-                metadata={"user_id": f"{ctx.run_id}:{ctx.step_id}"},
-                tool_choice={"type": "tool", "name": PLAN_TOOL},
-                step_key=str(ctx.step.pk),
-            )
-            unread = [journal_call(ctx, "planner", request, ask(ctx, answerer, request), answerer.name)]
-            asked += 1
+        form = Form("planner", plan_tool, instructions, first, choice, read, max_attempts, answer="plan")
+        calls, _turn = ask_for_call(ctx, answerer, form)
+        result = {"plan": [{"tool": c.tool, "args": c.args, "step_id": c.step_id} for c in calls]}
+        raise ExtendPlan(planned_rows(calls), result)
 
-    options = {"tools": tuple(allowed), "participant": participant}
+    options = {"tools": tuple(allowed), "participant": participant, "model_choice": choice}
     return StepDef(name=name, kind=StepKind.PLANNER, fn=run, options=options)
 
 
-def _read_plan(name: str, content: Sequence[dict[str, Any]], allowed: dict[str, Tool[..., Any]]):  # type: ignore[no-untyped-def]
-    use = next((b for b in content if b.get("type") == "tool_use" and b.get("name") == PLAN_TOOL), None)
-    if use is None:
-        return [], ["call submit_plan with the plan"], "none"
-    steps = (use.get("input") or {}).get("steps")
+def _read_plan(
+    name: str, data: dict[str, Any], allowed: dict[str, Tool[..., Any]]
+) -> tuple[list[PlannedCall], list[str]]:
+    steps = data.get("steps")
     if not isinstance(steps, list) or not steps:
-        return [], ["the plan needs at least one step"], use["id"]
+        return [], ["the plan needs at least one step"]
     calls, errors = [], []
     for i, element in enumerate(steps, start=1):
         tool = allowed.get(element.get("tool")) if isinstance(element, dict) else None
@@ -155,4 +135,4 @@ def _read_plan(name: str, content: Sequence[dict[str, Any]], allowed: dict[str, 
                 approval=bool(element.get("approval")),
             )
         )
-    return calls, errors, use["id"]
+    return calls, errors

@@ -22,11 +22,26 @@ each request write what the next one reads, so a turn, a compaction call (which 
 last request plus an instruction) and a resumed step's first request all pay cache-read prices for
 everything up to the newest tool results. The last *user* message, not a trailing assistant prefill:
 a continuation after `max_tokens` is sent exactly as journaled.
+
+Thinking blocks (preserved thinking): the API checks that everything before a thinking block it is sent back —
+system, tools, every earlier message — is byte-identical to when the block was produced, and refuses (400) or
+ignores the block otherwise; dropping blocks oldest-first, or all of them, is allowed. A fold replaces the
+turns before the kept ones by a summary, so the prefix of every kept turn's thinking block changes: kept turns
+lose their thinking blocks (the model still sees their text, tool calls and results), and turns after the fold
+keep theirs — their prefix is the new opening, which stays as it is until the next fold. A turn answered by
+another model (a fallback, an operator's swap) keeps no thinking blocks the model now asked cannot read: they
+are dropped on purpose, and the agent loop records it. The compaction call itself sends a prefix of the last
+request unchanged, thinking blocks included.
+
+Continuing after `max_tokens`: where the model takes an assistant prefill (and is not thinking), the cut answer
+is sent back as the last message and the model goes on from it; elsewhere (every 4.6+ model refuses prefill) a
+user message asks the model to continue from where it stopped, as the migration guides advise.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
@@ -53,7 +68,15 @@ COMPACTION_INSTRUCTION = (
 )
 # Blocks the API accepts a cache_control on; thinking blocks and empty text take none.
 CACHEABLE_BLOCKS = frozenset({"text", "tool_result", "tool_use", "image", "document"})
+THINKING_BLOCKS = frozenset({"thinking", "redacted_thinking"})
+CONTINUE_PROMPT = (
+    "Your previous response was cut off by the output limit. Continue exactly from where it stopped, without "
+    "repeating anything."
+)
+# What a kept turn says in place of an answer that was all thinking (an assistant message may not be empty).
+THOUGHT_PLACEHOLDER = "(thinking omitted)"
 RECENT_CALLS = 5
+_SNAPSHOT_DATE = re.compile(r"-\d{8}$")
 CLIP_CHARS = 200
 
 
@@ -102,47 +125,79 @@ class Conversation:
 
     Example::
 
-        conversation = Conversation("Charge order A-1", Compacted.from_json(step.context))
-        conversation.add_turn(turn.index, turn.content, turn.stop_reason)
+        conversation = Conversation("Charge order A-1", Compacted.from_json(step.context), prefill=False)
+        conversation.add_turn(turn.index, turn.content, turn.stop_reason, model=turn.model)
         conversation.add_results(turn.tool_results)
+        request_messages = conversation.sendable("claude-sonnet-5-5")
     """
 
-    def __init__(self, prompt: Any, compacted: Compacted | None = None) -> None:
+    def __init__(self, prompt: Any, compacted: Compacted | None = None, *, prefill: bool = True) -> None:
         self.prompt = prompt
         self.compacted = compacted
+        self.prefill = prefill
         self.messages: list[dict[str, Any]] = [{"role": "user", "content": self._opening()}]
+        # The model that produced each assistant message (by position), for the thinking blocks it may carry.
+        self._models: dict[int, str] = {}
         self._turns: list[_TurnMark] = []
+        # Where the answer being written began: a continuation adds to it.
+        self._answer_from = 1
+        self.dropped_models: set[str] = set()
 
-    def _opening(self) -> Any:
-        if self.compacted is None:
-            return self.prompt
+    def _opening(self) -> list[dict[str, Any]]:
+        # Always blocks: a string prompt sent as a string on one turn and as a block with a cache breakpoint on the
+        # next (when it was the last user message) would change the prefix of every thinking block after it.
         blocks = [text(self.prompt)] if isinstance(self.prompt, str) else [dict(b) for b in self.prompt]
-        return [*blocks, summary_block(self.compacted.summary)]
+        return blocks if self.compacted is None else [*blocks, summary_block(self.compacted.summary)]
 
     @property
     def final_text(self) -> str:
-        return text_of(self.messages[-1]["content"])
+        return "".join(text_of(m["content"]) for m in self.messages[self._answer_from :] if m["role"] == "assistant")
 
-    def add_turn(self, index: int, content: Sequence[Mapping[str, Any]], stop_reason: str) -> None:
-        """Add a response; a continuation (after max_tokens or pause_turn) extends the previous assistant message."""
-        if self.messages[-1]["role"] != "assistant":
-            self.messages.append({"role": "assistant", "content": [dict(b) for b in content]})
+    def add_turn(
+        self,
+        index: int,
+        content: Sequence[Mapping[str, Any]],
+        stop_reason: str,
+        *,
+        model: str = "",
+        strip_thinking: bool = False,
+    ) -> None:
+        """Add a response; a continuation (after max_tokens or pause_turn) extends the previous assistant message
+        (as a prefill), or follows a user message asking to continue where prefill is refused."""
+        blocks = [dict(b) for b in content]
+        if strip_thinking:
+            blocks = [b for b in blocks if b.get("type") not in THINKING_BLOCKS] or [text(THOUGHT_PLACEHOLDER)]
+        last = self.messages[-1]
+        if last["role"] != "assistant":
+            if not _is_continue(last):
+                self._answer_from = len(self.messages)
+            self.messages.append({"role": "assistant", "content": blocks})
+            self._models[len(self.messages) - 1] = model
         else:
-            merged = self.messages[-1]["content"]
-            for block in content:
+            merged = last["content"]
+            for block in blocks:
                 if merged and merged[-1].get("type") == "text" and block.get("type") == "text":
                     merged[-1] = {**merged[-1], "text": merged[-1]["text"] + block["text"]}
                 else:
-                    merged.append(dict(block))
+                    merged.append(block)
         self._turns.append(_TurnMark(index, len(self.messages) - 1, stop_reason))
+        if stop_reason == "max_tokens" and not self.prefill:
+            self.messages.append({"role": "user", "content": [text(CONTINUE_PROMPT)]})
 
     def add_results(self, results: list[dict[str, Any]]) -> None:
         self.messages.append({"role": "user", "content": results})
 
-    def sendable(self) -> list[dict[str, Any]]:
-        """A copy fit to send: breakpoints added, and no final assistant text ending in whitespace (the API
-        refuses that prefill)."""
+    def sendable(self, model: str = "") -> list[dict[str, Any]]:
+        """A copy fit to send to `model`: breakpoints added, thinking blocks of other models left out, and no final
+        assistant text ending in whitespace (the API refuses that prefill)."""
         out = [dict(m) for m in self.messages]
+        for position, producer in self._models.items():
+            if model and producer and not _same_model(producer, model) and position < len(out):
+                content = out[position]["content"]
+                kept = [b for b in content if b.get("type") not in THINKING_BLOCKS]
+                if len(kept) != len(content):
+                    self.dropped_models.add(producer)
+                    out[position] = {**out[position], "content": kept or [text(THOUGHT_PLACEHOLDER)]}
         last = out[-1]
         if last["role"] == "assistant" and last["content"] and last["content"][-1].get("type") == "text":
             last["content"] = [
@@ -167,15 +222,19 @@ class Conversation:
         """Replace everything before the cut by the opening message carrying the new summary."""
         self.compacted = compacted
         shift = point.position - 1
-        self.messages = [{"role": "user", "content": self._opening()}, *self.messages[point.position :]]
+        kept = [_without_thinking(m) for m in self.messages[point.position :]]
+        self.messages = [{"role": "user", "content": self._opening()}, *kept]
+        self._models = {p - shift: m for p, m in self._models.items() if p >= point.position}
+        self._answer_from = max(1, self._answer_from - shift)
         self._turns = [
             _TurnMark(m.index, m.position - shift, m.stop_reason) for m in self._turns if m.index >= point.covers_until
         ]
 
     def compaction_request(self, base: ModelRequest, point: FoldPoint, *, turn_number: int) -> ModelRequest:
         """Ask for a summary of everything before the cut: a prefix of the last request (a cache read), plus the
-        instruction. Tools and tool_choice stay as they were, since changing either would miss the cache."""
-        messages = cacheable_messages([dict(m) for m in self.messages[: point.position]])
+        instruction. Tools, thinking and effort stay as they were: changing tools would miss the cache, and effort
+        may not change mid-conversation under between_tools thinking."""
+        messages = cacheable_messages(self.sendable(base.model)[: point.position])
         last = messages[-1]
         content = [text(last["content"])] if isinstance(last["content"], str) else list(last["content"])
         messages[-1] = {**last, "content": [*content, text(COMPACTION_INSTRUCTION)]}
@@ -186,10 +245,29 @@ class Conversation:
             tools=base.tools,
             messages=messages,
             metadata=base.metadata,
+            thinking=base.thinking,
+            output_config=base.output_config,
             purpose="compaction",
             turn_number=turn_number,
             step_key=base.step_key,
         )
+
+
+def _is_continue(message: Mapping[str, Any]) -> bool:
+    content = message.get("content")
+    return isinstance(content, list) and len(content) == 1 and content[0].get("text") == CONTINUE_PROMPT
+
+
+def _same_model(a: str, b: str) -> bool:
+    """One model under two names (an id and its dated snapshot) reads its own thinking blocks."""
+    return _SNAPSHOT_DATE.sub("", a) == _SNAPSHOT_DATE.sub("", b)
+
+
+def _without_thinking(message: dict[str, Any]) -> dict[str, Any]:
+    if message.get("role") != "assistant":
+        return message
+    kept = [b for b in message["content"] if b.get("type") not in THINKING_BLOCKS]
+    return {**message, "content": kept or [text(THOUGHT_PLACEHOLDER)]}
 
 
 def summary_block(summary: str) -> dict[str, Any]:

@@ -4,6 +4,11 @@ A turn of the agent loop, a compaction, a judge's verdict, a planner's plan and 
 are each one Turn row, written in one short transaction with the usage added to the step and the run. A
 zombie's answer (its lease lost, or the turn journaled by another worker) is not journaled, but it was
 billed: its usage is still counted, and an event says so.
+
+A step's first journaled call also freezes the step's conversation head (Step.frozen_request: model, system,
+tools, first prompt, thinking, effort) in the same transaction, so every later call sends the same head. What
+the API returned is stored as it returned it (Turn.content is Postgres `json`, keys in the model's order), so a
+rebuilt request is byte-identical to the one first sent. A refusal's stop_details go with its turn and an event.
 """
 
 from __future__ import annotations
@@ -87,6 +92,7 @@ def create_turn(
         request_digest=request.digest(),
         content=[dict(b) for b in response.content],
         stop_reason=response.stop_reason,
+        stop_details=dict(response.stop_details) if response.stop_details else None,
         model=response.model,
         participant=participant,
         request_id=response.request_id,
@@ -106,6 +112,7 @@ def journal_turn(
     participant: str,
     *,
     compacted: Compacted | None = None,
+    head: dict[str, Any] | None = None,
 ) -> Turn:
     """Commit the response before acting on it: turn, usage on step and run, fenced by the lease token.
 
@@ -127,6 +134,8 @@ def journal_turn(
             raise LeaseLostError()
         Step.objects.filter(pk=ctx.step.pk).update(cost_usd=F("cost_usd") + cost, **counters, **step_changes)
         turn = create_turn(ctx, index, COMPACTION if compacted else TURN, request, response, participant, cost)
+        _freeze_txn(ctx, head)
+        _record_refusal_txn(ctx, index, response)
         if compacted:
             record_event(
                 ctx.run_id,
@@ -150,6 +159,36 @@ def journal_turn(
     except (OperationalError, InterfaceError) as exc:
         _count_after_database_error(ctx, index, usage, cost, exc)
         raise
+
+
+def frozen_head(ctx: Any) -> dict[str, Any] | None:
+    """The step's conversation head as its first model call froze it; None before that call."""
+    return Step.objects.filter(pk=ctx.step.pk).values_list("frozen_request", flat=True).first()
+
+
+def _freeze_txn(ctx: Any, head: dict[str, Any] | None) -> None:
+    # Only the first journaled call freezes: a head already there (a racing zombie's is fenced out) stays.
+    if head is not None:
+        Step.objects.filter(pk=ctx.step.pk, frozen_request__isnull=True).update(frozen_request=head)
+
+
+def _record_refusal_txn(ctx: Any, index: int, response: ModelResponse) -> None:
+    if response.stop_reason == "refusal":
+        details = dict(response.stop_details or {})
+        record_event(
+            ctx.run_id,
+            "model_refused",
+            step_id=ctx.step_id,
+            turn=index,
+            model=response.model,
+            category=details.get("category"),
+            explanation=details.get("explanation"),
+        )
+
+
+def record_thinking_dropped(ctx: Any, models: list[str], model: str) -> None:
+    """A model swap left out thinking blocks the model now asked cannot read: on the run's record."""
+    record_event(ctx.run_id, "thinking_dropped", step_id=ctx.step_id, models=models, asked=model)
 
 
 def count_unjournaled(ctx: Any, index: int, usage: Usage, cost: Decimal, why: str) -> None:
@@ -178,8 +217,17 @@ def _count_after_database_error(ctx: Any, index: int, usage: Usage, cost: Decima
             count_unjournaled(ctx, index, usage, cost, "no free database connection")
 
 
-def journal_call(ctx: Any, purpose: str, request: ModelRequest, response: ModelResponse, participant: str) -> Turn:
-    """Journal a one-off model call of a step (judge, planner) with its usage, fenced by the lease token."""
+def journal_call(
+    ctx: Any,
+    purpose: str,
+    request: ModelRequest,
+    response: ModelResponse,
+    participant: str,
+    *,
+    head: dict[str, Any] | None = None,
+) -> Turn:
+    """Journal a model call of a judge or planner step with its usage, fenced by the lease token (and the step's
+    head with its first call)."""
     cost = cost_usd(response.model, response.usage)
     counters = usage_counters(response.usage)
     index = 0
@@ -194,7 +242,10 @@ def journal_call(ctx: Any, purpose: str, request: ModelRequest, response: ModelR
         ):
             raise LeaseLostError()
         Step.objects.filter(pk=ctx.step.pk).update(cost_usd=F("cost_usd") + cost, **counters)
-        return create_turn(ctx, index, purpose, request, response, participant, cost)
+        turn = create_turn(ctx, index, purpose, request, response, participant, cost)
+        _freeze_txn(ctx, head)
+        _record_refusal_txn(ctx, index, response)
+        return turn
 
     try:
         return waiting_for_a_connection(write)

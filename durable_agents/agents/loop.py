@@ -14,6 +14,24 @@ whole journal, so resuming costs the same at turn 10 and turn 10,000.
 
 Journal indices: agent turns and compaction calls share one sequence per step (unique with the step);
 `Compacted.compactions` tells them apart, so `max_turns` counts agent turns only.
+
+Append-only: the step's first model call freezes its head — model, system, tools (names, descriptions, schemas),
+first prompt, thinking and effort — in Step.frozen_request, and every later call of the step sends that head,
+whatever code is deployed since (a deploy that rewords a docstring does not change a conversation in flight; a
+new version of the workflow is the way to change it). The model table (capabilities.py) decides what a request
+may carry. Every stop reason has a road forward:
+
+    end_turn, stop_sequence          the step's answer
+    tool_use                         the tools run (effects keyed by tool_use_id), their results go back
+    pause_turn                       the assistant content is sent back as is, and the model goes on
+    max_tokens (text)                continued: as an assistant prefill where the model takes one, else a user
+                                     message asks it to go on from where it stopped
+    max_tokens (in a tool call or    not an answer: the turn is set aside and asked again with twice the
+      in its thinking)               max_tokens, up to the model's limit (then the step fails saying so)
+    refusal                          the step fails with the refusal's category and explanation; with a
+                                     fallback_model, the next attempt asks that model. A resume asks again:
+                                     a refused turn is never replayed as the answer
+    model_context_window_exceeded    the conversation is compacted and the turn asked again, once
 """
 
 from __future__ import annotations
@@ -24,8 +42,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
+from django.db.models import Max
 
 from durable_agents.agents.budget import Budget, PromptSize, estimate_prompt
+from durable_agents.agents.capabilities import ModelChoice, ModelProfile, check_choice, model_profile, thinking_param
 from durable_agents.agents.compaction import (
     COMPACTION_INSTRUCTION,
     Compacted,
@@ -35,7 +55,7 @@ from durable_agents.agents.compaction import (
     summary_text,
     text_of,
 )
-from durable_agents.agents.journal import ask, journal_turn
+from durable_agents.agents.journal import ask, journal_turn, record_thinking_dropped
 from durable_agents.agents.messages import TURN, ModelRequest, estimate_tokens
 from durable_agents.agents.participants import Participant, participants
 from durable_agents.agents.toolcalls import run_calls
@@ -47,6 +67,7 @@ from durable_agents.errors import (
     LeaseLostError,
     ModelRefusalError,
     PermanentError,
+    RetryableError,
 )
 from durable_agents.models import Step, StepKind, Turn
 from durable_agents.tools import Tool
@@ -54,6 +75,8 @@ from durable_agents.workflows import RetryPolicy, StepDef
 
 FINAL_STOPS = ("end_turn", "stop_sequence")
 CONTINUE_STOPS = ("max_tokens", "pause_turn")
+# Asking again after a truncated turn: at most this many times in a row, doubling max_tokens each time.
+MAX_TRUNCATED_RETRIES = 3
 
 
 @dataclass(frozen=True)
@@ -69,6 +92,13 @@ class AgentSpec:
     # None: DURABLE_AGENTS['COMPACT_AT_PROMPT_TOKENS'] and ['KEEP_RECENT_TURNS'].
     compact_at_prompt_tokens: int | None = None
     keep_recent_turns: int | None = None
+    thinking: dict[str, Any] | None = None
+    effort: str | None = None
+    fallback_model: str | None = None
+
+    @property
+    def choice(self) -> ModelChoice:
+        return ModelChoice(self.model, self.thinking, self.effort, self.max_tokens, self.fallback_model)
 
 
 def agent(
@@ -78,7 +108,7 @@ def agent(
     tools: Sequence[Tool[..., Any]] = (),
     prompt: Callable[[Any], Any] | None = None,
     model: str | None = None,
-    max_tokens: int = 1024,
+    max_tokens: int = 8192,
     max_turns: int = 25,
     participant: str | Participant | None = None,
     max_tool_errors: int = 3,
@@ -86,12 +116,18 @@ def agent(
     keep_recent_turns: int | None = None,
     retry: RetryPolicy | None = None,
     depends_on: Sequence[str] = (),
+    thinking: str | dict[str, Any] | None = None,
+    effort: str | None = None,
+    fallback_model: str | None = None,
 ) -> StepDef:
     """An agent step: `instructions` (system prompt), `prompt(ctx)` (the user content; default: the run
     input as JSON) and the tools the model may call. Past `compact_at_prompt_tokens` of prompt, all but the
     last `keep_recent_turns` turns are folded into a summary (defaults: the DURABLE_AGENTS settings).
     `depends_on` names observations (step ids) the agent acts on: resumed past their freshness budget,
-    the run re-plans from them instead of acting on a stale world.
+    the run re-plans from them instead of acting on a stale world. `thinking` (None: the model's default;
+    "adaptive", "between_tools", "disabled", or the whole field) and `effort` ("low" ... "max") are checked
+    against the model table when the model is named here, else by a system check (E014). `max_tokens` bounds
+    thinking and answer together. `fallback_model` is asked on the next attempt after a refusal.
 
     Example::
 
@@ -109,6 +145,8 @@ def agent(
         keep_recent_turns is not None and keep_recent_turns < 1
     ):
         raise DefinitionError(f"agent {name!r}: compact_at_prompt_tokens and keep_recent_turns must be positive")
+    choice = ModelChoice(model, thinking_param(thinking), effort, max_tokens, fallback_model)
+    check_choice(f"agent {name!r}", choice)
     spec = AgentSpec(
         instructions,
         tuple(tools),
@@ -120,13 +158,16 @@ def agent(
         max_tool_errors,
         compact_at_prompt_tokens,
         keep_recent_turns,
+        choice.thinking,
+        effort,
+        fallback_model,
     )
     return StepDef(
         name=name,
         kind=StepKind.AGENT,
         fn=lambda ctx: run_agent(ctx, spec),
         retry=retry or RetryPolicy(max_attempts=8),
-        options={"agent": spec},
+        options={"agent": spec, "model_choice": choice},
         depends_on=tuple(depends_on),
     )
 
@@ -149,19 +190,29 @@ class _AgentLoop:
         self.spec = spec
         self.participant = resolve_participant(ctx, spec)
         self.tools = {t.name: t for t in spec.tools}
+        # Read fresh: the step row the engine loaded carries neither the (possibly large) context nor the head.
+        row = Step.objects.filter(pk=ctx.step.pk).values_list("context", "frozen_request").first()
+        stored, frozen = row or (None, None)
+        self.head = frozen or self._head_from_code()
+        self.unfrozen = frozen is None
+        # Turns journaled before the step froze a head (by the previous version, during a deploy) go back without
+        # their thinking blocks: their prefix may have been sent otherwise, and dropping them all is allowed.
+        self.unfrozen_turns = int(self.head.get("turns_before", 0))
+        self.model = self.head["model"]
         self.base = ModelRequest(
-            model=spec.model or settings.DEFAULT_MODEL,
+            model=self.model,
             max_tokens=spec.max_tokens,
-            system=cacheable_system(spec.instructions),
-            tools=cacheable_tools([t.anthropic_schema() for t in spec.tools]),
+            system=self.head["system"],
+            tools=self.head["tools"],
             messages=(),
             metadata={"user_id": f"{ctx.run_id}:{ctx.step_id}"},
+            thinking=self.head.get("thinking"),
+            output_config=self.head.get("output_config"),
             step_key=str(ctx.step.pk),
         )
-        # Read fresh: the step row the engine loaded does not carry the (possibly large) context.
-        stored = Step.objects.filter(pk=ctx.step.pk).values_list("context", flat=True).first()
         compacted = Compacted.from_json(stored)
-        self.conversation = Conversation(_initial_content(ctx, spec), compacted)
+        prefill = self.profile.accepts_prefill(self.base.thinking)
+        self.conversation = Conversation(self.head["prompt"], compacted, prefill=prefill)
         self.next_index = compacted.turn + 1 if compacted else 0
         self.compactions = compacted.compactions if compacted else 0
         self.errors_by_turn: dict[int, int] = {}
@@ -171,19 +222,43 @@ class _AgentLoop:
         compact_at = spec.compact_at_prompt_tokens or settings.COMPACT_AT_PROMPT_TOKENS
         self.compact_at: int | None = int(compact_at) if compact_at else None
         self.keep = int(spec.keep_recent_turns or settings.KEEP_RECENT_TURNS)
+        # Turns set aside in a row (cut inside a tool call or its thinking): the next ask doubles max_tokens.
+        self.truncated = 0
+        # The context window overflowed: compact, then ask again — once.
+        self.must_compact = False
+        self.overflowed = False
+        self.dropped_models: set[str] = set()
+
+    @property
+    def profile(self) -> ModelProfile:
+        return model_profile(self.model)
+
+    def _head_from_code(self) -> dict[str, Any]:
+        """The head this step's first model call sends, from the code deployed now (frozen once journaled)."""
+        spec, choice = self.spec, self.spec.choice
+        last = Turn.objects.filter(step_id=self.ctx.step.pk).aggregate(last=Max("index"))["last"]
+        return {
+            "turns_before": 0 if last is None else last + 1,
+            "model": choice.resolved_model,
+            "system": cacheable_system(spec.instructions),
+            "tools": cacheable_tools([t.anthropic_schema() for t in spec.tools]),
+            "prompt": _initial_content(self.ctx, spec),
+            "thinking": choice.thinking,
+            "output_config": choice.output_config(),
+        }
 
     def run(self) -> dict[str, Any]:
         since = self.compacted.covers_until if self.compacted else 0
         journal = Turn.objects.filter(step_id=self.ctx.step.pk, purpose=TURN, index__gte=since).order_by("index")
         for turn in journal:
             self.next_index = max(self.next_index, turn.index + 1)
-            outcome = self._act(turn)
+            outcome = self._act(turn, replayed=True)
             if outcome is not None:
                 return outcome
         while True:
-            if self._should_compact():
+            if self.must_compact or self._should_compact():
                 self._compact()
-            outcome = self._act(self._ask())
+            outcome = self._act(self._ask(), replayed=False)
             if outcome is not None:
                 return outcome
 
@@ -200,27 +275,60 @@ class _AgentLoop:
     def tool_errors(self) -> int:
         return (self.compacted.tool_errors if self.compacted else 0) + sum(self.errors_by_turn.values())
 
+    def _max_tokens(self) -> int:
+        """The output limit of the next ask: doubled for each turn set aside as truncated, up to the model's limit."""
+        wanted = self.spec.max_tokens * 2**self.truncated
+        return min(wanted, self.profile.max_output) if self.profile.known else wanted
+
     def _ask(self) -> Turn:
         if self.turn_number >= self.spec.max_turns:
             raise AgentLimitError(f"the agent used its {self.spec.max_turns} turns without finishing")
-        request = replace(self.base, messages=self.conversation.sendable(), turn_number=self.turn_number)
+        request = replace(
+            self.base,
+            model=self.model,
+            max_tokens=self._max_tokens(),
+            messages=self.conversation.sendable(self.model),
+            turn_number=self.turn_number,
+        )
+        self._record_dropped()
+        counter = getattr(self.participant, "count_tokens", None) if settings.COUNT_TOKENS else None
+        count = (lambda: counter(request)) if counter is not None else None
         self.budget.check(
             model=request.model,
-            prompt_tokens=estimate_prompt(request.as_kwargs(), self.conversation.messages, self.measured),
+            prompt_tokens=estimate_prompt(request.as_kwargs(), self.conversation.messages, self.measured, count),
             max_tokens=request.max_tokens,
             purpose=f"turn {self.turn_number}",
         )
         response = ask(self.ctx, self.participant, request)
-        turn = journal_turn(self.ctx, self.next_index, request, response, self.participant.name)
+        head = self.head if self.unfrozen else None
+        turn = journal_turn(self.ctx, self.next_index, request, response, self.participant.name, head=head)
+        self.unfrozen = False
         self.next_index += 1
         return turn
 
-    def _act(self, turn: Turn) -> dict[str, Any] | None:
+    def _record_dropped(self) -> None:
+        """A model swap drops the thinking blocks the new model cannot read, on purpose and on the record."""
+        dropped = self.conversation.dropped_models - self.dropped_models
+        if dropped:
+            record_thinking_dropped(self.ctx, sorted(dropped), self.model)
+            self.dropped_models |= dropped
+
+    def _act(self, turn: Turn, *, replayed: bool) -> dict[str, Any] | None:
         """Take a journaled turn into the conversation; the step's result once the agent is done, else None."""
+        stop = turn.stop_reason
+        if stop == "refusal":
+            return self._refused(turn, replayed=replayed)
+        if stop == "model_context_window_exceeded":
+            return self._overflowed(turn, replayed=replayed)
+        if _is_truncated(turn):
+            return self._truncated(turn, replayed=replayed)
+        self.truncated = 0
+        self.overflowed = False
         if self.compacted is None or turn.index > self.compacted.turn:
             self.measured = PromptSize(_prompt_tokens(turn), len(self.conversation.messages))
-        self.conversation.add_turn(turn.index, turn.content, turn.stop_reason)
-        stop = turn.stop_reason
+        # Kept turns of an earlier fold lose their thinking blocks: their prefix (the folded turns) is gone.
+        kept = (self.compacted is not None and turn.index < self.compacted.turn) or turn.index < self.unfrozen_turns
+        self.conversation.add_turn(turn.index, turn.content, stop, model=turn.model, strip_thinking=kept)
         if stop == "tool_use":
             results = turn.tool_results if turn.tool_results is not None else _run_tools(self.ctx, turn, self.tools)
             self.errors_by_turn[turn.index] = sum(1 for block in results if block.get("is_error"))
@@ -232,15 +340,58 @@ class _AgentLoop:
         elif stop in FINAL_STOPS:
             turns = turn.index + 1 - self.compactions
             return {"text": self.conversation.final_text, "stop_reason": stop, "turns": turns}
-        elif stop == "refusal":
-            raise ModelRefusalError(f"the model refused at turn {turn.index}: {text_of(turn.content)[:500]}")
-        elif stop == "model_context_window_exceeded":
-            raise ContextWindowExceededError(f"the conversation outgrew the context window at turn {turn.index}")
-        elif stop in CONTINUE_STOPS:
-            if turn.content and turn.content[-1].get("type") == "tool_use":
-                raise AgentLimitError(f"turn {turn.index} hit max_tokens inside a tool call; raise max_tokens")
-        else:
+        elif stop not in CONTINUE_STOPS:
             raise PermanentError(f"unknown stop_reason {stop!r} at turn {turn.index}")
+        return None
+
+    def _refused(self, turn: Turn, *, replayed: bool) -> None:
+        """A refusal is never the answer: live, the step fails (or retries on the fallback model); replayed (a
+        resume, or the fallback's attempt), the turn is set aside and the model asked again."""
+        fallback = self.spec.fallback_model
+        if replayed:
+            if fallback and self.model != fallback:
+                self.model = fallback
+            return None
+        details = turn.stop_details or {}
+        why = f"category {details.get('category') or 'none'}"
+        if details.get("explanation"):
+            why += f": {details['explanation']}"
+        said = text_of(turn.content)[:300]
+        message = f"the model {turn.model} refused at turn {turn.index} ({why})" + (
+            f"; it said: {said}" if said else ""
+        )
+        if fallback and self.model != fallback:
+            raise RetryableError(f"{message}; the next attempt asks the fallback model {fallback}")
+        raise ModelRefusalError(f"{message}. Resume the run to ask again, or give the step a fallback_model.")
+
+    def _overflowed(self, turn: Turn, *, replayed: bool) -> None:
+        """The context window filled up: compact and ask again, once; a second overflow fails the step."""
+        if replayed and self.compacted is not None and turn.index < self.compacted.turn:
+            self.overflowed = True  # compacted after it already: the turn after it was the one retry
+            return None
+        if self.overflowed or self.conversation.fold_point(self.keep) is None:
+            raise ContextWindowExceededError(
+                f"the conversation outgrew the context window at turn {turn.index}"
+                + (" again after compaction" if self.overflowed else " and there is nothing to compact")
+            )
+        self.overflowed = True
+        self.must_compact = True
+        return None
+
+    def _truncated(self, turn: Turn, *, replayed: bool) -> None:
+        """Cut inside a tool call (or its thinking): not an answer. Asked again with twice the max_tokens, up to
+        the model's limit; a resume after the limit was raised in code asks again as well."""
+        asked_with = self._max_tokens()
+        self.truncated += 1
+        if replayed:
+            return None
+        at_limit = self.profile.known and asked_with >= self.profile.max_output
+        if at_limit or self.truncated > MAX_TRUNCATED_RETRIES:
+            why = f"at {self.model}'s limit" if at_limit else f"{self.truncated} times in a row"
+            raise AgentLimitError(
+                f"turn {turn.index} hit max_tokens ({asked_with}) inside a tool call or its thinking, {why}; "
+                "raise the agent's max_tokens (or lower its effort) and resume the run"
+            )
         return None
 
     def _should_compact(self) -> bool:
@@ -253,13 +404,22 @@ class _AgentLoop:
 
     def _compact(self) -> None:
         """Fold the older turns into a summary: a journaled model call, committed with the new Step.context."""
+        self.must_compact = False
         point = self.conversation.fold_point(self.keep)
-        assert point is not None and self.measured is not None, "only called when _should_compact()"
-        request = self.conversation.compaction_request(self.base, point, turn_number=self.turn_number)
+        if point is None:
+            raise ContextWindowExceededError(
+                "the conversation outgrew the context window and there is nothing to compact"
+            )
+        request = self.conversation.compaction_request(
+            replace(self.base, model=self.model), point, turn_number=self.turn_number
+        )
         # The request is a prefix of the last prompt plus the instruction: the last prompt bounds it.
+        measured = (
+            self.measured.tokens if self.measured else estimate_prompt(request.as_kwargs(), request.messages, None)
+        )
         self.budget.check(
             model=request.model,
-            prompt_tokens=self.measured.tokens + estimate_tokens(COMPACTION_INSTRUCTION),
+            prompt_tokens=measured + estimate_tokens(COMPACTION_INSTRUCTION),
             max_tokens=request.max_tokens,
             purpose=f"compaction before turn {self.turn_number}",
         )
@@ -271,15 +431,27 @@ class _AgentLoop:
             covers_until=point.covers_until,
             turn=self.next_index,
             compactions=self.compactions + 1,
-            prompt_tokens_before=self.measured.tokens,
+            prompt_tokens_before=measured,
             tool_errors=(self.compacted.tool_errors if self.compacted else 0) + folded_errors,
         )
-        journal_turn(self.ctx, self.next_index, request, response, self.participant.name, compacted=compacted)
+        head = self.head if self.unfrozen else None
+        journal_turn(
+            self.ctx, self.next_index, request, response, self.participant.name, compacted=compacted, head=head
+        )
+        self.unfrozen = False
         self.conversation.fold(compacted, point)
         self.errors_by_turn = {i: n for i, n in self.errors_by_turn.items() if i >= point.covers_until}
         self.next_index += 1
         self.compactions += 1
         self.measured = None
+
+
+def _is_truncated(turn: Turn) -> bool:
+    """A max_tokens turn cut inside a tool call, or before any text (inside its thinking): nothing to continue."""
+    if turn.stop_reason != "max_tokens":
+        return False
+    content = turn.content or []
+    return not content or content[-1].get("type") == "tool_use" or not any(b.get("type") == "text" for b in content)
 
 
 def _initial_content(ctx: Any, spec: AgentSpec) -> Any:

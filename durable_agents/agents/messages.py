@@ -46,6 +46,10 @@ class ModelRequest:
     tools: Sequence[Mapping[str, Any]]
     messages: Sequence[Mapping[str, Any]]
     metadata: Mapping[str, Any] = field(default_factory=dict)
+    # Sent when set: the model table (capabilities.py) decides what a model takes.
+    thinking: Mapping[str, Any] | None = None
+    output_config: Mapping[str, Any] | None = None
+    tool_choice: Mapping[str, Any] | None = None
     # Not sent: "turn" (the agent's next move) or "compaction" (summarise the conversation as text).
     purpose: str = TURN
     # Not sent: how many agent turns the step journaled before this one (compaction calls excluded).
@@ -62,6 +66,12 @@ class ModelRequest:
             kwargs["tools"] = list(self.tools)
         if self.metadata:
             kwargs["metadata"] = dict(self.metadata)
+        if self.thinking is not None:
+            kwargs["thinking"] = dict(self.thinking)
+        if self.output_config:
+            kwargs["output_config"] = dict(self.output_config)
+        if self.tool_choice:
+            kwargs["tool_choice"] = dict(self.tool_choice)
         return kwargs
 
     def digest(self) -> str:
@@ -123,16 +133,3 @@ def tool_use(name: str, input: Mapping[str, Any], *, id: str | None = None) -> d
 def estimate_tokens(value: Any) -> int:
     """About four characters a token: a deterministic stand-in for usage when no model is called."""
     return max(1, len(json.dumps(value, default=str)) // 4)
-
-
-@dataclass(frozen=True)
-class ForcedToolRequest(ModelRequest):
-    """A model request that forces one tool (the judge's verdict, a planner's plan)."""
-
-    tool_choice: Mapping[str, Any] | None = None
-
-    def as_kwargs(self) -> dict[str, Any]:
-        kwargs = super().as_kwargs()
-        if self.tool_choice:
-            kwargs["tool_choice"] = dict(self.tool_choice)
-        return kwargs

@@ -38,7 +38,7 @@ from django.db import connection, connections
 from durable_agents.conf import settings
 from durable_agents.connections import release_connection
 from durable_agents.engine.approvals import require_approval
-from durable_agents.engine.effects import effect_key
+from durable_agents.engine.effects import effect_key, recorded_effect
 from durable_agents.errors import (
     ApprovalRejectedError,
     LeaseLostError,
@@ -47,6 +47,7 @@ from durable_agents.errors import (
     ToolArgumentsError,
     ToolFailedError,
 )
+from durable_agents.models import EffectStatus
 from durable_agents.tools import Tool
 
 Block = dict[str, Any]
@@ -82,7 +83,7 @@ def run_call(ctx: Any, block: Block, tools: Tools) -> Result:
     use_id, name = block["id"], block["name"]
     tool = tools.get(name)
     if tool is None:
-        return _error(use_id, f"unknown tool {name!r}; the tools you may call are: {', '.join(tools) or 'none'}")
+        return _not_deployed(ctx, use_id, name, tools)
     try:
         result = ctx.call_tool(tool, block.get("input") or {}, key=ctx.idempotency_key(use_id))
     except (ToolArgumentsError, ToolFailedError, ApprovalRejectedError) as exc:
@@ -96,6 +97,26 @@ def run_call(ctx: Any, block: Block, tools: Tools) -> Result:
             raise RetryableError(f"{name} failed with an unknown outcome: {type(exc).__name__}: {exc}") from exc
         return _error(use_id, f"{name} failed: {type(exc).__name__}: {exc}")
     return {"type": "tool_result", "tool_use_id": use_id, "content": json.dumps(result, cls=DjangoJSONEncoder)}
+
+
+def _not_deployed(ctx: Any, use_id: str, name: str, tools: Tools) -> Result:
+    """A call of a tool the code deployed now lacks. If the call already landed (a deploy removed the tool between
+    its effect and the turn's results), the model is told what it did, never that it failed: told "unknown tool",
+    it would try the refund again by another road."""
+    effect = recorded_effect(ctx.idempotency_key(use_id))
+    if effect is None:
+        return _error(use_id, f"unknown tool {name!r}; the tools you may call are: {', '.join(tools) or 'none'}")
+    if effect.status == EffectStatus.APPLIED:
+        return {
+            "type": "tool_result",
+            "tool_use_id": use_id,
+            "content": json.dumps(effect.result, cls=DjangoJSONEncoder),
+        }
+    raise PermanentError(
+        f"the call of {name!r} ({effect.idempotency_key}) is {effect.status} and {name!r} is no longer deployed: "
+        "its outcome cannot be settled here; deploy the tool again and resume, or resolve the effect "
+        "(durable_resolve_effect)"
+    )
 
 
 def _error(use_id: str, message: str) -> Result:

@@ -63,6 +63,11 @@ def effect_key(key: str) -> str:
     return f"{key[: MAX_KEY_CHARS - len(digest) - 1]}~{digest}"
 
 
+def recorded_effect(key: str) -> Effect | None:
+    """The effect recorded under `key` (as `effect_key` stores it), if any: what a call already did."""
+    return Effect.objects.filter(idempotency_key=effect_key(key), kind=EffectKind.EFFECT).first()
+
+
 def invoke_tool(
     tool: Tool[..., Any],
     args: Mapping[str, Any],

@@ -5,6 +5,11 @@ seeds five orders, starts a refund_agent run per customer message on two `celery
 prints what happens as it happens, SIGKILLs the worker holding a run between its refund and its email,
 starts another worker, approves the one refund above 50.00 after a pause (the run holds nothing while it
 waits), and ends with a summary (report.py). True only if every run ended as expected.
+
+The agent: Claude when ANTHROPIC_API_KEY is set; with `stand_in`, Claude's default model played through the real
+SDK by the strict stand-in of the Messages API (durable_agents.testing.fake_anthropic: thinking blocks with
+signatures, prefill and forced tool choice refused, every request checked against the documented rules);
+else the scripted participant, offline.
 """
 
 from __future__ import annotations
@@ -26,9 +31,11 @@ from durable_agents import api
 from durable_agents.conf import settings as durable_settings
 from durable_agents.models import Effect, EffectKind, EffectStatus, Event, Run, RunStatus, Turn, Wait, WaitStatus
 from durable_agents.testing import WorkerProcess
+from durable_agents.testing.fake_anthropic import FakeAnthropic
 from project.refunds import workflows
 from project.refunds.models import money
 from project.refunds.report import Kill, Outcome, report
+from project.refunds.script import THINK_SECONDS, stand_in_reply
 from project.refunds.seed import CASES, Case, seed_shop
 from project.refunds.tools import REFUND_APPROVAL_ABOVE
 
@@ -65,10 +72,25 @@ def run_demo(
     timeout: float = 180.0,
     approve_after: float = 3.0,
     kill_fallback_after: float = 20.0,
+    stand_in: bool = False,
 ) -> bool:
     """Run the demo; True if every run ended as expected and the SIGKILL landed mid-run."""
     demo = Demo(write)
-    _header(demo)
+    fake = FakeAnthropic(responder=stand_in_reply, latency=THINK_SECONDS).start() if stand_in else None
+    try:
+        return _run(demo, timeout, approve_after, kill_fallback_after, fake)
+    finally:
+        if fake is not None:
+            fake.stop()
+            refused = _refused(fake)
+            if refused:
+                write(f"The stand-in refused {len(refused)} request(s); the first: {refused[0]}")
+
+
+def _run(
+    demo: Demo, timeout: float, approve_after: float, kill_fallback_after: float, fake: FakeAnthropic | None
+) -> bool:
+    _header(demo, fake)
     _cancel_leftovers(demo)
     seed_shop()
     _show_orders(demo)
@@ -76,6 +98,8 @@ def run_demo(
     log_dir.mkdir(parents=True, exist_ok=True)
     worker_env = {name: os.environ.get(name, value) for name, value in WORKER_ENV_DEFAULTS.items()}
     worker_env["DURABLE_VAR_DIR"] = str(settings.VAR_DIR)
+    if fake is not None:
+        worker_env.update(fake.environ(api_key="stand-in-key"))
     queues = [getattr(settings, "CELERY_TASK_DEFAULT_QUEUE", "celery"), durable_settings.MODEL_QUEUE]
     queues = [queue for queue in queues if queue]
 
@@ -119,17 +143,28 @@ def run_demo(
         for worker in demo.workers.values():
             worker.kill()
     outcome = Outcome(runs=demo.runs, kill=demo.kill, started=demo.started, log_dir=log_dir)
-    return report(demo.write, outcome)
+    passed = report(demo.write, outcome)
+    return passed and not (fake is not None and _refused(fake))
 
 
-def _header(demo: Demo) -> None:
+def _refused(fake: FakeAnthropic) -> list[str]:
+    """What the stand-in refused (a 400 the real API would have sent): the demo fails on any."""
+    return [request.refused for request in fake.requests if request.refused]
+
+
+def _header(demo: Demo, fake: FakeAnthropic | None) -> None:
     engine = settings.DATABASES["default"]["ENGINE"].rsplit(".", 1)[-1]
     database = {"sqlite3": "SQLite", "postgresql": "Postgres"}.get(engine, engine)
     scheme = settings.CELERY_BROKER_URL.split("://", 1)[0]
     broker = {"filesystem": "a broker in files (no server)", "redis": "Redis", "amqp": "RabbitMQ"}.get(scheme, scheme)
     lease = os.environ.get("DURABLE_LEASE_SECONDS", WORKER_ENV_DEFAULTS["DURABLE_LEASE_SECONDS"])
     demo.write(f"durable_agents demo: a refund agent on {database}, {broker}, real celery workers, a {lease}s lease.")
-    if workflows.PARTICIPANT == "anthropic":
+    if fake is not None:
+        demo.write(
+            f"The agent is Claude's default model ({durable_settings.DEFAULT_MODEL}) played by the strict stand-in of "
+            f"the Messages API at {fake.url}: the real SDK, thinking blocks, the documented rules."
+        )
+    elif workflows.PARTICIPANT == "anthropic":
         demo.write(f"The agent is Claude ({durable_settings.DEFAULT_MODEL}): ANTHROPIC_API_KEY is set.")
     else:
         demo.write(

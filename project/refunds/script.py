@@ -31,6 +31,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from durable_agents.agents.participants import ModelRequest, text, tool_use
+from durable_agents.testing.fake_anthropic import RecordedRequest, Reply
 from project.refunds.models import money
 
 VERDICT_TOOL = "submit_verdict"
@@ -75,6 +76,15 @@ def play(request: ModelRequest) -> list[dict[str, Any]]:
         {**block, "id": f"toolu_{digest}_{request.turn:02d}_{i}"} if block["type"] == "tool_use" else block
         for i, block in enumerate(blocks)
     ]
+
+
+def stand_in_reply(request: RecordedRequest) -> Reply:
+    """Claude's side played through the fake Messages API (`durable_demo --stand-in`, the integration tests): the
+    same moves as `play`, served over HTTP by the strict stand-in, which adds thinking blocks as the default
+    model does and checks every request against the API's documented rules."""
+    blocks = next_move(request.messages, [tool["name"] for tool in request.body.get("tools") or []])
+    stop = "tool_use" if any(block["type"] == "tool_use" for block in blocks) else "end_turn"
+    return Reply(content=blocks, stop_reason=stop)
 
 
 def next_move(messages: Sequence[Mapping[str, Any]], tool_names: Sequence[str]) -> list[dict[str, Any]]:

@@ -129,7 +129,6 @@ refund_agent = workflow(
             tools=[lookup_order, issue_refund, email_customer],
             prompt=resolve_prompt,
             participant=PARTICIPANT,
-            max_tokens=1024,
             max_turns=12,
             depends_on=["load_order"],
         ),

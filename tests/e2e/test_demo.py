@@ -1,4 +1,5 @@
-"""The README's first command: `durable_demo` on embedded defaults (SQLite, a broker in files, no API key).
+"""The README's first command: `durable_demo` on embedded defaults (SQLite, a broker in files, no API key), with
+the scripted agent and with Claude's default model played by the strict stand-in (`--stand-in`).
 
 It runs as a new user runs it — `manage.py migrate` then `manage.py durable_demo` in subprocesses, in a
 temp dir of its own — and the test then reads the demo's SQLite file to check what the summary claims:
@@ -40,7 +41,16 @@ def demo_env(tmp_path: Path) -> dict[str, str]:
 
 
 @pytest.mark.timeout(600)
-def test_demo__refund_agents_survive_a_sigkill_without_a_second_refund(demo_env, tmp_path):
+@pytest.mark.parametrize(
+    "agent",
+    [
+        pytest.param([], id="scripted"),
+        # Claude's default model through the real SDK, played by the strict stand-in of the Messages API: thinking
+        # blocks, no prefill, no forced tool choice for the reviewer (`scripts/demo --stand-in`).
+        pytest.param(["--stand-in"], id="stand-in"),
+    ],
+)
+def test_demo__refund_agents_survive_a_sigkill_without_a_second_refund(demo_env, tmp_path, agent):
     def manage(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [sys.executable, "manage.py", *args],
@@ -54,7 +64,7 @@ def test_demo__refund_agents_survive_a_sigkill_without_a_second_refund(demo_env,
     migrated = manage("migrate", "--verbosity", "0", timeout=180)
     assert migrated.returncode == 0, migrated.stderr
     # Generous: a busy 2-core machine boots celery workers slowly; the assertions are on outcomes, not time.
-    demo = manage("durable_demo", "--timeout", "400", timeout=480)
+    demo = manage("durable_demo", "--timeout", "400", *agent, timeout=480)
     output = f"{demo.stdout}\n{demo.stderr}"
     assert demo.returncode == 0, (
         f"durable_demo failed (exit {demo.returncode}); worker logs in {tmp_path}/demo\n{output}"
@@ -100,6 +110,15 @@ def test_demo__refund_agents_survive_a_sigkill_without_a_second_refund(demo_env,
         "WHERE r.workflow = 'refund_agent' AND s.step_id = 'review_email' AND s.status = 'done'"
     ).fetchall()
     assert len(verdicts) == len(CASES) and all('"passed": true' in row[0] for row in verdicts), verdicts
+    if agent:
+        assert "played by the strict stand-in" in demo.stdout, output
+        turns = db.execute(
+            "SELECT DISTINCT t.participant, t.model FROM durable_agents_turn t JOIN durable_agents_run r "
+            "ON r.id = t.run_id WHERE r.workflow = 'refund_agent'"
+        ).fetchall()
+        assert turns == [("anthropic", "claude-sonnet-5-5")], turns
+        thinking = db.execute("SELECT COUNT(*) FROM durable_agents_turn WHERE content LIKE '%\"thinking\"%'")
+        assert thinking.fetchone()[0] > 0, "the default model thinks: its turns carry thinking blocks"
 
 
 def _refunds_by_order(db: sqlite3.Connection) -> dict[str, list[Decimal]]:

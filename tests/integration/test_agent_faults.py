@@ -142,9 +142,37 @@ def test_faults__context_window_exceeded_is_a_clear_failure(fake):
     assert run.status == RunStatus.FAILED and run.error["type"] == "ContextWindowExceededError"
 
 
-@pytest.mark.parametrize("stop_reason", ["max_tokens", "pause_turn"])
-def test_faults__max_tokens_and_pause_turn_continue_the_turn(fake, stop_reason):
-    fake.enqueue(Reply.text("Order A-1 is ", stop_reason=stop_reason), Reply.text("charged."))
+def test_faults__pause_turn_sends_the_paused_answer_back_as_it_is(fake):
+    # "continue by sending the assistant content back as-is":
+    # https://platform.claude.com/docs/en/build-with-claude/handling-stop-reasons
+    fake.enqueue(Reply.pause_turn("web_search", {"query": "order A-1"}), Reply.text("Order A-1 is charged."))
+    run = run_to_end()
+    assert run.status == RunStatus.COMPLETED, run.error
+    first, last = [r for r in fake.requests if r.path == "/v1/messages"][-2:]
+    paused = last.body["messages"][-1]
+    assert paused["role"] == "assistant", "the paused turn goes on from its own content"
+    assert [b["type"] for b in paused["content"]] == ["thinking", "server_tool_use"], paused
+    step_result = Run.objects.get(pk=run.id).steps.get(step_id="assistant").result
+    assert step_result["text"] == "Order A-1 is charged."
+
+
+def test_faults__max_tokens_continues_with_a_user_message_on_a_model_refusing_prefill(fake):
+    # Sonnet 5.5 refuses an assistant prefill (400); the migration guide moves the continuation to a user message:
+    # https://platform.claude.com/docs/en/models/sonnet-5-5/migration-guide
+    fake.enqueue(Reply.text("Order A-1 is ", stop_reason="max_tokens"), Reply.text("charged."))
+    run = run_to_end()
+    assert run.status == RunStatus.COMPLETED
+    last = [r for r in fake.requests if r.path == "/v1/messages"][-1]
+    assert last.body["model"] == "claude-sonnet-5-5" and last.body["messages"][-1]["role"] == "user"
+    assert "Continue exactly from where it stopped" in last.last_user_text
+    step_result = Run.objects.get(pk=run.id).steps.get(step_id="assistant").result
+    assert step_result["text"] == "Order A-1 is charged.", "the answer is both parts, in order"
+
+
+def test_faults__max_tokens_continues_as_a_prefill_on_a_model_taking_one(fake, settings):
+    # Haiku 4.5 without thinking takes a prefill: the cut answer is the last message, and the model goes on.
+    settings.DURABLE_AGENTS = {**settings.DURABLE_AGENTS, "DEFAULT_MODEL": "claude-haiku-4-5"}
+    fake.enqueue(Reply.text("Order A-1 is ", stop_reason="max_tokens"), Reply.text("charged."))
     run = run_to_end()
     assert run.status == RunStatus.COMPLETED
     last = [r for r in fake.requests if r.path == "/v1/messages"][-1]

@@ -2,7 +2,8 @@
 
 The fake Messages API answers with the same policy as the demo's scripted participant (`script.next_move`),
 so the worker's "anthropic" participant — chosen because ANTHROPIC_API_KEY is set in its environment — runs
-the whole SDK path: requests, tool_use ids minted by the server, tool_choice for the judge, usage.
+the whole SDK path against the strict stand-in of the default model: requests, thinking blocks, tool_use ids
+minted by the server, the judge's verdict without forced tool choice, usage.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from durable_agents.testing import drive, wait_for, wait_for_run
 from durable_agents.testing.fake_anthropic import FakeAnthropic, Fault, RecordedRequest, Reply, tool_use_block
 from project.refunds import script
 from project.refunds.models import Order, OutboundEmail, Refund
-from project.refunds.script import next_move
+from project.refunds.script import stand_in_reply
 from project.refunds.seed import CASES, SEEDED, seed_shop
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -26,19 +27,14 @@ pytestmark = pytest.mark.django_db(transaction=True)
 CASE = {case.number: case for case in CASES}
 
 
-def script_reply(request: RecordedRequest) -> Reply:
-    """Claude's side of the conversation, as the scripted participant plays it."""
-    tools = [tool["name"] for tool in request.body.get("tools") or []]
-    blocks = next_move(request.messages, tools)
-    stop = "tool_use" if any(block["type"] == "tool_use" for block in blocks) else "end_turn"
-    return Reply(content=blocks, stop_reason=stop)
-
-
 @pytest.fixture
 def fake(worker_env):
-    with FakeAnthropic(responder=script_reply) as server:
+    """The strict stand-in plays Claude's default model: thinking blocks, no prefill, no forced tool choice."""
+    with FakeAnthropic(responder=stand_in_reply) as server:
         worker_env.update(server.environ())
         yield server
+        refused = [r.refused for r in server.requests if r.refused]
+        assert not refused, f"the stand-in refused what the workers sent (the real API would too): {refused}"
 
 
 @pytest.fixture(autouse=True)
@@ -91,13 +87,15 @@ def test_refund_agent__each_case_ends_as_the_demo_expects(start_worker, fake):
     assert refund.idempotency_key.startswith(f"{runs['A-1001'].id}:resolve:toolu_"), "keyed by run, step, tool_use_id"
 
 
-def test_refund_agent__judge_asks_for_one_forced_verdict_on_the_email_sent(start_worker, fake):
+def test_refund_agent__judge_asks_for_one_verdict_on_the_email_sent_without_forcing_the_tool(start_worker, fake):
     start_worker()
     run = wait_for_run(start("A-1001").id, "completed", timeout=90)
 
     (review,) = fake.requests_for(f"{run.id}:review_email")
     assert [tool["name"] for tool in review.body["tools"]] == ["submit_verdict"]
-    assert review.body["tool_choice"] == {"type": "tool", "name": "submit_verdict"}
+    # The default model refuses forced tool choice (https://platform.claude.com/docs/en/models/sonnet-5-5/migration-guide).
+    assert review.body["model"] == "claude-sonnet-5-5"
+    assert review.body["tool_choice"] == {"type": "auto", "disable_parallel_tool_use": True}
     email = emails_to("A-1001")[0]
     assert email.subject in review.last_user_text and "We have refunded €34.90" in review.last_user_text
     assert Step.objects.get(run=run, step_id="review_email").result == run.output
@@ -139,7 +137,7 @@ def test_refund_agent__sigkill_after_the_refund_never_refunds_twice(start_worker
         # The turn that follows the refund hangs on its first attempt: the worker dies waiting for it.
         if request.conversation.endswith(":resolve") and request.turn == 2 and request.attempt == 1:
             return Fault.delay(60)
-        return script_reply(request)
+        return stand_in_reply(request)
 
     fake.responder = hang_once_after_the_refund
     worker = start_worker()
@@ -167,7 +165,7 @@ def test_refund_agent__failed_review_redoes_the_agent_with_the_reasons_without_a
         if request.conversation.endswith(":review_email") and request.attempt == 1:
             verdict = {"passed": False, "score": 0.3, "reasons": reasons}
             return Reply(content=[tool_use_block("submit_verdict", verdict)], stop_reason="tool_use")
-        return script_reply(request)
+        return stand_in_reply(request)
 
     fake.responder = strict_first_review
     start_worker()

@@ -35,11 +35,7 @@ SERVED_FIELDS = ("input_tokens", "output_tokens", "cache_creation_input_tokens",
 
 
 class MeteredFake(FakeAnthropic):
-    """The fake server, also keeping the usage of every message it served: what the API would bill."""
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.billed: list[dict[str, Any]] = []
+    """The fake server, summing the usage of every message it served (`billed`): what the API would bill."""
 
     def start(self) -> MeteredFake:
         super().start()
@@ -47,11 +43,6 @@ class MeteredFake(FakeAnthropic):
         # every request, 10 s to a 200-turn run. Accepted sockets inherit the option from the listener.
         self._server.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return self
-
-    def _message(self, request: RecordedRequest, reply: Reply) -> dict[str, Any]:
-        message = super()._message(request, reply)
-        self.billed.append(message["usage"])
-        return message
 
     def billed_total(self) -> tuple[int, ...]:
         return tuple(sum(u[name] for u in self.billed) for name in SERVED_FIELDS)

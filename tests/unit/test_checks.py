@@ -95,7 +95,7 @@ def test_check_settings__an_unknown_key_is_an_error_naming_the_nearest_known_one
         ("SWEEP_BATCH", 0, "to int, >= 1"),
         ("COMPACT_AT_PROMPT_TOKENS", "never", "to int | None, >= 1"),
         ("PROMPT_CACHE_TTL", "1 hour", "to '5m' | '1h' | None"),
-        ("MODEL_PRICES", {"claude-x": "cheap"}, "as its default in durable_agents/conf.py"),
+        ("MODEL_PRICES", {"claude-x": "cheap"}, "to dict[str, tuple[float, float, float, float]"),
         ("APPROVAL_DEADLINE_SECONDS", 0, "to float | None, > 0"),
     ],
 )

@@ -23,12 +23,14 @@ from durable_agents.agents.pricing import cost_usd
 
 def test_cost__every_kind_of_token_has_its_price():
     usage = Usage(input_tokens=1_000_000, output_tokens=1_000_000, cache_write_tokens=1_000_000, cache_read_tokens=10)
-    assert cost_usd("claude-sonnet-5-5", usage) == Decimal("21.750003")  # 3 + 15 + 3.75 + 0.000003
+    # The model table's Sonnet 5.5 row (https://platform.claude.com/docs/en/models/sonnet-5-5/overview):
+    # $2 input, $10 output, $2.50 5-minute cache write, $0.20 cache read per million tokens.
+    assert cost_usd("claude-sonnet-5-5", usage) == Decimal("14.500002")  # 2 + 10 + 2.5 + 0.000002
 
 
 def test_cost__one_hour_cache_writes_cost_twice_the_input_price():
     usage = Usage(cache_write_tokens=2_000_000, cache_write_1h_tokens=1_000_000)
-    assert cost_usd("claude-sonnet-5-5", usage) == Decimal("9.75")  # 1M at 3.75 (5 min) + 1M at 6.00 (1 h)
+    assert cost_usd("claude-sonnet-5-5", usage) == Decimal("6.5")  # 1M at 2.50 (5 min) + 1M at 4.00 (1 h)
 
 
 def test_cost__the_longest_prefix_wins_and_unpriced_models_are_free(settings):

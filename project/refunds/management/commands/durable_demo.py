@@ -20,7 +20,18 @@ class Command(BaseCommand):
         parser.add_argument(
             "--approve-after", type=float, default=3.0, help="seconds the manager takes to approve the big refund (3)"
         )
+        parser.add_argument(
+            "--stand-in",
+            action="store_true",
+            help="Claude's default model played by the strict stand-in of the Messages API (the real SDK, offline)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        if not run_demo(self.stdout.write, timeout=options["timeout"], approve_after=options["approve_after"]):
+        passed = run_demo(
+            self.stdout.write,
+            timeout=options["timeout"],
+            approve_after=options["approve_after"],
+            stand_in=options["stand_in"],
+        )
+        if not passed:
             raise CommandError("not every run ended as expected; see the summary above", returncode=1)
