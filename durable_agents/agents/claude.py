@@ -1,10 +1,11 @@
 """The Anthropic participant: Claude through the official SDK, with its errors mapped to retry decisions.
 
 One retry owner: the engine. The SDK's own retries are off (`max_retries=0`) so attempts do not
-multiply; a transient error (connection, timeout, 429, 5xx, 529) becomes ModelUnavailableError carrying
-the server's `retry-after`, the step attempt is persisted, and the re-executed step resumes from the
-journal — the model is asked again only for the turn that never got an answer. 400/401/403/404/413
-become ModelRequestError: permanent, with a message that says what to fix. Two answers outrank the status:
+multiply; a transient error (connection, timeout, 408, 409, 429, 5xx, 529) becomes ModelUnavailableError
+carrying the server's `retry-after`, the step attempt is persisted, and the re-executed step resumes from the
+journal — the model is asked again only for the turn that never got an answer. 400/401/402/403/404/413
+become ModelRequestError: permanent, with a message that says what to fix; a 400 "prompt is too long" is
+ContextWindowExceededError, which the agent loop meets by compacting, once. Two answers outrank the status:
 a spend limit (the usage tier's monthly cap, a 429 with `error.details.error_code` "enforced_spend_limit_reached"
 and no `retry-after`; or a limit the organization set, a 400) is permanent, because the API refuses every call
 until someone raises the limit; and the API's own `x-should-retry` header ("true" / "false", which the SDK obeys
@@ -39,7 +40,7 @@ import httpx2 as httpx
 from durable_agents.agents import rate_limits
 from durable_agents.agents.messages import TURN, ModelRequest, ModelResponse, Usage
 from durable_agents.conf import settings
-from durable_agents.errors import ModelRequestError, ModelUnavailableError
+from durable_agents.errors import ContextWindowExceededError, ModelRequestError, ModelUnavailableError
 
 CONNECTIONS_PER_POOL = 50
 TRANSIENT_ERROR_TYPES = {"overloaded_error", "api_error", "rate_limit_error", "timeout_error"}
@@ -63,7 +64,18 @@ SPEND_LIMIT_CODES = {
         "the organization reached the spend limit of its contract",
         "ask Anthropic to raise the contract's limit",
     ),
+    # A 402 (billing_error) in the SDK's error types: the organization's spend is capped by the one it is linked to.
+    "linked_organization_spend_limit_reached": (
+        "the organization reached the spend limit of the organization it is linked to",
+        "ask that organization's admins to raise the limit",
+    ),
 }
+# The tier's monthly cap as its message says it, for a 429 whose `error.details` a proxy left out.
+TIER_SPEND_LIMIT_TEXT = "you have reached your api usage limits"
+# 408 (request timeout) and 409 (conflict_error: a lock timeout) are retried, as the SDK's own `_should_retry` does.
+RETRIED_STATUSES = {408, 409, 429}
+# A prompt over the context window is a 400 "prompt is too long: N tokens > M maximum" before any answer.
+PROMPT_TOO_LONG_TEXT = "prompt is too long"
 # A spend limit the organization (or a workspace) set itself is a 400 whose message begins "You have reached your
 # specified API usage limits" / "... specified workspace API usage limits"; it has no error code to branch on.
 OWN_SPEND_LIMIT_TEXT = ("specified api usage limits", "specified workspace api usage limits")
@@ -128,7 +140,12 @@ def map_errors() -> Iterator[None]:
                 "then resume the run with `manage.py durable_resume <run id>`)",
                 status=status,
             ) from exc
-        transient = status == 429 or status >= 500 or error_type in TRANSIENT_ERROR_TYPES
+        if status == 400 and PROMPT_TOO_LONG_TEXT in message.lower():
+            raise ContextWindowExceededError(
+                f"model API {status}: {message} (the conversation no longer fits the model's context window: the "
+                "agent compacts it and asks again, once)"
+            ) from exc
+        transient = status in RETRIED_STATUSES or status >= 500 or error_type in TRANSIENT_ERROR_TYPES
         should_retry = headers.get("x-should-retry")
         if should_retry == "false" and transient:
             raise ModelRequestError(
@@ -150,6 +167,8 @@ def spend_limit_of(status: int, error_code: str | None, api_message: str) -> tup
     """The spend limit an error response reports, as (the cause, what to do), in words; None if it reports none."""
     if error_code in SPEND_LIMIT_CODES:
         return SPEND_LIMIT_CODES[error_code]
+    if status == 429 and TIER_SPEND_LIMIT_TEXT in api_message.lower():
+        return SPEND_LIMIT_CODES["enforced_spend_limit_reached"]
     if status == 400 and any(text in api_message.lower() for text in OWN_SPEND_LIMIT_TEXT):
         return OWN_SPEND_LIMIT
     return None
@@ -203,7 +222,7 @@ class AnthropicParticipant:
                 else:
                     shared.settle(reservation, Usage())
             raise
-        except ModelRequestError:
+        except (ModelRequestError, ContextWindowExceededError):
             # Refused, so nothing was billed: give the reserved tokens back for the other workers.
             if shared and reservation:
                 shared.settle(reservation, Usage())

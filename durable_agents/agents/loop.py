@@ -258,7 +258,15 @@ class _AgentLoop:
         while True:
             if self.must_compact or self._should_compact():
                 self._compact()
-            outcome = self._act(self._ask(), replayed=False)
+            try:
+                turn = self._ask()
+            except ContextWindowExceededError:
+                # Refused before any answer (400 "prompt is too long"): the same road as the stop reason.
+                if self.overflowed or self.conversation.fold_point(self.keep) is None:
+                    raise
+                self.overflowed = self.must_compact = True
+                continue
+            outcome = self._act(turn, replayed=False)
             if outcome is not None:
                 return outcome
 

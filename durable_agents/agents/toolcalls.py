@@ -115,7 +115,7 @@ def _not_deployed(ctx: Any, use_id: str, name: str, tools: Tools) -> Result:
     raise PermanentError(
         f"the call of {name!r} ({effect.idempotency_key}) is {effect.status} and {name!r} is no longer deployed: "
         "its outcome cannot be settled here; deploy the tool again and resume, or resolve the effect "
-        "(durable_resolve_effect)"
+        "(durable_effect KEY --applied or --failed)"
     )
 
 

@@ -30,7 +30,7 @@ from durable_agents.judge import judge
 from durable_agents.models import Event, Run, RunStatus, Turn
 from durable_agents.planner import planner
 from durable_agents.testing import drive
-from durable_agents.testing.fake_anthropic import FakeAnthropic, RecordedRequest, Reply
+from durable_agents.testing.fake_anthropic import FakeAnthropic, Fault, RecordedRequest, Reply
 from durable_agents.tools import tool
 from durable_agents.workflows import call, workflow
 
@@ -245,6 +245,21 @@ def test_context_window_exceeded__compacts_and_asks_again_once(fake):
     assert run.status == RunStatus.COMPLETED, run.error
     assert Event.objects.filter(run=run, kind="compacted").count() == 1
     assert run.output["text"] == "Done."
+
+
+def test_prompt_too_long__the_400_takes_the_same_road_compacted_and_asked_again_once(fake):
+    # A prompt over the window is refused before any answer: 400 "prompt is too long: N tokens > M maximum"
+    # (https://platform.claude.com/docs/en/build-with-claude/context-windows).
+    agent_workflow("too_long", keep_recent_turns=1)
+    too_long = Fault.status(400, "prompt is too long: 1000042 tokens > 1000000 maximum")
+    fake.responder = scripted()  # a summary for the compaction call, then "done"
+    fake.enqueue(
+        Reply.tool_use("find_order", {"order_id": "A-1"}), Reply.tool_use("find_order", {"order_id": "A-2"}), too_long
+    )
+    run = finish(api.start("too_long", {}).id)
+    assert run.status == RunStatus.COMPLETED, run.error
+    assert Event.objects.filter(run=run, kind="compacted").count() == 1
+    assert run.output["text"] == "done" and len(sent(fake)) == 5, "two turns, the refused ask, the summary, the answer"
 
 
 def test_context_window_exceeded__a_second_overflow_after_compacting_fails_the_step(fake):

@@ -276,8 +276,10 @@ def test_map_errors__a_rate_limit_429_stays_transient(fake, claude):
     ("status", "header", "expected"),
     [
         (400, "true", ModelUnavailableError),
-        (409, "true", ModelUnavailableError),
+        (403, "true", ModelUnavailableError),
         (400, None, ModelRequestError),
+        (409, None, ModelUnavailableError),  # conflict_error, retried as the SDK's _should_retry does
+        (409, "false", ModelRequestError),
         (429, "false", ModelRequestError),
         (500, "false", ModelRequestError),
         (529, "false", ModelRequestError),
@@ -297,7 +299,7 @@ def test_map_errors__x_should_retry_flips_the_class(fake, claude, status, header
     assert raised.value.status == status
     if header == "false":
         assert "x-should-retry: false" in str(raised.value), "the message must say why a transient status is final"
-    if expected is ModelUnavailableError and status < 429:
+    if expected is ModelUnavailableError and status in (400, 403):
         assert "x-should-retry: true" in str(raised.value)
     assert len(fake.requests) == 1, "the participant never retries by itself: the engine owns retries"
 
