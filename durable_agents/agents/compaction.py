@@ -27,10 +27,12 @@ Thinking blocks (preserved thinking): the API checks that everything before a th
 system, tools, every earlier message — is byte-identical to when the block was produced, and refuses (400) or
 ignores the block otherwise; dropping blocks oldest-first, or all of them, is allowed. A fold replaces the
 turns before the kept ones by a summary, so the prefix of every kept turn's thinking block changes: kept turns
-lose their thinking blocks (the model still sees their text, tool calls and results), and turns after the fold
-keep theirs — their prefix is the new opening, which stays as it is until the next fold. A turn answered by
-another model (a fallback, an operator's swap) keeps no thinking blocks the model now asked cannot read: they
-are dropped on purpose, and the agent loop records it. The compaction call itself sends a prefix of the last
+lose their thinking blocks (the model still sees their text, tool calls and results) on models that run that
+check (preserved thinking: the 5.x models of the table); older models, which ignore earlier turns' blocks but want
+the last tool-use turn's block back unchanged under extended thinking, keep them. Turns after the fold keep
+theirs: their prefix is the new opening, which stays as it is until the next fold. A turn answered by another
+model (a fallback, an operator's swap) keeps no thinking blocks the model now asked cannot read: they are dropped
+on purpose, and the agent loop records it. The compaction call itself sends a prefix of the last
 request unchanged, thinking blocks included.
 
 Continuing after `max_tokens`: where the model takes an assistant prefill (and is not thinking), the cut answer
@@ -131,10 +133,14 @@ class Conversation:
         request_messages = conversation.sendable("claude-sonnet-5-5")
     """
 
-    def __init__(self, prompt: Any, compacted: Compacted | None = None, *, prefill: bool = True) -> None:
+    def __init__(
+        self, prompt: Any, compacted: Compacted | None = None, *, prefill: bool = True, strip_on_fold: bool = True
+    ) -> None:
         self.prompt = prompt
         self.compacted = compacted
         self.prefill = prefill
+        # A fold drops the kept turns' thinking blocks for a model that checks their prefix (preserved thinking).
+        self.strip_on_fold = strip_on_fold
         self.messages: list[dict[str, Any]] = [{"role": "user", "content": self._opening()}]
         # The model that produced each assistant message (by position), for the thinking blocks it may carry.
         self._models: dict[int, str] = {}
@@ -222,7 +228,8 @@ class Conversation:
         """Replace everything before the cut by the opening message carrying the new summary."""
         self.compacted = compacted
         shift = point.position - 1
-        kept = [_without_thinking(m) for m in self.messages[point.position :]]
+        kept = self.messages[point.position :]
+        kept = [_without_thinking(m) for m in kept] if self.strip_on_fold else kept
         self.messages = [{"role": "user", "content": self._opening()}, *kept]
         self._models = {p - shift: m for p, m in self._models.items() if p >= point.position}
         self._answer_from = max(1, self._answer_from - shift)
@@ -325,18 +332,25 @@ def cache_control() -> dict[str, str] | None:
     return {"type": "ephemeral"} if ttl == "5m" else {"type": "ephemeral", "ttl": ttl}
 
 
-def cacheable_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def cacheable_tools(tools: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The tools with a breakpoint on the last one, at the TTL configured now (markers on them before are dropped:
+    a frozen head sent after PROMPT_CACHE_TTL changed must not put a 5 min breakpoint before a 1 h one)."""
+    unmarked = [{k: v for k, v in tool.items() if k != "cache_control"} for tool in tools]
     control = cache_control()
-    if control is None or not tools:
-        return tools
-    return [*tools[:-1], {**tools[-1], "cache_control": control}]
+    if control is None or not unmarked:
+        return unmarked
+    return [*unmarked[:-1], {**unmarked[-1], "cache_control": control}]
 
 
-def cacheable_system(system: str) -> Any:
+def cacheable_system(system: str | Sequence[Mapping[str, Any]]) -> Any:
+    """The system prompt with a breakpoint, at the TTL configured now; a list of blocks stays a list."""
     control = cache_control()
-    if control is None or not system:
-        return system
-    return [{"type": "text", "text": system, "cache_control": control}]
+    if isinstance(system, str):
+        return [{"type": "text", "text": system, "cache_control": control}] if control and system else system
+    blocks = [{k: v for k, v in block.items() if k != "cache_control"} for block in system]
+    if control is None or not blocks:
+        return blocks
+    return [*blocks[:-1], {**blocks[-1], "cache_control": control}]
 
 
 def cacheable_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -202,8 +202,9 @@ class _AgentLoop:
         self.base = ModelRequest(
             model=self.model,
             max_tokens=spec.max_tokens,
-            system=self.head["system"],
-            tools=self.head["tools"],
+            # Cache breakpoints are not part of the prompt: marked at the TTL configured now.
+            system=cacheable_system(self.head["system"]),
+            tools=cacheable_tools(self.head["tools"]),
             messages=(),
             metadata={"user_id": f"{ctx.run_id}:{ctx.step_id}"},
             thinking=self.head.get("thinking"),
@@ -212,7 +213,9 @@ class _AgentLoop:
         )
         compacted = Compacted.from_json(stored)
         prefill = self.profile.accepts_prefill(self.base.thinking)
-        self.conversation = Conversation(self.head["prompt"], compacted, prefill=prefill)
+        self.conversation = Conversation(
+            self.head["prompt"], compacted, prefill=prefill, strip_on_fold=self.profile.prefix_check
+        )
         self.next_index = compacted.turn + 1 if compacted else 0
         self.compactions = compacted.compactions if compacted else 0
         self.errors_by_turn: dict[int, int] = {}
@@ -334,8 +337,10 @@ class _AgentLoop:
         self.overflowed = False
         if self.compacted is None or turn.index > self.compacted.turn:
             self.measured = PromptSize(_prompt_tokens(turn), len(self.conversation.messages))
-        # Kept turns of an earlier fold lose their thinking blocks: their prefix (the folded turns) is gone.
+        # Kept turns of an earlier fold lose their thinking blocks where the model checks their prefix (the folded
+        # turns are gone); a model without the check wants the last turn's block back in a tool loop, unchanged.
         kept = (self.compacted is not None and turn.index < self.compacted.turn) or turn.index < self.unfrozen_turns
+        kept = kept and self.profile.prefix_check
         self.conversation.add_turn(turn.index, turn.content, stop, model=turn.model, strip_thinking=kept)
         if stop == "tool_use":
             results = turn.tool_results if turn.tool_results is not None else _run_tools(self.ctx, turn, self.tools)

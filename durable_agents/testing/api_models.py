@@ -86,6 +86,7 @@ class ModelRules:
     signer: str = ""
     reads: frozenset[str] = frozenset()
     refusals: Mapping[str, str] = field(default_factory=dict)
+    refused_tools: frozenset[str] = frozenset()  # built-in tool types this model answers 400 (computer use)
 
     def refusal(self, thinking_type: str) -> str:
         """The 400 text for a `thinking.type` this model refuses."""
@@ -108,6 +109,9 @@ _OLDER = frozenset(
     }
 )
 _FIVE = frozenset({"claude-opus-5", "claude-sonnet-5", "claude-fable-5", "claude-mythos-5"})
+# https://platform.claude.com/docs/en/models/sonnet-5-5/migration-guide: on the Claude API, Sonnet 5.5 and Opus 5.5
+# refuse the computer_20251124 tool (computer_20250124 is refused everywhere: `api_shapes`).
+_OLD_COMPUTER = frozenset({"computer_20251124"})
 
 
 def _rows() -> dict[str, ModelRules]:
@@ -136,12 +140,18 @@ def _rows() -> dict[str, ModelRules]:
             )
         )
     rows += [
-        ModelRules("claude-opus-5-5", default_effort="medium", reads=_OLDER | {"claude-opus-5", "claude-sonnet-5"}),
+        ModelRules(
+            "claude-opus-5-5",
+            default_effort="medium",
+            reads=_OLDER | {"claude-opus-5", "claude-sonnet-5"},
+            refused_tools=_OLD_COMPUTER,
+        ),
         ModelRules(
             "claude-sonnet-5-5",
             thinking_types=frozenset({"adaptive", "between_tools"}),
             reads=_OLDER | {"claude-sonnet-5"},
             refusals={"disabled": DISABLED_REFUSED_SONNET_5_5},
+            refused_tools=_OLD_COMPUTER,
         ),
         ModelRules(
             "claude-haiku-5-5",
@@ -226,7 +236,7 @@ RETIRED_MODELS = frozenset(
 # The rules of the newest models, for ids the table does not know: a request the fake accepts under this profile
 # is one Fable 5.2 / Opus 5.5 accept too. Refusing "disabled" uses Opus 5.5's words (Fable's point at "enabled",
 # which is refused as well).
-CONSERVATIVE = ModelRules("", prefix_check="account")
+CONSERVATIVE = ModelRules("", prefix_check="account", refused_tools=_OLD_COMPUTER)
 
 
 def rules_for(model: str, table: Mapping[str, ModelRules], *, strict: bool) -> ModelRules | None:

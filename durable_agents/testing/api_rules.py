@@ -2,8 +2,12 @@
 
 Every rule cites the page it comes from. Where the docs quote the error, the message is theirs word for word;
 where they only say "400", the words are the fake's own and the comment says so. `check_request` runs the rules
-in a fixed order and returns the first problem; the model lookup (404) and the thinking-block signatures
-(`thinking_binding`) are checked by the fake around it.
+in a fixed order and returns the first problem; the request's shape (`api_shapes.check_shape`), the model lookup
+(404) and the thinking-block signatures (`thinking_binding`) are checked by the fake around it. The tool list is
+checked in `api_shapes`, the tool loop in `api_tool_loop`.
+
+A rule never raises on a body it did not expect: each runs guarded, and what it trips on is a 400 naming its
+field, so a malformed request is answered like the API answers it, never with a dropped connection.
 
 Consecutive messages of one role: the API reference says they "will be combined into a single turn"; the fake
 refuses them by default (``strict_roles=True``) because our client never means to send them, and a merge hides
@@ -17,24 +21,25 @@ Example::
 
 from __future__ import annotations
 
-import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from durable_agents.testing.api_models import ModelRules
+from durable_agents.testing.api_shapes import check_format_schema, check_tools, text_problem
+from durable_agents.testing.api_tool_loop import THINKING_KINDS, check_tool_loop
+from durable_agents.testing.api_tool_loop import content_blocks as _content
+from durable_agents.testing.fake_cache import prompt_tokens
 
 __all__ = ["BINDING_BETA", "THINKING_KINDS", "check_request", "effort_of", "thinking_on", "thinking_type"]
 
 COUNT_TOKENS_PATH = "/v1/messages/count_tokens"
 BINDING_BETA = "thinking-binding-controls-2026-08-01"
 DISPLAY_UPDATES_BETA = "thinking-display-updates-2026-08-18"
-STRUCTURED_OUTPUTS_BETA = "structured-outputs-2025-11-13"
-THINKING_KINDS = frozenset({"thinking", "redacted_thinking"})
 THINKING_TYPES = ("adaptive", "between_tools", "disabled", "enabled")
-_TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 _USER_BLOCKS = frozenset({"text", "image", "document", "search_result", "tool_result", "container_upload"})
 _ASSISTANT_BLOCKS = frozenset({"text", "thinking", "redacted_thinking", "tool_use", "server_tool_use"})
+_RESULT_BLOCKS = frozenset({"text", "image", "document", "search_result", "tool_reference"})
 
 # https://platform.claude.com/docs/en/models/sonnet-5-5/migration-guide (also opus-5-5, fable-5-1 pages)
 FORCED_TOOL_REFUSED = 'tool_choice: type "tool" and "any" are not supported for this model.'
@@ -43,9 +48,12 @@ PREFILL_REFUSED = (
     "This model does not support assistant message prefill. The conversation must end with a user message."
 )
 FIRST_USER = 'messages: first message must use the "user" role'
-EMPTY_TEXT = "messages: text content blocks must be non-empty"
-BLANK_TEXT = "messages: text content blocks must contain non-whitespace text"
-DUPLICATE_TOOL_USE = "messages: `tool_use` ids must be unique"
+# https://platform.claude.com/docs/en/build-with-claude/extended-thinking#important-considerations-when-using-extended-thinking
+# (observed wording; the link it ends with is the API's)
+TEMPERATURE_WHILE_THINKING = (
+    "`temperature` may only be set to 1 when thinking is enabled. Please consult our documentation at "
+    "https://docs.claude.com/en/docs/build-with-claude/extended-thinking#important-considerations-when-using-extended-thinking"
+)
 
 
 @dataclass(frozen=True)
@@ -91,18 +99,13 @@ def check_request(
     `continuation`: the final assistant message is a paused turn sent back to go on, not a prefill.
     """
     request = _Request(body, rules, path == COUNT_TOKENS_PATH, strict_roles, betas, continuation)
-    for check in (
-        _max_tokens,
-        _thinking,
-        _output_config,
-        _sampling,
-        _tools,
-        _tool_choice,
-        _messages,
-        _pairing,
-        _cache_control,
-    ):
-        if problem := check(request):
+    for name, check in _CHECKS:
+        try:
+            problem = check(request)
+        except (TypeError, ValueError, LookupError, AttributeError, RecursionError) as exc:
+            # A rule tripped on a value of a shape it did not expect: the API's schema refuses such a body.
+            return f"{name}: Input could not be validated ({type(exc).__name__}: {exc})"
+        if problem:
             return problem
     return None
 
@@ -202,9 +205,6 @@ def _output_config(request: _Request) -> str | None:
     # https://platform.claude.com/docs/en/build-with-claude/effort: effort levels per model;
     # https://platform.claude.com/docs/en/build-with-claude/structured-outputs: format json_schema.
     body, rules = request.body, request.rules
-    if "output_format" in body and STRUCTURED_OUTPUTS_BETA not in request.betas:
-        # migration-guide: the deprecated `output_format` needs its beta header, else 400.
-        return "output_format: Extra inputs are not permitted"
     config = body.get("output_config")
     if config is None:
         return None
@@ -223,6 +223,7 @@ def _output_config(request: _Request) -> str | None:
             return "output_config.format.type: Input should be 'json_schema'"
         if not isinstance(fmt.get("schema"), dict):
             return "output_config.format.schema: Field required"
+        return check_format_schema(fmt["schema"])
     return None
 
 
@@ -244,35 +245,21 @@ def _sampling(request: _Request) -> str | None:
                 return f"`{name}` is deprecated for this model."
     if rules.sampling == "one" and "temperature" in present and "top_p" in present:
         return "`temperature` and `top_p` cannot both be specified for this model. Please use only one."
+    if thinking_on(body, rules):
+        # https://platform.claude.com/docs/en/build-with-claude/extended-thinking (feature compatibility): thinking
+        # "isn't compatible with temperature or top_k modifications"; top_p only between 0.95 and 1. The top_k and
+        # top_p wordings are the fake's.
+        if "temperature" in present and body["temperature"] != 1:
+            return TEMPERATURE_WHILE_THINKING
+        if "top_k" in present:
+            return "`top_k` must be unset when thinking is enabled."
+        if "top_p" in present and not 0.95 <= body["top_p"] <= 1:
+            return "`top_p` must be between 0.95 and 1 when thinking is enabled."
     return None
 
 
 def _tools(request: _Request) -> str | None:
-    # https://platform.claude.com/docs/en/agents-and-tools/tool-use/implement-tool-use: name matches
-    # ^[a-zA-Z0-9_-]{1,64}$; input_schema is a JSON Schema object ("type": "object").
-    tools = request.body.get("tools")
-    if tools is None:
-        return None
-    if not isinstance(tools, list):
-        return "tools: Input should be a valid list"
-    names: set[str] = set()
-    for i, tool in enumerate(tools):
-        if not isinstance(tool, dict):
-            return f"tools.{i}: Input should be a valid dictionary"
-        name = tool.get("name")
-        custom = tool.get("type") in (None, "custom")
-        if not isinstance(name, str) or (custom and not _TOOL_NAME.match(name)):
-            return f"tools.{i}.custom.name: String should match pattern '^[a-zA-Z0-9_-]{{1,64}}$'"
-        if custom:
-            schema = tool.get("input_schema")
-            if not isinstance(schema, dict):
-                return f"tools.{i}.custom.input_schema: Field required"
-            if schema.get("type") != "object":
-                return f"tools.{i}.custom.input_schema.type: Input should be 'object'"
-        if name in names:
-            return "tools: Tool names must be unique."
-        names.add(name)
-    return None
+    return check_tools(request.body.get("tools"), request.rules)
 
 
 def _tool_choice(request: _Request) -> str | None:
@@ -300,17 +287,14 @@ def _tool_choice(request: _Request) -> str | None:
     return None
 
 
-def _content(message: Mapping[str, Any]) -> list[Any]:
-    content = message.get("content")
-    if isinstance(content, str):
-        return [{"type": "text", "text": content}]
-    return content if isinstance(content, list) else []
-
-
 def _messages(request: _Request) -> str | None:
     body, rules = request.body, request.rules
     messages = body["messages"]
     for i, message in enumerate(messages):
+        # `role: "system"` mid-conversation: the preserved-thinking page says models that support mid-conversation
+        # system messages take it (Sonnet 5.5 among them), but no page lists which models do nor what such a
+        # message may hold, so the fake refuses it on every model, as the models before it do: a request it accepts
+        # is one every model accepts. Put such instructions in the top-level `system` (or a user message).
         if not isinstance(message, dict) or message.get("role") not in ("user", "assistant"):
             return f"messages.{i}.role: Input should be 'user' or 'assistant'"
     # Observed 400s (not in the current reference, which is silent on them); see the module docstring on roles.
@@ -350,20 +334,19 @@ def _messages(request: _Request) -> str | None:
             return PREFILL_REFUSED
         if thinking_on(body, rules):
             return "Assistant message prefill is not supported when thinking is enabled."  # the fake's words
+        config = body.get("output_config")
+        if isinstance(config, dict) and config.get("format") is not None:
+            # https://platform.claude.com/docs/en/build-with-claude/structured-outputs: JSON outputs are
+            # incompatible with a prefill; the words are the fake's.
+            return "output_config.format: structured outputs cannot be combined with an assistant message prefill"
     return None
 
 
 def _block(block: Mapping[str, Any], path: str) -> str | None:
     kind = block["type"]
     if kind == "text":
-        text = block.get("text")
-        if not isinstance(text, str):
-            return f"{path}.text.text: Field required"
-        if text == "":
-            return EMPTY_TEXT
-        if not text.strip():
-            return BLANK_TEXT
-    elif kind == "thinking":
+        return text_problem(block, path, "messages")
+    if kind == "thinking":
         # The SDK's ThinkingBlockParam requires signature, thinking and type.
         for name in ("signature", "thinking"):
             if not isinstance(block.get(name), str):
@@ -376,76 +359,19 @@ def _block(block: Mapping[str, Any], path: str) -> str | None:
             return f"{path}.{kind}.id: Field required"
         if not isinstance(block.get("input"), dict):
             return f"{path}.{kind}.input: Input should be a valid dictionary"
-    elif kind == "tool_result" and not isinstance(block.get("tool_use_id"), str):
-        return f"{path}.tool_result.tool_use_id: Field required"
-    return None
-
-
-def _merged(messages: list[dict[str, Any]]) -> list[tuple[int, str, list[dict[str, Any]]]]:
-    """(index of the first message, role, blocks): consecutive same-role messages combined, as the API does."""
-    merged: list[tuple[int, str, list[dict[str, Any]]]] = []
-    for i, message in enumerate(messages):
-        blocks = [b for b in _content(message) if isinstance(b, dict)]
-        if merged and merged[-1][1] == message["role"]:
-            merged[-1][2].extend(blocks)
-        else:
-            merged.append((i, message["role"], list(blocks)))
-    return merged
-
-
-def _pairing(request: _Request) -> str | None:
-    # https://platform.claude.com/docs/en/agents-and-tools/tool-use/handle-tool-calls: every tool_use gets one
-    # tool_result in the user message right after it, tool_result blocks first in that message; matched by id.
-    turns = _merged(request.body["messages"])
-    seen: set[str] = set()
-    for _index, role, blocks in turns:
-        if role != "assistant":
-            continue
-        for block in blocks:
-            if block["type"] in ("tool_use", "server_tool_use"):
-                if block["id"] in seen:
-                    return DUPLICATE_TOOL_USE  # observed wording
-                seen.add(block["id"])
-    for position, (index, role, blocks) in enumerate(turns):
-        if role == "assistant":
-            calls = [b["id"] for b in blocks if b["type"] == "tool_use"]
-            following = turns[position + 1] if position + 1 < len(turns) else None
-            answered = (
-                {b.get("tool_use_id") for b in following[2] if b["type"] == "tool_result"} if following else set()
-            )
-            if missing := [c for c in calls if c not in answered]:
-                where = following[0] if following else index
-                return (
-                    f"messages.{where}: tool_use ids were found without tool_result blocks immediately after: "
-                    f"{', '.join(missing)}. Each tool_use block must have a corresponding tool_result block in the "
-                    "next message."
-                )
-            continue
-        results = [(j, b) for j, b in enumerate(blocks) if b["type"] == "tool_result"]
-        if not results:
-            continue
-        if results[-1][0] != len(results) - 1:
-            # The fake's words for the documented rule "tool_result blocks must come FIRST".
-            return (
-                f"messages.{index}: `tool_result` blocks must come first in the message content, before any other block"
-            )
-        previous = turns[position - 1][2] if position > 0 else []
-        calls = {b["id"] for b in previous if b["type"] == "tool_use"}
-        answered: set[str] = set()
-        for j, block in results:
-            tool_use_id = block.get("tool_use_id")
-            if tool_use_id not in calls:
-                return (
-                    f"messages.{index}.content.{j}: unexpected `tool_use_id` found in `tool_result` blocks: "
-                    f"{tool_use_id}. Each `tool_result` block must have a corresponding `tool_use` block in the "
-                    "previous message."
-                )
-            if tool_use_id in answered:
-                return (
-                    f"messages.{index}: each tool_use must have a single result. Found multiple `tool_result` "
-                    f"blocks with id: {tool_use_id}"
-                )
-            answered.add(tool_use_id)
+    elif kind == "tool_result":
+        if not isinstance(block.get("tool_use_id"), str):
+            return f"{path}.tool_result.tool_use_id: Field required"
+        # https://platform.claude.com/docs/en/agents-and-tools/tool-use/handle-tool-calls: content is a string or
+        # a list of content blocks (text, image, document, search result).
+        content = block.get("content")
+        if content is not None and not isinstance(content, (str, list)):
+            return f"{path}.tool_result.content: Input should be a valid string or a list of content blocks"
+        for k, inner in enumerate(content if isinstance(content, list) else []):
+            if not isinstance(inner, dict) or inner.get("type") not in _RESULT_BLOCKS:
+                return f"{path}.tool_result.content.{k}: Input should be a valid content block"
+            if inner["type"] == "text" and not isinstance(inner.get("text"), str):
+                return f"{path}.tool_result.content.{k}.text: Field required"
     return None
 
 
@@ -469,22 +395,68 @@ def _cache_control(request: _Request) -> str | None:
             for k, inner in enumerate(nested if isinstance(nested, list) else []):
                 if isinstance(inner, dict):
                     marked.append((f"messages.{i}.content.{j}.content.{k}", inner))
-    found = 1 if body.get("cache_control") is not None else 0
-    for where, block in [("", body), *marked]:
+    found = 0
+    short = False  # a 5m breakpoint came before: a 1h one may not follow it
+    # The automatic top-level breakpoint marks the last cacheable block, so it comes last in the order.
+    for where, block in [*marked, ("", body)]:
         control = block.get("cache_control")
         if control is None:
             continue
-        if where:
-            found += 1
+        found += 1
         prefix = f"{where}." if where else ""
         if not isinstance(control, dict) or control.get("type") != "ephemeral":
             return f"{prefix}cache_control.type: Input should be 'ephemeral'"
-        if control.get("ttl", "5m") not in ("5m", "1h"):
+        ttl = control.get("ttl", "5m")
+        if ttl not in ("5m", "1h"):
             return f"{prefix}cache_control.ttl: Input should be '5m' or '1h'"
         if block.get("type") in THINKING_KINDS:
             return f"{where}: thinking blocks cannot be cached directly with cache_control"
         if block.get("type") == "text" and not str(block.get("text") or "").strip():
             return f"{where}: cache_control cannot be set for empty text blocks"
+        if ttl == "1h" and short:
+            # prompt-caching (mixing TTLs): longer TTLs come before shorter ones; observed wording.
+            return (
+                f"{prefix}cache_control.ttl: a ttl='1h' cache_control block must not come after a ttl='5m' "
+                "cache_control block. Note that blocks are processed in the following order: `tools`, `system`, "
+                "`messages`."
+            )
+        short = short or ttl == "5m"
     if found > 4:
         return f"A maximum of 4 blocks with cache_control may be provided. Found {found}."
     return None
+
+
+def _tool_loop(request: _Request) -> str | None:
+    body = request.body
+    return check_tool_loop(
+        body["messages"],
+        tools_defined=bool(body.get("tools")),
+        extended_thinking=thinking_type(body, request.rules) == "enabled",
+    )
+
+
+def _context_window(request: _Request) -> str | None:
+    # https://platform.claude.com/docs/en/build-with-claude/context-windows: a prompt over the model's window is a
+    # 400 "prompt is too long: N tokens > M maximum" (observed wording), measured with the fake's own estimate.
+    # count_tokens is how a client learns a prompt's size, so it answers whatever the size.
+    if request.count_only:
+        return None
+    tokens = prompt_tokens(request.body)
+    if tokens > request.rules.context_window:
+        return f"prompt is too long: {tokens} tokens > {request.rules.context_window} maximum"
+    return None
+
+
+# Each rule with the field it reads, named when it trips on a value of an unexpected shape.
+_CHECKS: tuple[tuple[str, Callable[[_Request], str | None]], ...] = (
+    ("max_tokens", _max_tokens),
+    ("thinking", _thinking),
+    ("output_config", _output_config),
+    ("temperature", _sampling),
+    ("tools", _tools),
+    ("tool_choice", _tool_choice),
+    ("messages", _messages),
+    ("messages", _tool_loop),
+    ("cache_control", _cache_control),
+    ("messages", _context_window),
+)

@@ -10,11 +10,13 @@ Point the real SDK at it and the whole client stack (retries, timeouts, SSE pars
         ...
         assert fake.count(conversation, turn=1) == 1, "turn 1 was asked twice: a committed step re-ran"
 
-Strict: the fake refuses what the documented API refuses, with the documented words (`api_rules`), from its own
-model table written from the docs (`api_models`, never the library's): a prefill on a model without prefill, a
-forced `tool_choice` while thinking, a `tool_use` without its `tool_result`, a fifth cache breakpoint, a thinking
-block whose signature it did not mint or whose prefix changed (`thinking_binding`). A refusal is a 400 (404 for a
-retired model) and is recorded with `RecordedRequest.refused`. The defaults are the strictest documented account:
+Strict: the fake refuses what the documented API refuses, with the documented words (`api_shapes`, `api_rules`,
+`api_tool_loop`), from its own model table written from the docs (`api_models`, never the library's): an unknown
+top-level field, a prefill on a model without prefill, a forced `tool_choice` while thinking, a `tool_use` without
+its `tool_result`, a fifth cache breakpoint, a prompt over the context window, a thinking block whose signature it
+did not mint or whose prefix changed (`thinking_binding`). A refusal is a 400 (404 for a retired model) and is
+recorded with `RecordedRequest.refused`; a body of a shape no rule expected is a 400 naming the field, never a
+dropped connection. The defaults are the strictest documented account:
 
 * unknown model ids ("m", "claude-test") are served with the newest models' rules: thinking on when omitted,
   adaptive only, no prefill, no forced tool choice, no sampling parameters, prefix check (``strict_models=True``
@@ -40,7 +42,6 @@ owns retries, and each of its attempts shows up in the log with its `x-stainless
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import math
@@ -48,17 +49,17 @@ import secrets
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
 
 from durable_agents.testing.api_models import MODELS, ModelRules, rules_for
 from durable_agents.testing.api_rules import check_request
+from durable_agents.testing.api_shapes import check_shape
 from durable_agents.testing.fake_cache import PromptCache
 from durable_agents.testing.fake_http import Handler, Server
-from durable_agents.testing.fake_log import CONVERSATION_HEADER, RecordedRequest, Responder, identify
+from durable_agents.testing.fake_log import CONVERSATION_HEADER, RecordedRequest, RequestLog, Responder
 from durable_agents.testing.fake_replies import (
     STOP_REASONS,
     Fault,
@@ -72,6 +73,7 @@ from durable_agents.testing.fake_replies import (
     thinking_block,
     tool_use_block,
 )
+from durable_agents.testing.fake_traffic import InFlight, RequestBucket
 from durable_agents.testing.thinking_binding import Binding, BlockNote, Signer, content_digest
 
 if TYPE_CHECKING:
@@ -153,10 +155,7 @@ class FakeAnthropic:
         self.responder: Responder | None = responder
         self.latency = latency  # seconds every `/v1/messages` answer takes, like a model thinking
         # The API's rate limit: a bucket of this many requests, refilled at this rate; beyond it, 429 + retry-after.
-        self.requests_per_second = requests_per_second
-        self.rate_limited = 0  # 429s served by that limit
-        self._allowance = float(requests_per_second or 0.0)
-        self._allowance_at = time.monotonic()
+        self._bucket = RequestBucket(requests_per_second)
         self.errors: list[BaseException] = []  # exceptions raised by the responder, served as 500s
         self.billed: list[dict[str, Any]] = []  # the usage of every message served: what the API would bill
         self.models: dict[str, ModelRules] = {**MODELS, **(models or {})}
@@ -174,17 +173,25 @@ class FakeAnthropic:
         self._port = port
         self._lock = threading.RLock()
         self._queue: deque[Reply | Fault] = deque()
-        self._log: list[RecordedRequest] = []
+        self._log = RequestLog()
         self._cache = PromptCache(clock=clock, min_cache_tokens=min_cache_tokens)
         self._stopping = threading.Event()
         self._open = threading.Event()  # the gate: cleared by hold(), set by release()
         self._open.set()
         self._holds: Callable[[RecordedRequest], bool] | None = None
-        self._flight = threading.Condition()
-        self._in_flight = 0
-        self._peak_in_flight = 0
+        self._flight = InFlight()
         self._server: Server | None = None
         self._thread: threading.Thread | None = None
+
+    @property
+    def requests_per_second(self) -> float | None:
+        """The API's request rate limit this fake enforces (None: none)."""
+        return self._bucket.rate
+
+    @property
+    def rate_limited(self) -> int:
+        """429s served by the `requests_per_second` limit."""
+        return self._bucket.limited
 
     # -- lifecycle -------------------------------------------------------------------------------------------
 
@@ -258,15 +265,15 @@ class FakeAnthropic:
 
     def reset(self) -> None:
         """Forget the queue, the request log, the thinking logs and the prompt cache (the responder stays)."""
+        self._log.clear()
         with self._lock:
             self._queue.clear()
-            self._log.clear()
             self._cache.clear()
             self.errors.clear()
             self.dropped_thinking.clear()
             self.prefix_mismatches.clear()
             self.billed.clear()
-            self.rate_limited = 0
+            self._bucket.limited = 0
 
     # -- concurrency -----------------------------------------------------------------------------------------
 
@@ -284,53 +291,33 @@ class FakeAnthropic:
     @property
     def in_flight(self) -> int:
         """`/v1/messages` requests received and not yet answered."""
-        with self._flight:
-            return self._in_flight
+        return self._flight.count
 
     @property
     def peak_in_flight(self) -> int:
         """The most `/v1/messages` requests in flight at once since the start (or `reset_peak`)."""
-        with self._flight:
-            return self._peak_in_flight
+        return self._flight.peak
 
     def reset_peak(self) -> None:
-        with self._flight:
-            self._peak_in_flight = self._in_flight
+        self._flight.reset_peak()
 
     def wait_in_flight(self, n: int, timeout: float) -> bool:
         """Block until at least `n` requests are in flight (True), or `timeout` seconds passed (False)."""
-        with self._flight:
-            return self._flight.wait_for(lambda: self._in_flight >= n, timeout=timeout)
-
-    @contextlib.contextmanager
-    def _flying(self) -> Iterator[None]:
-        with self._flight:
-            self._in_flight += 1
-            self._peak_in_flight = max(self._peak_in_flight, self._in_flight)
-            self._flight.notify_all()
-        try:
-            yield
-        finally:
-            with self._flight:
-                self._in_flight -= 1
+        return self._flight.wait_for(n, timeout)
 
     # -- log -------------------------------------------------------------------------------------------------
 
     @property
     def requests(self) -> list[RecordedRequest]:
-        with self._lock:
-            return list(self._log)
+        return self._log.all()
 
     def requests_for(self, conversation: str) -> list[RecordedRequest]:
-        with self._lock:
-            return [r for r in self._log if r.conversation == conversation]
+        return [r for r in self._log.all() if r.conversation == conversation]
 
     def count(self, conversation: str, turn: int) -> int:
         """How many times `/v1/messages` was asked for this turn; more than 1 means a retry or a re-run."""
-        with self._lock:
-            return sum(
-                1 for r in self._log if r.path == MESSAGES_PATH and (r.conversation, r.turn) == (conversation, turn)
-            )
+        key = (MESSAGES_PATH, conversation, turn)
+        return sum(1 for r in self._log.all() if (r.path, r.conversation, r.turn) == key)
 
     # -- serving ---------------------------------------------------------------------------------------------
 
@@ -339,17 +326,17 @@ class FakeAnthropic:
         # Redact before anything is stored: the API key must never outlive this request.
         headers = {k.lower(): (REDACTED if k.lower() in _SECRET_HEADERS else v) for k, v in handler.headers.items()}
         has_key = bool(handler.headers.get("x-api-key") or handler.headers.get("authorization", "")[7:].strip())
-        length = int(handler.headers.get("content-length") or 0)
+        length = handler.content_length()
         if length > MAX_BODY_BYTES:
-            _discard(handler, length)  # read it all, or the client sees a broken pipe instead of the 413
+            handler.discard_body(length)  # read it all, or the client sees a broken pipe instead of the 413
             message = "Request exceeds the maximum allowed number of bytes."
-            self._record(handler.command, path, headers, None, refused=message)
+            self._log.record(handler.command, path, headers, None, refused=message)
             handler.send_json(413, error_body("request_too_large", message))
             return
         raw = handler.rfile.read(length)
         try:
             body = json.loads(raw) if raw else None
-        except ValueError:
+        except (ValueError, RecursionError):
             body = raw.decode("utf-8", "replace")
         if path not in (MESSAGES_PATH, COUNT_TOKENS_PATH) or handler.command != "POST":
             verdict = _Verdict(status=404, error=f"{handler.command} {path} not found")
@@ -357,7 +344,7 @@ class FakeAnthropic:
             verdict = _Verdict(status=401, error="x-api-key or authorization header is required")
         else:
             verdict = self._check(path, body, headers)
-        request = self._record(handler.command, path, headers, body, refused=verdict.error or None)
+        request = self._log.record(handler.command, path, headers, body, refused=verdict.error or None)
         if verdict.status != 200:
             handler.send_json(verdict.status, error_body(_ERROR_TYPES[verdict.status], verdict.error))
             return
@@ -367,7 +354,7 @@ class FakeAnthropic:
         if path == COUNT_TOKENS_PATH:
             input_tokens, creation, read = self._cache.usage(body, update_cache=False)
             handler.send_json(200, {"input_tokens": input_tokens + creation + read})
-        elif (wait := self._take_rate(verdict)) is not None:
+        elif (wait := self._bucket.take(verdict.headers)) is not None:
             handler.send_json(
                 429,
                 error_body("rate_limit_error", f"over {self.requests_per_second:g} requests per second"),
@@ -377,7 +364,7 @@ class FakeAnthropic:
             # A cache pre-warm (prompt-caching docs): nothing is generated, so the script is not consumed.
             self._answer(handler, request, Reply(stop_reason="max_tokens", output_tokens=0), verdict)
         else:
-            with self._flying():
+            with self._flight:
                 # Held at the gate, then the model's latency; a stopping fake drops the connection instead.
                 holds = self._holds
                 if holds is None or holds(request):
@@ -390,7 +377,18 @@ class FakeAnthropic:
 
     def _check(self, path: str, body: Any, headers: Mapping[str, str]) -> _Verdict:
         """Refuse what the API refuses: the request's shape, its model (404), its rules, its thinking blocks."""
-        if problem := _validate(path, body):
+        try:
+            return self._check_body(path, body, headers)
+        except (TypeError, ValueError, LookupError, AttributeError, RecursionError) as exc:
+            # A body of a shape no rule expected (each rule in `check_request` is guarded and names its field):
+            # the API answers such a request 400, and the handler thread must live on to answer it.
+            logger.warning("FakeAnthropic could not read a request body: %r", exc)
+            return _Verdict(status=400, error=f"request body: Input could not be validated ({type(exc).__name__})")
+
+    def _check_body(self, path: str, body: Any, headers: Mapping[str, str]) -> _Verdict:
+        betas = frozenset(v.strip() for v in headers.get("anthropic-beta", "").split(",") if v.strip())
+        # The shape first, so the rules, the signatures and the cache accounting only read well-typed fields.
+        if problem := check_shape(body, path=path, betas=betas):
             return _Verdict(status=400, error=problem)
         model = body["model"]
         if not isinstance(model, str):
@@ -400,7 +398,6 @@ class FakeAnthropic:
             # https://platform.claude.com/docs/en/about-claude/model-deprecations: requests to retired models fail,
             # observed as 404 not_found_error "model: <id>" (the same for an id that never existed).
             return _Verdict(status=404, error=f"model: {model}")
-        betas = frozenset(v.strip() for v in headers.get("anthropic-beta", "").split(",") if v.strip())
         last = body["messages"][-1]
         with self._lock:
             paused = isinstance(last, dict) and content_digest(last.get("content")) in self._paused
@@ -413,33 +410,6 @@ class FakeAnthropic:
         if binding.error:
             return _Verdict(rules=rules, binding=binding, status=400, error=binding.error)
         return _Verdict(rules=rules, binding=binding)
-
-    def _take_rate(self, verdict: _Verdict) -> float | None:
-        """None if this request is within `requests_per_second` (taking its share), else seconds until it would be.
-
-        Within the limit, the verdict gets the `anthropic-ratelimit-requests-*` headers (rate-limits docs: the
-        reset is an RFC 3339 time, here when the bucket will be full again).
-        """
-        rate = self.requests_per_second
-        if not rate:
-            return None
-        with self._lock:
-            now = time.monotonic()
-            self._allowance = min(rate, self._allowance + (now - self._allowance_at) * rate)
-            self._allowance_at = now
-            if self._allowance < 1.0:
-                self.rate_limited += 1
-                return (1.0 - self._allowance) / rate
-            self._allowance -= 1.0
-            full = datetime.now(UTC) + timedelta(seconds=(rate - self._allowance) / rate)
-            verdict.headers.update(
-                {
-                    "anthropic-ratelimit-requests-limit": str(math.ceil(rate)),
-                    "anthropic-ratelimit-requests-remaining": str(math.floor(self._allowance)),
-                    "anthropic-ratelimit-requests-reset": full.isoformat(timespec="seconds").replace("+00:00", "Z"),
-                }
-            )
-            return None
 
     def _answer(self, handler: Handler, request: RecordedRequest, action: Reply | Fault, verdict: _Verdict) -> None:
         if isinstance(action, Fault) and action.kind == "delay":
@@ -487,28 +457,6 @@ class FakeAnthropic:
             body["error"] = {**body["error"], "message": f"model: {model}"}
         handler.send_json(fault.status_code, body, fault.headers)
 
-    def _record(
-        self, method: str, path: str, headers: dict[str, str], body: Any, *, refused: str | None = None
-    ) -> RecordedRequest:
-        conversation, turn = identify(headers, body)
-        retry = headers.get("x-stainless-retry-count", "")
-        with self._lock:
-            attempt = 1 + sum(1 for r in self._log if (r.path, r.conversation, r.turn) == (path, conversation, turn))
-            request = RecordedRequest(
-                method=method,
-                path=path,
-                headers=headers,
-                body=body,
-                conversation=conversation,
-                turn=turn,
-                attempt=attempt,
-                time=time.time(),
-                retry_count=int(retry) if retry.isdigit() else None,
-                refused=refused,
-            )
-            self._log.append(request)
-        return request
-
     def _next_action(self, request: RecordedRequest) -> Reply | Fault:
         with self._lock:
             if self._queue:
@@ -546,23 +494,3 @@ class FakeAnthropic:
 
 
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error"}
-
-
-def _discard(handler: Handler, length: int) -> None:
-    while length > 0:
-        chunk = handler.rfile.read(min(length, 1 << 20))
-        if not chunk:
-            return
-        length -= len(chunk)
-
-
-def _validate(path: str, body: Any) -> str | None:
-    if not isinstance(body, dict):
-        return "request body must be a JSON object"
-    required = ("model", "messages") if path == COUNT_TOKENS_PATH else ("model", "max_tokens", "messages")
-    for name in required:
-        if name not in body:
-            return f"{name}: Field required"
-    if not isinstance(body["messages"], list) or not body["messages"]:
-        return "messages: at least one message is required"
-    return None

@@ -71,7 +71,8 @@ class PromptCache:
 def blocks(content: Any) -> list[dict[str, Any]]:
     if isinstance(content, str):
         return [{"type": "text", "text": content}]
-    return [b for b in content or [] if isinstance(b, dict)]
+    # Also read for requests the fake refuses (the log identifies them): anything but a list holds no blocks.
+    return [b for b in content if isinstance(b, dict)] if isinstance(content, list) else []
 
 
 def _strip(block: Mapping[str, Any]) -> dict[str, Any]:
@@ -87,15 +88,20 @@ def _ttl(block: Any) -> float | None:
 
 def prompt_segments(body: dict[str, Any]) -> list[tuple[dict[str, Any], float | None]]:
     """The prompt in cache order (tools, system, messages), one entry per block: (block sans cache_control, ttl)."""
-    segments = [(_strip(tool), _ttl(tool)) for tool in body.get("tools") or [] if isinstance(tool, dict)]
+    segments = [(_strip(tool), _ttl(tool)) for tool in blocks(body.get("tools"))]
     segments += [(_strip(block), _ttl(block)) for block in blocks(body.get("system"))]
-    for message in body.get("messages") or []:
+    for message in body.get("messages") if isinstance(body.get("messages"), list) else []:
         if not isinstance(message, dict):
             continue
         for index, block in enumerate(blocks(message.get("content"))):
             # The role rides on each block so the same words from the other speaker are a different prefix.
             segments.append(({"role": message.get("role"), "index": index, **_strip(block)}, _ttl(block)))
     return segments
+
+
+def prompt_tokens(body: dict[str, Any]) -> int:
+    """The prompt's size by the fake's estimate: what `usage` bills in all (input + cache write + cache read)."""
+    return sum(estimate(canonical(segment)) for segment, _ttl in prompt_segments(body)) + _FRAMING_TOKENS
 
 
 def last_breakpoint_ttl(body: dict[str, Any]) -> float:

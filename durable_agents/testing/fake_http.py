@@ -72,6 +72,21 @@ class Handler(BaseHTTPRequestHandler):
     # Every method is answered, so a wrong one gets an Anthropic-style 404 rather than http.server's HTML 501.
     do_GET = do_PUT = do_DELETE = do_PATCH = do_POST
 
+    def content_length(self) -> int:
+        """The request's declared body size; a missing or unreadable header counts as no body."""
+        try:
+            return max(0, int(self.headers.get("content-length") or 0))
+        except ValueError:
+            return 0
+
+    def discard_body(self, length: int) -> None:
+        """Read and drop `length` bytes of body, so an answer sent without reading it reaches the client."""
+        while length > 0:
+            chunk = self.rfile.read(min(length, 1 << 20))
+            if not chunk:
+                return
+            length -= len(chunk)
+
     def log_message(self, format: str, *args: Any) -> None:
         pass  # the request log is the record; stderr noise would drown test output
 

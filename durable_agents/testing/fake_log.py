@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -12,7 +14,7 @@ from durable_agents.testing.fake_cache import blocks, canonical
 if TYPE_CHECKING:
     from durable_agents.testing.fake_replies import Fault, Reply
 
-__all__ = ["CONVERSATION_HEADER", "RecordedRequest", "Responder", "identify"]
+__all__ = ["CONVERSATION_HEADER", "RecordedRequest", "RequestLog", "Responder", "identify"]
 
 CONVERSATION_HEADER = "x-durable-conversation"
 
@@ -35,7 +37,8 @@ class RecordedRequest:
 
     @property
     def messages(self) -> list[dict[str, Any]]:
-        return list(self.body.get("messages") or []) if isinstance(self.body, dict) else []
+        messages = self.body.get("messages") if isinstance(self.body, dict) else None
+        return [m for m in messages if isinstance(m, dict)] if isinstance(messages, list) else []
 
     @property
     def stream(self) -> bool:
@@ -64,7 +67,9 @@ def identify(headers: Mapping[str, str], body: Any) -> tuple[str, int]:
     """(conversation, turn): metadata.user_id, else the conversation header, else the first user message."""
     if not isinstance(body, dict):
         return "", 0
-    messages = [m for m in body.get("messages") or [] if isinstance(m, dict)]
+    # Refused requests are logged too: a malformed body must identify as something, never raise.
+    listed = body.get("messages")
+    messages = [m for m in listed if isinstance(m, dict)] if isinstance(listed, list) else []
     turn = sum(1 for m in messages if m.get("role") == "assistant")
     user_id = (body.get("metadata") or {}).get("user_id") if isinstance(body.get("metadata"), dict) else None
     if user_id:
@@ -77,3 +82,42 @@ def identify(headers: Mapping[str, str], body: Any) -> tuple[str, int]:
         canonical([{k: v for k, v in b.items() if k != "cache_control"} for b in blocks(first)]).encode()
     ).hexdigest()
     return f"conv_{digest[:16]}", turn
+
+
+class RequestLog:
+    """Every request the fake received, in order, each numbered as an attempt at its (path, conversation, turn)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._requests: list[RecordedRequest] = []
+
+    def record(
+        self, method: str, path: str, headers: dict[str, str], body: Any, *, refused: str | None = None
+    ) -> RecordedRequest:
+        conversation, turn = identify(headers, body)
+        retry = headers.get("x-stainless-retry-count", "")
+        with self._lock:
+            key = (path, conversation, turn)
+            attempt = 1 + sum(1 for r in self._requests if (r.path, r.conversation, r.turn) == key)
+            request = RecordedRequest(
+                method=method,
+                path=path,
+                headers=headers,
+                body=body,
+                conversation=conversation,
+                turn=turn,
+                attempt=attempt,
+                time=time.time(),
+                retry_count=int(retry) if retry.isdigit() else None,
+                refused=refused,
+            )
+            self._requests.append(request)
+        return request
+
+    def all(self) -> list[RecordedRequest]:
+        with self._lock:
+            return list(self._requests)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._requests.clear()

@@ -372,3 +372,54 @@ def test_journal__a_rebuilt_request_sends_the_models_tool_input_byte_for_byte(fa
     )
     use = next(b for b in again.messages[1]["content"] if b["type"] == "tool_use")
     assert list(use["input"]) == ["zone", "area"]
+
+
+def test_compaction__under_extended_thinking_on_an_older_model_the_kept_turns_keep_their_thinking(fake):
+    # Haiku 4.5 runs no prefix check, and under `enabled` thinking the last tool-use turn must go back with its
+    # thinking block first (https://platform.claude.com/docs/en/build-with-claude/extended-thinking).
+    workflow(
+        "long_on_haiku",
+        steps=[
+            agent(
+                "assistant",
+                instructions="Fetch orders.",
+                tools=[fetch_history],
+                prompt=lambda ctx: "Fetch A-0, A-1, B-0, B-1.",
+                model="claude-haiku-4-5",
+                thinking={"type": "enabled", "budget_tokens": 2048},
+                compact_at_prompt_tokens=1000,
+                keep_recent_turns=1,
+            )
+        ],
+    )
+    fake.responder = scripted(*[Reply.tool_use("fetch_history", {"order_id": o}) for o in ("A-0", "A-1", "B-0", "B-1")])
+    run = finish(api.start("long_on_haiku", {}).id)
+
+    assert run.status == RunStatus.COMPLETED, run.error
+    assert Event.objects.filter(run=run, kind="compacted").count() == 1
+    turns = [[b["type"] for b in m["content"]] for m in sent(fake)[-1].messages if m["role"] == "assistant"]
+    assert turns == [["thinking", "tool_use"], ["thinking", "tool_use"]], "the kept turn keeps its thinking"
+
+
+def test_cache_ttl__changed_while_a_run_is_in_flight_marks_the_frozen_head_at_the_new_ttl(fake, settings):
+    # A 1 h breakpoint may not follow a 5 min one (https://platform.claude.com/docs/en/build-with-claude/prompt-caching).
+    failures: list[int] = []
+
+    def flaky_find(order_id: str) -> dict[str, Any]:
+        if not failures:
+            failures.append(1)
+            raise RetryableError("down")
+        return {"order_id": order_id}
+
+    located = tool(flaky_find, name="flaky_find", description="Find an order.")
+    workflow("ttl_changes", steps=[agent("assistant", instructions="Find.", tools=[located], prompt=lambda ctx: "A")])
+    fake.responder = scripted(Reply.tool_use("flaky_find", {"order_id": "A-1"}))
+    run = api.start("ttl_changes", {})
+    advance(run.id)
+    assert failures, "the first execution stopped in the tool, its head frozen at the 5 min TTL"
+    settings.DURABLE_AGENTS = {**settings.DURABLE_AGENTS, "PROMPT_CACHE_TTL": "1h"}
+    run = finish(run.id)
+
+    assert run.status == RunStatus.COMPLETED, run.error
+    last = sent(fake)[-1].body
+    assert last["tools"][-1]["cache_control"] == {"type": "ephemeral", "ttl": "1h"}

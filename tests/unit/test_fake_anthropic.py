@@ -257,9 +257,12 @@ def test_fake_anthropic__request_log_counts_turns_and_redacts_key(
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "3 otters"}]},
     ]
 
-    create(client, conversation[:1])
-    create(client, conversation)
-    create(client, conversation)
+    # A conversation with tool blocks must define its tools:
+    # https://platform.claude.com/docs/en/agents-and-tools/tool-use/implement-tool-use
+    search = [{"name": "search", "description": "Search.", "input_schema": {"type": "object"}}]
+    create(client, conversation[:1], tools=search)
+    create(client, conversation, tools=search)
+    create(client, conversation, tools=search)
 
     first = fake.requests[0]
     assert first.conversation.startswith("conv_") and first.turn == 0 and first.attempt == 1
@@ -298,9 +301,10 @@ def test_fake_anthropic__responder_answers_per_conversation(fake: FakeAnthropic,
         client,
         [
             *HELLO,
-            {"role": "assistant", "content": [call.model_dump()]},
+            {"role": "assistant", "content": [call.model_dump(exclude_none=True)]},
             {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id, "content": "2 otters"}]},
         ],
+        tools=[{"name": "search", "description": "Search.", "input_schema": {"type": "object"}}],
     )
     assert visible(answer)[0].text == "found 2 otters"  # type: ignore[union-attr]
 
