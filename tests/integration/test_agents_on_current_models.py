@@ -14,53 +14,34 @@ tool call, model_context_window_exceeded).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
-import anthropic
 import pytest
 
 from durable_agents import api
-from durable_agents.agents.claude import AnthropicParticipant
 from durable_agents.agents.loop import agent
-from durable_agents.agents.participants import participants
 from durable_agents.engine.advance import advance
 from durable_agents.errors import RetryableError
 from durable_agents.judge import judge
-from durable_agents.models import Event, Run, RunStatus, Turn
+from durable_agents.models import Event, RunStatus, Turn
 from durable_agents.planner import planner
-from durable_agents.testing import drive
-from durable_agents.testing.fake_anthropic import FakeAnthropic, Fault, RecordedRequest, Reply
+from durable_agents.testing.fake_anthropic import FakeAnthropic, Fault, Reply
 from durable_agents.tools import tool
 from durable_agents.workflows import call, workflow
+from tests.integration.stand_in import claude_on_the_stand_in, finish, refused, scripted, sent, unmarked
 
 pytestmark = pytest.mark.django_db(transaction=True)
-API_KEY = "sk-ant-test-secret-0123456789"
 
 
 @pytest.fixture
 def fake(isolated_registries) -> Iterator[FakeAnthropic]:
-    """The "anthropic" participant of this process, the real SDK pointed at a strict stand-in."""
-    with FakeAnthropic() as server:
-        client = anthropic.Anthropic(api_key=API_KEY, base_url=server.url, max_retries=0, timeout=5.0)
-        participants.register("anthropic", AnthropicParticipant(client=client))
+    """The "anthropic" participant of this process on a strict stand-in; the test fails if it refused anything."""
+    with claude_on_the_stand_in() as server:
         yield server
-        refused = [r.refused for r in server.requests if r.refused]
-        assert not refused, f"the stand-in refused what the engine sent (the real API would too): {refused}"
-
-
-def sent(fake: FakeAnthropic) -> list[RecordedRequest]:
-    return [r for r in fake.requests if r.path == "/v1/messages"]
-
-
-def finish(run_id: Any) -> Run:
-    """Drive the run in this process, clearing retry backoffs: the assertions are on outcomes, not time."""
-    for _ in range(20):
-        Run.objects.filter(pk=run_id).update(wake_at=None)
-        run = drive(run_id, max_advances=50)
-        if run.status not in (RunStatus.PENDING, RunStatus.RUNNING):
-            return run
-    return Run.objects.get(pk=run_id)
+        assert not refused(server), (
+            f"the stand-in refused what the engine sent (the real API would too): {refused(server)}"
+        )
 
 
 CALLS: list[str] = []
@@ -71,26 +52,6 @@ def find_order(order_id: str) -> dict[str, Any]:
     """Look an order up."""
     CALLS.append(order_id)
     return {"order_id": order_id, "amount": "30.00"}
-
-
-def unmarked(value: Any) -> Any:
-    """`value` without its cache_control markers, key order kept."""
-    if isinstance(value, dict):
-        return {k: unmarked(v) for k, v in value.items() if k != "cache_control"}
-    return [unmarked(v) for v in value] if isinstance(value, list) else value
-
-
-def scripted(*replies: Reply) -> Callable[[RecordedRequest], Reply]:
-    """Answers in order, then "done": a conversation the test plays from the model's side. A compaction call
-    (the agent loop's summary request) gets a summary and does not take a reply of the script."""
-    queue = list(replies)
-
-    def answer(request: RecordedRequest) -> Reply:
-        if "[compaction]" in request.last_user_text:
-            return Reply.text("Summary: orders looked up so far.")
-        return queue.pop(0) if queue else Reply.text("done")
-
-    return answer
 
 
 # --- 1. Judges and planners: no forced tool choice where the model refuses it ---------------------------------

@@ -13,7 +13,7 @@ typo on the default model, a non-positive max_tokens, a MODELS row or price of t
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import anthropic
@@ -28,63 +28,26 @@ from durable_agents.agents.participants import participants
 from durable_agents.engine.advance import advance
 from durable_agents.errors import DefinitionError, RetryableError
 from durable_agents.judge import judge
-from durable_agents.models import Event, Run, RunStatus, Step, Turn
+from durable_agents.models import Event, RunStatus, Step, Turn
 from durable_agents.planner import planner
-from durable_agents.testing import drive
 from durable_agents.testing.fake_anthropic import FakeAnthropic, Fault, RecordedRequest, Reply
 from durable_agents.tools import tool
 from durable_agents.workflows import workflow
+from tests.integration.stand_in import API_KEY, claude_on_the_stand_in, finish, is_compaction, refused, scripted, sent
 
 pytestmark = pytest.mark.django_db(transaction=True)
-API_KEY = "sk-ant-test-secret-0123456789"
 
 
 @pytest.fixture
 def fake(isolated_registries) -> Iterator[FakeAnthropic]:
-    """The "anthropic" participant of this process, the real SDK pointed at a strict stand-in."""
-    with FakeAnthropic() as server:
-        client = anthropic.Anthropic(api_key=API_KEY, base_url=server.url, max_retries=0, timeout=5.0)
-        participants.register("anthropic", AnthropicParticipant(client=client))
+    """The stand-in; each test checks `refused(fake)` itself, so an expected refusal fails only its assertion."""
+    with claude_on_the_stand_in() as server:
         yield server
-
-
-def refused(fake: FakeAnthropic) -> list[str]:
-    return [r.refused for r in fake.requests if r.refused]
-
-
-def sent(fake: FakeAnthropic) -> list[RecordedRequest]:
-    return [r for r in fake.requests if r.path == "/v1/messages"]
 
 
 def answered(fake: FakeAnthropic) -> list[RecordedRequest]:
     """Requests the stand-in answered with a message (billed): neither refused nor served a fault."""
     return [r for r in sent(fake) if not r.refused]
-
-
-def finish(run_id: Any) -> Run:
-    """Drive the run in this process, clearing retry backoffs: the assertions are on outcomes, not time."""
-    for _ in range(20):
-        Run.objects.filter(pk=run_id).update(wake_at=None)
-        run = drive(run_id, max_advances=50)
-        if run.status not in (RunStatus.PENDING, RunStatus.RUNNING):
-            return run
-    return Run.objects.get(pk=run_id)
-
-
-def is_compaction(request: RecordedRequest) -> bool:
-    return "[compaction]" in request.last_user_text
-
-
-def played(*actions: Reply | Fault) -> Callable[[RecordedRequest], Reply | Fault]:
-    """Serve `actions` in order to the agent's turns (then "done"); a compaction call gets a summary."""
-    queue = list(actions)
-
-    def answer(request: RecordedRequest) -> Reply | Fault:
-        if is_compaction(request):
-            return Reply.text("Summary: orders looked up so far.")
-        return queue.pop(0) if queue else Reply.text("done")
-
-    return answer
 
 
 def transient() -> Fault:
@@ -253,7 +216,7 @@ def test_planner__a_crash_between_two_asks_replays_the_first_answer(fake):
 def test_truncated_tool_call__a_crash_after_it_is_journaled_asks_again_with_twice_the_max_tokens(fake):
     CALLS.clear()
     agent_workflow("truncated_crash", max_tokens=1000)
-    fake.responder = played(
+    fake.responder = scripted(
         Reply.truncated_tool_use("look_up", {"order_id": "A-"}),
         transient(),
         Reply.tool_use("look_up", {"order_id": "A-1"}),
@@ -282,7 +245,7 @@ def test_first_turn__a_crash_after_it_froze_the_head_sends_the_same_head(fake):
         "head_crash",
         steps=[agent("assistant", instructions="Find.", tools=[find])],  # default prompt: the input as JSON
     )
-    fake.responder = played(Reply.tool_use("find", {"order_id": "A-1"}), Reply.text("Done."))
+    fake.responder = scripted(Reply.tool_use("find", {"order_id": "A-1"}), Reply.text("Done."))
     run = finish(api.start("head_crash", {"zeta": 1, "alpha": {"b": 2, "a": 1}}).id)
     assert run.status == RunStatus.COMPLETED, run.error
     assert not refused(fake), refused(fake)
@@ -315,7 +278,7 @@ def test_refusal__a_crash_after_the_fallback_answered_replays_it_on_the_fallback
             )
         ],
     )
-    fake.responder = played(
+    fake.responder = scripted(
         Reply.tool_use("find", {"order_id": "A-1"}),
         Reply.refusal("frontier_llm"),
         Reply.tool_use("find", {"order_id": "A-2"}),
@@ -334,7 +297,7 @@ def test_refusal__a_crash_after_the_fallback_answered_replays_it_on_the_fallback
 
 def test_context_window_exceeded__a_crash_after_the_compaction_compacts_once_and_asks_once(fake):
     agent_workflow("overflow_crash", keep_recent_turns=1)
-    fake.responder = played(
+    fake.responder = scripted(
         Reply.tool_use("look_up", {"order_id": "A-1"}),
         Reply.tool_use("look_up", {"order_id": "A-2"}),
         Reply.context_window_exceeded(),
@@ -377,7 +340,7 @@ def test_context_window_exceeded__a_crash_in_the_compaction_call_compacts_on_the
 def test_max_tokens__text_cut_twice_then_a_tool_call_on_a_thinking_model(fake):
     CALLS.clear()
     agent_workflow("cut_cut_call")
-    fake.responder = played(
+    fake.responder = scripted(
         Reply.text("Part one, ", stop_reason="max_tokens"),
         Reply.text("part two, ", stop_reason="max_tokens"),
         Reply.tool_use("look_up", {"order_id": "A-1"}),
@@ -392,7 +355,7 @@ def test_max_tokens__text_cut_twice_then_a_tool_call_on_a_thinking_model(fake):
 
 def test_max_tokens__a_text_cut_twice_then_ended_is_the_whole_answer(fake):
     agent_workflow("cut_cut_end")
-    fake.responder = played(
+    fake.responder = scripted(
         Reply.text("Part one, ", stop_reason="max_tokens"),
         transient(),
         Reply.text("part two, ", stop_reason="max_tokens"),
@@ -406,7 +369,7 @@ def test_max_tokens__a_text_cut_twice_then_ended_is_the_whole_answer(fake):
 
 def test_max_tokens__continued_by_prefill_on_a_model_that_takes_one(fake):
     agent_workflow("cut_prefill", model="claude-haiku-4-5")
-    fake.responder = played(
+    fake.responder = scripted(
         Reply.text("Part one, ", stop_reason="max_tokens"),
         Reply.text("part two.", stop_reason="end_turn"),
     )
@@ -428,7 +391,7 @@ def test_fallback__a_dated_snapshot_and_its_alias_keep_each_others_thinking(fake
         max_tokens=4096,
         fallback_model="claude-haiku-4-5",
     )
-    fake.responder = played(
+    fake.responder = scripted(
         Reply.tool_use("look_up", {"order_id": "A-1"}), Reply.refusal("frontier_llm"), Reply.text("Done.")
     )
     run = finish(api.start("dated", {}).id)
@@ -440,7 +403,7 @@ def test_fallback__a_dated_snapshot_and_its_alias_keep_each_others_thinking(fake
 def test_fallback__back_and_forth_between_models_sends_only_readable_thinking(fake):
     # Sonnet 5.5 answers, refuses; Opus 5.5 (the fallback) answers twice with a compaction in between.
     agent_workflow("fallback_compacts", fallback_model="claude-opus-5-5", keep_recent_turns=1)
-    fake.responder = played(
+    fake.responder = scripted(
         Reply.tool_use("look_up", {"order_id": "A-1"}),
         Reply.tool_use("look_up", {"order_id": "A-2"}),
         Reply.refusal("frontier_llm"),
@@ -485,7 +448,7 @@ def test_deploy__a_tool_removed_after_its_effect_landed_reports_the_effect_not_u
         )
 
     define([refund, notify])
-    fake.responder = played(
+    fake.responder = scripted(
         Reply.parallel_tool_use(("refund", {"order_id": "A-1"}), ("notify_customer", {"order_id": "A-1"})),
         Reply.text("Done."),
     )
@@ -519,7 +482,7 @@ def test_deploy__a_tool_whose_description_changed_keeps_the_frozen_tools_in_the_
         )
 
     define("Locate an order.")
-    fake.responder = played(Reply.tool_use("locate_order", {"order_id": "A-1"}), Reply.text("Done."))
+    fake.responder = scripted(Reply.tool_use("locate_order", {"order_id": "A-1"}), Reply.text("Done."))
     run = api.start("schema_changed", {})
     advance(run.id)
     define("Locate an order by id.")
@@ -673,7 +636,7 @@ def test_models_setting__a_bad_row_at_run_time_fails_the_run_clearly_without_ask
 def test_truncated_thinking__an_answer_cut_inside_its_thinking_is_asked_again_after_a_crash(fake):
     CALLS.clear()
     agent_workflow("thought_cut", max_tokens=1000)
-    fake.responder = played(
+    fake.responder = scripted(
         Reply(content=[], stop_reason="max_tokens"),  # served as a lone thinking block: cut inside its thinking
         transient(),
         Reply.tool_use("look_up", {"order_id": "A-1"}),
@@ -702,7 +665,7 @@ def test_swap_participant__mid_run_keeps_the_conversation_the_api_accepts(fake):
     other = anthropic.Anthropic(api_key=API_KEY, base_url=fake.url, max_retries=0, timeout=5.0)
     participants.register("anthropic_b", AnthropicParticipant(client=other))
     workflow("swapped", steps=[agent("assistant", instructions="Find.", tools=[find], prompt=lambda ctx: "A-1")])
-    fake.responder = played(Reply.tool_use("seek_order", {"order_id": "A-1"}), Reply.text("Done."))
+    fake.responder = scripted(Reply.tool_use("seek_order", {"order_id": "A-1"}), Reply.text("Done."))
     run = api.start("swapped", {})
     advance(run.id)
     api.swap_participant(run.id, "anthropic_b", actor="ops")
