@@ -7,7 +7,7 @@ billed: its usage is still counted, and an event says so.
 
 A step's first journaled call also freezes the step's conversation head (Step.frozen_request: model, system,
 tools, first prompt, thinking, effort) in the same transaction, so every later call sends the same head. What
-the API returned is stored as it returned it (Turn.content is Postgres `json`, keys in the model's order), so a
+the API returned is stored as it returned it (Turn.content is text on Postgres, keys in the model's order), so a
 rebuilt request is byte-identical to the one first sent. A refusal's stop_details go with its turn and an event.
 """
 
