@@ -85,6 +85,8 @@ OWN_SPEND_LIMIT = (
 )
 # count_tokens takes the prompt and what shapes it, not the generation parameters (max_tokens, metadata, stream).
 COUNTED_PARAMETERS = ("model", "messages", "system", "tools", "tool_choice", "thinking", "output_config")
+# The longest a 429's retry-after may hold every worker's calls of a model (the API asks for seconds).
+LONGEST_RETRY_AFTER_SECONDS = 900.0
 # A count is an optional refinement of an estimate: it may not hold the turn up for long.
 COUNT_TOKENS_TIMEOUT_SECONDS = 10.0
 
@@ -98,16 +100,20 @@ def redact(message: str) -> str:
 
 
 def retry_after(headers: Any) -> float | None:
-    """Seconds the server asked us to wait: `retry-after-ms` or `retry-after` (seconds), any size."""
+    """Seconds the server asked us to wait: `retry-after-ms` or `retry-after` (seconds), checked where it enters:
+    a value that is not a finite number of seconds (NaN, "1e400", a date) is no value, and a long one is cut to
+    LONGEST_RETRY_AFTER_SECONDS — it goes into the bucket every worker shares, where a year would stop them all."""
     if headers is None:
         return None
     for name, scale in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
         value = headers.get(name)
         if value:
             try:
-                return max(float(value) / scale, 0.0)
+                seconds = float(value) / scale
             except ValueError:
                 continue
+            if math.isfinite(seconds) and seconds >= 0:
+                return min(seconds, LONGEST_RETRY_AFTER_SECONDS)
     return None
 
 
@@ -212,26 +218,31 @@ class AnthropicParticipant:
         reservation = None
         if shared:
             counted = self._first_count(client, request)
-            reservation = shared.acquire(request.model, key, kwargs, request.max_tokens, input_tokens=counted)
+            with limiter_faults_are_transient(request.model):
+                reservation = shared.acquire(request.model, key, kwargs, request.max_tokens, input_tokens=counted)
         try:
             message, headers, wire = self._call(client, kwargs)
         except ModelUnavailableError as exc:
             if shared and reservation:
-                if exc.status == 429:
-                    shared.rate_limited(reservation, exc.retry_after)
-                else:
-                    shared.settle(reservation, Usage())
+                with limiter_faults_logged("a 429's hold" if exc.status == 429 else "a refund"):
+                    if exc.status == 429:
+                        shared.rate_limited(reservation, exc.retry_after)
+                    else:
+                        shared.settle(reservation, Usage())
             raise
         except (ModelRequestError, ContextWindowExceededError):
             # Refused, so nothing was billed: give the reserved tokens back for the other workers.
             if shared and reservation:
-                shared.settle(reservation, Usage())
+                with limiter_faults_logged("a refund"):
+                    shared.settle(reservation, Usage())
             raise
         usage = usage_of(message.usage)
         if shared:
-            if reservation:
-                shared.settle(reservation, usage)
-            shared.observe(request.model, key, headers)
+            # The answer is billed: a limiter that fails now must not lose it (the step would ask for it again).
+            with limiter_faults_logged("the billed usage"):
+                if reservation:
+                    shared.settle(reservation, usage)
+                shared.observe(request.model, key, headers)
         details = getattr(message, "stop_details", None)
         return ModelResponse(
             content=wire or tuple(block.model_dump(mode="json", exclude_none=True) for block in message.content),
@@ -277,6 +288,31 @@ class AnthropicParticipant:
                     return stream.get_final_message(), stream.response.headers, None
             raw = client.messages.with_raw_response.create(**kwargs)
             return raw.parse(), raw.headers, wire_content(raw.http_response)
+
+
+@contextmanager
+def limiter_faults_are_transient(model: str) -> Iterator[None]:
+    """The shared limiter unreachable before a call (Redis down, a database error): the call waits and retries like
+    any unavailable model, rather than failing the run."""
+    try:
+        yield
+    except ModelUnavailableError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - whatever the backend raises, nothing was sent and nothing billed
+        raise ModelUnavailableError(
+            f"the shared rate limiter of {model} could not be reached ({type(exc).__name__}: {redact(str(exc))}); "
+            "the step retries"
+        ) from exc
+
+
+@contextmanager
+def limiter_faults_logged(what: str) -> Iterator[None]:
+    """The shared limiter unreachable after a call: logged, not raised. The bucket is off by one call's correction
+    (it refills as time passes); raising would lose an answer that was billed, or hide the call's own error."""
+    try:
+        yield
+    except Exception as exc:  # noqa: BLE001 - see the docstring
+        logger.warning("the shared rate limiter did not take %s: %s", what, redact(f"{type(exc).__name__}: {exc}"))
 
 
 def wire_content(response: Any) -> tuple[dict[str, Any], ...] | None:

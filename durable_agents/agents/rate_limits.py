@@ -219,8 +219,10 @@ class RateLimiter:
         )
         if wait is None:
             raise _capacity_wait(model, self.backend.last_wait, max_wait)
+        # The model call comes next: the Postgres backend's reservation opened this thread's connection again, and
+        # the step must not hold it while Claude thinks (nor while it waits for its turn).
+        release_connection()
         if wait > 0:
-            release_connection()
             time.sleep(wait)
         return Reservation(bucket, limits, estimate, max_tokens, wait)
 
