@@ -31,7 +31,17 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import CroniterError, croniter
-from django.db import DatabaseError, IntegrityError, connection, transaction
+from django.db import (
+    DataError,
+    IntegrityError,
+    InterfaceError,
+    InternalError,
+    NotSupportedError,
+    OperationalError,
+    ProgrammingError,
+    connection,
+    transaction,
+)
 from django.db.models import F
 
 from durable_agents import clock
@@ -165,17 +175,13 @@ def _start_due(name: str, now: datetime) -> int:
         try:
             with transaction.atomic():
                 runs = [_start_slot_txn(schedule, slot, slots.skipped) for slot in due]
-        except DatabaseError:
+        except (OperationalError, InterfaceError, IntegrityError, InternalError, ProgrammingError, NotSupportedError):
             raise  # the database's trouble is the sweep's, not this schedule's
+        except DataError as exc:
+            # Data Postgres refuses (a NaN in the slot's step arguments): this schedule's, kept owed below.
+            return _slot_failed(schedule, name, exc, expected=False)
         except Exception as exc:  # noqa: BLE001 - one schedule's failure must not starve the schedules after it
-            # The workflow was removed, its input no longer fits, its plan raised: keep the slot owed and say why
-            # (logged once, not at every sweep; the admin and `durable_schedules` show it until it is mended).
-            expected = isinstance(exc, DurableAgentsError)
-            error = storable_text(str(exc) if expected else f"{type(exc).__name__}: {exc}")
-            if error != schedule.last_error:
-                logger.warning("schedule %s could not start its slot: %s", name, error, exc_info=not expected)
-                Schedule.objects.filter(pk=schedule.pk).update(last_error=error, updated_at=clock.DbNow())
-            return 0
+            return _slot_failed(schedule, name, exc, expected=isinstance(exc, DurableAgentsError))
         advance: dict[str, Any] = {"next_slot": slots.next_slot, "last_error": "", "updated_at": clock.DbNow()}
         if runs:
             advance.update(last_slot=due[-1], last_run=runs[-1])
@@ -183,6 +189,17 @@ def _start_due(name: str, now: datetime) -> int:
             advance.update(overlap_skipped=F("overlap_skipped") + passed_over)
         Schedule.objects.filter(pk=schedule.pk).update(**advance)
     return len(runs)
+
+
+def _slot_failed(schedule: Schedule, name: str, exc: Exception, *, expected: bool) -> int:
+    """The workflow was removed, its input no longer fits, its plan raised, Postgres refused its data: the slot stays
+    owed and the schedule says why (logged once, not at every sweep; the admin and `durable_schedules` show it until
+    it is mended). No run started."""
+    error = storable_text(str(exc) if expected else f"{type(exc).__name__}: {exc}")
+    if error != schedule.last_error:
+        logger.warning("schedule %s could not start its slot: %s", name, error, exc_info=not expected)
+        Schedule.objects.filter(pk=schedule.pk).update(last_error=error, updated_at=clock.DbNow())
+    return 0
 
 
 def _a_run_is_live_txn(schedule: Schedule) -> bool:

@@ -24,6 +24,7 @@ from croniter import croniter
 from django.apps import apps
 from django.contrib.auth.models import Permission
 from django.db import connection, connections, transaction
+from django.db.models import F
 from django.test.utils import CaptureQueriesContext
 
 from durable_agents import api, clock
@@ -32,6 +33,7 @@ from durable_agents.engine.sweep import sweep
 from durable_agents.models import Event, Run, Schedule
 from durable_agents.testing import drive, wait_for, wait_for_run
 from durable_agents.testing.runs import take_lease
+from durable_agents.workflows import PlannedStep, call, workflow
 
 pytestmark = pytest.mark.django_db(transaction=True)
 ROOT = Path(__file__).resolve().parents[2]
@@ -215,6 +217,23 @@ def test_schedule__a_slot_that_cannot_start_stays_owed_and_says_why():
     assert "unknown workflow 'removed_in_a_deploy'" in schedule.last_error and schedule.next_slot <= clock.now()
     Schedule.objects.filter(name="fragile").update(workflow="record")  # the deploy is rolled back
     assert sweep().scheduled == 1 and Schedule.objects.get(name="fragile").last_error == ""
+
+
+def test_schedule__a_slot_whose_arguments_postgres_refuses_stops_no_other_schedule(isolated_registries):
+    # A NaN is no JSON Postgres stores (a DataError): that schedule's fault, said on its row, not every sweep's.
+    workflow(
+        "nan_args",
+        steps=[call("s", lambda ctx: None)],
+        plan=lambda inp: [PlannedStep("s", "s", {"ratio": float("nan")})],
+    )
+    api.schedule("bad", "nan_args", cron="0 * * * *")
+    api.schedule("good", "record", cron="0 * * * *")
+    Schedule.objects.filter(name="bad").update(next_slot=F("next_slot") - timedelta(minutes=1))  # swept first
+    clock.advance(timedelta(hours=1))
+    assert sweep().scheduled == 1, "the good schedule started its slot"
+    assert len(started("good")) == 1 and started("bad") == {}
+    bad = Schedule.objects.get(name="bad")
+    assert bad.last_error and bad.next_slot <= clock.now(), "the bad slot stays owed and says why"
 
 
 def test_schedule__a_slot_that_cannot_start_warns_once_not_at_every_sweep(caplog):
