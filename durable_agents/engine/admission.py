@@ -31,7 +31,10 @@ from django.db.models.functions import Coalesce
 from durable_agents.clock import DbNow
 from durable_agents.engine.events import record_event
 from durable_agents.engine.wake import wake_on_commit
+from durable_agents.errors import InvalidInputError
 from durable_agents.models import ACTIVE_RUN_STATUSES, QUEUED, Run
+from durable_agents.storable import check_text
+from durable_agents.workflows import MAX_CONCURRENCY_LIMIT, Workflow
 
 logger = logging.getLogger("durable_agents.engine")
 
@@ -138,3 +141,31 @@ def queue_position(run: Run) -> int | None:
 def holders(key: str) -> list[uuid.UUID]:
     """The runs that hold a slot of `key` now, oldest admission first."""
     return list(Run.objects.filter(holding(key)).order_by("admitted_at", "id").values_list("id", flat=True))
+
+
+KEY_MAX_CHARS = 255  # Run.concurrency_key
+
+
+def concurrency_of(definition: Workflow, run_input: Any, key: str | None, limit: int | None) -> tuple[str | None, int]:
+    """The run's concurrency key and limit: the caller's, else the workflow's (its key computed from the input)."""
+    if limit is not None and (
+        not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= MAX_CONCURRENCY_LIMIT
+    ):
+        raise InvalidInputError(
+            f"the concurrency limit must be an integer from 1 to {MAX_CONCURRENCY_LIMIT}, got {limit!r}"
+        )
+    if key is None and definition.concurrency_key is not None:
+        try:
+            key = definition.concurrency_key(run_input)
+        except Exception as exc:  # noqa: BLE001 - the user's function on the user's input: a clear input error
+            raise InvalidInputError(
+                f"workflow {definition.name!r}: its concurrency_key could not be computed from this input "
+                f"({type(exc).__name__}: {exc}); fix the input or the function"
+            ) from exc
+        if isinstance(key, int) and not isinstance(key, bool):
+            key = str(key)
+    if key is not None:
+        check_text(key, "the concurrency key", max_chars=KEY_MAX_CHARS)
+        if not key.strip():
+            raise InvalidInputError("the concurrency key must not be blank; give none for a run without one")
+    return key, limit if limit is not None else definition.concurrency_limit

@@ -18,7 +18,7 @@ from django.db.models import Q
 
 from durable_agents.clock import DbNow
 from durable_agents.engine import transitions
-from durable_agents.engine.admission import admit_on_commit
+from durable_agents.engine.admission import admit_on_commit, concurrency_of
 from durable_agents.engine.control import Park, Rerun, WaitSpec
 from durable_agents.engine.events import record_event
 from durable_agents.engine.payloads import check_input, copy_payloads
@@ -243,8 +243,13 @@ def fork_run(run_id: uuid.UUID | str, at_step: str, *, input: Any = None, actor:
     input_hash = check_input(new_input)
     if input is not None and not isinstance(input, dict | list):
         raise InvalidInputError("a fork's input must be a JSON object or list")
+    key = source.concurrency_key
     if input is not None:
-        registry.get(source.workflow, source.workflow_version).build_plan(new_input)  # the workflow's own checks
+        definition = registry.get(source.workflow, source.workflow_version)
+        definition.build_plan(new_input)  # the workflow's own checks
+        if definition.concurrency_key is not None:
+            # New input, new work: the key is the one that input has (another customer's fork queues on theirs).
+            key, _limit = concurrency_of(definition, new_input, None, source.concurrency_limit)
     steps = list(forward.order_by("position"))
     # With the source's input a fork shares its effect keys, so what the source applied is reused, not
     # repeated. Not once the source compensates: an undone effect's result no longer holds.
@@ -261,8 +266,9 @@ def fork_run(run_id: uuid.UUID | str, at_step: str, *, input: Any = None, actor:
             step_count=len(steps),
             effect_scope=(source.effect_scope or str(source.id)) if shared else "",
             participant=source.participant,
-            # The same work for the same customer: a fork queues on the source's concurrency key.
-            concurrency_key=source.concurrency_key,
+            # The same work for the same customer: a fork queues on the source's concurrency key (its new input's,
+            # when it has one and the workflow computes keys from input).
+            concurrency_key=key,
             concurrency_limit=source.concurrency_limit,
             # A fork of a slot's run is that slot's work: its schedule's overlap policy sees it (engine/schedules.py).
             schedule=source.schedule,

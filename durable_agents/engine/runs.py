@@ -13,7 +13,7 @@ from typing import Any
 from django.db import IntegrityError, transaction
 
 from durable_agents.engine import transitions
-from durable_agents.engine.admission import admit_on_commit
+from durable_agents.engine.admission import admit_on_commit, concurrency_of
 from durable_agents.engine.events import record_event
 from durable_agents.engine.payloads import check_input
 from durable_agents.engine.records import current_step_id, get_run, insert_run, let_go, plan_row
@@ -27,11 +27,10 @@ from durable_agents.errors import (
 )
 from durable_agents.models import Run, RunStatus, Step, StepStatus
 from durable_agents.signals import run_finished, send_on_commit
-from durable_agents.storable import check_text, decimal_amount, whole_number
-from durable_agents.workflows import MAX_CONCURRENCY_LIMIT, Workflow, registry
+from durable_agents.storable import decimal_amount, whole_number
+from durable_agents.workflows import registry
 
 IDEMPOTENCY_CONSTRAINT = "durable_run_idempotency_key_uniq"
-KEY_MAX_CHARS = 255  # Run.concurrency_key
 COST_COLUMN = {"max_digits": 14, "decimal_places": 6}  # Run.cost_budget_usd
 
 
@@ -54,7 +53,7 @@ def start_run(
     run_input = {} if run_input is None else run_input
     definition = registry.get(workflow, version)
     input_hash = check_input(run_input)
-    key, limit = _concurrency(definition, run_input, concurrency_key, concurrency_limit)
+    key, limit = concurrency_of(definition, run_input, concurrency_key, concurrency_limit)
     if idempotency_key is not None:
         if not isinstance(idempotency_key, str) or not idempotency_key.strip() or len(idempotency_key) > 255:
             raise InvalidInputError("idempotency key must be a non-empty string of at most 255 characters")
@@ -87,31 +86,6 @@ def start_run(
     else:
         admit_on_commit(key)
     return run
-
-
-def _concurrency(definition: Workflow, run_input: Any, key: str | None, limit: int | None) -> tuple[str | None, int]:
-    """The run's concurrency key and limit: the caller's, else the workflow's (its key computed from the input)."""
-    if limit is not None and (
-        not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= MAX_CONCURRENCY_LIMIT
-    ):
-        raise InvalidInputError(
-            f"the concurrency limit must be an integer from 1 to {MAX_CONCURRENCY_LIMIT}, got {limit!r}"
-        )
-    if key is None and definition.concurrency_key is not None:
-        try:
-            key = definition.concurrency_key(run_input)
-        except Exception as exc:  # noqa: BLE001 - the user's function on the user's input: a clear input error
-            raise InvalidInputError(
-                f"workflow {definition.name!r}: its concurrency_key could not be computed from this input "
-                f"({type(exc).__name__}: {exc}); fix the input or the function"
-            ) from exc
-        if isinstance(key, int) and not isinstance(key, bool):
-            key = str(key)
-    if key is not None:
-        check_text(key, "the concurrency key", max_chars=KEY_MAX_CHARS)
-        if not key.strip():
-            raise InvalidInputError("the concurrency key must not be blank; give none for a run without one")
-    return key, limit if limit is not None else definition.concurrency_limit
 
 
 def _same_run_or_error(existing: Run, workflow: str, input_hash: str, cause: Exception | None = None) -> Run:

@@ -321,6 +321,17 @@ def test_fork__a_fork_of_a_keyed_run_queues_on_its_key(drive):
     assert holders("forked") == [fork.id]
 
 
+def test_fork__with_new_input_queues_on_the_key_of_its_new_input(drive):
+    source = api.start("keyed", {"customer": "c-old"})
+    assert drive(source.id).status == RunStatus.COMPLETED
+    holder = api.start("keyed", {"customer": "c-new"})
+    fork = api.fork(source.id, "leave", input={"customer": "c-new"})
+    assert fork.concurrency_key == "c-new", "another customer's work queues on that customer's key"
+    assert Run.objects.get(pk=fork.id).is_queued, "c-new's key is held: the fork waits its turn"
+    assert drive(holder.id).status == RunStatus.COMPLETED
+    assert holders("c-new") == [fork.id]
+
+
 def test_commands__durable_start_takes_a_concurrency_key():
     out = StringIO()
     call_command("durable_start", "record", "--concurrency-key", "cli-7", "--concurrency-limit", "2", stdout=out)
