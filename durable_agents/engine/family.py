@@ -91,7 +91,9 @@ def spawn(parent: Run, step: Step, workflow: str, inputs: Sequence[Any]) -> int:
     """
     definition = registry.get(workflow)
     for _ in range(3):
-        existing = set(children_of(parent.id, step.step_id).values_list("child_index", flat=True))
+        started = dict(children_of(parent.id, step.step_id).values_list("child_index", "input_hash"))
+        _refuse_a_changed_list(step, started, inputs)
+        existing = set(started)
         missing = [i for i in range(len(inputs)) if i not in existing]
         if not missing:
             return 0
@@ -128,6 +130,22 @@ def spawn(parent: Run, step: Step, workflow: str, inputs: Sequence[Any]) -> int:
             continue  # another execution of this step (a zombie) started some of them: look again
         return len(runs)
     raise InvalidTransitionError(f"children of step {step.step_id!r} are being started elsewhere; retry")
+
+
+def _refuse_a_changed_list(step: Step, started: dict[int, str], inputs: Sequence[Any]) -> None:
+    """Children are found again by index: a list that changed since they started (a rerun from the step that makes
+    it, a live list that grew in front) would pair the old children with new inputs — their charges counted for
+    the wrong items, the new items never done. Refused, naming the first index that changed."""
+    for index, input_hash in sorted(started.items()):
+        given = inputs[index] if index < len(inputs) else None
+        now = check_input({} if given is None else given, f"child {index}'s input") if index < len(inputs) else None
+        if now != input_hash:
+            raise PermanentError(
+                f"the list of step {step.step_id!r} changed since its children started: child {index} was started "
+                f"with other input{' (the list is shorter now)' if now is None else ''}; its children stand as they "
+                "are — start the new list as a new run (`manage.py durable_fork` with the new input) rather than "
+                "pairing them with other items"
+            )
 
 
 def _refuse_restarting_pruned(parent: Run, step: Step, existing: int) -> None:

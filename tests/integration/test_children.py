@@ -15,6 +15,7 @@ from django.utils import timezone
 from durable_agents import api
 from durable_agents.engine import family
 from durable_agents.engine.sweep import sweep
+from durable_agents.errors import PermanentError
 from durable_agents.models import Event, Run, RunStatus, Step, Wait, WaitKind, WaitStatus
 from durable_agents.signals import run_finished
 from durable_agents.testing import drive, wait_for, wait_for_run
@@ -65,6 +66,21 @@ def test_children__re_executed_step_never_starts_duplicates():
     assert family.spawn(parent, step, "child_work", [{"item": i} for i in range(3)]) == 0
     assert family.spawn(parent, step, "child_work", [{"item": i} for i in range(4)]) == 1, "only the missing one"
     assert Run.objects.filter(parent_id=run.id).count() == 4
+
+
+def test_children__a_list_that_changed_in_front_never_pairs_old_children_with_new_items():
+    # A rerun from the step making the list saw [A, B] become [C, A, B]: found again by index, B's child would stand
+    # for A and A's for C — B charged twice once C's child ran, C never. Refused, and nothing is started.
+    run = api.start("fan_collect", {"items": [{"item": 1, "order_id": "A"}, {"item": 2, "order_id": "B"}]})
+    drive(run.id)
+    parent = Run.objects.get(pk=run.id)
+    step = Step.objects.get(run=run, step_id="fan")
+    changed = [{"item": 3, "order_id": "C"}, {"item": 1, "order_id": "A"}, {"item": 2, "order_id": "B"}]
+    with pytest.raises(PermanentError, match="changed since its children started: child 0"):
+        family.spawn(parent, step, "child_work", changed)
+    with pytest.raises(PermanentError, match="shorter now"):
+        family.spawn(parent, step, "child_work", [{"item": 1, "order_id": "A"}])
+    assert Run.objects.filter(parent_id=run.id).count() == 2, "no child was started for the changed list"
 
 
 def test_children__fail_fast_cancels_the_rest_and_fails_the_step():
