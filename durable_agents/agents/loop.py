@@ -233,8 +233,14 @@ class _AgentLoop:
         self.dropped_models: set[str] = set()
 
     @property
-    def profile(self) -> ModelProfile:
-        return model_profile(self.model)
+    def model(self) -> str:
+        return self._model
+
+    @model.setter
+    def model(self, model: str) -> None:
+        # Looked up once per model, not on every turn replayed: the table is rebuilt from settings on each lookup.
+        self._model = model
+        self.profile: ModelProfile = model_profile(model)
 
     def _head_from_code(self) -> dict[str, Any]:
         """The head this step's first model call sends, from the code deployed now (frozen once journaled)."""
@@ -243,8 +249,9 @@ class _AgentLoop:
         return {
             "turns_before": 0 if last is None else last + 1,
             "model": choice.resolved_model,
-            "system": cacheable_system(spec.instructions),
-            "tools": cacheable_tools([t.anthropic_schema() for t in spec.tools]),
+            # Unmarked: cache breakpoints are not part of the prompt, and are added at the TTL of each request.
+            "system": spec.instructions,
+            "tools": [t.anthropic_schema() for t in spec.tools],
             "prompt": _initial_content(self.ctx, spec),
             "thinking": choice.thinking,
             "output_config": choice.output_config(),
