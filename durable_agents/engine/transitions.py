@@ -454,7 +454,7 @@ def cancel_txn(run_id: Any, *, reason: str, compensate: bool) -> Cancellation:
     saga = _start_saga_txn(run_id, RunStatus.CANCELLED, stop) if compensate else Saga()
     if saga.planned:
         return Cancellation.COMPENSATING
-    ending = {"finish_as": saga.ends_as(RunStatus.CANCELLED)}
+    ending = {"finish_as": _saga_ending(compensate)}
     if take_txn(
         RunOp.CANCEL, run_id, to=RunStatus.CANCELLED, where=Q(finish_as=""), finished_at=DbNow(), **stop, **ending
     ):
@@ -491,13 +491,20 @@ def settle_cancellation_txn(run_id: Any) -> Cancellation:
     saga = _start_saga_txn(run_id, RunStatus.CANCELLED, stop) if row["cancel_compensate"] else Saga()
     if saga.planned:
         return Cancellation.COMPENSATING
-    ending = {"finish_as": saga.ends_as(RunStatus.CANCELLED)}
+    ending = {"finish_as": _saga_ending(row["cancel_compensate"])}
     if not take_txn(
         RunOp.CANCEL, run_id, to=RunStatus.CANCELLED, where=Q(finish_as=""), finished_at=DbNow(), **stop, **ending
     ):
         return Cancellation.NONE
     cancel_open_waits_txn(run_id)
     return Cancellation.CANCELLED
+
+
+def _saga_ending(compensate: bool) -> str:
+    """`finish_as` of a run cancelled with nothing (left) to undo. A cancel that asked for compensation ends as a
+    saga all the same: whoever finds its live children later (the finished-run cascade, the sweep's orphan pass)
+    cancels them with compensation too, and the run never resumes into the world its children undid."""
+    return RunStatus.CANCELLED if compensate else ""
 
 
 def _start_saga_txn(run_id: Any, finish_as: str, fields: dict[str, Any]) -> Saga:

@@ -173,6 +173,45 @@ def test_cancel__parent_cancels_its_children_with_compensation():
     assert LedgerEntry.objects.filter(kind="refund").count() == 3, "each child's charge was undone once"
 
 
+def _charged_children_of_a_parent_without_effects() -> Run:
+    items = [{"item": i, "order_id": f"child-{i}", "hold": True} for i in range(2)]
+    run = api.start("fan_all", {"items": items})
+    drive(run.id)
+    _drive_children(run)  # each charged, then waits for its signal; the parent itself applied nothing
+    assert LedgerEntry.objects.filter(kind="charge").count() == 2
+    return run
+
+
+def test_cancel__a_compensating_cancel_whose_operator_died_is_finished_by_the_sweep_with_compensation():
+    # The parent's cancel commits, then the operator's process dies before it reaches the children (its
+    # `run_finished` receiver never runs): the sweep's orphan pass must cancel them as asked - undoing their charges.
+    from durable_agents.engine.runs import cancel_run
+
+    run = _charged_children_of_a_parent_without_effects()
+    run_finished.disconnect(dispatch_uid="durable_agents.engine.family")
+    try:
+        cancel_run(run.id, reason="no longer needed", actor="ops", compensate=True)
+    finally:
+        run_finished.connect(family._on_run_finished, dispatch_uid="durable_agents.engine.family")
+    assert Run.objects.get(pk=run.id).status == RunStatus.CANCELLED
+    assert sweep().orphans_cancelled == 2
+    for kid in _children(run):
+        assert drive(kid.id).status == RunStatus.CANCELLED
+    assert LedgerEntry.objects.filter(kind="refund").count() == 2, "each child's charge undone, as the cancel asked"
+
+
+def test_cancel__the_finished_run_cascade_compensates_children_of_a_parent_with_nothing_of_its_own_to_undo():
+    from durable_agents.engine.runs import cancel_run
+
+    run = _charged_children_of_a_parent_without_effects()
+    cancel_run(run.id, reason="no longer needed", actor="ops", compensate=True)  # the cascade, not cancel_family
+    for kid in _children(run):
+        assert drive(kid.id).status == RunStatus.CANCELLED
+    assert LedgerEntry.objects.filter(kind="refund").count() == 2, "the cascade kept the compensation asked for"
+    with pytest.raises(Exception, match="compensat"):
+        api.resume(run.id)  # the family's effects were undone: no resume into that world (fork instead)
+
+
 def test_cancel__plain_cancel_of_a_parent_cancels_grandchildren_too():
     inner = [{"item": 0, "hold": True}]
     run = api.start("fan_nested", {"items": [{"items": inner}, {"items": inner}]})
