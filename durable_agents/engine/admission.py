@@ -16,6 +16,12 @@ admission updates queued rows, and a transaction that holds a run's row lock mus
 (a deadlock with an admission waiting for that row). A crash between the commit and the hand-off loses nothing:
 the sweep admits every key with a queued run (`admit_waiting`). A run taken back from a terminal status (resume,
 rerun) queues again for its key (transitions clear `admitted_at`), at its original place in the order.
+
+Families hold one slot. A child run takes its workflow's key (computed from its input), else its parent's; a child
+whose parent holds the child's key runs in the parent's slot: admitted at once, before the queue (a parent waiting
+on children queued behind itself would wait for ever), and not counted as a slot of its own while the parent holds
+it. A child that outlives its parent (a cancel that has not reached it yet) holds the key in its own right until it
+ends: the key is never free while any run of the family works under it.
 """
 
 from __future__ import annotations
@@ -43,8 +49,22 @@ LOCK_SPACE = "durable_agents.concurrency_key"
 
 
 def holding(key: str) -> Q:
-    """The runs that hold a slot of `key`: admitted and not finished."""
+    """The runs that hold a slot of `key`: admitted and not finished (children in their parent's slot included)."""
     return Q(concurrency_key=key, admitted_at__isnull=False, status__in=ACTIVE_RUN_STATUSES)
+
+
+# A run whose parent holds a slot of the run's own key runs in that slot: a family holds one slot, however many
+# of its runs are live (a parent waiting on children queued behind itself would wait for ever).
+IN_PARENTS_SLOT = Q(
+    parent__concurrency_key=F("concurrency_key"),
+    parent__admitted_at__isnull=False,
+    parent__status__in=ACTIVE_RUN_STATUSES,
+)
+
+
+def slots_held(key: str) -> int:
+    """How many slots of `key` are taken: its holders, less those in their parent's slot."""
+    return Run.objects.filter(holding(key)).exclude(IN_PARENTS_SLOT).count()
 
 
 def _lock_key_txn(key: str) -> None:
@@ -65,14 +85,19 @@ def admit(key: str) -> list[uuid.UUID]:
     """
     with transaction.atomic():
         _lock_key_txn(key)
-        # A statement after the lock: its snapshot includes every admission and finish committed before it.
-        held = Run.objects.filter(holding(key)).count()
+        # Statements after the lock: their snapshots include every admission and finish committed before it.
         queue = Run.objects.filter(QUEUED, concurrency_key=key, cancel_requested_at__isnull=True)
+        admitted = []
+        for run_id in list(queue.filter(IN_PARENTS_SLOT).values_list("id", flat=True)):
+            if Run.objects.filter(QUEUED, pk=run_id, cancel_requested_at__isnull=True).update(admitted_at=DbNow()):
+                admitted.append(run_id)
+                record_event(run_id, "admitted", concurrency_key=key, in_parents_slot=True)
+                wake_on_commit(run_id)
+        held = slots_held(key)
         queue = queue.order_by("created_at", "id")
         head = queue.values_list("concurrency_limit", flat=True).first()
         if head is None or held >= head:
-            return []
-        admitted = []
+            return admitted
         for run_id in list(queue.values_list("id", flat=True)[: head - held]):
             # Re-checked row by row: a run cancelled since the queue was read is not admitted (its slot waits for
             # the cancel's own hand-off, which runs after the cancel commits).
@@ -110,6 +135,7 @@ def admit_waiting(limit: int) -> int:
     held = (
         Run.objects.filter(concurrency_key=OuterRef("concurrency_key"), admitted_at__isnull=False)
         .filter(status__in=ACTIVE_RUN_STATUSES)
+        .exclude(IN_PARENTS_SLOT)
         .order_by()
         .values("concurrency_key")
         .annotate(n=Count("*"))
@@ -118,7 +144,7 @@ def admit_waiting(limit: int) -> int:
     keys = (
         Run.objects.filter(QUEUED, cancel_requested_at__isnull=True)
         .alias(held=Coalesce(Subquery(held), 0))
-        .filter(held__lt=F("concurrency_limit"))
+        .filter(Q(held__lt=F("concurrency_limit")) | IN_PARENTS_SLOT)
         .order_by()
         .values_list("concurrency_key", flat=True)
         .distinct()[:limit]

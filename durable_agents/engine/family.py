@@ -31,6 +31,7 @@ from durable_agents import clock
 from durable_agents.clock import DbNow
 from durable_agents.conf import settings
 from durable_agents.engine import transitions
+from durable_agents.engine.admission import admit_on_commit, concurrency_of
 from durable_agents.engine.events import record_event
 from durable_agents.engine.payloads import check_input
 from durable_agents.engine.records import locked, plan_row
@@ -46,7 +47,7 @@ from durable_agents.errors import (
 from durable_agents.models import Event, Run, Step, StepKind, Wait, WaitKind
 from durable_agents.signals import run_finished, send_on_commit, wait_closed
 from durable_agents.states import ACTIVE_RUN_STATUSES, RunStatus, WaitOp, WaitStatus
-from durable_agents.workflows import registry
+from durable_agents.workflows import Workflow, registry
 
 logger = logging.getLogger("durable_agents.engine")
 
@@ -105,6 +106,7 @@ def spawn(parent: Run, step: Step, workflow: str, inputs: Sequence[Any]) -> int:
             input_hash = check_input(child_input, f"child {index}'s input")
             try:
                 plan = definition.build_plan(child_input)
+                key, limit = _key_of_child(parent, definition, child_input)
             except InvalidInputError as exc:
                 raise InvalidInputError(f"child {index} of step {step.step_id!r}: {exc}") from exc
             child = Run(
@@ -116,6 +118,8 @@ def spawn(parent: Run, step: Step, workflow: str, inputs: Sequence[Any]) -> int:
                 parent_id=parent.id,
                 parent_step=step.step_id,
                 child_index=index,
+                concurrency_key=key,
+                concurrency_limit=limit,
             )
             runs.append(child)
             rows.extend(plan_row(child.id, definition, element, position) for position, element in enumerate(plan))
@@ -130,6 +134,15 @@ def spawn(parent: Run, step: Step, workflow: str, inputs: Sequence[Any]) -> int:
             continue  # another execution of this step (a zombie) started some of them: look again
         return len(runs)
     raise InvalidTransitionError(f"children of step {step.step_id!r} are being started elsewhere; retry")
+
+
+def _key_of_child(parent: Run, definition: Workflow, child_input: Any) -> tuple[str | None, int]:
+    """A child's concurrency key: its workflow's (computed from its input), else its parent's. A child of a keyed
+    run is part of that run's work: it holds the key while it lives, in its parent's slot (admission.py)."""
+    key, limit = concurrency_of(definition, child_input, None, None)
+    if key is None and parent.concurrency_key is not None:
+        return parent.concurrency_key, parent.concurrency_limit
+    return key, limit
 
 
 def _refuse_a_changed_list(step: Step, started: dict[int, str], inputs: Sequence[Any]) -> None:
@@ -170,7 +183,11 @@ def _insert(runs: list[Run], rows: list[Step]) -> None:
         for start in range(0, len(rows), INSERT_CHUNK):
             Step.objects.bulk_create(rows[start : start + INSERT_CHUNK])
         for child in runs:
-            wake_on_commit(child.id, kind=first_kind.get(child.id))
+            if child.concurrency_key is None:
+                wake_on_commit(child.id, kind=first_kind.get(child.id))
+        # A keyed child queues for its key like any run: admitted at once in its parent's slot, else in its turn.
+        for key in sorted({child.concurrency_key for child in runs} - {None}):
+            admit_on_commit(key)
 
 
 def children_of(parent_id: Any, step_id: str | None = None) -> Any:

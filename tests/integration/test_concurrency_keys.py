@@ -332,6 +332,73 @@ def test_fork__with_new_input_queues_on_the_key_of_its_new_input(drive):
     assert holders("c-new") == [fork.id]
 
 
+# --- Families: children hold keys too -------------------------------------------------------------------
+
+
+def _child_of(parent: Run) -> Run:
+    return Run.objects.get(parent_id=parent.id)
+
+
+def test_children__a_keyed_child_waits_while_another_run_holds_its_key(drive):
+    holder = api.start("keyed", {"customer": "fam-1"})
+    parent = api.start("fan_keyed_children", {"items": [{"item": 0, "customer": "fam-1"}]})
+    assert drive(parent.id).status == RunStatus.WAITING
+    child = _child_of(parent)
+    assert (child.concurrency_key, child.is_queued) == ("fam-1", True), "the child ran beside the key's holder"
+    assert advance(child.id) is Outcome.SKIPPED
+    assert drive(holder.id).status == RunStatus.COMPLETED
+    assert holders("fam-1") == [child.id], "the holder's end hands its slot to the child"
+
+
+def test_children__children_of_a_holder_run_in_its_slot_and_the_family_holds_one(drive):
+    parent = api.start("fan_keyed", {"customer": "fam-2", "items": [{"item": i, "customer": "fam-2"} for i in (0, 1)]})
+    later = api.start("keyed", {"customer": "fam-2"})
+    assert drive(parent.id).status == RunStatus.WAITING, "children queued behind their own parent: a deadlock"
+    kids = list(Run.objects.filter(parent_id=parent.id).order_by("child_index"))
+    assert all(kid.admitted_at is not None for kid in kids), "children of the holder run in its slot"
+    assert Run.objects.get(pk=later.id).is_queued, "a family holds one slot: the next run of the key waits"
+    assert admit("fam-2") == [], "a hand-off while the family lives admits nothing"
+    for kid in kids:
+        assert drive(kid.id).status == RunStatus.COMPLETED
+    assert Run.objects.get(pk=later.id).is_queued
+    assert drive(parent.id).status == RunStatus.COMPLETED
+    assert holders("fam-2") == [later.id], "the family's end hands its one slot on"
+
+
+def test_children__unkeyed_children_of_a_keyed_run_hold_its_key_until_they_end(drive):
+    # The parent is cancelled and its operator's process dies before it reaches the child: the child lives on, so
+    # the key stays held (by the child, in what was its parent's slot) until the sweep has cancelled it.
+    from durable_agents.engine import family
+    from durable_agents.engine.runs import cancel_run
+    from durable_agents.signals import run_finished
+
+    parent = api.start("fan_keyed_plain_children", {"customer": "fam-3", "items": [{"item": 0, "hold": True}]})
+    later = api.start("keyed", {"customer": "fam-3"})
+    assert drive(parent.id).status == RunStatus.WAITING
+    child = _child_of(parent)
+    assert (child.concurrency_key, child.admitted_at is not None) == ("fam-3", True)
+    run_finished.disconnect(dispatch_uid="durable_agents.engine.family")
+    try:
+        cancel_run(parent.id, reason="stop")
+    finally:
+        run_finished.connect(family._on_run_finished, dispatch_uid="durable_agents.engine.family")
+    assert holders("fam-3") == [child.id]
+    assert admit("fam-3") == [], "the parent's live child still holds the key"
+    report = sweep()
+    assert report.orphans_cancelled == 1 and Run.objects.get(pk=child.id).status == RunStatus.CANCELLED
+    assert holders("fam-3") == [later.id]
+
+
+def test_children__a_child_in_its_parents_slot_whose_admission_was_lost_is_admitted_by_the_sweep(monkeypatch, drive):
+    monkeypatch.setattr("durable_agents.engine.family.admit_on_commit", lambda key: None)
+    parent = api.start("fan_keyed", {"customer": "fam-4", "items": [{"item": 0, "customer": "fam-4"}]})
+    assert drive(parent.id).status == RunStatus.WAITING
+    assert _child_of(parent).is_queued
+    assert sweep().admitted == 1
+    assert drive(_child_of(parent).id).status == RunStatus.COMPLETED
+    assert drive(parent.id).status == RunStatus.COMPLETED
+
+
 def test_commands__durable_start_takes_a_concurrency_key():
     out = StringIO()
     call_command("durable_start", "record", "--concurrency-key", "cli-7", "--concurrency-limit", "2", stdout=out)

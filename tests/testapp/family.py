@@ -69,6 +69,25 @@ workflow("fan_any", steps=[children("fan", workflow="child_work", each=_items, j
 workflow("fan_two", steps=[children("fan", workflow="child_work", each=_items, join=2, on_failure="collect"), AFTER])
 workflow("fan_one", steps=[children("fan", workflow="child_work", input=lambda ctx: {"item": 7}), AFTER])
 workflow("fan_nested", steps=[children("fan", workflow="fan_all", each=_items), AFTER])
+# Concurrency keys in families (tests/integration/test_concurrency_keys.py): a child workflow keyed by customer, and
+# a parent keyed the same way.
+workflow(
+    "keyed_child_work",
+    steps=[call("charge", _charge_step), wait_for_signal("go"), call("work", _child_work)],
+    plan=_child_plan,
+    concurrency_key=lambda inp: inp["customer"],
+)
+workflow("fan_keyed_children", steps=[children("fan", workflow="keyed_child_work", each=_items), AFTER])
+workflow(
+    "fan_keyed",
+    steps=[children("fan", workflow="keyed_child_work", each=_items), AFTER],
+    concurrency_key=lambda inp: inp["customer"],
+)
+workflow(
+    "fan_keyed_plain_children",
+    steps=[children("fan", workflow="child_work", each=_items), AFTER],
+    concurrency_key=lambda inp: inp["customer"],
+)
 workflow(
     "fan_bad",
     steps=[children("fan", workflow="child_work", each=lambda ctx: [{"item": 0}, {"item": float("nan")}]), AFTER],
