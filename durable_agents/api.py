@@ -19,7 +19,7 @@ from durable_agents.agents.participants import FunctionParticipant, ScriptedPart
 from durable_agents.children import children
 from durable_agents.engine.context import StepContext
 from durable_agents.engine.effects import resolve_effect as _resolve_effect
-from durable_agents.engine.family import cancel_family
+from durable_agents.engine.family import cancel_family, resume_family
 from durable_agents.engine.plans import fork_run, migrate_run
 from durable_agents.engine.records import get_run, let_go
 from durable_agents.engine.runs import resume_run, set_participant, start_run
@@ -204,10 +204,13 @@ def cancel(run_id: uuid.UUID | str, reason: str = "", *, compensate: bool = Fals
 
 
 def resume(run_id: uuid.UUID | str, from_step: str | None = None, *, actor: str = "") -> Run:
-    """Resume a failed or cancelled run, re-wake a stalled one, or run again from `from_step`."""
+    """Resume a failed or cancelled run, re-wake a stalled one, or run again from `from_step`.
+
+    A cancelled parent brings back the child runs its cancellation cancelled (theirs too); a child whose parent
+    is cancelled is refused: resume the parent."""
     if from_step is not None:
         check_text(from_step, "the step id (--from-step)")
-    return resume_run(run_id, from_step=from_step, actor=_actor(actor))
+    return resume_family(run_id, from_step=from_step, actor=_actor(actor))
 
 
 def decide(

@@ -34,8 +34,8 @@ from durable_agents.engine import transitions
 from durable_agents.engine.admission import admit_on_commit, concurrency_of
 from durable_agents.engine.events import record_event
 from durable_agents.engine.payloads import check_input
-from durable_agents.engine.records import locked, plan_row
-from durable_agents.engine.runs import cancel_run
+from durable_agents.engine.records import get_run, locked, plan_row
+from durable_agents.engine.runs import cancel_run, resume_run
 from durable_agents.engine.wake import wake_on_commit
 from durable_agents.errors import (
     DefinitionError,
@@ -340,8 +340,13 @@ def cancel_family(run_id: Any, *, reason: str = "", actor: str = "", compensate:
         run = cancel_run(run_id, reason=reason, actor=actor, compensate=compensate)
     finally:
         _cascading.reset(token)
-    cancel_children(run.id, compensate=compensate, why=f"its parent run {run.id} was cancelled")
+    cancel_children(run.id, compensate=compensate, why=_cancelled_with(run.id))
     return run
+
+
+def _cancelled_with(parent_id: Any) -> str:
+    """The reason recorded on a child its parent's cancellation cancelled (what `resume_family` brings back)."""
+    return f"its parent run {parent_id} was cancelled"
 
 
 def cancel_children(parent_id: Any, *, compensate: bool, why: str, step_id: str | None = None) -> int:
@@ -372,9 +377,46 @@ def _on_run_finished(sender: Any, run_id: Any, status: str, **kwargs: Any) -> No
 
 def _cascade(parent_id: Any) -> int:
     """A cancelled parent's live children (e.g. started by its step after the cancel looked) are cancelled; with
-    compensation if the parent compensated."""
-    compensated = Run.objects.filter(pk=parent_id).exclude(finish_as="").exists()
-    return cancel_children(parent_id, compensate=compensated, why=f"its parent run {parent_id} was cancelled")
+    compensation if the parent's cancel asked for it.
+
+    Under the parent's row lock, re-read: a family resumed meanwhile (`resume_family`, which takes the parent's
+    row first too) is not cancelled again."""
+    with transaction.atomic():
+        parent = Run.objects.select_for_update().filter(pk=parent_id).values_list("status", "finish_as").first()
+        if parent is None or parent[0] != RunStatus.CANCELLED:
+            return 0
+        return cancel_children(parent_id, compensate=bool(parent[1]), why=_cancelled_with(parent_id))
+
+
+# --- Resuming ------------------------------------------------------------------------------------------
+
+
+def resume_family(run_id: Any, *, from_step: str | None = None, actor: str = "") -> Run:
+    """Resume a run (runs.resume_run); a cancelled one brings back the children its cancellation cancelled, theirs
+    too, in the same transaction (the parent's row first, as the cascade takes it).
+
+    Resumed alone, the parent would re-read its children cancelled and fail its join; a child resumed under a
+    cancelled parent would be cancelled again by the sweep's orphan pass, so that is refused. Children that ended
+    otherwise (completed, failed, cancelled by an operator or by their join, compensated) stay as they are:
+    resume a failed one after its parent if its work is still wanted."""
+    run = get_run(run_id)
+    if run.parent_id is not None and run.status in (RunStatus.FAILED, RunStatus.CANCELLED):
+        parent = Run.objects.filter(pk=run.parent_id).values_list("status", flat=True).first()
+        if parent == RunStatus.CANCELLED:
+            raise InvalidTransitionError(
+                f"run {run.id} cannot resume while its parent run {run.parent_id} is cancelled: resume the parent, "
+                f"which resumes the children cancelled with it (`manage.py durable_resume {run.parent_id}`)"
+            )
+    if run.status != RunStatus.CANCELLED or from_step is not None:
+        return resume_run(run_id, from_step=from_step, actor=actor)
+    with transaction.atomic():
+        resumed = resume_run(run_id, actor=actor)
+        with_it = children_of(run.id).filter(
+            status=RunStatus.CANCELLED, finish_as="", cancel_reason=_cancelled_with(run.id)
+        )
+        for child_id in with_it.order_by("child_index").values_list("id", flat=True):
+            resume_family(child_id, actor=actor)
+    return resumed
 
 
 run_finished.connect(_on_run_finished, dispatch_uid="durable_agents.engine.family")
@@ -434,6 +476,7 @@ __all__ = [
     "join_if_ready_txn",
     "join_of",
     "notify_parent",
+    "resume_family",
     "spawn",
     "sweep_children",
     "tally",

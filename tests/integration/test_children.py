@@ -15,7 +15,7 @@ from django.utils import timezone
 from durable_agents import api
 from durable_agents.engine import family
 from durable_agents.engine.sweep import sweep
-from durable_agents.errors import PermanentError
+from durable_agents.errors import InvalidTransitionError, PermanentError
 from durable_agents.models import Event, Run, RunStatus, Step, Wait, WaitKind, WaitStatus
 from durable_agents.signals import run_finished
 from durable_agents.testing import drive, wait_for, wait_for_run
@@ -228,6 +228,48 @@ def test_cancel__plain_cancel_of_a_parent_cancels_grandchildren_too():
     assert statuses == {RunStatus.CANCELLED}
     assert set(grandchildren.values_list("status", flat=True)) == {RunStatus.CANCELLED}
     assert Event.objects.filter(run__parent_id=run.id, kind="cancelled", actor=f"parent:{run.id}").count() == 2
+
+
+def test_resume__a_cancelled_parent_resumes_the_children_cancelled_with_it_and_the_sweep_leaves_them():
+    items = [{"item": i, "hold": True} for i in range(2)]
+    run = api.start("fan_all", {"items": items})
+    drive(run.id)
+    _drive_children(run)  # both wait for their signal
+    api.cancel(run.id, "by mistake")
+    assert {k.status for k in _children(run)} == {RunStatus.CANCELLED}
+    resumed = api.resume(run.id, actor="ops")
+    assert resumed.status == RunStatus.PENDING
+    assert {k.status for k in _children(run)} == {RunStatus.PENDING}, "its children were resumed with it"
+    assert sweep().orphans_cancelled == 0
+    assert drive(run.id).status == RunStatus.WAITING, "the fan-out waits for its resumed children again"
+    for kid in _children(run):
+        drive(kid.id)
+        api.send_signal(kid.id, "go", {})
+        assert drive(kid.id).status == RunStatus.COMPLETED
+    assert drive(run.id).status == RunStatus.COMPLETED
+    assert Step.objects.get(run=run, step_id="fan").result["completed"] == 2
+
+
+def test_resume__a_child_under_a_cancelled_parent_is_refused_with_what_to_do_instead():
+    run = api.start("fan_all", {"items": [{"item": 0, "hold": True}]})
+    drive(run.id)
+    api.cancel(run.id, "stop")
+    (kid,) = _children(run)
+    with pytest.raises(InvalidTransitionError, match=f"its parent run {run.id} is cancelled: resume the parent"):
+        api.resume(kid.id)
+    assert Run.objects.get(pk=kid.id).status == RunStatus.CANCELLED, "nothing the orphan pass would undo"
+
+
+def test_resume__children_cancelled_otherwise_stay_as_they_are():
+    # A child an operator cancelled on its own (before its parent was) is not the parent's to bring back.
+    run = api.start("fan_collect", {"items": [{"item": 0, "hold": True}, {"item": 1, "hold": True}]})
+    drive(run.id)
+    first, second = _children(run)
+    api.cancel(first.id, "this one is not wanted")
+    api.cancel(run.id, "stop")
+    api.resume(run.id)
+    assert Run.objects.get(pk=first.id).status == RunStatus.CANCELLED
+    assert Run.objects.get(pk=second.id).status == RunStatus.PENDING
 
 
 def test_sweep__finds_a_lost_wake_up_and_cancels_orphans():
