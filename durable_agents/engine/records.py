@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from contextlib import nullcontext
 from typing import Any, TypeVar
@@ -12,8 +13,9 @@ from django.db.models import Model, QuerySet
 from django.db.models.expressions import DatabaseDefault
 from django.db.models.sql import InsertQuery
 
-from durable_agents.errors import RunNotFoundError, WaitNotFoundError
+from durable_agents.errors import InvalidInputError, RunNotFoundError, WaitNotFoundError
 from durable_agents.models import Run, Step, StepKind, StepStatus, Wait
+from durable_agents.storable import check_json
 from durable_agents.workflows import PlannedStep, Workflow
 
 M = TypeVar("M", bound=Model)
@@ -40,16 +42,32 @@ def get_wait(wait_id: int | str) -> Wait:
 def plan_row(run_id: Any, definition: Workflow, element: PlannedStep, position: int) -> Step:
     """An unsaved, pending Step row for one plan element, with its definition's freshness budget and dependencies."""
     step_def = definition.definition(element.name)
+    args = dict(element.args)
+    _check_args(definition, element.step_id, args)
     return Step(
         run_id=run_id,
         step_id=element.step_id,
         name=element.name,
         kind=step_def.kind,
         position=position,
-        args=dict(element.args),
+        args=args,
         fresh_for=step_def.fresh_for,
         depends_on=list(step_def.depends_on),
     )
+
+
+def _check_args(definition: Workflow, step_id: str, args: dict[str, Any]) -> None:
+    """A plan's arguments are stored as jsonb: what Postgres would refuse (a NaN, a \\u0000, an object) is an
+    InvalidInputError naming the step and the spot, not a DataError from the insert."""
+    what = f"workflow {definition.name!r} planned step {step_id!r} with arguments that cannot be stored:"
+    try:
+        raw = json.dumps(args).encode()
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise InvalidInputError(f"{what} {exc}; fix the plan (or the input it was given)") from exc
+    try:
+        check_json(args, "args", InvalidInputError, raw=raw)
+    except InvalidInputError as exc:
+        raise InvalidInputError(f"{what} {exc}; fix the plan (or the input it was given)") from exc
 
 
 def current_step_id(run_id: Any, cursor: int) -> str:

@@ -13,9 +13,11 @@ from django.test.utils import CaptureQueriesContext, override_settings
 from durable_agents import api
 from durable_agents.engine.advance import Outcome, advance
 from durable_agents.engine.sweep import sweep
+from durable_agents.errors import InvalidInputError
 from durable_agents.models import Event, Run, RunStatus, Step
 from durable_agents.testing import drive
 from durable_agents.testing.runs import take_lease as claim_run
+from durable_agents.workflows import PlannedStep, call, workflow
 from tests.testapp.models import Execution
 
 pytestmark = pytest.mark.django_db
@@ -275,3 +277,24 @@ def test_sweep__wakes_runs_with_expired_leases_only():
     assert Event.objects.filter(kind="swept").values_list("run_id", flat=True).get() == idle.id
     assert sweep().woken == 0, "a run is not re-woken again within IDLE_RESWEEP_SECONDS"
     assert fresh.id != idle.id
+
+
+def test_start__a_plan_whose_arguments_postgres_refuses_is_a_clear_error_and_stores_nothing(isolated_registries):
+    # The input is fine; the workflow's plan turns it into a NaN argument, which jsonb refuses (a raw DataError
+    # from the insert before): a clear error naming the workflow, the step and the spot, and no run is stored.
+    workflow(
+        "nan_plan",
+        steps=[call("s", lambda ctx: None)],
+        plan=lambda inp: [PlannedStep("s", "s", {"ratio": inp["a"] / inp["b"] if inp["b"] else float("nan")})],
+    )
+    before = Run.objects.count()
+    with pytest.raises(InvalidInputError, match=r"workflow 'nan_plan' planned step 's' .*args\[.ratio.\] is NaN"):
+        api.start("nan_plan", {"a": 1, "b": 0})
+    with pytest.raises(InvalidInputError, match="planned step 's' with arguments that cannot be stored"):
+        workflow(
+            "object_plan",
+            steps=[call("s", lambda ctx: None)],
+            plan=lambda inp: [PlannedStep("s", "s", {"x": object()})],
+        )
+        api.start("object_plan", {})
+    assert Run.objects.count() == before
