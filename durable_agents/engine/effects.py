@@ -30,6 +30,7 @@ from durable_agents.clock import DbNow
 from durable_agents.conf import settings
 from durable_agents.connections import release_connection
 from durable_agents.engine import transitions
+from durable_agents.engine.admission import admit_on_commit, key_of
 from durable_agents.engine.events import record_event
 from durable_agents.engine.reliance import rely_on
 from durable_agents.engine.retry import TRANSIENT_TYPES, error_of
@@ -307,7 +308,9 @@ def resolve_effect(key: str, *, applied: bool, result: Any = None, actor: str, r
             effect.run_id, "effect_resolved", actor=actor, key=key, tool=effect.tool, outcome=outcome, reason=reason
         )
         if applied and effect.compensates_id is None and transitions.reopen_saga_txn(effect.run_id, key):
-            # A saga that passed it while its outcome was unknown undoes it now.
+            # A saga that passed it while its outcome was unknown undoes it now; a run taken back from its end
+            # queues for its concurrency key again and is handed a free slot at once.
             wake_on_commit(effect.run_id)
+            admit_on_commit(key_of(effect.run_id))
     effect.refresh_from_db()
     return effect

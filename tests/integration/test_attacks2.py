@@ -274,6 +274,21 @@ def test_resolve_effect__reopening_a_stopped_saga_leaves_its_failed_compensation
     )
 
 
+def test_resolve_effect__reopening_a_finished_keyed_runs_saga_admits_it_on_its_key():
+    """A keyed run's saga ended (send-b refused, send-a called back). The operator learns send-b shipped after all:
+    the reopened saga takes the run back from `failed`, so it queues for its key again — and is admitted at once
+    when the key is free (it was left queued until some sweep), or waits its turn behind the key's holder."""
+    from durable_agents.engine.admission import holders
+
+    CARRIER["mode:RK-1-B"] = "refuse"
+    run = drive(api.start("atk2_send_two", {"order_id": "RK-1"}, concurrency_key="rk-customer").id)
+    assert run.status == RunStatus.FAILED and run.finish_as == RunStatus.FAILED
+    api.resolve_effect(_key(run, "RK-1-B"), True, result={"shipped": "RK-1-B"}, actor="ops")
+    assert holders("rk-customer") == [run.id], "the reopened saga was left queued on a free key"
+    run = drive(run.id)
+    assert CARRIER.get(f"{_key(run, 'RK-1-B')}:compensate") == "unshipped" and not _pending_compensation(run)
+
+
 def test_resolve_effect__reopening_a_running_saga_does_not_fence_the_worker_on_its_last_step():
     """The saga runs its last compensation step (compensate-1). Its worker pauses after the call-back, past its
     lease (a GC pause, SIGSTOP). The lease is expired, so resolve_effect does not refuse: the operator records
