@@ -40,7 +40,12 @@ import httpx2 as httpx
 from durable_agents.agents import rate_limits
 from durable_agents.agents.messages import TURN, ModelRequest, ModelResponse, Usage
 from durable_agents.conf import settings
-from durable_agents.errors import ContextWindowExceededError, ModelRequestError, ModelUnavailableError
+from durable_agents.errors import (
+    ContextWindowExceededError,
+    LeaseLostError,
+    ModelRequestError,
+    ModelUnavailableError,
+)
 
 CONNECTIONS_PER_POOL = 50
 TRANSIENT_ERROR_TYPES = {"overloaded_error", "api_error", "rate_limit_error", "timeout_error"}
@@ -296,8 +301,8 @@ def limiter_faults_are_transient(model: str) -> Iterator[None]:
     any unavailable model, rather than failing the run."""
     try:
         yield
-    except ModelUnavailableError:
-        raise
+    except (ModelUnavailableError, LeaseLostError):
+        raise  # the limiter's own verdict; or the step's lease, proven again after a wait for room
     except Exception as exc:  # noqa: BLE001 - whatever the backend raises, nothing was sent and nothing billed
         raise ModelUnavailableError(
             f"the shared rate limiter of {model} could not be reached ({type(exc).__name__}: {redact(str(exc))}); "

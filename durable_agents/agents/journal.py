@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 from django.db import IntegrityError, InterfaceError, OperationalError, transaction
 from django.db.models import F, Max
 
+from durable_agents.agents import rate_limits
 from durable_agents.agents.compaction import Compacted
 from durable_agents.agents.messages import COMPACTION, TURN, ModelRequest, ModelResponse, Participant, Usage
 from durable_agents.agents.pricing import cost_usd
@@ -46,10 +47,17 @@ def ask(ctx: Any, participant: Participant, request: ModelRequest) -> ModelRespo
     another worker may already have journaled), then ask holding no database connection while the model
     thinks, for a participant that waits on the network (`remote`). Journal the answer before acting on it.
     """
-    ctx.ensure_lease()
-    if getattr(participant, "remote", False):
-        release_connection()
-    return participant.respond(request)
+    remote = getattr(participant, "remote", False)
+
+    def prove() -> None:
+        ctx.ensure_lease()
+        if remote:
+            release_connection()
+
+    prove()
+    # A wait for room in the shared rate limit can outlast the lease: proven again after it, right before the call.
+    with rate_limits.proving_after_waits(prove):
+        return participant.respond(request)
 
 
 def waiting_for_a_connection(write: Callable[[], T]) -> T:

@@ -39,7 +39,9 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime
 from email.utils import parsedate_to_datetime
@@ -67,6 +69,27 @@ HEADROOM = 0.05
 LONGEST_HEADER_HOLD_SECONDS = 60.0
 
 logger = logging.getLogger(__name__)
+
+# Set by the step that asks (journal.ask): after a wait for room it proves its lease again, so the window between
+# its last proof and the request stays the lease's own, never RATE_LIMIT_MAX_WAIT_SECONDS (a worker taken over
+# while it waited stops here, before paying for an answer).
+_after_wait: ContextVar[Callable[[], None] | None] = ContextVar("durable_after_rate_wait", default=None)
+
+
+@contextmanager
+def proving_after_waits(prove: Callable[[], None]) -> Iterator[None]:
+    """Within: `prove()` runs after every wait for room, right before the request; what it raises stops the call."""
+    token = _after_wait.set(prove)
+    try:
+        yield
+    finally:
+        _after_wait.reset(token)
+
+
+def _waited() -> None:
+    prove = _after_wait.get()
+    if prove is not None:
+        prove()
 
 
 @dataclass(frozen=True)
@@ -222,9 +245,21 @@ class RateLimiter:
         # The model call comes next: the Postgres backend's reservation opened this thread's connection again, and
         # the step must not hold it while Claude thinks (nor while it waits for its turn).
         release_connection()
+        reservation = Reservation(bucket, limits, estimate, max_tokens, wait)
         if wait > 0:
             time.sleep(wait)
-        return Reservation(bucket, limits, estimate, max_tokens, wait)
+            try:
+                _waited()
+            except BaseException:
+                self._give_back(reservation)  # nothing is sent: the tokens are the other workers' again
+                raise
+        return reservation
+
+    def _give_back(self, reservation: Reservation) -> None:
+        try:
+            self.settle(reservation, Usage())
+        except Exception:  # noqa: BLE001 - what stopped the call matters more; the bucket refills by itself
+            logger.warning("could not give back the reservation of %s", reservation.bucket, exc_info=True)
 
     def settle(self, reservation: Reservation, usage: Usage) -> None:
         """Correct the estimate by the billed tokens: debit the input beyond it, refund the unused max_tokens."""
@@ -263,6 +298,7 @@ class RateLimiter:
         if wait > 0:
             release_connection()
             time.sleep(wait)
+            _waited()
 
 
 def bucket_name(model: str, api_key: str) -> str:

@@ -147,3 +147,64 @@ def test_postgres_limiter__the_step_holds_no_database_connection_while_claude_th
         caller.join(timeout=60)
     assert seen == [True]
     assert others == 0, f"{others} other connection(s) open while the model thought: the reservation's was kept"
+
+
+# --- The fencing window: a wait for room between the lease's last proof and the request ------------------------
+
+
+def test_wait__a_worker_taken_over_while_it_waited_for_room_sends_nothing_and_gives_the_tokens_back(
+    fake,  # noqa: F811
+    monkeypatch,
+):
+    # Six requests a minute and no burst: the second call waits ten seconds for room (the sleep is skipped here; the
+    # wait is the database's arithmetic, not this test's timing). Meanwhile another worker took the run over.
+    from durable_agents.agents import rate_limits
+    from durable_agents.errors import LeaseLostError
+    from tests.integration.test_rate_limits import tats
+
+    monkeypatch.setattr(rate_limits.time, "sleep", lambda seconds: None)
+    model = unique_model()
+    participant = participants.get("anthropic")
+    proofs: list[str] = []
+
+    def taken_over() -> None:
+        proofs.append("proved")
+        raise LeaseLostError("run taken over; this worker stops before the model call")
+
+    limits = {**_limits_of("postgres", model, 6), "RATE_LIMIT_BURST_SECONDS": 0.0, "RATE_LIMIT_MAX_WAIT_SECONDS": 60.0}
+    limits["MODEL_RATE_LIMITS"] = {model: {"requests_per_minute": 6, "output_tokens_per_minute": 6000}}
+    settled = {**settings.DURABLE_AGENTS, **limits}
+    with override_settings(DURABLE_AGENTS=settled), rate_limits.proving_after_waits(taken_over):
+        participant.respond(request_for(model))  # room at once: no second proof
+        assert proofs == []
+        bucket = rate_limits.bucket_name(model, participant.client.api_key or "")
+        before = tats("postgres", bucket)
+        with pytest.raises(LeaseLostError):
+            participant.respond(request_for(model))
+    assert proofs == ["proved"], "the lease was proven again after the wait, right before the request"
+    assert len(fake.requests) == 1, "the worker that lost its lease while waiting sent nothing"
+    after = tats("postgres", bucket)
+    assert after[2] == pytest.approx(before[2], abs=1e-6), "the unsent call's output tokens went back to the bucket"
+
+
+def test_wait__a_step_proves_its_lease_again_after_a_wait_and_holds_no_connection_during_the_call():
+    # journal.ask wires the proof: once before asking, and again after any wait for room.
+    from durable_agents.agents import rate_limits
+    from durable_agents.agents.journal import ask
+
+    class Ctx:
+        proofs = 0
+
+        def ensure_lease(self) -> None:
+            Ctx.proofs += 1
+            connection.ensure_connection()  # a proof is a statement: it opens the connection
+
+    class Waits:
+        remote = True
+
+        def respond(self, request):
+            rate_limits._waited()  # as the limiter does after a wait
+            return connection.connection is None  # the answer: was the connection closed during the call?
+
+    assert ask(Ctx(), Waits(), request_for(unique_model())) is True
+    assert Ctx.proofs == 2

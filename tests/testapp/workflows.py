@@ -520,4 +520,4 @@ workflow(
 )
 
 
-from tests.testapp import family, machine, parallel, plans, trust  # noqa: E402,F401  (register the other tests' workflows)
+from tests.testapp import family, machine, parallel, plans, relations, trust  # noqa: E402,F401  (register the other tests' workflows)
