@@ -88,7 +88,9 @@ def spawn(parent: Run, step: Step, workflow: str, inputs: Sequence[Any]) -> int:
     """Start the children of `step` that do not exist yet (one per input, by index); how many were started.
 
     Called by the step on every execution: children started by an earlier execution (or a zombie) are found by
-    their key and never started twice. Bad input for a child is an InvalidInputError naming its index.
+    their key and never started twice, and the list is the one they were started from: items added to it since are
+    recorded (`children_list_grew`), not started; a list changed in front is refused. Bad input for a child is an
+    InvalidInputError naming its index.
     """
     definition = registry.get(workflow)
     for _ in range(3):
@@ -99,6 +101,14 @@ def spawn(parent: Run, step: Step, workflow: str, inputs: Sequence[Any]) -> int:
         if not missing:
             return 0
         _refuse_restarting_pruned(parent, step, len(existing))
+        if existing:
+            # All of a list's children are started in one transaction: a longer list now is one that grew since
+            # (a live query read again when the step re-executes). Starting the newcomers, a list that keeps growing
+            # would keep its parent waiting for ever; the list is the one the children were started from.
+            record_event(
+                parent.id, "children_list_grew", step_id=step.step_id, started=len(existing), not_started=len(missing)
+            )
+            return 0
         runs: list[Run] = []
         rows: list[Step] = []
         for index in missing:

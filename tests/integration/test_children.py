@@ -64,8 +64,8 @@ def test_children__re_executed_step_never_starts_duplicates():
     step = Step.objects.get(run=run, step_id="fan")
     # A re-execution (the step ran again after a crash) finds the children by their key.
     assert family.spawn(parent, step, "child_work", [{"item": i} for i in range(3)]) == 0
-    assert family.spawn(parent, step, "child_work", [{"item": i} for i in range(4)]) == 1, "only the missing one"
-    assert Run.objects.filter(parent_id=run.id).count() == 4
+    assert family.spawn(parent, step, "child_work", [{"item": i} for i in range(4)]) == 0, "a list that grew"
+    assert Run.objects.filter(parent_id=run.id).count() == 3
 
 
 def test_children__a_list_that_changed_in_front_never_pairs_old_children_with_new_items():
@@ -81,6 +81,20 @@ def test_children__a_list_that_changed_in_front_never_pairs_old_children_with_ne
     with pytest.raises(PermanentError, match="shorter now"):
         family.spawn(parent, step, "child_work", [{"item": 1, "order_id": "A"}])
     assert Run.objects.filter(parent_id=run.id).count() == 2, "no child was started for the changed list"
+
+
+def test_children__a_list_that_keeps_growing_is_taken_as_it_was_when_the_children_started():
+    # `each` is a live query that has one more item every time it is read: woken by its children, the step reads it
+    # again. Starting the newcomers each time, the parent would wait for ever; the list is the one its children
+    # were started from, and what came later is recorded, not started.
+    run = api.start("fan_growing", {})
+    assert drive(run.id).status == RunStatus.WAITING
+    _drive_children(run)
+    assert drive(run.id).status == RunStatus.COMPLETED
+    assert Run.objects.filter(parent_id=run.id).count() == 1
+    assert Step.objects.get(run=run, step_id="fan").result["completed"] == 1
+    (grew,) = Event.objects.filter(run=run, kind="children_list_grew")
+    assert grew.detail["started"] == 1 and grew.detail["not_started"] == 1
 
 
 def test_children__fail_fast_cancels_the_rest_and_fails_the_step():

@@ -69,6 +69,16 @@ workflow("fan_any", steps=[children("fan", workflow="child_work", each=_items, j
 workflow("fan_two", steps=[children("fan", workflow="child_work", each=_items, join=2, on_failure="collect"), AFTER])
 workflow("fan_one", steps=[children("fan", workflow="child_work", input=lambda ctx: {"item": 7}), AFTER])
 workflow("fan_nested", steps=[children("fan", workflow="fan_all", each=_items), AFTER])
+def _growing(ctx: StepContext) -> list[Any]:
+    """A live query that keeps growing: one item more at every evaluation."""
+    Execution.objects.create(run_id=ctx.run_id, step_id=f"{ctx.step_id}:each", pid=os.getpid(), attempt=ctx.attempt)
+    seen = Execution.objects.filter(run_id=ctx.run_id, step_id=f"{ctx.step_id}:each").count()
+    return [{"item": i} for i in range(seen)]
+
+
+workflow("fan_growing", steps=[children("fan", workflow="child_work", each=_growing), AFTER])
+
+
 # Concurrency keys in families (tests/integration/test_concurrency_keys.py): a child workflow keyed by customer, and
 # a parent keyed the same way.
 workflow(
