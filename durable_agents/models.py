@@ -135,6 +135,9 @@ class Run(models.Model):
     # and the run finishes as `finish_as` (cancelled or failed) instead of completed.
     cancel_compensate = models.BooleanField(default=False)
     finish_as = models.CharField(max_length=16, blank=True, default="")
+    # A saga owed to its children too (engine/family.py): set when its compensation was asked for, cleared by the
+    # sweep once it has ended and none of its children stands on what it applied.
+    family_undo = models.BooleanField(default=False)
     # Who answers model turns for this run, when not the workflow's default (an operator may swap it).
     participant = models.CharField(max_length=100, blank=True, default="")
     # A fork copies another run's checkpoints up to a step; with the same input it shares the source's
@@ -226,6 +229,8 @@ class Run(models.Model):
                 condition=Q(status__in=["pending", "running", "waiting"]) & ~Q(schedule=""),
                 name="durable_run_schedule_live",
             ),
+            # Families whose saga is owed to their children (the sweep's share): few, whatever the table's size.
+            models.Index(fields=["updated_at"], condition=Q(family_undo=True), name="durable_run_family_undo"),
         ]
 
     def __str__(self) -> str:

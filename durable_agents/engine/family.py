@@ -46,7 +46,7 @@ from durable_agents.errors import (
 )
 from durable_agents.models import Event, Run, Step, StepKind, Wait, WaitKind
 from durable_agents.signals import run_finished, send_on_commit, wait_closed
-from durable_agents.states import ACTIVE_RUN_STATUSES, RunStatus, WaitOp, WaitStatus
+from durable_agents.states import ACTIVE_RUN_STATUSES, FINISHED_RUN_STATUSES, RunStatus, WaitOp, WaitStatus
 from durable_agents.workflows import Workflow, registry
 
 logger = logging.getLogger("durable_agents.engine")
@@ -351,6 +351,8 @@ def cancel_family(run_id: Any, *, reason: str = "", actor: str = "", compensate:
     finally:
         _cascading.reset(token)
     cancel_children(run.id, compensate=compensate, why=_cancelled_with(run.id))
+    if compensate:
+        undo_finished_children(run.id)
     return run
 
 
@@ -375,27 +377,66 @@ def cancel_children(parent_id: Any, *, compensate: bool, why: str, step_id: str 
 
 
 def _on_run_finished(sender: Any, run_id: Any, status: str, **kwargs: Any) -> None:
-    """After any run's terminal commit: wake its waiting parent; a cancelled parent's late children stop too."""
+    """After any run's terminal commit: wake its waiting parent; a child that ended after its family's saga started
+    undoes what it did too; a cancelled (or compensated) parent's late children stop and undo theirs."""
     try:
         if kwargs.get("parent_id") is not None:
             notify_parent(run_id, status)
-        if status == RunStatus.CANCELLED and str(run_id) not in _cascading.get():
+            if Run.objects.filter(pk=kwargs["parent_id"], family_undo=True).exists():
+                undo_finished(run_id)
+        # A completed run costs nothing more here: only a cancel, or a saga ending failed, can owe its children.
+        owed = status == RunStatus.FAILED and Run.objects.filter(pk=run_id, family_undo=True).exists()
+        if (status == RunStatus.CANCELLED or owed) and str(run_id) not in _cascading.get():
             _cascade(run_id)
     except Exception:  # noqa: BLE001 - the run is committed; the sweep finds what this missed
         logger.warning("run %s finished: its family could not be told now; the sweep will", run_id, exc_info=True)
 
 
 def _cascade(parent_id: Any) -> int:
-    """A cancelled parent's live children (e.g. started by its step after the cancel looked) are cancelled; with
-    compensation if the parent's cancel asked for it.
+    """A cancelled parent's live children (e.g. started by its step after the cancel looked) are cancelled, with
+    compensation if its compensation was asked for; then its finished children undo what they did too.
 
     Under the parent's row lock, re-read: a family resumed meanwhile (`resume_family`, which takes the parent's
     row first too) is not cancelled again."""
     with transaction.atomic():
-        parent = Run.objects.select_for_update().filter(pk=parent_id).values_list("status", "finish_as").first()
-        if parent is None or parent[0] != RunStatus.CANCELLED:
+        parent = (
+            Run.objects.select_for_update()
+            .filter(pk=parent_id)
+            .values_list("status", "finish_as", "family_undo")
+            .first()
+        )
+        if parent is None:
             return 0
-        return cancel_children(parent_id, compensate=bool(parent[1]), why=_cancelled_with(parent_id))
+        status, finish_as, owed = parent
+        cancelled = 0
+        if status == RunStatus.CANCELLED or (owed and status in FINISHED_RUN_STATUSES):
+            cancelled = cancel_children(parent_id, compensate=bool(finish_as or owed), why=_cancelled_with(parent_id))
+        if owed:
+            undo_finished_children(parent_id)
+        return cancelled
+
+
+# --- A family's saga ---------------------------------------------------------------------------------------
+
+
+def undo_finished_children(parent_id: Any) -> int:
+    """A run's compensation is its family's: its children that had already ended (completed, failed, or cancelled
+    without compensation) undo what they applied too, newest first, each in a saga of its own from its end (it
+    then ends `cancelled`); theirs too. Live children are cancelled with compensation instead (cancel_children).
+    How many started a saga."""
+    ended = children_of(parent_id).filter(status__in=FINISHED_RUN_STATUSES, finish_as="").order_by("child_index")
+    return sum(undo_finished(child_id) for child_id in list(ended.values_list("id", flat=True)))
+
+
+def undo_finished(run_id: Any) -> int:
+    """One finished run of a compensated family undoes what it applied (1 if a saga started), then its children."""
+    with transaction.atomic():
+        saga = transitions.undo_finished_txn(run_id)
+        if saga.planned:
+            record_event(run_id, "family_compensation", why="its parent's compensation undoes its family's effects")
+            wake_on_commit(run_id)
+            admit_on_commit(Run.objects.filter(pk=run_id).values_list("concurrency_key", flat=True).first())
+    return int(bool(saga.planned)) + undo_finished_children(run_id)
 
 
 # --- Resuming ------------------------------------------------------------------------------------------
@@ -471,7 +512,16 @@ def sweep_children(now: datetime | None = None, *, batch: int | None = None) -> 
     )
     parents = set(orphans.values_list("parent_id", flat=True)[:limit])
     cancelled = sum(_cascade(parent_id) for parent_id in parents)
-    return {"joined": joined, "orphans_cancelled": cancelled}
+    # Sagas owed to families (a crash after the saga started lost its cascade): reach their children, and let go of
+    # a run once it has ended with none of its children live or standing on what it applied.
+    undone = 0
+    owed = Run.objects.filter(family_undo=True).order_by("updated_at").values_list("id", flat=True)
+    for run_id in list(owed[:limit]):
+        undone += undo_finished_children(run_id)
+        cancelled += _cascade(run_id)
+        with transaction.atomic():
+            transitions.family_undone_txn(run_id)
+    return {"joined": joined, "orphans_cancelled": cancelled, "family_undone": undone}
 
 
 __all__ = [
@@ -487,6 +537,8 @@ __all__ = [
     "join_of",
     "notify_parent",
     "resume_family",
+    "undo_finished",
+    "undo_finished_children",
     "spawn",
     "sweep_children",
     "tally",

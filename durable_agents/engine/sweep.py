@@ -47,6 +47,7 @@ class SweepReport:
     scheduled: int = 0  # runs started for due schedule slots
     joined: int = 0  # parents woken whose children's wake-up was lost
     orphans_cancelled: int = 0  # live children of cancelled parents, cancelled
+    family_undone: int = 0  # finished children of a compensated parent that started undoing what they did
     admitted: int = 0  # queued runs admitted on their concurrency key (a lost hand-off)
 
     def as_dict(self) -> dict[str, int]:

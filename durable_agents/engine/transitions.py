@@ -38,6 +38,7 @@ from durable_agents.engine.reliance import plan_saga
 from durable_agents.errors import LeaseLostError
 from durable_agents.models import Effect, Run, Step, StepKind, Wait
 from durable_agents.states import (
+    ACTIVE_RUN_STATUSES,
     EFFECT_RULES,
     FINISHED_RUN_STATUSES,
     RUN_RULES,
@@ -311,6 +312,8 @@ def fail_txn(run_id: Any, step_pk: int | None, error: dict[str, Any], *, claim: 
     # An operator asked to cancel with compensation while the step ran: that saga, now that it failed.
     asked = run["cancel_compensate"] and not run["finish_as"]
     ending = RunStatus.CANCELLED if asked else RunStatus.FAILED
+    if compensate or asked:
+        fields["family_undo"] = True  # its children's effects are undone too (family.py), whatever it had itself
     saga = compensate_txn(run_id, finish_as=ending, where=fence, **fields) if compensate or asked else Saga()
     if saga.planned:
         return True
@@ -334,7 +337,7 @@ class Saga:
         return ending if self.kept else ""
 
 
-def compensate_txn(run_id: Any, *, finish_as: str, where: Q, **fields: Any) -> Saga:
+def compensate_txn(run_id: Any, *, finish_as: str, where: Q, op: RunOp = RunOp.COMPENSATE, **fields: Any) -> Saga:
     """Start a saga: skip the run's remaining steps and append one compensation step per effect to undo,
     newest first — applied effects, and external effects whose outcome is unknown (invoked, no outcome
     recorded: the compensation step learns it first). With nothing to undo no step is planned; effects kept
@@ -370,7 +373,7 @@ def compensate_txn(run_id: Any, *, finish_as: str, where: Q, **fields: Any) -> S
         for i, key in enumerate(keys, start=1)
     )
     moved = move_run(
-        RunOp.COMPENSATE,
+        op,
         run_id,
         to=RunStatus.PENDING,
         where=where,
@@ -378,7 +381,8 @@ def compensate_txn(run_id: Any, *, finish_as: str, where: Q, **fields: Any) -> S
         step_count=F("step_count") + len(keys),
         finish_as=finish_as,
         # A saga settles any cancel request: the claim refuses runs with one pending, and none may cut it short.
-        **{"attempt": 0, "cancel_requested_at": None, "cancel_compensate": False, **fields},
+        # Its children's effects are undone too (family.py).
+        **{"attempt": 0, "cancel_requested_at": None, "cancel_compensate": False, "family_undo": True, **fields},
     )
     assert moved, "the run row is locked by this transaction"
     record_event(run_id, "compensation_planned", finish_as=finish_as, effects=keys)
@@ -454,7 +458,7 @@ def cancel_txn(run_id: Any, *, reason: str, compensate: bool) -> Cancellation:
     saga = _start_saga_txn(run_id, RunStatus.CANCELLED, stop) if compensate else Saga()
     if saga.planned:
         return Cancellation.COMPENSATING
-    ending = {"finish_as": _saga_ending(compensate)}
+    ending = _saga_ending(compensate)
     if take_txn(
         RunOp.CANCEL, run_id, to=RunStatus.CANCELLED, where=Q(finish_as=""), finished_at=DbNow(), **stop, **ending
     ):
@@ -491,7 +495,7 @@ def settle_cancellation_txn(run_id: Any) -> Cancellation:
     saga = _start_saga_txn(run_id, RunStatus.CANCELLED, stop) if row["cancel_compensate"] else Saga()
     if saga.planned:
         return Cancellation.COMPENSATING
-    ending = {"finish_as": _saga_ending(row["cancel_compensate"])}
+    ending = _saga_ending(row["cancel_compensate"])
     if not take_txn(
         RunOp.CANCEL, run_id, to=RunStatus.CANCELLED, where=Q(finish_as=""), finished_at=DbNow(), **stop, **ending
     ):
@@ -500,11 +504,41 @@ def settle_cancellation_txn(run_id: Any) -> Cancellation:
     return Cancellation.CANCELLED
 
 
-def _saga_ending(compensate: bool) -> str:
-    """`finish_as` of a run cancelled with nothing (left) to undo. A cancel that asked for compensation ends as a
-    saga all the same: whoever finds its live children later (the finished-run cascade, the sweep's orphan pass)
-    cancels them with compensation too, and the run never resumes into the world its children undid."""
-    return RunStatus.CANCELLED if compensate else ""
+def _saga_ending(compensate: bool) -> dict[str, Any]:
+    """How a run cancelled with nothing (left) to undo ends. A cancel that asked for compensation ends as a saga all
+    the same: whoever finds its children later (the finished-run cascade, the sweep) has them undo what they did
+    too, and the run never resumes into the world its children undid."""
+    if not compensate:
+        return {"finish_as": ""}
+    return {"finish_as": RunStatus.CANCELLED, "family_undo": True}
+
+
+def family_undone_txn(run_id: Any) -> bool:
+    """A run whose saga was owed to its family is done with it: it has ended, and none of its children is live or
+    ended standing on what it applied. True if the mark was cleared."""
+    _in_transaction()
+    children = Run.objects.filter(parent_id=run_id)
+    if children.filter(Q(status__in=ACTIVE_RUN_STATUSES) | Q(finish_as="")).exists():
+        return False
+    return (
+        Run.objects.filter(pk=run_id, family_undo=True, status__in=FINISHED_RUN_STATUSES).update(
+            family_undo=False, updated_at=DbNow()
+        )
+        == 1
+    )
+
+
+def undo_finished_txn(run_id: Any) -> Saga:
+    """A finished run whose family's saga reached it (its parent's compensation was asked for) undoes what it applied
+    too: a saga from its end, ending `cancelled`, queued for its concurrency key again. With nothing of its own to
+    undo it lets go of its effects (`finish_as`), its status as it was: neither resumed nor reached again."""
+    _in_transaction()
+    where = Q(status__in=FINISHED_RUN_STATUSES, finish_as="")
+    reopened = {"finished_at": None, "admitted_at": None, "lease_token": F("lease_token") + 1, "wake_at": None}
+    saga = compensate_txn(run_id, finish_as=RunStatus.CANCELLED, where=where, op=RunOp.UNDO, **reopened, **RELEASED)
+    if not saga.planned:
+        move_run(RunOp.LET_GO, run_id, where=where, finish_as=RunStatus.CANCELLED, family_undo=True)
+    return saga
 
 
 def _start_saga_txn(run_id: Any, finish_as: str, fields: dict[str, Any]) -> Saga:
@@ -523,6 +557,7 @@ RESTARTED = {
     "finished_at": None,
     "cancel_requested_at": None,
     "cancel_compensate": False,
+    "family_undo": False,
     "cancel_reason": "",
     "attempt": 0,
 }

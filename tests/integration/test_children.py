@@ -226,6 +226,92 @@ def test_cancel__the_finished_run_cascade_compensates_children_of_a_parent_with_
         api.resume(run.id)  # the family's effects were undone: no resume into that world (fork instead)
 
 
+# --- A family's saga: children that had already ended undo what they did too ----------------------------------
+
+
+def _refunds_per_charge() -> dict[str, int]:
+    charged = set(LedgerEntry.objects.filter(kind="charge").values_list("order_id", flat=True))
+    refunds = LedgerEntry.objects.filter(kind="refund").values("order_id").annotate(n=Count("id"))
+    return {order: next((r["n"] for r in refunds if r["order_id"] == order), 0) for order in charged}
+
+
+def _drive_family(run: Run) -> None:
+    for kid in _children(run):
+        if Run.objects.get(pk=kid.id).status in (RunStatus.PENDING, RunStatus.RUNNING):
+            drive(kid.id)
+
+
+def test_cancel__compensating_a_parent_undoes_its_finished_childrens_effects_too():
+    items = [{"item": 0, "order_id": "done-0"}, {"item": 1, "order_id": "done-1"}, {"item": 2, "order_id": "live-2"}]
+    items[2]["hold"] = True
+    run = api.start("fan_all", {"items": items})
+    drive(run.id)
+    _drive_children(run)  # 0 and 1 complete; 2 is charged and waits for its signal
+    assert [k.status for k in _children(run)] == [RunStatus.COMPLETED, RunStatus.COMPLETED, RunStatus.WAITING]
+    api.cancel(run.id, "the whole batch was a mistake", compensate=True, actor="ops")
+    _drive_family(run)
+    assert _refunds_per_charge() == {"done-0": 1, "done-1": 1, "live-2": 1}, "every charge of the family undone once"
+    assert {(k.status, k.finish_as) for k in _children(run)} == {(RunStatus.CANCELLED, RunStatus.CANCELLED)}
+    assert Event.objects.filter(run__parent_id=run.id, kind="family_compensation").count() == 2
+    sweep()
+    assert _refunds_per_charge() == {"done-0": 1, "done-1": 1, "live-2": 1}, "a sweep undoes nothing twice"
+    assert not Run.objects.get(pk=run.id).family_undo, "the family's saga is over: the sweep lets go of the parent"
+    with pytest.raises(InvalidTransitionError, match="compensated"):
+        api.resume(run.id)  # nor its family: their effects were undone (fork it to do the work anew)
+
+
+def test_cancel__a_child_completing_after_its_parents_compensating_cancel_undoes_what_it_did():
+    from durable_agents.engine.runs import cancel_run
+
+    run = api.start("fan_all", {"items": [{"item": 0, "order_id": "late-0", "hold": True}]})
+    drive(run.id)
+    _drive_children(run)
+    (kid,) = _children(run)
+    # The parent's cancel commits; the operator's process dies before it reaches the child, which completes.
+    run_finished.disconnect(dispatch_uid="durable_agents.engine.family")
+    try:
+        cancel_run(run.id, reason="stop", compensate=True)
+    finally:
+        run_finished.connect(family._on_run_finished, dispatch_uid="durable_agents.engine.family")
+    api.send_signal(kid.id, "go", {})
+    drive(kid.id)  # it completes: its end finds its family's saga and undoes its charge
+    assert drive(kid.id).status == RunStatus.CANCELLED
+    assert _refunds_per_charge() == {"late-0": 1}
+
+
+def test_sweep__undoes_a_finished_childs_effects_when_every_hook_was_lost():
+    from durable_agents.engine.runs import cancel_run
+
+    run = api.start("fan_all", {"items": [{"item": 0, "order_id": "lost-0", "hold": True}]})
+    drive(run.id)
+    _drive_children(run)
+    (kid,) = _children(run)
+    run_finished.disconnect(dispatch_uid="durable_agents.engine.family")
+    try:
+        cancel_run(run.id, reason="stop", compensate=True)
+        api.send_signal(kid.id, "go", {})
+        assert drive(kid.id).status == RunStatus.COMPLETED  # and its hook is lost too
+    finally:
+        run_finished.connect(family._on_run_finished, dispatch_uid="durable_agents.engine.family")
+    assert _refunds_per_charge() == {"lost-0": 0}
+    assert sweep().family_undone == 1
+    assert drive(kid.id).status == RunStatus.CANCELLED
+    assert _refunds_per_charge() == {"lost-0": 1}
+    sweep()
+    assert not Run.objects.get(pk=run.id).family_undo
+
+
+def test_on_failure__a_compensating_parent_that_fails_undoes_its_completed_childrens_effects():
+    items = [{"item": 0, "order_id": "ok-0"}, {"item": 1, "fail": True}]
+    run = api.start("fan_all_compensating", {"items": items})
+    drive(run.id)
+    _drive_children(run)  # 0 charges and completes; 1 fails: the fail-fast parent is woken
+    failed = drive(run.id)
+    assert failed.status == RunStatus.FAILED and failed.error["type"] == "ChildRunFailedError"
+    _drive_family(run)
+    assert _refunds_per_charge() == {"ok-0": 1}, "the failed family's completed charge was undone"
+
+
 def test_cancel__plain_cancel_of_a_parent_cancels_grandchildren_too():
     inner = [{"item": 0, "hold": True}]
     run = api.start("fan_nested", {"items": [{"items": inner}, {"items": inner}]})

@@ -64,11 +64,18 @@ def paused(definition: Any) -> Any:
 
 AFTER = call("after", _record_step)
 workflow("fan_all", steps=[paused(children("fan", workflow="child_work", each=_items)), AFTER])
+workflow(
+    "fan_all_compensating",
+    steps=[children("fan", workflow="child_work", each=_items), AFTER],
+    on_failure="compensate",
+)
 workflow("fan_collect", steps=[children("fan", workflow="child_work", each=_items, on_failure="collect"), AFTER])
 workflow("fan_any", steps=[children("fan", workflow="child_work", each=_items, join="any"), AFTER])
 workflow("fan_two", steps=[children("fan", workflow="child_work", each=_items, join=2, on_failure="collect"), AFTER])
 workflow("fan_one", steps=[children("fan", workflow="child_work", input=lambda ctx: {"item": 7}), AFTER])
 workflow("fan_nested", steps=[children("fan", workflow="fan_all", each=_items), AFTER])
+
+
 def _growing(ctx: StepContext) -> list[Any]:
     """A live query that keeps growing: one item more at every evaluation."""
     Execution.objects.create(run_id=ctx.run_id, step_id=f"{ctx.step_id}:each", pid=os.getpid(), attempt=ctx.attempt)

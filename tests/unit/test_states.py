@@ -38,14 +38,17 @@ def test_states__every_status_named_is_a_real_one():
             assert source in statuses.values and target in statuses.values, f"{op}: {source} -> {target}"
 
 
-def test_states__a_finished_run_moves_only_when_an_operator_resumes_or_reruns_it():
+def test_states__a_finished_run_moves_only_when_an_operator_resumes_or_reruns_it_or_its_family_compensates():
     leaving = {op for op, source, target in _moves(RUN_RULES) if source in FINISHED_RUN_STATUSES and target != source}
-    assert leaving == {RunOp.RESUME, RunOp.RERUN}, f"finished runs may be left only by resume or rerun, not {leaving}"
+    assert leaving == {RunOp.RESUME, RunOp.RERUN, RunOp.UNDO}, (
+        f"finished runs may be left only by resume, rerun or their family's saga (undo), not {leaving}"
+    )
+    assert RUN_RULES[RunOp.UNDO].targets == {RunStatus.PENDING}, "a family's saga reopens a finished run to undo it"
 
 
 def test_states__a_saga_never_ends_completed_and_only_a_commit_completes_a_run():
     assert RUN_RULES[RunOp.FINISH].targets == {RunStatus.CANCELLED, RunStatus.FAILED}
-    completing = {op for op, _source, target in _moves(RUN_RULES) if target == RunStatus.COMPLETED}
+    completing = {op for op, source, target in _moves(RUN_RULES) if target == RunStatus.COMPLETED != source}
     assert completing == {RunOp.COMPLETE}, completing
 
 
