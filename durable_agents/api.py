@@ -19,7 +19,7 @@ from durable_agents.agents.participants import FunctionParticipant, ScriptedPart
 from durable_agents.children import children
 from durable_agents.engine.context import StepContext
 from durable_agents.engine.effects import resolve_effect as _resolve_effect
-from durable_agents.engine.family import cancel_family, resume_family
+from durable_agents.engine.family import cancel_family, parent_is_cancelled, resume_family
 from durable_agents.engine.plans import fork_run, migrate_run
 from durable_agents.engine.records import get_run, let_go
 from durable_agents.engine.runs import resume_run, set_participant, start_run
@@ -249,7 +249,8 @@ def resolve_effect(
 ) -> Effect:
     """Record the outcome of an effect nobody could know (it `needs_attention`): `applied` (with the receiving
     system's `result`), or not. With `resume`, a run that stopped on it (failed) then resumes from there:
-    an applied effect is not called again; one recorded as not applied is called again under its key.
+    an applied effect is not called again; one recorded as not applied is called again under its key. A child
+    run whose parent is cancelled is not resumed: resuming the parent brings it back.
     """
     if not isinstance(applied, bool):
         raise InvalidInputError(f"applied is True or False, got {applied!r}")
@@ -259,8 +260,9 @@ def resolve_effect(
     actor = _actor(actor)
     effect = _resolve_effect(key, applied=applied, result=result, actor=actor, reason=reason)
     stopped = Run.objects.filter(pk=effect.run_id, status=RunStatus.FAILED).first()
-    if resume and stopped is not None and not let_go(stopped):
-        resume_run(effect.run_id, actor=actor)  # a run whose saga is over stays over: fork it instead
+    # A run whose saga is over stays over (fork it instead); a child whose parent is cancelled comes back with it.
+    if resume and stopped is not None and not let_go(stopped) and not parent_is_cancelled(stopped):
+        resume_run(effect.run_id, actor=actor)
     return effect
 
 

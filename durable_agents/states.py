@@ -94,6 +94,7 @@ class RunOp(StrEnum):
     RERUN = "rerun"  # an operator runs it again from a step
     TAKE = "take"  # an operator's change (migration) fences any holder; status unchanged
     WAKE_UP = "wake_up"  # an operator re-wakes a runnable run now (clears a backoff)
+    WITHDRAW_CANCEL = "withdraw_cancel"  # a cancel request not settled yet is taken back (its parent resumed)
     UNDO = "undo"  # its family's saga reaches a finished child: it undoes what it applied too (a saga from its end)
     LET_GO = "let_go"  # ... a finished child with nothing of its own to undo lets go of its effects; status kept
 
@@ -113,6 +114,7 @@ RUN_RULES: dict[RunOp, Rule] = {
     RunOp.RERUN: _rule((*RUNNABLE_RUN_STATUSES, *FINISHED_RUN_STATUSES), RunStatus.PENDING),
     RunOp.TAKE: _rule(ACTIVE_RUN_STATUSES),
     RunOp.WAKE_UP: _rule(RUNNABLE_RUN_STATUSES),
+    RunOp.WITHDRAW_CANCEL: _rule(ACTIVE_RUN_STATUSES),
     RunOp.UNDO: _rule(FINISHED_RUN_STATUSES, RunStatus.PENDING),
     RunOp.LET_GO: _rule(FINISHED_RUN_STATUSES),
 }

@@ -350,9 +350,17 @@ def cancel_family(run_id: Any, *, reason: str = "", actor: str = "", compensate:
         run = cancel_run(run_id, reason=reason, actor=actor, compensate=compensate)
     finally:
         _cascading.reset(token)
-    cancel_children(run.id, compensate=compensate, why=_cancelled_with(run.id))
-    if compensate:
-        undo_finished_children(run.id)
+    with transaction.atomic():
+        # Under the parent's row lock, re-read: a parent another operator resumed since its cancel committed keeps
+        # its children (`resume_family` takes the parent's row first too).
+        parent = (
+            Run.objects.select_for_update().filter(pk=run.id).values_list("status", "finish_as", "cancel_requested_at")
+        )
+        status, finish_as, requested = parent.first() or ("", "", None)
+        if status == RunStatus.CANCELLED or finish_as or requested is not None:
+            cancel_children(run.id, compensate=compensate, why=_cancelled_with(run.id))
+            if compensate:
+                undo_finished_children(run.id)
     return run
 
 
@@ -443,31 +451,46 @@ def undo_finished(run_id: Any) -> int:
 
 
 def resume_family(run_id: Any, *, from_step: str | None = None, actor: str = "") -> Run:
-    """Resume a run (runs.resume_run); a cancelled one brings back the children its cancellation cancelled, theirs
-    too, in the same transaction (the parent's row first, as the cascade takes it).
+    """Resume (or, with `from_step`, rerun) a run (runs.resume_run); a cancelled one brings back the children its
+    cancellation cancelled, theirs too, in the same transaction (the parent's row first, as the cascade takes it).
 
     Resumed alone, the parent would re-read its children cancelled and fail its join; a child resumed under a
     cancelled parent would be cancelled again by the sweep's orphan pass, so that is refused. Children that ended
     otherwise (completed, failed, cancelled by an operator or by their join, compensated) stay as they are:
     resume a failed one after its parent if its work is still wanted."""
     run = get_run(run_id)
-    if run.parent_id is not None and run.status in (RunStatus.FAILED, RunStatus.CANCELLED):
-        parent = Run.objects.filter(pk=run.parent_id).values_list("status", flat=True).first()
-        if parent == RunStatus.CANCELLED:
-            raise InvalidTransitionError(
-                f"run {run.id} cannot resume while its parent run {run.parent_id} is cancelled: resume the parent, "
-                f"which resumes the children cancelled with it (`manage.py durable_resume {run.parent_id}`)"
-            )
-    if run.status != RunStatus.CANCELLED or from_step is not None:
+    if run.status in (RunStatus.FAILED, RunStatus.CANCELLED) and parent_is_cancelled(run):
+        raise InvalidTransitionError(
+            f"run {run.id} cannot resume while its parent run {run.parent_id} is cancelled: resume the parent, "
+            f"which resumes the children cancelled with it (`manage.py durable_resume {run.parent_id}`)"
+        )
+    if run.status != RunStatus.CANCELLED:
         return resume_run(run_id, from_step=from_step, actor=actor)
     with transaction.atomic():
-        resumed = resume_run(run_id, actor=actor)
-        with_it = children_of(run.id).filter(
-            status=RunStatus.CANCELLED, finish_as="", cancel_reason=_cancelled_with(run.id)
-        )
-        for child_id in with_it.order_by("child_index").values_list("id", flat=True):
-            resume_family(child_id, actor=actor)
+        resumed = resume_run(run_id, from_step=from_step, actor=actor)
+        _bring_back_children(run.id, actor=actor)
     return resumed
+
+
+def parent_is_cancelled(run: Run) -> bool:
+    """True for a child whose parent is cancelled (it does not resume on its own: the parent brings it back)."""
+    return run.parent_id is not None and Run.objects.filter(pk=run.parent_id, status=RunStatus.CANCELLED).exists()
+
+
+def _bring_back_children(parent_id: Any, *, actor: str) -> None:
+    """The children a parent's cancellation reached come back with it, theirs too: a cancel still only requested (a
+    worker is running the child's step) is withdrawn first — settled later it would cancel a child under a live
+    parent — then those it cancelled resume. Children that compensated stay as they are."""
+    why = _cancelled_with(parent_id)
+    mine = children_of(parent_id).filter(cancel_reason=why, finish_as="")
+    requested = mine.filter(status__in=ACTIVE_RUN_STATUSES, cancel_requested_at__isnull=False)
+    for child_id in list(requested.order_by("child_index").values_list("id", flat=True)):
+        if transitions.withdraw_cancel_txn(child_id, reason=why):
+            record_event(child_id, "cancel_withdrawn", actor=actor, why="its parent run was resumed")
+            _bring_back_children(child_id, actor=actor)
+    for child_id in list(mine.filter(status=RunStatus.CANCELLED).order_by("child_index").values_list("id", flat=True)):
+        resume_run(child_id, actor=actor)
+        _bring_back_children(child_id, actor=actor)
 
 
 run_finished.connect(_on_run_finished, dispatch_uid="durable_agents.engine.family")
@@ -536,6 +559,7 @@ __all__ = [
     "join_if_ready_txn",
     "join_of",
     "notify_parent",
+    "parent_is_cancelled",
     "resume_family",
     "undo_finished",
     "undo_finished_children",

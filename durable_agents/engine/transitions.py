@@ -513,6 +513,16 @@ def _saga_ending(compensate: bool) -> dict[str, Any]:
     return {"finish_as": RunStatus.CANCELLED, "family_undo": True}
 
 
+def withdraw_cancel_txn(run_id: Any, *, reason: str) -> bool:
+    """Take back a cancel request not settled yet (its reason as given), leaving the worker that runs the step its
+    lease: the run goes on. Never a saga's: once one started it is not cut short."""
+    _in_transaction()
+    where = Q(cancel_requested_at__isnull=False, cancel_reason=reason, finish_as="")
+    return move_run(
+        RunOp.WITHDRAW_CANCEL, run_id, where=where, cancel_requested_at=None, cancel_reason="", cancel_compensate=False
+    )
+
+
 def family_undone_txn(run_id: Any) -> bool:
     """A run whose saga was owed to its family is done with it: it has ended, and none of its children is live or
     ended standing on what it applied. True if the mark was cleared."""

@@ -12,7 +12,7 @@ from django.test import override_settings
 from django.urls import reverse
 from django.utils import timezone
 
-from durable_agents import api
+from durable_agents import api, clock
 from durable_agents.engine import family
 from durable_agents.engine.sweep import sweep
 from durable_agents.errors import InvalidTransitionError, PermanentError
@@ -348,6 +348,77 @@ def test_resume__a_cancelled_parent_resumes_the_children_cancelled_with_it_and_t
         assert drive(kid.id).status == RunStatus.COMPLETED
     assert drive(run.id).status == RunStatus.COMPLETED
     assert Step.objects.get(run=run, step_id="fan").result["completed"] == 2
+
+
+def test_resume__a_childs_cancel_still_requested_is_withdrawn_so_the_family_comes_back_whole():
+    # A worker is running child 0's step when the parent is cancelled: the child's cancel is only requested. The
+    # operator resumes the parent at once. Settled later, that request would cancel child 0 under a live parent,
+    # and the parent's fail-fast join would fail: the resume takes the request back.
+    from durable_agents.engine.runs import settle_cancellation
+    from durable_agents.testing.runs import take_lease
+
+    run = api.start("fan_all", {"items": [{"item": 0}, {"item": 1, "hold": True}]})
+    drive(run.id)
+    first, second = _children(run)
+    assert take_lease(first.id) is not None  # a worker mid-step
+    api.cancel(run.id, "by mistake")
+    assert Run.objects.get(pk=first.id).cancel_requested_at is not None
+    api.resume(run.id, actor="ops")
+    first = Run.objects.get(pk=first.id)
+    assert (first.status, first.cancel_requested_at) == (RunStatus.RUNNING, None), "the request was taken back"
+    assert Event.objects.filter(run_id=first.id, kind="cancel_withdrawn", actor="ops").count() == 1
+    clock.advance(timedelta(minutes=10))  # that worker's lease lapses (it died); another takes the child over
+    assert settle_cancellation(first.id).value == "", "nothing is left to settle"
+    assert drive(first.id).status == RunStatus.COMPLETED
+    drive(second.id)
+    api.send_signal(second.id, "go", {})
+    assert drive(second.id).status == RunStatus.COMPLETED
+    assert drive(run.id).status == RunStatus.COMPLETED
+
+
+def test_resume__a_resume_in_the_gap_of_a_cancel_keeps_its_children(monkeypatch):
+    # Operator A's cancel commits the parent's; operator B resumes the parent before A reaches the children. A must
+    # not then cancel the children of a parent that is live again.
+    run = api.start("fan_all", {"items": [{"item": i, "hold": True} for i in range(2)]})
+    drive(run.id)
+    _drive_children(run)
+    real = family.cancel_run
+
+    def cancel_then_another_operator_resumes(run_id, **kwargs):
+        cancelled = real(run_id, **kwargs)
+        if str(run_id) == str(run.id):
+            api.resume(run.id, actor="operator-b")
+        return cancelled
+
+    monkeypatch.setattr(family, "cancel_run", cancel_then_another_operator_resumes)
+    api.cancel(run.id, "operator a")
+    assert Run.objects.get(pk=run.id).status == RunStatus.PENDING
+    assert {k.status for k in _children(run)} == {RunStatus.WAITING}, "the resumed parent's children were cancelled"
+
+
+def test_rerun__a_cancelled_parent_rerun_from_its_fan_out_brings_its_children_back():
+    run = api.start("fan_all", {"items": [{"item": i, "hold": True} for i in range(2)]})
+    drive(run.id)
+    _drive_children(run)
+    api.cancel(run.id, "stop")
+    api.resume(run.id, from_step="fan", actor="ops")
+    assert {k.status for k in _children(run)} == {RunStatus.PENDING}
+    assert drive(run.id).status == RunStatus.WAITING, "the fan-out waits for its children again"
+
+
+def test_resolve_effect__a_child_under_a_cancelled_parent_is_recorded_not_resumed():
+    from durable_agents.models import Effect
+
+    run = api.start("fan_collect", {"items": [{"item": 0, "fail": True}, {"item": 1, "hold": True}]})
+    drive(run.id)
+    failed, _held = _children(run)
+    assert drive(failed.id).status == RunStatus.FAILED
+    api.cancel(run.id, "stop")
+    key = f"{failed.id}:ext"
+    Effect.objects.create(run_id=failed.id, idempotency_key=key, tool="ship", args_hash="h", needs_attention="unknown")
+    effect = api.resolve_effect(key, False, actor="ops", reason="not shipped")
+    assert effect.status == "failed", "the outcome is recorded"
+    assert Run.objects.get(pk=failed.id).status == RunStatus.FAILED, "resumed under its cancelled parent"
 
 
 def test_resume__a_child_under_a_cancelled_parent_is_refused_with_what_to_do_instead():
