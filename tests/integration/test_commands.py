@@ -106,6 +106,7 @@ def test_commands__sweep_reports_what_it_did(manage):
         "scheduled": 0,
         "joined": 0,
         "orphans_cancelled": 0,
+        "family_undone": 0,
         "admitted": 0,
     }
 
