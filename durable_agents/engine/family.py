@@ -111,6 +111,7 @@ def spawn(parent: Run, step: Step, workflow: str, inputs: Sequence[Any]) -> int:
             return 0
         runs: list[Run] = []
         rows: list[Step] = []
+        scopes = _scopes_of_source_children(parent, step)
         for index in missing:
             child_input = {} if inputs[index] is None else inputs[index]
             input_hash = check_input(child_input, f"child {index}'s input")
@@ -130,6 +131,7 @@ def spawn(parent: Run, step: Step, workflow: str, inputs: Sequence[Any]) -> int:
                 child_index=index,
                 concurrency_key=key,
                 concurrency_limit=limit,
+                effect_scope=scopes.get((index, input_hash), ""),
             )
             runs.append(child)
             rows.extend(plan_row(child.id, definition, element, position) for position, element in enumerate(plan))
@@ -144,6 +146,27 @@ def spawn(parent: Run, step: Step, workflow: str, inputs: Sequence[Any]) -> int:
             continue  # another execution of this step (a zombie) started some of them: look again
         return len(runs)
     raise InvalidTransitionError(f"children of step {step.step_id!r} are being started elsewhere; retry")
+
+
+def _scopes_of_source_children(parent: Run, step: Step) -> dict[tuple[int, str], str]:
+    """A fork that shares its source's effect keys (the same input: `effect_scope`) starts its fan-out's children
+    sharing the keys of its source's children with the same index and input, so what they applied is reused, not
+    applied again (a fork at a fan-out step would otherwise charge every child's order twice). Not those of a child
+    whose saga undid its effects. {(index, input hash): scope}."""
+    if not parent.effect_scope:
+        return {}
+    try:
+        origin = Q(pk=uuid.UUID(parent.effect_scope))
+    except ValueError:
+        origin = Q()
+    sources = Run.objects.filter(origin | Q(effect_scope=parent.effect_scope)).exclude(pk=parent.id)
+    children = Run.objects.filter(parent__in=sources, parent_step=step.step_id, finish_as="")
+    scopes: dict[tuple[int, str], str] = {}
+    for index, input_hash, scope, child_id in children.order_by("created_at").values_list(
+        "child_index", "input_hash", "effect_scope", "id"
+    ):
+        scopes.setdefault((index, input_hash), scope or str(child_id))
+    return scopes
 
 
 def _key_of_child(parent: Run, definition: Workflow, child_input: Any) -> tuple[str | None, int]:

@@ -97,6 +97,27 @@ def test_children__a_list_that_keeps_growing_is_taken_as_it_was_when_the_childre
     assert grew.detail["started"] == 1 and grew.detail["not_started"] == 1
 
 
+def test_fork__at_the_fan_out_step_with_the_same_input_reuses_what_the_childrens_effects_applied():
+    # The fork shares its source's effect keys (same input); its fan-out starts new child runs, which share the keys
+    # of the source's children with the same index and input: no order is charged twice.
+    run = api.start("fan_all", {"items": [{"item": i, "order_id": f"fork-{i}"} for i in range(2)]})
+    drive(run.id)
+    _drive_children(run)
+    assert drive(run.id).status == RunStatus.COMPLETED
+    fork = api.fork(run.id, "fan", actor="ops")
+    drive(fork.id)
+    _drive_children(fork)
+    assert drive(fork.id).status == RunStatus.COMPLETED
+    charges = LedgerEntry.objects.filter(kind="charge").values("order_id").annotate(n=Count("id"))
+    assert {c["order_id"]: c["n"] for c in charges} == {"fork-0": 1, "fork-1": 1}, "a fork charged the orders again"
+    assert Run.objects.filter(parent_id=fork.id).count() == 2, "the fork has children of its own"
+    # With new input the fork is new work: its children apply their own effects.
+    other = api.fork(run.id, "fan", input={"items": [{"item": 0, "order_id": "fork-new"}]})
+    drive(other.id)
+    _drive_children(other)
+    assert LedgerEntry.objects.filter(kind="charge", order_id="fork-new").count() == 1
+
+
 def test_children__fail_fast_cancels_the_rest_and_fails_the_step():
     items = [{"item": 0, "hold": True}, {"item": 1, "fail": True}, {"item": 2, "hold": True}]
     run = api.start("fan_all", {"items": items})
