@@ -135,6 +135,10 @@ class Run(models.Model):
     # and the run finishes as `finish_as` (cancelled or failed) instead of completed.
     cancel_compensate = models.BooleanField(default=False)
     finish_as = models.CharField(max_length=16, blank=True, default="")
+    # A child in a slot its family holds (engine/admission.py): the nearest ancestor holding the child's own key.
+    slot_of = models.ForeignKey(
+        "self", on_delete=models.SET_NULL, null=True, blank=True, related_name="+", db_index=False
+    )
     # A saga owed to its children too (engine/family.py): set when its compensation was asked for, cleared by the
     # sweep once it has ended and none of its children stands on what it applied.
     family_undo = models.BooleanField(default=False)

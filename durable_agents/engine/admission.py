@@ -18,10 +18,11 @@ the sweep admits every key with a queued run (`admit_waiting`). A run taken back
 rerun) queues again for its key (transitions clear `admitted_at`), at its original place in the order.
 
 Families hold one slot. A child run takes its workflow's key (computed from its input), else its parent's; a child
-whose parent holds the child's key runs in the parent's slot: admitted at once, before the queue (a parent waiting
-on children queued behind itself would wait for ever), and not counted as a slot of its own while the parent holds
-it. A child that outlives its parent (a cancel that has not reached it yet) holds the key in its own right until it
-ends: the key is never free while any run of the family works under it.
+whose ancestor holds the child's key runs in that ancestor's slot (`slot_of`): admitted at once, before the queue (a
+parent waiting on children queued behind itself would wait for ever), and not counted as a slot of its own while the
+ancestor holds it. A child that outlives that ancestor (a cancel that has not reached it yet) holds the key in its
+own right until it ends: the key is never free while any run of the family works under it. Two families that each
+hold the key the other's children wait for wait for each other: the engine does not break that (README).
 """
 
 from __future__ import annotations
@@ -53,18 +54,19 @@ def holding(key: str) -> Q:
     return Q(concurrency_key=key, admitted_at__isnull=False, status__in=ACTIVE_RUN_STATUSES)
 
 
-# A run whose parent holds a slot of the run's own key runs in that slot: a family holds one slot, however many
-# of its runs are live (a parent waiting on children queued behind itself would wait for ever).
-IN_PARENTS_SLOT = Q(
-    parent__concurrency_key=F("concurrency_key"),
-    parent__admitted_at__isnull=False,
-    parent__status__in=ACTIVE_RUN_STATUSES,
+# A run whose family holds a slot of the run's own key runs in that slot (`slot_of`: the ancestor holding it, set when
+# the run is started): a family holds one slot, however many of its runs are live, at any depth (a parent waiting on
+# children, or grandchildren, queued behind itself would wait for ever).
+IN_FAMILY_SLOT = Q(
+    slot_of__concurrency_key=F("concurrency_key"),
+    slot_of__admitted_at__isnull=False,
+    slot_of__status__in=ACTIVE_RUN_STATUSES,
 )
 
 
 def slots_held(key: str) -> int:
-    """How many slots of `key` are taken: its holders, less those in their parent's slot."""
-    return Run.objects.filter(holding(key)).exclude(IN_PARENTS_SLOT).count()
+    """How many slots of `key` are taken: its holders, less those in a slot their family holds."""
+    return Run.objects.filter(holding(key)).exclude(IN_FAMILY_SLOT).count()
 
 
 def _lock_key_txn(key: str) -> None:
@@ -88,10 +90,10 @@ def admit(key: str) -> list[uuid.UUID]:
         # Statements after the lock: their snapshots include every admission and finish committed before it.
         queue = Run.objects.filter(QUEUED, concurrency_key=key, cancel_requested_at__isnull=True)
         admitted = []
-        for run_id in list(queue.filter(IN_PARENTS_SLOT).values_list("id", flat=True)):
+        for run_id in list(queue.filter(IN_FAMILY_SLOT).values_list("id", flat=True)):
             if Run.objects.filter(QUEUED, pk=run_id, cancel_requested_at__isnull=True).update(admitted_at=DbNow()):
                 admitted.append(run_id)
-                record_event(run_id, "admitted", concurrency_key=key, in_parents_slot=True)
+                record_event(run_id, "admitted", concurrency_key=key, in_family_slot=True)
                 wake_on_commit(run_id)
         held = slots_held(key)
         queue = queue.order_by("created_at", "id")
@@ -135,7 +137,7 @@ def admit_waiting(limit: int) -> int:
     held = (
         Run.objects.filter(concurrency_key=OuterRef("concurrency_key"), admitted_at__isnull=False)
         .filter(status__in=ACTIVE_RUN_STATUSES)
-        .exclude(IN_PARENTS_SLOT)
+        .exclude(IN_FAMILY_SLOT)
         .order_by()
         .values("concurrency_key")
         .annotate(n=Count("*"))
@@ -144,7 +146,7 @@ def admit_waiting(limit: int) -> int:
     keys = (
         Run.objects.filter(QUEUED, cancel_requested_at__isnull=True)
         .alias(held=Coalesce(Subquery(held), 0))
-        .filter(Q(held__lt=F("concurrency_limit")) | IN_PARENTS_SLOT)
+        .filter(Q(held__lt=F("concurrency_limit")) | IN_FAMILY_SLOT)
         .order_by()
         .values_list("concurrency_key", flat=True)
         .distinct()[:limit]

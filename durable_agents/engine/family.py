@@ -112,12 +112,15 @@ def spawn(parent: Run, step: Step, workflow: str, inputs: Sequence[Any]) -> int:
         runs: list[Run] = []
         rows: list[Step] = []
         scopes = _scopes_of_source_children(parent, step)
+        slots: dict[str, Any] = {}
         for index in missing:
             child_input = {} if inputs[index] is None else inputs[index]
             input_hash = check_input(child_input, f"child {index}'s input")
             try:
                 plan = definition.build_plan(child_input)
                 key, limit = _key_of_child(parent, definition, child_input)
+                if key is not None and key not in slots:
+                    slots[key] = _slot_holder(parent, key)
             except InvalidInputError as exc:
                 raise InvalidInputError(f"child {index} of step {step.step_id!r}: {exc}") from exc
             child = Run(
@@ -132,6 +135,7 @@ def spawn(parent: Run, step: Step, workflow: str, inputs: Sequence[Any]) -> int:
                 concurrency_key=key,
                 concurrency_limit=limit,
                 effect_scope=scopes.get((index, input_hash), ""),
+                slot_of_id=slots.get(key) if key is not None else None,
             )
             runs.append(child)
             rows.extend(plan_row(child.id, definition, element, position) for position, element in enumerate(plan))
@@ -167,6 +171,21 @@ def _scopes_of_source_children(parent: Run, step: Step) -> dict[tuple[int, str],
     ):
         scopes.setdefault((index, input_hash), scope or str(child_id))
     return scopes
+
+
+def _slot_holder(parent: Run, key: str) -> Any:
+    """The nearest of `parent` and its ancestors with `key` (the run whose slot a child of that key runs in), or
+    None. A family is a few generations deep: one read per generation, once per key of a fan-out."""
+    run_id: Any = parent.id
+    while run_id is not None:
+        row = Run.objects.filter(pk=run_id).values_list("concurrency_key", "slot_of_id", "parent_id").first()
+        if row is None:
+            return None
+        own_key, slot_of, up = row
+        if own_key == key:
+            return slot_of or run_id
+        run_id = up
+    return None
 
 
 def _key_of_child(parent: Run, definition: Workflow, child_input: Any) -> tuple[str | None, int]:

@@ -399,6 +399,23 @@ def test_children__a_child_in_its_parents_slot_whose_admission_was_lost_is_admit
     assert drive(parent.id).status == RunStatus.COMPLETED
 
 
+def test_children__a_grandchild_keyed_like_its_grandparent_runs_in_the_grandparents_slot(drive):
+    # outer holds "gen-a" and waits on mid (key "gen-b"), which waits on inner (key "gen-a" again): queued behind its
+    # own grandparent, inner would wait for ever.
+    outer = api.start("keyed_outer", {"key": "gen-a", "mid_key": "gen-b"})
+    later = api.start("keyed", {"customer": "gen-a"})
+    assert drive(outer.id).status == RunStatus.WAITING
+    mid = _child_of(outer)
+    assert drive(mid.id).status == RunStatus.WAITING
+    inner = _child_of(mid)
+    assert (inner.concurrency_key, inner.slot_of_id, inner.admitted_at is not None) == ("gen-a", outer.id, True)
+    assert drive(inner.id).status == RunStatus.COMPLETED
+    assert drive(mid.id).status == RunStatus.COMPLETED
+    assert Run.objects.get(pk=later.id).is_queued, "the family held its one slot to the end"
+    assert drive(outer.id).status == RunStatus.COMPLETED
+    assert holders("gen-a") == [later.id]
+
+
 def test_commands__durable_start_takes_a_concurrency_key():
     out = StringIO()
     call_command("durable_start", "record", "--concurrency-key", "cli-7", "--concurrency-limit", "2", stdout=out)

@@ -105,6 +105,21 @@ workflow(
     steps=[children("fan", workflow="child_work", each=_items), AFTER],
     concurrency_key=lambda inp: inp["customer"],
 )
+workflow("keyed_inner", steps=[call("work", _record_step)], concurrency_key=lambda inp: inp["key"])
+workflow(
+    "keyed_mid",
+    steps=[children("fan", workflow="keyed_inner", each=lambda ctx: [{"key": ctx.input["inner_key"]}])],
+    concurrency_key=lambda inp: inp["key"],
+)
+workflow(
+    "keyed_outer",
+    steps=[
+        children(
+            "fan", workflow="keyed_mid", each=lambda ctx: [{"key": ctx.input["mid_key"], "inner_key": ctx.input["key"]}]
+        )
+    ],
+    concurrency_key=lambda inp: inp["key"],
+)
 workflow(
     "fan_bad",
     steps=[children("fan", workflow="child_work", each=lambda ctx: [{"item": 0}, {"item": float("nan")}]), AFTER],
