@@ -89,12 +89,7 @@ def admit(key: str) -> list[uuid.UUID]:
         _lock_key_txn(key)
         # Statements after the lock: their snapshots include every admission and finish committed before it.
         queue = Run.objects.filter(QUEUED, concurrency_key=key, cancel_requested_at__isnull=True)
-        admitted = []
-        for run_id in list(queue.filter(IN_FAMILY_SLOT).values_list("id", flat=True)):
-            if Run.objects.filter(QUEUED, pk=run_id, cancel_requested_at__isnull=True).update(admitted_at=DbNow()):
-                admitted.append(run_id)
-                record_event(run_id, "admitted", concurrency_key=key, in_family_slot=True)
-                wake_on_commit(run_id)
+        admitted = _admit_in_family_slots(queue, key)
         held = slots_held(key)
         queue = queue.order_by("created_at", "id")
         head = queue.values_list("concurrency_limit", flat=True).first()
@@ -108,6 +103,18 @@ def admit(key: str) -> list[uuid.UUID]:
                 held += 1
                 record_event(run_id, "admitted", concurrency_key=key, holders=held, limit=head)
                 wake_on_commit(run_id)
+        # A family admitted just now (a resumed parent) takes its queued children into its slot at once.
+        admitted += _admit_in_family_slots(queue, key)
+    return admitted
+
+
+def _admit_in_family_slots(queue: Any, key: str) -> list[uuid.UUID]:
+    admitted = []
+    for run_id in list(queue.filter(IN_FAMILY_SLOT).values_list("id", flat=True)):
+        if Run.objects.filter(QUEUED, pk=run_id, cancel_requested_at__isnull=True).update(admitted_at=DbNow()):
+            admitted.append(run_id)
+            record_event(run_id, "admitted", concurrency_key=key, in_family_slot=True)
+            wake_on_commit(run_id)
     return admitted
 
 

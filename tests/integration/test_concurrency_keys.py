@@ -416,6 +416,18 @@ def test_children__a_grandchild_keyed_like_its_grandparent_runs_in_the_grandpare
     assert holders("gen-a") == [later.id]
 
 
+def test_children__a_resumed_family_admitted_behind_another_holder_takes_its_children_into_its_slot(drive):
+    items = [{"item": i, "customer": "rk-2", "hold": True} for i in (0, 1)]
+    parent = api.start("fan_keyed", {"customer": "rk-2", "items": items})
+    assert drive(parent.id).status == RunStatus.WAITING
+    api.cancel(parent.id, "oops")
+    other = api.start("keyed", {"customer": "rk-2"})
+    api.resume(parent.id)  # the family queues behind the key's new holder
+    assert holders("rk-2") == [other.id]
+    assert drive(other.id).status == RunStatus.COMPLETED  # its one hand-off admits the parent and its children
+    assert sorted(holders("rk-2")) == sorted([parent.id, *(k.id for k in Run.objects.filter(parent_id=parent.id))])
+
+
 def test_commands__durable_start_takes_a_concurrency_key():
     out = StringIO()
     call_command("durable_start", "record", "--concurrency-key", "cli-7", "--concurrency-limit", "2", stdout=out)
