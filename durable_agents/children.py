@@ -78,7 +78,7 @@ def children(
             items = [input(ctx) if input is not None else {}]
         # A zombie must not start children for a run another worker (or a cancel) now holds.
         ctx.ensure_lease()
-        spawn(ctx.run, ctx.step, workflow, items)
+        spawn(ctx.run, ctx.step, workflow, items, lease_token=ctx.lease_token)
         counted = tally(ctx.run_id, ctx.step_id)
         if not is_ready(policy, counted):
             wanted = "all" if need is None else f"{policy.needed(counted.total)} of"

@@ -41,6 +41,7 @@ from durable_agents.errors import (
     DefinitionError,
     InvalidInputError,
     InvalidTransitionError,
+    LeaseLostError,
     PermanentError,
     UnknownWorkflowError,
 )
@@ -84,9 +85,10 @@ def is_ready(join: Join, tally: Tally) -> bool:
     return tally.completed >= join.needed(tally.total) or tally.active == 0 or (join.fail_fast and tally.failed > 0)
 
 
-def spawn(parent: Run, step: Step, workflow: str, inputs: Sequence[Any]) -> int:
+def spawn(parent: Run, step: Step, workflow: str, inputs: Sequence[Any], *, lease_token: int | None = None) -> int:
     """Start the children of `step` that do not exist yet (one per input, by index); how many were started.
 
+    `lease_token`: the execution's; the children are inserted only while it still holds the parent.
     Called by the step on every execution: children started by an earlier execution (or a zombie) are found by
     their key and never started twice, and the list is the one they were started from: items added to it since are
     recorded (`children_list_grew`), not started; a list changed in front is refused. Bad input for a child is an
@@ -134,13 +136,17 @@ def spawn(parent: Run, step: Step, workflow: str, inputs: Sequence[Any]) -> int:
                 child_index=index,
                 concurrency_key=key,
                 concurrency_limit=limit,
-                effect_scope=scopes.get((index, input_hash), ""),
+                effect_scope=scopes[input_hash].pop(0) if scopes.get(input_hash) else "",
                 slot_of_id=slots.get(key) if key is not None else None,
             )
             runs.append(child)
             rows.extend(plan_row(child.id, definition, element, position) for position, element in enumerate(plan))
         try:
             with transaction.atomic():
+                if lease_token is not None and not transitions.holds_txn(parent.id, lease_token):
+                    # A worker paused past its lease (after its last proof) starts nothing for a run another worker,
+                    # or an operator's cancel, now holds: its children would escape that cancel's compensation.
+                    raise LeaseLostError(f"run {parent.id} is no longer held by token {lease_token}; no child started")
                 _insert(runs, rows)
                 # With the children, never without: the count a re-execution checks after a prune (above).
                 record_event(parent.id, "children_started", step_id=step.step_id, count=len(runs), workflow=workflow)
@@ -152,11 +158,12 @@ def spawn(parent: Run, step: Step, workflow: str, inputs: Sequence[Any]) -> int:
     raise InvalidTransitionError(f"children of step {step.step_id!r} are being started elsewhere; retry")
 
 
-def _scopes_of_source_children(parent: Run, step: Step) -> dict[tuple[int, str], str]:
+def _scopes_of_source_children(parent: Run, step: Step) -> dict[str, list[str]]:
     """A fork that shares its source's effect keys (the same input: `effect_scope`) starts its fan-out's children
-    sharing the keys of its source's children with the same index and input, so what they applied is reused, not
-    applied again (a fork at a fan-out step would otherwise charge every child's order twice). Not those of a child
-    whose saga undid its effects. {(index, input hash): scope}."""
+    sharing the keys of its source's children with the same input, so what they applied is reused, not applied
+    again (a fork at a fan-out step would otherwise charge every child's order twice). Matched by input, in index
+    order, not by index: a live list that gained an item in front shifted every old item. Not the keys of a child
+    whose saga undid its effects. {input hash: [scope, ...]} of the oldest source with children at that step."""
     if not parent.effect_scope:
         return {}
     try:
@@ -165,11 +172,13 @@ def _scopes_of_source_children(parent: Run, step: Step) -> dict[tuple[int, str],
         origin = Q()
     sources = Run.objects.filter(origin | Q(effect_scope=parent.effect_scope)).exclude(pk=parent.id)
     children = Run.objects.filter(parent__in=sources, parent_step=step.step_id, finish_as="")
-    scopes: dict[tuple[int, str], str] = {}
-    for index, input_hash, scope, child_id in children.order_by("created_at").values_list(
-        "child_index", "input_hash", "effect_scope", "id"
-    ):
-        scopes.setdefault((index, input_hash), scope or str(child_id))
+    rows = children.order_by("parent__created_at", "parent_id", "child_index")
+    scopes: dict[str, list[str]] = defaultdict(list)
+    first = None
+    for source_id, input_hash, scope, child_id in rows.values_list("parent_id", "input_hash", "effect_scope", "id"):
+        first = first or source_id
+        if source_id == first:
+            scopes[input_hash].append(scope or str(child_id))
     return scopes
 
 
@@ -501,7 +510,8 @@ def resume_family(run_id: Any, *, from_step: str | None = None, actor: str = "")
     otherwise (completed, failed, cancelled by an operator or by their join, compensated) stay as they are:
     resume a failed one after its parent if its work is still wanted."""
     run = get_run(run_id)
-    if run.status in (RunStatus.FAILED, RunStatus.CANCELLED) and parent_is_cancelled(run):
+    # A child whose own saga stopped half-way finishes it (the orphan pass leaves a saga alone); any other waits.
+    if run.status in (RunStatus.FAILED, RunStatus.CANCELLED) and not run.finish_as and parent_is_cancelled(run):
         raise InvalidTransitionError(
             f"run {run.id} cannot resume while its parent run {run.parent_id} is cancelled: resume the parent, "
             f"which resumes the children cancelled with it (`manage.py durable_resume {run.parent_id}`)"
@@ -577,11 +587,13 @@ def sweep_children(now: datetime | None = None, *, batch: int | None = None) -> 
     )
     parents = set(orphans.values_list("parent_id", flat=True)[:limit])
     cancelled = sum(_cascade(parent_id) for parent_id in parents)
-    # Sagas owed to families (a crash after the saga started lost its cascade): reach their children, and let go of
-    # a run once it has ended with none of its children live or standing on what it applied.
+    # Sagas owed to families whose run has ended (a crash lost its cascade, or a child's end hook): reach their
+    # children, and let go of a run once none of its children is live or standing on what it applied. Each at most
+    # once per idle period, oldest check first: one that cannot let go yet (a child queued behind a week-long
+    # holder) goes to the back, never holding up the others.
     undone = 0
-    owed = Run.objects.filter(family_undo=True).order_by("updated_at").values_list("id", flat=True)
-    for run_id in list(owed[:limit]):
+    owed = Run.objects.filter(family_undo=True, status__in=FINISHED_RUN_STATUSES, updated_at__lt=now - idle)
+    for run_id in list(owed.order_by("updated_at").values_list("id", flat=True)[:limit]):
         undone += undo_finished_children(run_id)
         cancelled += _cascade(run_id)
         with transaction.atomic():

@@ -295,6 +295,20 @@ def _rely_on_copied_checkpoints(source: Run, fork: Run, target: Step) -> None:
     relied = Reliance.objects.filter(before, run_id=source.id).exclude(step__status=StepStatus.SUPERSEDED)
     pairs = [(e, copies.get(e.step.step_id)) for e in applied.select_related("step")]
     pairs += [(r.effect, copies.get(r.step.step_id)) for r in relied.select_related("effect", "step")]
+    # A copied fan-out checkpoint records what the source's children (and theirs) did: the fork stands on their
+    # effects too, so the saga of the source's family keeps them while the fork stands.
+    copied = Step.objects.filter(run_id=source.id, position__lt=target.position).values_list("step_id", flat=True)
+    generation = dict(
+        Run.objects.filter(parent_id=source.id, parent_step__in=list(copied)).values_list("id", "parent_step")
+    )
+    family = dict(generation)
+    while generation:
+        below = Run.objects.filter(parent_id__in=list(generation)).values_list("id", "parent_id")
+        generation = {child_id: generation[parent_id] for child_id, parent_id in below}
+        family.update(generation)
+    if family:
+        theirs = Effect.objects.filter(run_id__in=list(family), status=EffectStatus.APPLIED, kind=EffectKind.EFFECT)
+        pairs += [(e, copies.get(family[e.run_id])) for e in theirs]
     pairs = [(effect, step_pk) for effect, step_pk in pairs if step_pk is not None]
     rely_on([e for e, _ in pairs], fork.id, [s for _, s in pairs])
 

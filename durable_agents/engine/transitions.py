@@ -96,6 +96,13 @@ def hold_txn(claim: Claim, op: RunOp = RunOp.CHECKPOINT, *, to: str | None = Non
         raise LeaseLostError(f"run {claim.run_id} is no longer held by token {claim.token}")
 
 
+def holds_txn(run_id: Any, token: int) -> bool:
+    """True while `token` still holds the running run; its row stays locked until the transaction ends, so nothing
+    takes the run over before what the holder writes next commits."""
+    _in_transaction()
+    return Run.objects.select_for_update().filter(pk=run_id, lease_token=token, status=RunStatus.RUNNING).exists()
+
+
 def take_txn(op: RunOp, run_id: Any, *, to: str | None = None, where: Q | None = None, **changes: Any) -> bool:
     """Take a run no worker holds for an operator's `op`: bump the token (fencing any zombie), release the
     lease, clear a pending wake-up. False if a worker holds it or its status does not allow `op`."""
@@ -525,17 +532,14 @@ def withdraw_cancel_txn(run_id: Any, *, reason: str) -> bool:
 
 def family_undone_txn(run_id: Any) -> bool:
     """A run whose saga was owed to its family is done with it: it has ended, and none of its children is live or
-    ended standing on what it applied. True if the mark was cleared."""
+    ended standing on what it applied. True if the mark was cleared; else the run is marked checked (updated_at)."""
     _in_transaction()
+    owed = Run.objects.filter(pk=run_id, family_undo=True, status__in=FINISHED_RUN_STATUSES)
     children = Run.objects.filter(parent_id=run_id)
     if children.filter(Q(status__in=ACTIVE_RUN_STATUSES) | Q(finish_as="")).exists():
+        owed.update(updated_at=DbNow())
         return False
-    return (
-        Run.objects.filter(pk=run_id, family_undo=True, status__in=FINISHED_RUN_STATUSES).update(
-            family_undo=False, updated_at=DbNow()
-        )
-        == 1
-    )
+    return owed.update(family_undo=False, updated_at=DbNow()) == 1
 
 
 def undo_finished_txn(run_id: Any) -> Saga:
@@ -577,7 +581,9 @@ def resume_txn(run_id: Any, *, from_status: str, cursor: int, **changes: Any) ->
     """A failed or cancelled run continues at its cursor: the failed step there runs again from attempt 1,
     and rejected or expired decisions of that step stop governing it (the step may ask again)."""
     # A finished run held no slot of its concurrency key: back to pending, it queues for one again (admission.py).
-    restarted = {**RESTARTED, "admitted_at": None, **changes}
+    # A saga resumed is still owed to its family; a run resumed forward no longer is.
+    owed = Case(When(finish_as="", then=False), default=F("family_undo"))
+    restarted = {**RESTARTED, "admitted_at": None, "family_undo": owed, **changes}
     if not take_txn(RunOp.RESUME, run_id, to=RunStatus.PENDING, where=Q(status=from_status), **restarted):
         return False
     step = Step.objects.live().filter(run_id=run_id, position=cursor).first()

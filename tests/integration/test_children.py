@@ -118,6 +118,33 @@ def test_fork__at_the_fan_out_step_with_the_same_input_reuses_what_the_childrens
     assert LedgerEntry.objects.filter(kind="charge", order_id="fork-new").count() == 1
 
 
+def test_fork__at_a_fan_out_whose_live_list_gained_an_item_in_front_charges_no_order_twice(isolated_registries):
+    from durable_agents.api import children, workflow
+
+    live = {"orders": ["A", "B"]}  # what a live query (a customer's open orders) returns now
+    workflow(
+        "fan_live",
+        steps=[
+            children(
+                "fan",
+                workflow="child_work",
+                each=lambda ctx: [{"item": 0, "order_id": order} for order in live["orders"]],
+            )
+        ],
+    )
+    run = api.start("fan_live", {})
+    drive(run.id)
+    _drive_children(run)
+    assert drive(run.id).status == RunStatus.COMPLETED
+    live["orders"] = ["N", "A", "B"]
+    fork = api.fork(run.id, "fan", actor="ops")  # the same input: it shares the source's effect keys
+    drive(fork.id)
+    _drive_children(fork)
+    assert drive(fork.id).status == RunStatus.COMPLETED
+    charges = LedgerEntry.objects.filter(kind="charge").values("order_id").annotate(n=Count("id"))
+    assert {c["order_id"]: c["n"] for c in charges} == {"A": 1, "B": 1, "N": 1}
+
+
 def test_children__fail_fast_cancels_the_rest_and_fails_the_step():
     items = [{"item": 0, "hold": True}, {"item": 1, "fail": True}, {"item": 2, "hold": True}]
     run = api.start("fan_all", {"items": items})
@@ -274,7 +301,8 @@ def test_cancel__compensating_a_parent_undoes_its_finished_childrens_effects_too
     assert _refunds_per_charge() == {"done-0": 1, "done-1": 1, "live-2": 1}, "every charge of the family undone once"
     assert {(k.status, k.finish_as) for k in _children(run)} == {(RunStatus.CANCELLED, RunStatus.CANCELLED)}
     assert Event.objects.filter(run__parent_id=run.id, kind="family_compensation").count() == 2
-    sweep()
+    with override_settings(DURABLE_AGENTS={"IDLE_RESWEEP_SECONDS": 0.001}):
+        sweep()
     assert _refunds_per_charge() == {"done-0": 1, "done-1": 1, "live-2": 1}, "a sweep undoes nothing twice"
     assert not Run.objects.get(pk=run.id).family_undo, "the family's saga is over: the sweep lets go of the parent"
     with pytest.raises(InvalidTransitionError, match="compensated"):
@@ -315,10 +343,12 @@ def test_sweep__undoes_a_finished_childs_effects_when_every_hook_was_lost():
     finally:
         run_finished.connect(family._on_run_finished, dispatch_uid="durable_agents.engine.family")
     assert _refunds_per_charge() == {"lost-0": 0}
-    assert sweep().family_undone == 1
+    with override_settings(DURABLE_AGENTS={"IDLE_RESWEEP_SECONDS": 0.001}):
+        assert sweep().family_undone == 1
     assert drive(kid.id).status == RunStatus.CANCELLED
     assert _refunds_per_charge() == {"lost-0": 1}
-    sweep()
+    with override_settings(DURABLE_AGENTS={"IDLE_RESWEEP_SECONDS": 0.001}):
+        sweep()
     assert not Run.objects.get(pk=run.id).family_undo
 
 
@@ -331,6 +361,108 @@ def test_on_failure__a_compensating_parent_that_fails_undoes_its_completed_child
     assert failed.status == RunStatus.FAILED and failed.error["type"] == "ChildRunFailedError"
     _drive_family(run)
     assert _refunds_per_charge() == {"ok-0": 1}, "the failed family's completed charge was undone"
+
+
+def test_resume__a_childs_undo_that_stopped_finishes_under_its_cancelled_parent(monkeypatch):
+    # A completed child's undo stops on a refund the provider refuses today. Its own saga must be finishable once the
+    # provider is back, although its parent is cancelled (only a child resumed forward would escape that cancel).
+    run = api.start("fan_all", {"items": [{"item": 0, "order_id": "stuck-0"}, {"item": 1, "hold": True}]})
+    drive(run.id)
+    _drive_children(run)
+    first = _children(run)[0]
+    real = LedgerEntry.objects.create
+    refusing = {"now": True}
+
+    def create(**row):
+        if row.get("kind") == "refund" and refusing["now"]:
+            raise PermanentError("the payment provider refuses refunds today")
+        return real(**row)
+
+    monkeypatch.setattr(LedgerEntry.objects, "create", create)
+    api.cancel(run.id, "undo the batch", compensate=True)
+    stopped = drive(first.id)
+    assert (stopped.status, stopped.finish_as) == (RunStatus.FAILED, RunStatus.CANCELLED), "the saga stopped visibly"
+    refusing["now"] = False
+    api.resume(first.id, actor="ops")
+    assert drive(first.id).status == RunStatus.CANCELLED
+    assert _refunds_per_charge() == {"stuck-0": 1}
+
+
+def test_children__a_worker_paused_past_its_lease_starts_no_child():
+    # The fan-out's worker proved its lease, then stalled past it; the parent was cancelled with compensation (and
+    # swept). Started now, its children would escape that cancel and keep their charges: nothing is started.
+    from durable_agents.errors import LeaseLostError
+    from durable_agents.testing.runs import take_lease
+
+    items = [{"item": 0, "order_id": "z-0"}]
+    run = api.start("fan_all", {"items": items})
+    claim = take_lease(run.id)
+    Run.objects.filter(pk=run.id).update(lease_expires_at=clock.now() - timedelta(seconds=1))
+    api.cancel(run.id, "undo it all", compensate=True, actor="ops")
+    sweep()
+    step = Step.objects.live().get(run_id=run.id, step_id="fan")
+    with pytest.raises(LeaseLostError):
+        family.spawn(Run.objects.get(pk=run.id), step, "child_work", items, lease_token=claim.token)
+    assert not Run.objects.filter(parent_id=run.id).exists()
+
+
+def test_fork__after_the_fan_out_keeps_the_childrens_charges_its_sources_family_saga_would_undo(monkeypatch):
+    # The fork copies the fan-out's checkpoint (two children charged) and goes on; the source is then cancelled with
+    # compensation. The fork stands on those charges: the source's family keeps them for it.
+    from durable_agents.engine.advance import advance
+    from durable_agents.errors import RetryableError
+    from tests.testapp.models import Execution
+
+    real = Execution.objects.create
+    failed = {"after": 0}
+
+    def create(**row):
+        if row.get("step_id") == "after" and not failed["after"]:
+            failed["after"] += 1
+            raise RetryableError("the ledger is busy, try again")
+        return real(**row)
+
+    monkeypatch.setattr(Execution.objects, "create", create)
+    run = api.start("fan_all", {"items": [{"item": 0, "order_id": "f-0"}, {"item": 1, "order_id": "f-1"}]})
+    drive(run.id)
+    _drive_children(run)
+    while not failed["after"]:
+        advance(run.id)  # the source is woken, gathers, and its "after" step fails once: it is still live
+    fork = api.fork(run.id, "after", actor="ops")
+    api.cancel(run.id, "undo the source", compensate=True, actor="ops")
+    _drive_family(run)
+    assert drive(fork.id).status == RunStatus.COMPLETED
+    assert _refunds_per_charge() == {"f-0": 0, "f-1": 0}, "the fork's copied checkpoint stands on both charges"
+
+
+def test_sweep__a_family_that_cannot_let_go_yet_never_holds_up_the_others():
+    # Two owed families whose children cannot end yet (held), then one whose child's end hook was lost: with a batch
+    # of two, each pass re-checks the oldest; a family checked goes to the back, so the third is reached.
+    from durable_agents.engine.runs import cancel_run
+
+    waiting = []
+    for n in range(2):
+        stuck = api.start("fan_all", {"items": [{"item": 0, "order_id": f"s-{n}", "hold": True}]})
+        drive(stuck.id)
+        _drive_children(stuck)
+        api.cancel(stuck.id, "undo", compensate=True)  # its child is cancelled with compensation: it must run
+        waiting.append(stuck)
+    victim = api.start("fan_all", {"items": [{"item": 0, "order_id": "v-0", "hold": True}]})
+    drive(victim.id)
+    _drive_children(victim)
+    (kid,) = _children(victim)
+    run_finished.disconnect(dispatch_uid="durable_agents.engine.family")
+    try:
+        cancel_run(victim.id, reason="undo", compensate=True)
+        api.send_signal(kid.id, "go", {})
+        assert drive(kid.id).status == RunStatus.COMPLETED
+    finally:
+        run_finished.connect(family._on_run_finished, dispatch_uid="durable_agents.engine.family")
+    with override_settings(DURABLE_AGENTS={"IDLE_RESWEEP_SECONDS": 0.001, "SWEEP_BATCH": 2}):
+        for _ in range(3):
+            sweep()
+    assert drive(kid.id).status == RunStatus.CANCELLED
+    assert _refunds_per_charge()["v-0"] == 1
 
 
 def test_cancel__plain_cancel_of_a_parent_cancels_grandchildren_too():
