@@ -10,6 +10,11 @@ finishes while its parent is parking is seen by the park itself (`join_if_ready_
 A wake lost to a crash after a child's commit is found by the sweep (`sweep_children`), which re-checks each
 open join at most once per IDLE_RESWEEP_SECONDS, and cancels the live children of cancelled parents.
 
+A parent's compensation is its family's (`Run.family_undo`, set with the saga): live children are cancelled with
+compensation, and children that had already ended undo what they applied in a saga of their own from their end
+(`undo_finished`) — at the cancel, at a child's end after it, at the parent's end, and by the sweep after a crash.
+Resuming a cancelled parent brings back the children its cancellation reached (`resume_family`).
+
 Statuses move only through `transitions` and `runs.cancel_run`.
 """
 
@@ -199,7 +204,7 @@ def _slot_holder(parent: Run, key: str) -> Any:
 
 def _key_of_child(parent: Run, definition: Workflow, child_input: Any) -> tuple[str | None, int]:
     """A child's concurrency key: its workflow's (computed from its input), else its parent's. A child of a keyed
-    run is part of that run's work: it holds the key while it lives, in its parent's slot (admission.py)."""
+    run is part of that run's work: it holds the key while it lives, in its family's slot (admission.py)."""
     key, limit = concurrency_of(definition, child_input, None, None)
     if key is None and parent.concurrency_key is not None:
         return parent.concurrency_key, parent.concurrency_limit
@@ -480,8 +485,8 @@ def _cascade(parent_id: Any) -> int:
 
 def undo_finished_children(parent_id: Any) -> int:
     """A run's compensation is its family's: its children that had already ended (completed, failed, or cancelled
-    without compensation) undo what they applied too, newest first, each in a saga of its own from its end (it
-    then ends `cancelled`); theirs too. Live children are cancelled with compensation instead (cancel_children).
+    without compensation) undo what they applied too, each in a saga of its own from its end (newest effect first;
+    it then ends `cancelled`); theirs too. Live children are cancelled with compensation instead (cancel_children).
     How many started a saga."""
     ended = children_of(parent_id).filter(status__in=FINISHED_RUN_STATUSES, finish_as="").order_by("child_index")
     return sum(undo_finished(child_id) for child_id in list(ended.values_list("id", flat=True)))
