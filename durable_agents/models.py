@@ -136,12 +136,20 @@ class Run(models.Model):
     cancel_compensate = models.BooleanField(default=False)
     finish_as = models.CharField(max_length=16, blank=True, default="")
     # A child in a slot its family holds (engine/admission.py): the nearest ancestor holding the child's own key.
+    # No constraint (nothing to validate when the column is added, nothing for a prune to trip on): a hint the
+    # admission joins on, pointing at an ancestor that outlives the run (prune takes children first).
     slot_of = models.ForeignKey(
-        "self", on_delete=models.SET_NULL, null=True, blank=True, related_name="+", db_index=False
+        "self",
+        on_delete=models.DO_NOTHING,
+        null=True,
+        blank=True,
+        related_name="+",
+        db_index=False,
+        db_constraint=False,
     )
     # A saga owed to its children too (engine/family.py): set when its compensation was asked for, cleared by the
     # sweep once it has ended and none of its children stands on what it applied.
-    family_undo = models.BooleanField(default=False)
+    family_undo = models.BooleanField(default=False, db_default=False)  # db_default: the previous release inserts
     # Who answers model turns for this run, when not the workflow's default (an operator may swap it).
     participant = models.CharField(max_length=100, blank=True, default="")
     # A fork copies another run's checkpoints up to a step; with the same input it shares the source's
