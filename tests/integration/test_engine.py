@@ -100,13 +100,15 @@ def test_resume__failed_run_continues_from_the_failed_step(start_worker):
     assert resumed.actor == "ops@example.com" and resumed.detail["previous_status"] == "failed"
 
 
-def test_cancel__running_run_stops_at_the_step_boundary(start_worker):
+def test_cancel__running_run_stops_at_the_step_boundary(start_worker, tmp_path):
     start_worker()
-    run = api.start("slow", {"seconds": 1.5})
+    release = tmp_path / "release"  # the step runs until the test creates it: no race with a busy machine
+    run = api.start("slow", {"until": str(release)})
     wait_for(lambda: Execution.objects.filter(run_id=run.id).exists(), timeout=30, what="the slow step to start")
 
     cancelled = api.cancel(run.id, "customer withdrew")
     assert cancelled.status == RunStatus.RUNNING and cancelled.cancel_requested_at is not None
+    release.touch()
 
     run = wait_for_run(run.id, "cancelled", timeout=30)
     assert Step.objects.get(run=run, step_id="slow").status == StepStatus.DONE, "the running step checkpoints"

@@ -71,7 +71,14 @@ def _permanent(ctx: StepContext) -> dict[str, Any]:
 
 
 def _slow(ctx: StepContext) -> dict[str, Any]:
+    """Sleeps `seconds`; with `until` (a file path), runs until the test creates that file (at most two minutes):
+    a step that is certainly still running while the test acts, however busy the machine."""
     record_execution(ctx)
+    if ctx.input.get("until"):
+        deadline = time.monotonic() + 120
+        while not os.path.exists(ctx.input["until"]) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return {"released": True}
     time.sleep(ctx.input.get("seconds", 1.0))
     return {"slept": ctx.input.get("seconds", 1.0)}
 
