@@ -8,6 +8,7 @@ from datetime import timedelta
 
 import pytest
 from django.db import connection
+from django.db.models import F
 from django.test.utils import CaptureQueriesContext, override_settings
 
 from durable_agents import api
@@ -234,6 +235,22 @@ def test_cancel__requested_while_a_worker_holds_the_lease_settles_at_the_boundar
     assert Run.objects.get(pk=run.id).status == RunStatus.RUNNING
     Run.objects.filter(pk=run.id, lease_token=claim.token).update(lease_owner="", lease_expires_at=None)
     assert advance(run.id) is Outcome.CANCELLED
+    assert Run.objects.get(pk=run.id).status == RunStatus.CANCELLED
+
+
+def test_cancel__a_run_whose_holder_let_its_lease_lapse_stops_at_once_and_the_late_commit_is_refused():
+    run = api.start("record", {"steps": 3})
+    zombie = claim_run(run.id)
+    Run.objects.filter(pk=run.id).update(lease_expires_at=F("lease_expires_at") - timedelta(minutes=5))
+
+    assert api.cancel(run.id, "stop").status == RunStatus.CANCELLED, "no live holder: nothing to wait for"
+
+    from durable_agents.engine import transitions
+    from durable_agents.engine.payloads import StoredResult
+
+    step = Step.objects.filter(run=run).order_by("position").first()
+    late = transitions.checkpoint(zombie, step, StoredResult(inline={"late": True}), final=False)
+    assert late is transitions.Committed.LOST, "the paused holder's commit after the cancel must match 0 rows"
     assert Run.objects.get(pk=run.id).status == RunStatus.CANCELLED
 
 
