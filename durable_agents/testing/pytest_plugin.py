@@ -23,6 +23,9 @@ fake_anthropic        a running FakeAnthropic; this process and the test's worke
 drive                 `durable_agents.testing.drive`: advance a run in this process until it stops
 isolated_registries   workflows, tools and participants registered by the test are forgotten after it
 
+Every test (autouse): engine time moved with `durable_agents.clock.advance` is set back after it, so one test's
+lapsed leases and deadlines never reach the next.
+
 Options (ini):
 
 durable_celery_app       the app workers start with (`celery -A APP`); default: $DURABLE_CELERY_APP, else the
@@ -200,6 +203,14 @@ def drive(db: None) -> Callable[..., Run]:
     completes, fails or waits. Example: `assert drive(api.start("noop", {"steps": 3}).id).status == "completed"`.
     """
     return testing.drive
+
+
+@pytest.fixture(autouse=True)
+def _engine_clock_set_back() -> Iterator[None]:
+    yield
+    from durable_agents import clock
+
+    clock.reset()
 
 
 @pytest.fixture

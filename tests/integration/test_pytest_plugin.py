@@ -23,9 +23,11 @@ workflow("greeter", steps=[GREETER])
 """
 
 TESTS = """
+from datetime import timedelta
+
 import pytest
 
-from durable_agents import api
+from durable_agents import api, clock
 from durable_agents.testing import wait_for_run
 from durable_agents.testing.fake_anthropic import Reply
 
@@ -57,6 +59,15 @@ def test_isolated_registries__a_test_registers_its_own_workflow(drive, isolated_
 
 def test_isolated_registries__the_next_test_does_not_see_it():
     assert "scratch" not in api.registry.names()
+
+
+def test_clock__a_test_moves_engine_time_to_lapse_a_lease():
+    clock.advance(timedelta(minutes=10))
+    assert clock.offset() == timedelta(minutes=10)
+
+
+def test_clock__the_next_test_starts_on_the_database_clock():
+    assert clock.offset() == timedelta(0), "a lease taken now would look lapsed to this test"
 """
 
 
@@ -65,4 +76,4 @@ def test_plugin__its_fixtures_work_in_a_users_project(pytester: pytest.Pytester,
 
     result = run_user_tests(pytester, monkeypatch)
 
-    result.assert_outcomes(passed=5)
+    result.assert_outcomes(passed=7)

@@ -39,12 +39,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(autouse=True)
-def _reset_clock():
-    yield
-    clock.reset()
-
-
 def slots_between(cron: str, after: datetime, until: datetime) -> list[datetime]:
     """Every slot of `cron` (UTC) in (after, until]."""
     it = croniter(cron, after.astimezone(UTC))
