@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 
 import pytest
@@ -23,6 +25,18 @@ from tests.integration.test_admin import login
 from tests.testapp.models import Execution, LedgerEntry
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@contextmanager
+def family_hooks_lost() -> Iterator[None]:
+    """Runs that finish inside the block never tell their family (as if each process died right after its commit):
+    what the family hook would have done is left to the sweep, or to a later hook."""
+    uid = "durable_agents.engine.family"
+    run_finished.disconnect(dispatch_uid=uid)
+    try:
+        yield
+    finally:
+        run_finished.connect(family._on_run_finished, dispatch_uid=uid)
 
 
 def _children(run: Run) -> list[Run]:
@@ -250,11 +264,8 @@ def test_cancel__a_compensating_cancel_whose_operator_died_is_finished_by_the_sw
     from durable_agents.engine.runs import cancel_run
 
     run = _charged_children_of_a_parent_without_effects()
-    run_finished.disconnect(dispatch_uid="durable_agents.engine.family")
-    try:
+    with family_hooks_lost():
         cancel_run(run.id, reason="no longer needed", actor="ops", compensate=True)
-    finally:
-        run_finished.connect(family._on_run_finished, dispatch_uid="durable_agents.engine.family")
     assert Run.objects.get(pk=run.id).status == RunStatus.CANCELLED
     assert sweep().orphans_cancelled == 2
     for kid in _children(run):
@@ -317,11 +328,8 @@ def test_cancel__a_child_completing_after_its_parents_compensating_cancel_undoes
     _drive_children(run)
     (kid,) = _children(run)
     # The parent's cancel commits; the operator's process dies before it reaches the child, which completes.
-    run_finished.disconnect(dispatch_uid="durable_agents.engine.family")
-    try:
+    with family_hooks_lost():
         cancel_run(run.id, reason="stop", compensate=True)
-    finally:
-        run_finished.connect(family._on_run_finished, dispatch_uid="durable_agents.engine.family")
     api.send_signal(kid.id, "go", {})
     drive(kid.id)  # it completes: its end finds its family's saga and undoes its charge
     assert drive(kid.id).status == RunStatus.CANCELLED
@@ -335,13 +343,10 @@ def test_sweep__undoes_a_finished_childs_effects_when_every_hook_was_lost():
     drive(run.id)
     _drive_children(run)
     (kid,) = _children(run)
-    run_finished.disconnect(dispatch_uid="durable_agents.engine.family")
-    try:
+    with family_hooks_lost():
         cancel_run(run.id, reason="stop", compensate=True)
         api.send_signal(kid.id, "go", {})
         assert drive(kid.id).status == RunStatus.COMPLETED  # and its hook is lost too
-    finally:
-        run_finished.connect(family._on_run_finished, dispatch_uid="durable_agents.engine.family")
     assert _refunds_per_charge() == {"lost-0": 0}
     with override_settings(DURABLE_AGENTS={"IDLE_RESWEEP_SECONDS": 0.001}):
         assert sweep().family_undone == 1
@@ -451,13 +456,10 @@ def test_sweep__a_family_that_cannot_let_go_yet_never_holds_up_the_others():
     drive(victim.id)
     _drive_children(victim)
     (kid,) = _children(victim)
-    run_finished.disconnect(dispatch_uid="durable_agents.engine.family")
-    try:
+    with family_hooks_lost():
         cancel_run(victim.id, reason="undo", compensate=True)
         api.send_signal(kid.id, "go", {})
         assert drive(kid.id).status == RunStatus.COMPLETED
-    finally:
-        run_finished.connect(family._on_run_finished, dispatch_uid="durable_agents.engine.family")
     with override_settings(DURABLE_AGENTS={"IDLE_RESWEEP_SECONDS": 0.001, "SWEEP_BATCH": 2}):
         for _ in range(3):
             sweep()
@@ -599,11 +601,8 @@ def test_resume__children_cancelled_otherwise_stay_as_they_are():
 def test_sweep__finds_a_lost_wake_up_and_cancels_orphans():
     run = api.start("fan_all", {"items": [{"item": 0}]})
     drive(run.id)
-    run_finished.disconnect(dispatch_uid="durable_agents.engine.family")
-    try:
+    with family_hooks_lost():
         _drive_children(run)  # the child's wake-up is lost (as if its worker died right after its commit)
-    finally:
-        run_finished.connect(family._on_run_finished, dispatch_uid="durable_agents.engine.family")
     assert Run.objects.get(pk=run.id).status == RunStatus.WAITING
     with override_settings(DURABLE_AGENTS={"IDLE_RESWEEP_SECONDS": 0}):
         report = sweep()

@@ -78,11 +78,14 @@ from tests.testapp.machine import (
     ORDER_STEPS,
     SAGA_STEPS,
     PausedWorker,
+    active,
     control,
     fast_commits,
     machine_refund,
     machine_settings,
+    runnable,
     skewed_clock,
+    stopped,
 )
 from tests.testapp.models import Execution, MachineOrder, ReceiverCall
 
@@ -124,24 +127,12 @@ AMOUNTS = ("60.00", "80.00", "95.00")
 WORKFLOWS = ("machine_order", "machine_saga")
 
 
-def _runnable(run: Run) -> bool:
-    return run.status in RUNNABLE_RUN_STATUSES
-
-
-def _active(run: Run) -> bool:
-    return run.status in ACTIVE_RUN_STATUSES
-
-
-def _stopped(run: Run) -> bool:
-    return run.status in (RunStatus.FAILED, RunStatus.CANCELLED)
-
-
 def _not_waiting(run: Run) -> bool:
     return run.status != RunStatus.WAITING
 
 
 def _active_order(run: Run) -> bool:
-    return run.workflow == "machine_order" and _active(run)
+    return run.workflow == "machine_order" and active(run)
 
 
 @dataclass
@@ -281,17 +272,17 @@ class DurableMachine(RuleBasedStateMachine):
             )
         return outcome
 
-    @precondition(lambda self: self._runs(_runnable))
+    @precondition(lambda self: self._runs(runnable))
     @rule(data=st.data())
     def advance_once(self, data: st.DataObject) -> None:
         """One delivery of the run's wake-up message (possibly a duplicate)."""
-        self._advance(self._draw(data, _runnable))
+        self._advance(self._draw(data, runnable))
 
-    @precondition(lambda self: self._runs(_runnable))
+    @precondition(lambda self: self._runs(runnable))
     @rule(data=st.data())
     def drive(self, data: st.DataObject) -> None:
         """Deliver wake-ups until the run stops being runnable (waits, finishes) or is held elsewhere."""
-        run = self._draw(data, _runnable)
+        run = self._draw(data, runnable)
         for _ in range(DRIVE_LIMIT):
             if self._run(run).status not in RUNNABLE_RUN_STATUSES or self._advance(run) is Outcome.SKIPPED:
                 return
@@ -316,7 +307,7 @@ class DurableMachine(RuleBasedStateMachine):
                 return
 
     def _pausable(self, run: Run) -> bool:
-        return _runnable(run) and str(run.id) not in self.paused
+        return runnable(run) and str(run.id) not in self.paused
 
     def _draw_paused(self, data: st.DataObject) -> str:
         return self._draw(data, lambda r: str(r.id) in self.paused, label="run of the paused worker")
@@ -369,18 +360,18 @@ class DurableMachine(RuleBasedStateMachine):
 
     # --- operators --------------------------------------------------------------------------------------
 
-    @precondition(lambda self: self._runs(_active))
+    @precondition(lambda self: self._runs(active))
     @rule(data=st.data(), compensate=st.booleans())
     def cancel(self, data: st.DataObject, compensate: bool) -> None:
-        run = self._draw(data, _active)
+        run = self._draw(data, active)
         api.cancel(run, reason="machine", compensate=compensate, actor="machine")
         if compensate:
             self.tracked[run].compensate = True
 
-    @precondition(lambda self: self._runs(_stopped))
+    @precondition(lambda self: self._runs(stopped))
     @rule(data=st.data())
     def resume(self, data: st.DataObject) -> None:
-        run = self._draw(data, _stopped)
+        run = self._draw(data, stopped)
         try:
             api.resume(run, actor="machine")
         except InvalidTransitionError as exc:
@@ -479,11 +470,11 @@ class DurableMachine(RuleBasedStateMachine):
         run = self._draw(data, _active_order)
         MachineOrder.objects.filter(order_id=self.tracked[run].order_id).update(amount=Decimal(amount))
 
-    @precondition(lambda self: self._runs(_active))
+    @precondition(lambda self: self._runs(active))
     @rule(data=st.data(), when=st.sampled_from(["before", "after"]))
     def fault_next_ship(self, data: st.DataObject, when: str) -> None:
         """The run's next shipping call times out: before the parcel left, or after (outcome unknown)."""
-        control.fault_next_ship(self._draw(data, _active), when)
+        control.fault_next_ship(self._draw(data, active), when)
 
     @rule(seconds=st.sampled_from(TIME_STEPS))
     def advance_time(self, seconds: int) -> None:

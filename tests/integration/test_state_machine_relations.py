@@ -107,7 +107,7 @@ from durable_agents.models import (
 from durable_agents.signals import run_finished
 from durable_agents.testing.fake_anthropic import Fault, Reply
 from tests.integration.test_agent_faults import claude_on_the_fake
-from tests.testapp.machine import fast_commits, machine_settings
+from tests.testapp.machine import active, fast_commits, machine_settings, runnable, stopped
 from tests.testapp.models import Execution, LedgerEntry
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -286,13 +286,13 @@ class FamilyMachine(RuleBasedStateMachine):
 
     @rule(which=WHICH)
     def advance_once(self, which: int) -> None:
-        run = self._pick(which, _runnable)
+        run = self._pick(which, runnable)
         if run is not None:
             advance(run)
 
     @rule(which=WHICH)
     def drive(self, which: int) -> None:
-        run = self._pick(which, _runnable)
+        run = self._pick(which, runnable)
         if run is not None:
             self._drive(run)
 
@@ -341,7 +341,7 @@ class FamilyMachine(RuleBasedStateMachine):
 
     @rule(which=WHICH, compensate=st.booleans())
     def cancel(self, which: int, compensate: bool) -> None:
-        run = self._pick(which, _active)
+        run = self._pick(which, active)
         if run is None:
             return
         scope = self._family(run) if compensate else frozenset()
@@ -388,7 +388,7 @@ class FamilyMachine(RuleBasedStateMachine):
 
     @rule(which=WHICH)
     def resume(self, which: int) -> None:
-        run = self._pick(which, _stopped)
+        run = self._pick(which, stopped)
         if run is None:
             return
         try:
@@ -634,18 +634,6 @@ def _root(run_id: Any, parent_of: dict[Any, Any]) -> Any:
     while run_id in parent_of:
         run_id = parent_of[run_id]
     return run_id
-
-
-def _runnable(run: Run) -> bool:
-    return run.status in RUNNABLE_RUN_STATUSES
-
-
-def _active(run: Run) -> bool:
-    return run.status in ACTIVE_RUN_STATUSES
-
-
-def _stopped(run: Run) -> bool:
-    return run.status in (RunStatus.FAILED, RunStatus.CANCELLED)
 
 
 def _live_child(run: Run) -> bool:

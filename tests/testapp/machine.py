@@ -36,7 +36,7 @@ from django.test.utils import override_settings
 from durable_agents.api import PermanentError, RetryPolicy, StepContext, approval, call, sleep, tool, wait_for_signal
 from durable_agents.api import workflow as define_workflow
 from durable_agents.engine.advance import Outcome, advance
-from durable_agents.models import Run, RunStatus
+from durable_agents.models import ACTIVE_RUN_STATUSES, RUNNABLE_RUN_STATUSES, Run, RunStatus
 from tests.testapp.models import MachineOrder, ReceiverCall
 from tests.testapp.workflows import record_execution
 
@@ -424,3 +424,17 @@ define_workflow(
 )
 
 STEP_IDS = {"machine_order": ORDER_STEPS, "machine_saga": SAGA_STEPS}
+
+
+# Which runs a state machine's rule may pick (both machines share them).
+def runnable(run: Run) -> bool:
+    return run.status in RUNNABLE_RUN_STATUSES
+
+
+def active(run: Run) -> bool:
+    return run.status in ACTIVE_RUN_STATUSES
+
+
+def stopped(run: Run) -> bool:
+    """Failed or cancelled: what an operator may resume."""
+    return run.status in (RunStatus.FAILED, RunStatus.CANCELLED)
