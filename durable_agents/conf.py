@@ -85,6 +85,14 @@ SETTINGS: dict[str, Setting] = {
         above=0,
         at_most=LONGEST_SECONDS,
     ),
+    "RESWEEP_BACKOFF_MAX_SECONDS": Setting(
+        300.0,
+        float,
+        "a run the sweep re-woke without progress is re-woken ever more rarely (after as long as it had been "
+        "stalled), at least this often",
+        above=0,
+        at_most=LONGEST_SECONDS,
+    ),
     "SWEEP_BATCH": Setting(
         1000, int, "at most this many runs re-enqueued by one sweep pass", at_least=1, at_most=MOST_ROWS
     ),
@@ -92,6 +100,14 @@ SETTINGS: dict[str, Setting] = {
         600.0,
         float,
         "a running run with no progress for this long is flagged stuck in the console",
+        above=0,
+        at_most=LONGEST_SECONDS,
+    ),
+    "BEHIND_AFTER_SECONDS": Setting(
+        60.0,
+        float,
+        "a runnable run waiting this long for a worker (while workers and the sweep are alive) makes health say the "
+        "workers are behind",
         above=0,
         at_most=LONGEST_SECONDS,
     ),

@@ -19,11 +19,13 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db.models import Count
+from django.db.models import Count, Q
+from django.db.models.functions import Coalesce, Greatest
 
 from durable_agents import clock
+from durable_agents.broker import queue_depths
 from durable_agents.conf import settings
-from durable_agents.models import ProcessHeartbeat, Run, RunStatus
+from durable_agents.models import QUEUED, RUNNABLE_RUN_STATUSES, ProcessHeartbeat, Run, RunStatus
 
 # Stuck runs are counted up to this many: a verdict needs no exact figure past it, and the count stays cheap.
 STUCK_COUNT_CAP = 10_000
@@ -77,6 +79,23 @@ class Presence:
 
 
 @dataclass(frozen=True)
+class Backlog:
+    """How far the workers are behind: the wake-ups waiting on each run queue (None: the broker could not be
+    asked), and how long the oldest run a worker could take now has waited for one (None: none waits)."""
+
+    queued: dict[str, int] | None
+    oldest_runnable_seconds: float | None
+
+    @property
+    def behind(self) -> bool:
+        return (self.oldest_runnable_seconds or 0.0) > float(settings.BEHIND_AFTER_SECONDS)
+
+    def as_dict(self) -> dict[str, Any]:
+        oldest = self.oldest_runnable_seconds
+        return {"queued": self.queued, "oldest_runnable_seconds": None if oldest is None else round(oldest, 1)}
+
+
+@dataclass(frozen=True)
 class Health:
     """Presence, the runs, and the verdict: `problems` names each likely cause with its next action."""
 
@@ -84,6 +103,7 @@ class Health:
     stuck: int
     by_status: dict[str, int] | None
     problems: tuple[str, ...]
+    backlog: Backlog | None = None
 
     @property
     def ok(self) -> bool:
@@ -110,6 +130,7 @@ class Health:
             "last_worker_seen": p.last_worker_seen.isoformat() if p.last_worker_seen else None,
             "stuck": self.stuck,
             "runs_by_status": self.by_status,
+            "backlog": None if self.backlog is None else self.backlog.as_dict(),
         }
 
 
@@ -133,8 +154,9 @@ def read_presence(now: datetime | None = None) -> Presence:
 
 
 def system_health(*, count_by_status: bool = True, stuck: int | None = None) -> Health:
-    """Presence, stuck runs and the verdict. `count_by_status=False` skips counting every run by status, and
-    `stuck` is the number of stuck runs when the caller counted them already (the console's overview)."""
+    """Presence, stuck runs, the backlog and the verdict. `count_by_status=False` skips counting every run by
+    status, and `stuck` is the number of stuck runs when the caller counted them already (the console's overview).
+    The broker is asked for its queues' depths (at most broker.ANSWER_WITHIN_SECONDS)."""
     presence = read_presence()
     if stuck is None:
         stuck_after = timedelta(seconds=float(settings.STUCK_AFTER_SECONDS))
@@ -143,10 +165,27 @@ def system_health(*, count_by_status: bool = True, stuck: int | None = None) -> 
     if count_by_status:
         counted = dict(Run.objects.values_list("status").annotate(n=Count("*")).order_by())
         by_status = {status: counted.get(status, 0) for status in RunStatus.values}
-    return Health(presence, stuck, by_status, _problems(presence, stuck))
+    backlog = read_backlog(presence.now)
+    return Health(presence, stuck, by_status, _problems(presence, stuck, backlog), backlog)
 
 
-def _problems(presence: Presence, stuck: int) -> tuple[str, ...]:
+def read_backlog(now: datetime) -> Backlog:
+    """The broker's queue depths and the age of the oldest run waiting for a worker: runnable, due, held by no
+    live lease, not queued behind its concurrency key (one indexed query)."""
+    waiting = (
+        Run.objects.filter(status__in=RUNNABLE_RUN_STATUSES, cancel_requested_at__isnull=True)
+        .filter(Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now))
+        .filter(Q(wake_at__isnull=True) | Q(wake_at__lte=now))
+        .exclude(QUEUED)
+    )
+    # Waiting since it became runnable: its last change, or the time its retry became due, whichever is later.
+    since = Greatest("updated_at", Coalesce("wake_at", "updated_at"))
+    oldest = waiting.annotate(since=since).order_by("since").values_list("since", flat=True).first()
+    age = None if oldest is None else max(0.0, (now - oldest).total_seconds())
+    return Backlog(queue_depths(), age)
+
+
+def _problems(presence: Presence, stuck: int, backlog: Backlog | None = None) -> tuple[str, ...]:
     """The likely causes, most likely first. Workers run the sweep's task too: with none alive, a late sweep is
     a consequence, not a second cause."""
     runs = f" ({_runs(stuck)} stuck)" if stuck else ""
@@ -166,12 +205,26 @@ def _problems(presence: Presence, stuck: int) -> tuple[str, ...]:
         return (f"the sweep has never run — is celery beat up, with durable_agents.sweep scheduled?{runs}",)
     if lag > float(settings.SWEEP_LATE_AFTER_SECONDS):
         return (f"the sweep has not run for {ago(lag)} — is celery beat up?{runs}",)
+    if backlog is not None and backlog.behind:
+        return (_behind(backlog, runs),)
     if stuck:
         return (
             f"{_runs(stuck)} stuck while the sweep and workers are alive — see "
             "`durable_runs --stuck`: does a worker consume each run's queue, does a step never finish?",
         )
     return ()
+
+
+def _behind(backlog: Backlog, runs: str) -> str:
+    """Workers alive, the sweep on time, and runs waiting longer than BEHIND_AFTER_SECONDS for a worker: overload."""
+    waited = ago(backlog.oldest_runnable_seconds or 0.0)
+    queued = backlog.queued or {}
+    deep = [f"{n:,} messages queued on {queue!r}" for queue, n in sorted(queued.items(), key=lambda kv: -kv[1]) if n]
+    where = f" ({', '.join(deep)})" if deep else ""
+    return (
+        f"workers are behind: a runnable run has waited {waited} for a worker{where} — add workers or concurrency "
+        f"for the busiest queue, or lower the load{runs}"
+    )
 
 
 def _unserved_queues(workers: tuple[WorkerSeen, ...]) -> list[tuple[str, str]]:

@@ -50,7 +50,7 @@ except ImportError as missing:  # an optional extra: say which
 
 from durable_agents import clock
 from durable_agents.conf import settings
-from durable_agents.health import read_presence
+from durable_agents.health import read_backlog, read_presence
 from durable_agents.models import Event, Run, RunStatus, Step
 from durable_agents.workflows import registry
 
@@ -155,7 +155,7 @@ class DatabaseCollector(Collector):
 
 
 def _health_gauges(now: datetime) -> Iterator[GaugeMetricFamily]:
-    """The sweep's lag and the live workers, from the heartbeat table (one query of a tiny table)."""
+    """The sweep's lag and the live workers (the heartbeat table), the oldest runnable run and the queue depths."""
     presence = read_presence(now)
     lag = GaugeMetricFamily(
         "durable_sweep_lag_seconds",
@@ -168,6 +168,23 @@ def _health_gauges(now: datetime) -> Iterator[GaugeMetricFamily]:
     )
     workers.add_metric([], len(presence.live_workers))
     yield workers
+    backlog = read_backlog(now)
+    oldest = GaugeMetricFamily(
+        "durable_oldest_runnable_seconds",
+        "How long the oldest run a worker could take now has waited for one (0: none waits); workers are behind "
+        "past DURABLE_AGENTS['BEHIND_AFTER_SECONDS'].",
+    )
+    oldest.add_metric([], backlog.oldest_runnable_seconds or 0.0)
+    yield oldest
+    if backlog.queued is not None:  # unknown (the broker could not be asked) is no sample, never 0
+        queued = GaugeMetricFamily(
+            "durable_queue_depth",
+            "Wake-up messages waiting on each run queue, as the broker counts them.",
+            labels=["queue"],
+        )
+        for queue, depth in sorted(backlog.queued.items()):
+            queued.add_metric([queue], depth)
+        yield queued
 
 
 def _per_workflow(name: str, documentation: str, workflows: list[str], values: dict[str, float]) -> GaugeMetricFamily:

@@ -20,7 +20,7 @@ from celery.signals import celeryd_init, worker_ready, worker_shutdown
 from django.core import checks
 from django.db import InterfaceError, OperationalError, connections
 
-from durable_agents import retention
+from durable_agents import broker, retention
 from durable_agents.conf import settings as durable_settings
 from durable_agents.engine import advance as engine_advance
 from durable_agents.engine import heartbeats as engine_heartbeats
@@ -146,8 +146,10 @@ def _plain_steps_queue() -> set[str]:
 
 @shared_task(name="durable_agents.sweep", **JSON)
 def sweep() -> dict[str, int]:
-    """Re-wake lost runs and settle cancellations (scheduled by celery beat)."""
-    return _dropping_dead_connections(lambda: engine_sweep.sweep().as_dict())
+    """Re-wake lost runs and settle cancellations (scheduled by celery beat); backs off while the broker holds a
+    backlog of wake-ups."""
+    backlog = broker.backlog()
+    return _dropping_dead_connections(lambda: engine_sweep.sweep(backlog=backlog).as_dict())
 
 
 # No acks_late: a pass killed midway leaves whole batches (each one transaction); the next scheduled pass goes on.

@@ -14,10 +14,11 @@ Each completed pass records itself (engine/heartbeats.py), so `durable_status` c
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import DateTimeField, DurationField, ExpressionWrapper, F, Q, Value
+from django.db.models.lookups import LessThanOrEqual
 
 from durable_agents import clock
 from durable_agents.conf import settings
@@ -31,6 +32,21 @@ from durable_agents.engine.schedules import start_due_schedules
 from durable_agents.engine.waits import sweep_waits
 from durable_agents.engine.wake import wake_on_commit
 from durable_agents.models import ACTIVE_RUN_STATUSES, QUEUED, RUNNABLE_RUN_STATUSES, Event, Run
+
+
+def _not_recently_swept(now: datetime, idle: timedelta) -> Q:
+    """Not re-woken by a sweep within `idle` — and, if the last re-wake brought no progress, not since then for as
+    long as the run had been stalled when re-woken (capped at RESWEEP_BACKOFF_MAX_SECONDS): a run no worker takes
+    (its queue is saturated, or nobody consumes it) gets a wake-up after idle, 2 idle, 4 idle, ... — a handful
+    over ten minutes, not one per sweep period on top of the messages already queued for it."""
+    cap = timedelta(seconds=float(settings.RESWEEP_BACKOFF_MAX_SECONDS))
+    progressed_since = Q(swept_at__lt=F("updated_at"))
+    stalled_when_swept = ExpressionWrapper(F("swept_at") - F("updated_at"), output_field=DurationField())
+    since_swept = ExpressionWrapper(
+        Value(now, output_field=DateTimeField()) - F("swept_at"), output_field=DurationField()
+    )
+    backed_off = Q(LessThanOrEqual(stalled_when_swept, since_swept)) | Q(swept_at__lt=now - cap)
+    return Q(swept_at__isnull=True) | (Q(swept_at__lt=now - idle) & (progressed_since | backed_off))
 
 
 @dataclass(frozen=True)
@@ -54,29 +70,36 @@ class SweepReport:
         return asdict(self)
 
 
-def sweep() -> SweepReport:
-    """One pass: wake lost runs, finish cancellations nobody is left to finish, run due waits, queue notices."""
+def sweep(*, backlog: int | None = None) -> SweepReport:
+    """One pass: wake lost runs, finish cancellations nobody is left to finish, run due waits, queue notices.
+
+    `backlog`: the wake-ups waiting on the broker's run queues (broker.backlog(); None: unknown). While the broker
+    holds a backlog, runs whose message may just be waiting in it are re-woken only as far as SWEEP_BATCH exceeds
+    it; runs whose holder died (lease expired) are re-woken all the same."""
     now = clock.now()
     idle = timedelta(seconds=float(settings.IDLE_RESWEEP_SECONDS))
     lease_free = Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now)
     due = Q(wake_at__isnull=True) | Q(wake_at__lte=now)
-    # Lost: a dead worker's lease expired, a due retry was not picked up, or no progress for `idle`.
-    lost = Q(lease_expires_at__lt=now) | Q(wake_at__isnull=False) | Q(updated_at__lt=now - idle)
-    not_recently_swept = Q(swept_at__isnull=True) | Q(swept_at__lt=now - idle)
-    candidates = (
-        Run.objects.filter(
-            lease_free,
-            due,
-            lost,
-            not_recently_swept,
-            status__in=RUNNABLE_RUN_STATUSES,
-            cancel_requested_at__isnull=True,
-        )
-        .exclude(QUEUED)
-        .order_by("updated_at")
+    runnable = Run.objects.filter(
+        lease_free,
+        due,
+        _not_recently_swept(now, idle),
+        status__in=RUNNABLE_RUN_STATUSES,
+        cancel_requested_at__isnull=True,
+    ).exclude(QUEUED)
+    batch = int(settings.SWEEP_BATCH)
+    # Lost for certain: a dead worker's lease expired. Perhaps lost: a due retry not picked up, no progress for
+    # `idle` — or its message still waits behind a backlog.
+    dead_holders = runnable.filter(lease_expires_at__lt=now)
+    perhaps_lost = runnable.filter(Q(wake_at__isnull=False) | Q(updated_at__lt=now - idle)).exclude(
+        lease_expires_at__lt=now
     )
+    room = batch if backlog is None else max(0, batch - backlog)
     with transaction.atomic():
-        rows = list(locked(candidates).values_list("id", "lease_owner")[: int(settings.SWEEP_BATCH)])
+        rows = list(locked(dead_holders.order_by("updated_at")).values_list("id", "lease_owner")[:batch])
+        room = min(room, batch - len(rows))
+        if room:
+            rows += locked(perhaps_lost.order_by("updated_at")).values_list("id", "lease_owner")[:room]
         ids = [run_id for run_id, _ in rows]
         if ids:
             Run.objects.filter(pk__in=ids).update(swept_at=now)

@@ -4,6 +4,7 @@ the console say so — or name the likely cause when runs are stuck ("is celery 
 from __future__ import annotations
 
 import json
+import re
 from datetime import timedelta
 from io import StringIO
 
@@ -15,7 +16,7 @@ from django.test import Client
 from django.urls import reverse
 from prometheus_client.parser import text_string_to_metric_families
 
-from durable_agents import clock
+from durable_agents import api, clock
 from durable_agents.engine.heartbeats import SWEEP, WorkerHeartbeat, record_beat
 from durable_agents.engine.sweep import sweep
 from durable_agents.health import read_presence, system_health
@@ -111,6 +112,7 @@ def test_status__text_output_lists_the_sweep_workers_and_verdict():
     text = out.getvalue()
     assert "last sweep:" in text and "w@h pid 7  queues celery" in text
     assert "verdict: OK: the sweep ran" in text, text
+    assert "queued messages: celery " in text and "oldest runnable run waiting: none" in text
 
 
 def test_sweep__records_its_pass_and_forgets_workers_unseen_for_a_day():
@@ -189,3 +191,31 @@ def test_status__a_configured_queue_no_live_worker_consumes_is_named(settings):
     health = system_health()
 
     assert health.verdict == "no live worker consumes the queue 'model' (MODEL_QUEUE) — start one with `--queues model`"
+
+
+def test_status__runs_waiting_long_for_a_worker_say_the_workers_are_behind(broker_url, settings):
+    settings.DURABLE_AGENTS = {**settings.DURABLE_AGENTS, "METRICS_TOKEN": "scrape-token-0123456789"}
+    for _ in range(3):
+        api.start("noop", {"steps": 1})  # no worker takes them: their wake-ups wait on the broker's queue
+    clock.advance(timedelta(minutes=6))
+    sweep()  # the sweep is on time...
+    record_beat("worker:b@h:9", ProcessHeartbeat.Kind.WORKER, hostname="b@h", pid=9, queues=["celery"])  # ...and alive
+
+    health = system_health()
+    report, code = status()
+
+    assert re.fullmatch(
+        r"workers are behind: a runnable run has waited 6 min for a worker \((\d+) messages queued on 'celery'\) — "
+        r"add workers or concurrency for the busiest queue, or lower the load \(3 runs stuck\)",
+        health.verdict,
+    ), health.verdict
+    assert health.backlog.queued["celery"] >= 3 and code != 0
+    assert report["backlog"]["oldest_runnable_seconds"] >= 360 and report["backlog"]["queued"]["celery"] >= 3
+    response = Client().get("/metrics", HTTP_AUTHORIZATION="Bearer scrape-token-0123456789")
+    samples = {
+        (s.name, s.labels.get("queue")): s.value
+        for f in text_string_to_metric_families(response.content.decode())
+        for s in f.samples
+    }
+    assert samples[("durable_oldest_runnable_seconds", None)] >= 360
+    assert samples[("durable_queue_depth", "celery")] >= 3

@@ -1,5 +1,6 @@
 """durable_status [--json]: is the system healthy? The last sweep and its lag, live workers, runs by status,
-stuck runs, and a one-line verdict naming the likely cause ("is celery beat up?").
+stuck runs, the broker's queues and the oldest runnable run's wait, and a one-line verdict naming the likely cause
+("is celery beat up?", "workers are behind").
 
 Exit code 0 when healthy, 1 when not (for scripts and probes), 2 on a usage mistake.
 """
@@ -44,4 +45,14 @@ class Command(DurableCommand):
         counts = "  ".join(f"{status} {n}" for status, n in (health.by_status or {}).items())
         self.stdout.write(f"runs: {counts}")
         self.stdout.write(f"stuck runs: {health.stuck}")
+        if health.backlog is not None:
+            queued = health.backlog.queued
+            depths = (
+                "unknown (the broker did not answer)"
+                if queued is None
+                else "  ".join(f"{q} {n}" for q, n in queued.items())
+            )
+            oldest = health.backlog.oldest_runnable_seconds
+            self.stdout.write(f"queued messages: {depths}")
+            self.stdout.write(f"oldest runnable run waiting: {'none' if oldest is None else ago(oldest)}")
         self.stdout.write(f"verdict: {health.verdict}")

@@ -1,0 +1,108 @@
+"""Overload: when workers fall behind, the sweep must not multiply the messages they are behind on.
+
+No worker runs in these tests: a started run's wake-up stays on the (real Redis) broker's queue, as it does behind a
+saturated queue. Engine time is moved with `clock.advance` (set back after each test by the plugin).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.test.utils import override_settings
+
+from durable_agents import api, broker, clock
+from durable_agents.clock import DbNow
+from durable_agents.engine.sweep import sweep
+from durable_agents.models import Event, Run
+from durable_agents.testing.runs import take_lease
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+IDLE = 10.0
+SWEEPS = {"IDLE_RESWEEP_SECONDS": IDLE, "RESWEEP_BACKOFF_MAX_SECONDS": 300.0, "SWEEP_BATCH": 100}
+
+
+def _swept(run: Run) -> int:
+    return Event.objects.filter(run=run, kind="swept").count()
+
+
+def _stall(minutes: int, every: float = 10.0) -> None:
+    """Sweep every `every` seconds of engine time for `minutes`, as beat would while no worker takes the run."""
+    for _ in range(int(minutes * 60 / every)):
+        clock.advance(timedelta(seconds=every))
+        sweep()
+
+
+@override_settings(DURABLE_AGENTS=SWEEPS)
+def test_sweep__a_run_no_worker_takes_is_re_woken_ever_more_rarely():
+    run = api.start("noop", {"steps": 1})
+    _stall(minutes=10)
+    # One wake-up per IDLE_RESWEEP_SECONDS would be 60 over ten minutes; backing off (10, 20, 40, 80, 160, 320 s
+    # of stall) it is six — every one of them a message a saturated worker would have had to turn away.
+    assert _swept(run) <= 7, f"{_swept(run)} re-wakes in ten minutes"
+    assert _swept(run) >= 5, "a run nobody takes must still be re-woken (its message may be lost)"
+
+
+@override_settings(DURABLE_AGENTS=SWEEPS)
+def test_sweep__a_run_that_progressed_is_re_woken_after_idle_again():
+    run = api.start("noop", {"steps": 1})
+    _stall(minutes=5)
+    before = _swept(run)
+    Run.objects.filter(pk=run.id).update(updated_at=DbNow())  # a worker took a step: progress
+    clock.advance(timedelta(seconds=IDLE + 1))
+    sweep()
+    assert _swept(run) == before + 1, "after progress a lost message is found within IDLE_RESWEEP_SECONDS again"
+
+
+@override_settings(DURABLE_AGENTS=SWEEPS)
+def test_sweep__backoff_is_capped_so_a_lost_message_is_found_within_the_cap():
+    run = api.start("noop", {"steps": 1})
+    _stall(minutes=30, every=30.0)
+    swept = list(Event.objects.filter(run=run, kind="swept").order_by("id").values_list("created_at", flat=True))
+    gaps = [(later - earlier).total_seconds() for earlier, later in zip(swept, swept[1:], strict=False)]
+    assert gaps and max(gaps) <= 300 + 30, f"gaps between re-wakes: {gaps}"
+
+
+@override_settings(DURABLE_AGENTS=SWEEPS)
+def test_sweep__while_the_broker_holds_a_backlog_it_re_wakes_only_runs_whose_holder_died():
+    waiting = [api.start("noop", {"steps": 1}) for _ in range(3)]
+    dead = api.start("noop", {"steps": 1})
+    take_lease(dead.id)  # its worker died holding it: no message of its is queued any more
+    clock.advance(timedelta(minutes=5))
+
+    report = sweep(backlog=SWEEPS["SWEEP_BATCH"])
+
+    assert report.woken == 1 and _swept(dead) == 1
+    assert [_swept(run) for run in waiting] == [0, 0, 0], "their wake-ups may still be in the backlog"
+    assert sweep(backlog=SWEEPS["SWEEP_BATCH"] - 2).woken == 2, "the room SWEEP_BATCH leaves above the backlog"
+
+
+def test_backlog__counts_the_wake_ups_waiting_on_the_broker(broker_url):
+    # No worker consumes: each start's message waits on the queue, which the broker counts (a passive declare:
+    # kombu's virtual transports answer it with the Redis list's length).
+    before = broker.backlog()
+    for _ in range(3):
+        api.start("noop", {"steps": 1})
+    assert before is not None and broker.backlog() == before + 3
+    assert broker.queue_depths(["never-used-queue"]) == {"never-used-queue": 0}
+
+
+def test_backlog__a_broker_that_cannot_be_asked_is_unknown_not_zero(monkeypatch):
+    from celery import current_app
+
+    ask = current_app.connection_for_read
+    monkeypatch.setattr(current_app, "connection_for_read", lambda: ask(url="redis://127.0.0.1:1/0"))  # nothing listens
+    assert broker.backlog() is None
+
+
+@override_settings(DURABLE_AGENTS={**SWEEPS, "SWEEP_BATCH": 2})
+def test_sweep_task__measures_the_backlog_and_adds_nothing_to_a_deep_queue(broker_url):
+    from durable_agents import tasks
+
+    runs = [api.start("noop", {"steps": 1}) for _ in range(3)]  # three messages wait: more than SWEEP_BATCH
+    clock.advance(timedelta(minutes=5))
+    depth = broker.backlog()
+
+    assert tasks.sweep()["woken"] == 0, "beat's pass asked the broker and found the queue deep enough"
+    assert broker.backlog() == depth and [_swept(run) for run in runs] == [0, 0, 0]
