@@ -73,9 +73,10 @@ class SweepReport:
 def sweep(*, backlog: int | None = None) -> SweepReport:
     """One pass: wake lost runs, finish cancellations nobody is left to finish, run due waits, queue notices.
 
-    `backlog`: the wake-ups waiting on the broker's run queues (broker.backlog(); None: unknown). While the broker
-    holds a backlog, runs whose message may just be waiting in it are re-woken only as far as SWEEP_BATCH exceeds
-    it; runs whose holder died (lease expired) are re-woken all the same."""
+    `backlog`: the messages waiting on the broker's run queues (broker.backlog(); None: unknown). Of the runs whose
+    message may just be waiting in it (no progress for IDLE_RESWEEP_SECONDS), only those beyond the backlog are
+    re-woken, the oldest first: a queue is served in order, so nothing that waits is lost — once the queue drains
+    below them, they are re-woken. Runs whose holder died (lease expired) are re-woken all the same."""
     now = clock.now()
     idle = timedelta(seconds=float(settings.IDLE_RESWEEP_SECONDS))
     lease_free = Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now)
@@ -94,7 +95,12 @@ def sweep(*, backlog: int | None = None) -> SweepReport:
     perhaps_lost = runnable.filter(Q(wake_at__isnull=False) | Q(updated_at__lt=now - idle)).exclude(
         lease_expires_at__lt=now
     )
-    room = batch if backlog is None else max(0, batch - backlog)
+    room = batch
+    if backlog:
+        # As many of them as the queued messages could be wake-ups for may just be waiting their turn: re-wake only
+        # the rest, the oldest first (a queue is served in order: theirs were sent longest ago). Counted past the
+        # backlog only as far as a batch, so a deep queue costs a bounded count.
+        room = max(0, perhaps_lost[: backlog + batch].count() - backlog)
     with transaction.atomic():
         rows = list(locked(dead_holders.order_by("updated_at")).values_list("id", "lease_owner")[:batch])
         room = min(room, batch - len(rows))

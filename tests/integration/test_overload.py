@@ -71,11 +71,12 @@ def test_sweep__while_the_broker_holds_a_backlog_it_re_wakes_only_runs_whose_hol
     take_lease(dead.id)  # its worker died holding it: no message of its is queued any more
     clock.advance(timedelta(minutes=5))
 
-    report = sweep(backlog=SWEEPS["SWEEP_BATCH"])
+    report = sweep(backlog=3)
 
     assert report.woken == 1 and _swept(dead) == 1
-    assert [_swept(run) for run in waiting] == [0, 0, 0], "their wake-ups may still be in the backlog"
-    assert sweep(backlog=SWEEPS["SWEEP_BATCH"] - 2).woken == 2, "the room SWEEP_BATCH leaves above the backlog"
+    assert [_swept(run) for run in waiting] == [0, 0, 0], "three queued messages: each may be a wake-up of theirs"
+    assert sweep(backlog=1).woken == 2, "one queued message: two of them have none, the oldest two are re-woken"
+    assert [_swept(run) for run in waiting] == [1, 1, 0]
 
 
 def test_backlog__counts_the_wake_ups_waiting_on_the_broker(broker_url):
@@ -96,11 +97,11 @@ def test_backlog__a_broker_that_cannot_be_asked_is_unknown_not_zero(monkeypatch)
     assert broker.backlog() is None
 
 
-@override_settings(DURABLE_AGENTS={**SWEEPS, "SWEEP_BATCH": 2})
+@override_settings(DURABLE_AGENTS=SWEEPS)
 def test_sweep_task__measures_the_backlog_and_adds_nothing_to_a_deep_queue(broker_url):
     from durable_agents import tasks
 
-    runs = [api.start("noop", {"steps": 1}) for _ in range(3)]  # three messages wait: more than SWEEP_BATCH
+    runs = [api.start("noop", {"steps": 1}) for _ in range(3)]  # each one's message waits on the queue
     clock.advance(timedelta(minutes=5))
     depth = broker.backlog()
 
