@@ -21,6 +21,7 @@ from django.core import checks
 from django.db import InterfaceError, OperationalError, connections
 
 from durable_agents import broker, retention
+from durable_agents.agents.journal import PoolTimeout
 from durable_agents.conf import settings as durable_settings
 from durable_agents.engine import advance as engine_advance
 from durable_agents.engine import heartbeats as engine_heartbeats
@@ -59,7 +60,19 @@ def advance(self: Any, run_id: str) -> str:
     """Advance run `run_id` by one step, and by the next ones while the eager slice allows (or pass the message on
     to the queue its next step belongs to)."""
     delivered_on = (getattr(self.request, "delivery_info", None) or {}).get("routing_key")
-    return _dropping_dead_connections(lambda: _advance_or_pass_on(run_id, delivered_on))
+    try:
+        return _dropping_dead_connections(lambda: _advance_or_pass_on(run_id, delivered_on))
+    except OperationalError as exc:
+        if not isinstance(exc.__cause__, PoolTimeout):
+            raise
+        # Overload, not a fault: more tasks than pooled connections waited longer than the pool's timeout. Nothing
+        # was written without a connection; a lease taken before runs out, and the sweep wakes the run again.
+        logger.warning(
+            "run %s: no free database connection within the pool's timeout (the worker runs more tasks than it has "
+            "connections); the sweep wakes it again",
+            run_id,
+        )
+        return "no_connection"
 
 
 @shared_task(bind=True, name="durable_agents.advance_many", acks_late=True, reject_on_worker_lost=True, **JSON)

@@ -6,6 +6,7 @@ tests/example_settings.py (see tests/conftest.py). From the environment:
 DATABASE_URL           default: postgres://postgres@127.0.0.1:5432/durable_agents (SQLite URLs work for workers)
 CELERY_BROKER_URL      default: redis://127.0.0.1:6379/15
 DJANGO_DB_POOL         N: a psycopg pool of at most N connections per process (the model worker's tests)
+DJANGO_DB_POOL_TIMEOUT seconds a task waits for a pooled connection (default 60, as in production)
 DURABLE_TEST_SETTINGS  a JSON object merged into DURABLE_AGENTS: per-test settings for worker subprocesses
 DURABLE_NOTIFY_QUEUE   a queue of their own for notification deliveries
 """
@@ -83,7 +84,7 @@ if DB_POOL_SIZE and DATABASES["default"]["ENGINE"] == "django.db.backends.postgr
     DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
         "min_size": 1,
         "max_size": DB_POOL_SIZE,
-        "timeout": 60,
+        "timeout": float(os.environ.get("DJANGO_DB_POOL_TIMEOUT", "60")),
         "max_idle": 60,
     }
 if os.environ.get("DJANGO_DB_APPLICATION_NAME") and DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":

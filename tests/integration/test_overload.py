@@ -15,7 +15,9 @@ from durable_agents import api, broker, clock
 from durable_agents.clock import DbNow
 from durable_agents.engine.sweep import sweep
 from durable_agents.models import Event, Run
+from durable_agents.testing import wait_for, wait_for_run
 from durable_agents.testing.runs import take_lease
+from tests.testapp.models import Execution
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -107,3 +109,28 @@ def test_sweep_task__measures_the_backlog_and_adds_nothing_to_a_deep_queue(broke
 
     assert tasks.sweep()["woken"] == 0, "beat's pass asked the broker and found the queue deep enough"
     assert broker.backlog() == depth and [_swept(run) for run in runs] == [0, 0, 0]
+
+
+def test_worker__a_task_that_waits_out_the_pools_timeout_logs_one_line_and_its_run_completes_later(
+    start_worker, tmp_path
+):
+    # Django's pool (psycopg_pool.ConnectionPool) raises PoolTimeout when no connection frees up within `timeout`
+    # (https://www.psycopg.org/psycopg3/docs/api/pool.html: getconn "raises PoolTimeout"); Django re-raises it as an
+    # OperationalError. A gevent worker with more greenlets than connections meets it under load: overload, not a
+    # fault — one line, no traceback, and the run is woken again.
+    worker = start_worker(pool="gevent", concurrency=2, env={"DJANGO_DB_POOL": "1", "DJANGO_DB_POOL_TIMEOUT": "2"})
+    release = tmp_path / "release"
+    holder = api.start("slow", {"until": str(release)})  # its step holds the only pooled connection
+    wait_for(lambda: Execution.objects.filter(run_id=holder.id).exists(), timeout=60, what="the holder's step")
+    starved = api.start("noop", {"steps": 1})
+    log = lambda: worker.log_path.read_text(errors="replace")  # noqa: E731
+    wait_for(lambda: "no free database connection" in log(), timeout=60, what="the starved task to time out")
+    release.touch()
+    wait_for_run(holder.id, "completed", timeout=60)
+
+    clock.advance(timedelta(minutes=1))
+    sweep()  # the sweep (beat's, here this process's) wakes the starved run again
+    wait_for_run(starved.id, "completed", timeout=60)
+
+    assert f"run {starved.id}: no free database connection within the pool's timeout" in log()
+    assert "Traceback" not in log() and "raised unexpected" not in log(), log()
