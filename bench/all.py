@@ -24,6 +24,7 @@ FULL = [
     ["admin_scale.py", "--runs", "1000000"],
     ["zombie_window.py", "--runs", "50"],
     ["children.py", "--children", "1000", "--parents", "1000"],
+    ["overload.py"],
 ]
 QUICK = [
     ["steps.py", "--steps", "200", "--runs", "200"],
@@ -32,6 +33,7 @@ QUICK = [
     ["admin_scale.py", "--runs", "100000"],
     ["zombie_window.py", "--runs", "10"],
     ["children.py", "--children", "200", "--parents", "200"],
+    ["overload.py", "--waves", "2"],
 ]
 
 
