@@ -76,7 +76,8 @@ def sweep(*, backlog: int | None = None) -> SweepReport:
     `backlog`: the messages waiting on the broker's run queues (broker.backlog(); None: unknown). Of the runs whose
     message may just be waiting in it (no progress for IDLE_RESWEEP_SECONDS), only those beyond the backlog are
     re-woken, the oldest first: a queue is served in order, so nothing that waits is lost — once the queue drains
-    below them, they are re-woken. Runs whose holder died (lease expired) are re-woken all the same."""
+    below them, they are re-woken, and at the latest after RESWEEP_BACKOFF_MAX_SECONDS. Runs whose holder died (lease
+    expired) are re-woken all the same."""
     now = clock.now()
     idle = timedelta(seconds=float(settings.IDLE_RESWEEP_SECONDS))
     lease_free = Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now)
@@ -89,12 +90,15 @@ def sweep(*, backlog: int | None = None) -> SweepReport:
         cancel_requested_at__isnull=True,
     ).exclude(QUEUED)
     batch = int(settings.SWEEP_BATCH)
-    # Lost for certain: a dead worker's lease expired. Perhaps lost: a due retry not picked up, no progress for
-    # `idle` — or its message still waits behind a backlog.
-    dead_holders = runnable.filter(lease_expires_at__lt=now)
-    perhaps_lost = runnable.filter(Q(wake_at__isnull=False) | Q(updated_at__lt=now - idle)).exclude(
-        lease_expires_at__lt=now
-    )
+    cap = timedelta(seconds=float(settings.RESWEEP_BACKOFF_MAX_SECONDS))
+    # Re-woken whatever the backlog: a dead worker's lease expired, or the run's last wake-up (its last progress, the
+    # sweep's last re-wake) is older than the backoff's cap — under a backlog that never drains, a lost message is
+    # still found within it. Perhaps lost: a due retry not picked up, no progress for `idle` — or its message still
+    # waits behind a backlog.
+    overdue = Q(updated_at__lt=now - cap) & (Q(swept_at__isnull=True) | Q(swept_at__lt=now - cap))
+    certain = Q(lease_expires_at__lt=now) | overdue
+    certain_lost = runnable.filter(certain)
+    perhaps_lost = runnable.filter(Q(wake_at__isnull=False) | Q(updated_at__lt=now - idle)).exclude(certain)
     room = batch
     if backlog:
         # As many of them as the queued messages could be wake-ups for may just be waiting their turn: re-wake only
@@ -102,7 +106,7 @@ def sweep(*, backlog: int | None = None) -> SweepReport:
         # backlog only as far as a batch, so a deep queue costs a bounded count.
         room = max(0, perhaps_lost[: backlog + batch].count() - backlog)
     with transaction.atomic():
-        rows = list(locked(dead_holders.order_by("updated_at")).values_list("id", "lease_owner")[:batch])
+        rows = list(locked(certain_lost.order_by("updated_at")).values_list("id", "lease_owner")[:batch])
         room = min(room, batch - len(rows))
         if room:
             rows += locked(perhaps_lost.order_by("updated_at")).values_list("id", "lease_owner")[:room]

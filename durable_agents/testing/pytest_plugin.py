@@ -52,7 +52,7 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
-from durable_agents import testing
+from durable_agents import clock, testing
 from durable_agents.agents.participants import participants
 from durable_agents.testing.fake_anthropic import FakeAnthropic
 
@@ -208,8 +208,6 @@ def drive(db: None) -> Callable[..., Run]:
 @pytest.fixture(autouse=True)
 def _engine_clock_set_back() -> Iterator[None]:
     yield
-    from durable_agents import clock
-
     clock.reset()
 
 

@@ -71,7 +71,7 @@ def test_sweep__while_the_broker_holds_a_backlog_it_re_wakes_only_runs_whose_hol
     waiting = [api.start("noop", {"steps": 1}) for _ in range(3)]
     dead = api.start("noop", {"steps": 1})
     take_lease(dead.id)  # its worker died holding it: no message of its is queued any more
-    clock.advance(timedelta(minutes=5))
+    clock.advance(timedelta(minutes=2))  # past IDLE_RESWEEP_SECONDS, within RESWEEP_BACKOFF_MAX_SECONDS
 
     report = sweep(backlog=3)
 
@@ -79,6 +79,20 @@ def test_sweep__while_the_broker_holds_a_backlog_it_re_wakes_only_runs_whose_hol
     assert [_swept(run) for run in waiting] == [0, 0, 0], "three queued messages: each may be a wake-up of theirs"
     assert sweep(backlog=1).woken == 2, "one queued message: two of them have none, the oldest two are re-woken"
     assert [_swept(run) for run in waiting] == [1, 1, 0]
+
+
+@override_settings(DURABLE_AGENTS=SWEEPS)
+def test_sweep__under_a_backlog_that_never_drains_a_waiting_run_is_still_re_woken_within_the_cap():
+    run = api.start("noop", {"steps": 1})  # its message was lost, say, behind a queue that stays deep
+    woken_at = []
+    for second in range(30, 20 * 60 + 1, 30):
+        clock.advance(timedelta(seconds=30))
+        if sweep(backlog=10_000).woken:
+            woken_at.append(second)
+    # First after the cap (300 s) since its start, then once per cap since the last re-wake: bounded both ways.
+    assert woken_at and woken_at[0] <= 300 + 30, woken_at
+    assert all(b - a <= 300 + 30 for a, b in zip(woken_at, woken_at[1:], strict=False)), woken_at
+    assert len(woken_at) <= 4, f"at most one wake-up per cap in 20 minutes: {woken_at}"
 
 
 def test_backlog__counts_the_wake_ups_waiting_on_the_broker(broker_url):
@@ -104,7 +118,7 @@ def test_sweep_task__measures_the_backlog_and_adds_nothing_to_a_deep_queue(broke
     from durable_agents import tasks
 
     runs = [api.start("noop", {"steps": 1}) for _ in range(3)]  # each one's message waits on the queue
-    clock.advance(timedelta(minutes=5))
+    clock.advance(timedelta(minutes=2))  # past IDLE_RESWEEP_SECONDS, within RESWEEP_BACKOFF_MAX_SECONDS
     depth = broker.backlog()
 
     assert tasks.sweep()["woken"] == 0, "beat's pass asked the broker and found the queue deep enough"
