@@ -29,7 +29,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from django.db import connections
+from django.db import DatabaseError, connections
 from django.db.models import Q
 
 from durable_agents.clock import DbNow
@@ -144,9 +144,13 @@ class JobLeaseHeld:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
-        # Released even after an error: the next pass need not wait out the expiry. A release that fails (the
-        # database is away) leaves the row to lapse.
-        release_job_lease(self.name, self.token)
+        # Released even after an error: the next pass need not wait out the expiry.
+        try:
+            release_job_lease(self.name, self.token)
+        except DatabaseError:
+            # The database is away (perhaps why the block failed): the row lapses at its expiry instead. The
+            # block's own error, if any, goes on.
+            logger.warning("job lease %s not released (the database is away); it lapses at its expiry", self.name)
 
     def _lose(self) -> None:
         if not self.lost:

@@ -49,7 +49,8 @@ logger = logging.getLogger("durable_agents.engine")
 
 # One pass at a time across every machine (beat may start a pass while the last one still runs, cron another): the
 # pass holds the job lease "prune" (engine/job_lease.py), renewed while it runs. A pass that died leaves it to lapse:
-# the next pass takes over at most this long after.
+# the next pass takes over at most this long after. The lease spares the database a second pass; it does not guard
+# the deletes: two passes side by side (one held up past its lease) lock their batches SKIP LOCKED and re-check them.
 PRUNE_JOB = "prune"
 PRUNE_LEASE_SECONDS = 60.0
 
@@ -211,7 +212,7 @@ def prune(
             rest = rest_after(time.monotonic() - began, pause_seconds, duty_cycle)
             if stop_after is not None and time.monotonic() - started + rest >= stop_after:
                 # The rest would carry the pass past its window (at a duty cycle of 0.01 it is 99x the batch), and
-                # no batch starts after it: stop now, not once the window is over, still holding the lock.
+                # no batch starts after it: stop now, not once the window is over, still holding the lease.
                 report.stopped = True
                 return report
             report.rested += rest

@@ -16,12 +16,13 @@ import pytest
 from django.conf import settings
 from django.core.files.storage import FileSystemStorage
 from django.core.management import call_command
-from django.db import connections
+from django.db import OperationalError, connection, connections, transaction
 from django.test import override_settings
 
 from durable_agents import api, checks, clock, retention
 from durable_agents.clock import DbNow
 from durable_agents.display import when_text
+from durable_agents.engine import job_lease
 from durable_agents.engine import prune as engine_prune
 from durable_agents.engine.archive import read_archive, record_lines, write_archive
 from durable_agents.engine.job_lease import Holder, take_job_lease
@@ -536,3 +537,62 @@ def test_prune__a_pass_that_lost_its_lease_stops_before_its_next_batch(monkeypat
     assert len(exists(ids)) == 2, "no batch after the lease was lost"
     assert "lost" in caplog.text
     assert JobLease.objects.get(name=engine_prune.PRUNE_JOB).holder == "other-host:7", "the successor keeps it"
+
+
+def test_job_lease__two_passes_taking_it_at_the_same_instant_one_wins():
+    """The second taker's UPDATE waits for the first's row lock, then re-reads the row (Postgres re-checks the WHERE
+    of an UPDATE on the row version it waited for, in READ COMMITTED: "Concurrency Control", 13.2.1) and finds it
+    held: it says by whom instead of taking it too."""
+    took, let_go, out = threading.Event(), threading.Event(), {}
+
+    def first():
+        try:
+            with transaction.atomic():
+                out["first"] = take_job_lease("race", seconds=60, holder="first:1")
+                took.set()
+                let_go.wait(60)
+        finally:
+            connections.close_all()
+
+    def second():
+        try:
+            out["second"] = take_job_lease("race", seconds=60, holder="second:2")
+        finally:
+            connections.close_all()
+
+    one, two = threading.Thread(target=first), threading.Thread(target=second)
+    one.start()
+    assert took.wait(60)
+    two.start()
+
+    def second_waits_for_the_row() -> bool:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_stat_clear_snapshot()")
+            cursor.execute(
+                "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+                "WHERE NOT l.granted AND a.query LIKE %s",
+                ["%durable_agents_joblease%"],
+            )
+            return cursor.fetchone()[0] > 0
+
+    wait_for(second_waits_for_the_row, what="the second taker to wait for the first's row lock")
+    let_go.set()
+    one.join(60)
+    two.join(60)
+    assert not isinstance(out["first"], Holder)
+    assert isinstance(out["second"], Holder) and out["second"].holder == "first:1", out
+
+
+def test_prune__a_lease_it_cannot_release_lapses_and_the_pass_still_reports(monkeypatch, caplog):
+    """The database goes away as a pass ends: the pass's work is done and reported; its lease is left to lapse (a
+    warning says so), not raised as a traceback over the pass's report."""
+    ids = old_runs(2)
+
+    def database_away(name, token):
+        raise OperationalError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr(job_lease, "release_job_lease", database_away)
+    with retained(), caplog.at_level(logging.WARNING, logger="durable_agents.engine"):
+        report = retention.prune()
+    assert report.deleted == 2 and exists(ids) == set()
+    assert "not released" in caplog.text and "lapses at its expiry" in caplog.text
