@@ -561,6 +561,24 @@ class ProcessHeartbeat(models.Model):
         return self.name
 
 
+class JobLease(models.Model):
+    """One pass at a time of a background job across every machine (the prune): who holds it, until when.
+
+    A row per job name, taken by one conditional UPDATE when it is free (`expires_at` NULL) or lapsed, on the
+    database's clock, with a fresh `token` that its renewals and its release must match (engine/job_lease.py).
+    A row, not a session advisory lock: a pooler in transaction mode (PgBouncer) keeps no session for it.
+    """
+
+    name = models.CharField(max_length=100, primary_key=True)
+    holder = models.CharField(max_length=300, blank=True, default="")  # "<worker or host>:<pid>", kept once released
+    token = models.UUIDField(null=True, blank=True)
+    taken_at = models.DateTimeField(null=True, blank=True)
+    expires_at = models.DateTimeField(null=True, blank=True)  # NULL: released
+
+    def __str__(self) -> str:
+        return self.name
+
+
 class RateBucket(models.Model):
     """The shared rate limit of one model and API key (rate_limits.py): when each of its buckets is next free.
 

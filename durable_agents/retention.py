@@ -44,7 +44,7 @@ from durable_agents.storable import check_text, shown, whole_number
 from durable_agents.workflows import RETENTION_DEFAULT, registry
 
 DEFAULT = RETENTION_DEFAULT
-# The longest rest between batches (--pause, RETENTION_PAUSE_SECONDS): the pass holds the prune's lock as it rests.
+# The longest rest between batches (--pause, RETENTION_PAUSE_SECONDS): the pass holds the prune's lease as it rests.
 MOST_PAUSE = 3600.0
 FROM_SETTINGS: Any = object()
 STATUSES: tuple[str, ...] = tuple(str(status) for status in FINISHED_RUN_STATUSES)
@@ -218,7 +218,7 @@ def _pause(value: float | str | None) -> float:
     """The rest between batches: `--pause`, else RETENTION_PAUSE_SECONDS (seconds, 0 to 3600).
 
     The setting is checked here too: a Celery worker runs no system checks, and a bad value would crash the pass
-    after its first batch or rest it for years holding the prune's lock."""
+    after its first batch or rest it for years holding the prune's lease."""
     name = "--pause" if value is not None else "DURABLE_AGENTS['RETENTION_PAUSE_SECONDS']"
     given = settings.RETENTION_PAUSE_SECONDS if value is None else value
     pause = _number(given)

@@ -7,6 +7,8 @@ DATABASE_URL           default: postgres://postgres@127.0.0.1:5432/durable_agent
 CELERY_BROKER_URL      default: redis://127.0.0.1:6379/15
 DJANGO_DB_POOL         N: a psycopg pool of at most N connections per process (the model worker's tests)
 DJANGO_DB_POOL_TIMEOUT seconds a task waits for a pooled connection (default 60, as in production)
+DJANGO_DB_TRANSACTION_POOLER  1: DATABASE_URL is a pooler in transaction mode (PgBouncer): the settings the README's
+                       "Connection poolers" gives (tests/integration/test_poolers.py)
 DURABLE_TEST_SETTINGS  a JSON object merged into DURABLE_AGENTS: per-test settings for worker subprocesses
 DURABLE_NOTIFY_QUEUE   a queue of their own for notification deliveries
 """
@@ -89,6 +91,12 @@ if DB_POOL_SIZE and DATABASES["default"]["ENGINE"] == "django.db.backends.postgr
     }
 if os.environ.get("DJANGO_DB_APPLICATION_NAME") and DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
     DATABASES["default"].setdefault("OPTIONS", {})["application_name"] = os.environ["DJANGO_DB_APPLICATION_NAME"]
+if os.environ.get("DJANGO_DB_TRANSACTION_POOLER") and DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+    # A server connection is this connection's for one transaction only: no cursor may outlive it (Django declares
+    # an iterator's cursor WITH HOLD in autocommit) and no statement may be prepared on it (psycopg prepares a
+    # query on the server after prepare_threshold runs; None never does, as Django's default).
+    DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True
+    DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = None
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 USE_TZ = True

@@ -33,19 +33,26 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from django.db import IntegrityError, connection, transaction
 from django.db.models import Count, Exists, Max, OuterRef, Q, QuerySet, Subquery
 
+from durable_agents.display import when_text
 from durable_agents.engine.archive import write_archive
+from durable_agents.engine.job_lease import JobLeaseHeld
 from durable_agents.models import Effect, EffectStatus, Event, Payload, Reliance, Run, Step, Turn, Wait
 from durable_agents.states import FINISHED_RUN_STATUSES
 
 logger = logging.getLogger("durable_agents.engine")
 
-# One prune at a time across every machine (beat may start a pass while the last one still runs).
-ADVISORY_LOCK_KEY = 0x64757261626C6501  # "durable" + 1; any constant the product does not use
+# One pass at a time across every machine (beat may start a pass while the last one still runs, cron another): the
+# pass holds the job lease "prune" (engine/job_lease.py), renewed while it runs. A pass that died leaves it to lapse:
+# the next pass takes over at most this long after. The lease spares the database a second pass; it does not guard
+# the deletes: two passes side by side (one held up past its lease) lock their batches SKIP LOCKED and re-check them.
+PRUNE_JOB = "prune"
+PRUNE_LEASE_SECONDS = 60.0
 
 # What a run looked like when it was archived: its updated_at and its newest event, effect and wait.
 Fingerprint = tuple[Any, ...]
@@ -61,7 +68,10 @@ class PruneReport:
     skipped: int = 0  # locked by someone else, or changed after it was archived: kept for the next pass
     batches: int = 0
     archives: list[str] = field(default_factory=list)
-    busy: bool = False  # another prune held the lock: this pass did nothing
+    busy: bool = False  # another pass held the prune's lease: this pass did nothing
+    held_by: str = ""  # busy: the pass that held it ("<worker or host>:<pid>")
+    held_until: datetime | None = None  # busy: when its lease runs out unless renewed (the database's clock)
+    lost: bool = False  # another pass took the lease over (this one was held up past its expiry): stopped
     rested: float = 0.0  # seconds rested between batches (the pace: RETENTION_PAUSE_SECONDS, RETENTION_DUTY_CYCLE)
     stopped: bool = False  # the pass reached its time limit (stop_after) with runs perhaps left to prune
     counts: dict[str, int] = field(default_factory=dict)  # dry run: "workflow/status" -> runs that would go
@@ -75,6 +85,9 @@ class PruneReport:
             "batches": self.batches,
             "archives": list(self.archives),
             "busy": self.busy,
+            "held_by": self.held_by,
+            "held_until": None if self.held_until is None else self.held_until.isoformat(),
+            "lost": self.lost,
             "rested": round(self.rested, 3),
             "stopped": self.stopped,
             "counts": dict(self.counts),
@@ -151,9 +164,14 @@ def prune(
         report.counts = {f"{row['workflow']}/{row['status']}": row["n"] for row in rows}
         report.selected = sum(report.counts.values())
         return report
-    with _one_prune_at_a_time() as alone:
-        if not alone:
-            report.busy = True
+    with JobLeaseHeld(PRUNE_JOB, seconds=PRUNE_LEASE_SECONDS) as lease:
+        if lease.holder is not None:
+            report.busy, report.held_by, report.held_until = True, lease.holder.holder, lease.holder.until
+            logger.warning(
+                "prune: another pass holds the lease: %s, until %s; this pass did nothing",
+                report.held_by,
+                when_text(report.held_until) or "now",
+            )
             return report
         # Keyset order by id, from `start_at` round to it: a run skipped in this pass is behind the next batch,
         # never chosen again in it. A windowed pass starts at a point of its own (`window_start`): passes that
@@ -162,6 +180,11 @@ def prune(
         after, wrapped = start_at, start_at is None
         started = time.monotonic()
         while True:
+            if not lease.renew():
+                # Held up past the lease's expiry, and another pass took it over: that pass goes on from here.
+                report.lost = report.stopped = True
+                logger.warning("prune: this pass lost its lease to another pass; it stopped, the other goes on")
+                return report
             if stop_after is not None and time.monotonic() - started >= stop_after:
                 report.stopped = True
                 return report
@@ -189,7 +212,7 @@ def prune(
             rest = rest_after(time.monotonic() - began, pause_seconds, duty_cycle)
             if stop_after is not None and time.monotonic() - started + rest >= stop_after:
                 # The rest would carry the pass past its window (at a duty cycle of 0.01 it is 99x the batch), and
-                # no batch starts after it: stop now, not once the window is over, still holding the lock.
+                # no batch starts after it: stop now, not once the window is over, still holding the lease.
                 report.stopped = True
                 return report
             report.rested += rest
@@ -283,21 +306,3 @@ def _delete_rows_txn(ids: list[uuid.UUID]) -> None:
         for model in (Turn, Effect, Wait, Event, Payload, Step, Run):
             column = "id" if model is Run else "run_id"
             cursor.execute(f"DELETE FROM {quote(model._meta.db_table)} WHERE {column} IN ({marks})", values)
-
-
-class _one_prune_at_a_time:
-    """A session advisory lock on Postgres (released when the pass ends, or when its connection dies)."""
-
-    def __enter__(self) -> bool:
-        self.taken = connection.vendor != "postgresql"
-        if not self.taken:
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT pg_try_advisory_lock(%s)", [ADVISORY_LOCK_KEY])
-                self.taken = bool(cursor.fetchone()[0])
-            self.held = self.taken
-        return self.taken
-
-    def __exit__(self, *exc: object) -> None:
-        if connection.vendor == "postgresql" and getattr(self, "held", False):
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT pg_advisory_unlock(%s)", [ADVISORY_LOCK_KEY])

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import gzip
 import json
+import logging
 import re
+import threading
 import uuid
 from datetime import timedelta
 from pathlib import Path
@@ -14,14 +16,20 @@ import pytest
 from django.conf import settings
 from django.core.files.storage import FileSystemStorage
 from django.core.management import call_command
+from django.db import OperationalError, connection, connections, transaction
 from django.test import override_settings
 
 from durable_agents import api, checks, clock, retention
+from durable_agents.clock import DbNow
+from durable_agents.display import when_text
+from durable_agents.engine import job_lease
 from durable_agents.engine import prune as engine_prune
 from durable_agents.engine.archive import read_archive, record_lines, write_archive
+from durable_agents.engine.job_lease import Holder, take_job_lease
+from durable_agents.engine.lease import worker_id
 from durable_agents.errors import DefinitionError, InvalidInputError
-from durable_agents.models import Effect, Event, Reliance, Run, RunStatus, Step, StepStatus
-from durable_agents.testing import drive, wait_for_run
+from durable_agents.models import Effect, Event, JobLease, Reliance, Run, RunStatus, Step, StepStatus
+from durable_agents.testing import drive, wait_for, wait_for_run
 from durable_agents.workflows import call, registry, workflow
 from tests.testapp.models import Execution
 
@@ -423,3 +431,168 @@ def test_workflow_retention__its_own_ages_apply_and_the_settings_entry_for_it_wi
             assert retention.load_policy().age("brief", "completed") == timedelta(days=1)
             retention.prune()
         assert exists(young + failed) == set(young)
+
+
+# -- One pass at a time: a lease row on the database's clock -------------------------------------------------------
+
+
+class PassAtRest:
+    """A prune pass in a thread of this process that rests after its first batch until the test lets it go:
+    a pass certainly still running (holding the prune's lease) while the test acts, however busy the machine."""
+
+    def __init__(self, monkeypatch, **kwargs):
+        self.resting, self.go = threading.Event(), threading.Event()
+        self.kwargs = {"batch_size": 1, "pause_seconds": 1, **kwargs}
+        self.report = None
+        monkeypatch.setattr(engine_prune, "_sleep", self._rest)
+        self.thread = threading.Thread(target=self._run)
+
+    def _rest(self, seconds):
+        self.resting.set()
+        assert self.go.wait(60), "the test never let the resting pass go"
+
+    def _run(self):
+        try:
+            with retained():
+                self.report = retention.prune(**self.kwargs)
+        finally:
+            connections.close_all()
+
+    def __enter__(self):
+        self.thread.start()
+        assert self.resting.wait(60), "the pass never reached its first rest"
+        return self
+
+    def __exit__(self, *exc):
+        self.go.set()
+        self.thread.join(60)
+
+
+def test_prune__a_second_pass_at_once_says_which_pass_holds_the_lease_and_until_when(monkeypatch, manage, caplog):
+    """Beat and cron (or two beats) start passes that overlap: one runs, the other says who holds the prune, until
+    when (the lease's expiry on the database's clock), at WARNING and on the command's output, and does nothing."""
+    monkeypatch.setattr(engine_prune, "PRUNE_LEASE_SECONDS", 3600.0)  # no renewal moves the expiry as the test reads it
+    ids = old_runs(3)
+    with PassAtRest(monkeypatch) as first:
+        second = manage("durable_prune", "--older-than", "1d")
+        with caplog.at_level(logging.WARNING, logger="durable_agents.engine"):
+            again = retention.prune(older_than="1d")
+        lease = JobLease.objects.get(name=engine_prune.PRUNE_JOB)
+    assert first.report.deleted == 3 and exists(ids) == set(), first.report.as_dict()
+    holder = worker_id()
+    assert second.returncode == 0, second.stderr
+    assert f"another prune pass holds the lease: {holder}" in second.stdout, second.stdout
+    assert when_text(lease.expires_at) in second.stdout, "the output says until when the lease runs"
+    # The tests' logging shows durable_agents at WARNING and above, on stderr.
+    assert f"another pass holds the lease: {holder}" in second.stderr, "the busy pass logs it at WARNING"
+    assert [r.levelname for r in caplog.records if "another pass holds the lease" in r.getMessage()] == ["WARNING"]
+    assert again.busy and again.deleted == 0
+    assert again.as_dict()["held_by"] == holder and again.as_dict()["held_until"] == lease.expires_at.isoformat()
+    after = retention.prune(older_than="1d")
+    assert not after.busy, "the first pass released its lease when it ended: the next pass runs at once"
+
+
+def test_prune__a_pass_that_died_holding_the_lease_is_taken_over_once_it_lapses(caplog):
+    """A pass killed mid-run (SIGKILL, OOM, a lost machine) releases nothing: its lease row stays, and lapses at its
+    expiry on the database's clock; the next pass then takes it over."""
+    ids = old_runs(2)
+    dead = take_job_lease(engine_prune.PRUNE_JOB, seconds=engine_prune.PRUNE_LEASE_SECONDS, holder="gone-host:4242")
+    assert not isinstance(dead, Holder)
+    with retained(), caplog.at_level(logging.WARNING, logger="durable_agents.engine"):
+        blocked = retention.prune()
+    assert blocked.busy and blocked.held_by == "gone-host:4242" and exists(ids) == set(ids)
+    assert "gone-host:4242" in caplog.text
+    clock.advance(timedelta(seconds=engine_prune.PRUNE_LEASE_SECONDS + 1))
+    with retained():
+        taken_over = retention.prune()
+    assert not taken_over.busy and taken_over.deleted == 2 and exists(ids) == set()
+    lease = JobLease.objects.get(name=engine_prune.PRUNE_JOB)
+    assert lease.holder == worker_id() and lease.expires_at is None, "the pass that took over released it at its end"
+
+
+def test_prune__the_lease_is_renewed_while_the_pass_rests(monkeypatch):
+    """A pass resting between batches (RETENTION_DUTY_CYCLE can ask for minutes) still holds the prune: its lease
+    is renewed on the database's clock while it rests, and a pass started meanwhile is refused."""
+    monkeypatch.setattr(engine_prune, "PRUNE_LEASE_SECONDS", 0.9)
+    old_runs(2)
+    with PassAtRest(monkeypatch) as first:
+        taken = JobLease.objects.get(name=engine_prune.PRUNE_JOB).expires_at
+        wait_for(
+            lambda: JobLease.objects.get(name=engine_prune.PRUNE_JOB).expires_at > taken,
+            timeout=30,
+            what="the resting pass to renew its lease",
+        )
+    assert first.report.deleted == 2 and not first.report.lost
+
+
+def test_prune__a_pass_that_lost_its_lease_stops_before_its_next_batch(monkeypatch, caplog):
+    """A pass held up past its lease's expiry (a paused VM, a stalled machine) may find another pass took over: it
+    starts no batch after that, and says so."""
+    ids = old_runs(3)
+    with caplog.at_level(logging.WARNING, logger="durable_agents.engine"), PassAtRest(monkeypatch) as first:
+        JobLease.objects.filter(name=engine_prune.PRUNE_JOB).update(
+            holder="other-host:7", token=uuid.uuid4(), expires_at=DbNow(timedelta(minutes=1))
+        )
+    assert first.report.lost and first.report.stopped and first.report.deleted == 1, first.report.as_dict()
+    assert len(exists(ids)) == 2, "no batch after the lease was lost"
+    assert "lost" in caplog.text
+    assert JobLease.objects.get(name=engine_prune.PRUNE_JOB).holder == "other-host:7", "the successor keeps it"
+
+
+def test_job_lease__two_passes_taking_it_at_the_same_instant_one_wins():
+    """The second taker's UPDATE waits for the first's row lock, then re-reads the row (Postgres re-checks the WHERE
+    of an UPDATE on the row version it waited for, in READ COMMITTED: "Concurrency Control", 13.2.1) and finds it
+    held: it says by whom instead of taking it too."""
+    took, let_go, out = threading.Event(), threading.Event(), {}
+
+    def first():
+        try:
+            with transaction.atomic():
+                out["first"] = take_job_lease("race", seconds=60, holder="first:1")
+                took.set()
+                let_go.wait(60)
+        finally:
+            connections.close_all()
+
+    def second():
+        try:
+            out["second"] = take_job_lease("race", seconds=60, holder="second:2")
+        finally:
+            connections.close_all()
+
+    one, two = threading.Thread(target=first), threading.Thread(target=second)
+    one.start()
+    assert took.wait(60)
+    two.start()
+
+    def second_waits_for_the_row() -> bool:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_stat_clear_snapshot()")
+            cursor.execute(
+                "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+                "WHERE NOT l.granted AND a.query LIKE %s",
+                ["%durable_agents_joblease%"],
+            )
+            return cursor.fetchone()[0] > 0
+
+    wait_for(second_waits_for_the_row, what="the second taker to wait for the first's row lock")
+    let_go.set()
+    one.join(60)
+    two.join(60)
+    assert not isinstance(out["first"], Holder)
+    assert isinstance(out["second"], Holder) and out["second"].holder == "first:1", out
+
+
+def test_prune__a_lease_it_cannot_release_lapses_and_the_pass_still_reports(monkeypatch, caplog):
+    """The database goes away as a pass ends: the pass's work is done and reported; its lease is left to lapse (a
+    warning says so), not raised as a traceback over the pass's report."""
+    ids = old_runs(2)
+
+    def database_away(name, token):
+        raise OperationalError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr(job_lease, "release_job_lease", database_away)
+    with retained(), caplog.at_level(logging.WARNING, logger="durable_agents.engine"):
+        report = retention.prune()
+    assert report.deleted == 2 and exists(ids) == set()
+    assert "not released" in caplog.text and "lapses at its expiry" in caplog.text

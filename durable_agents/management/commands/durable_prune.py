@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from durable_agents import retention
+from durable_agents.display import when_text
 from durable_agents.management.commands._base import DurableCommand
 
 
@@ -42,7 +43,11 @@ class Command(DurableCommand):
         if options["json"]:
             self.emit_json(report.as_dict())
         elif report.busy:
-            self.stdout.write("another prune is running; nothing done")
+            until = when_text(report.held_until) or "now"
+            self.stdout.write(
+                f"another prune pass holds the lease: {report.held_by}, until {until} unless it renews it; nothing "
+                "done (a pass that died leaves it to lapse then: run this again after)"
+            )
         elif report.dry_run:
             self.stdout.write(f"would delete {report.selected} runs")
             for key, count in sorted(report.counts.items()):
@@ -53,5 +58,9 @@ class Command(DurableCommand):
                 f"deleted {report.deleted} runs in {report.batches} batches, kept {report.skipped} that were busy "
                 f"or changed{archived}; rested {report.rested:.1f} s between batches"
             )
-            if report.stopped:
+            if report.lost:
+                self.stdout.write(
+                    "stopped: this pass was held up past its lease and another pass took it over; it goes on from here"
+                )
+            elif report.stopped:
                 self.stdout.write("stopped at --stop-after; older runs may be left for the next pass")
