@@ -65,7 +65,14 @@ def queue_depths(queues: list[str] | None = None) -> dict[str, int] | None:
         return None
 
 
-def backlog() -> int | None:
-    """Wake-ups waiting on the run queues in all; None if unknown."""
-    depths = queue_depths()
-    return None if depths is None else sum(depths.values())
+def backlog() -> dict[str | None, int] | None:
+    """Messages waiting on each run queue, as the sweep takes them (`sweep(backlog=)`): None keys the default queue,
+    MODEL_QUEUE's name the model queue; None if the broker could not be asked."""
+    names = run_queues()
+    depths = queue_depths(names)
+    if depths is None:
+        return None
+    return {
+        None: depths[names[0]],
+        **({settings.MODEL_QUEUE: depths[settings.MODEL_QUEUE]} if settings.MODEL_QUEUE else {}),
+    }

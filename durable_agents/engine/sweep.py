@@ -13,11 +13,12 @@ Each completed pass records itself (engine/heartbeats.py), so `durable_status` c
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 
 from django.db import transaction
-from django.db.models import DateTimeField, DurationField, ExpressionWrapper, F, Q, Value
+from django.db.models import DateTimeField, DurationField, ExpressionWrapper, F, OuterRef, Q, QuerySet, Subquery, Value
 from django.db.models.lookups import LessThanOrEqual
 
 from durable_agents import clock
@@ -30,8 +31,8 @@ from durable_agents.engine.records import locked
 from durable_agents.engine.runs import settle_cancellation
 from durable_agents.engine.schedules import start_due_schedules
 from durable_agents.engine.waits import sweep_waits
-from durable_agents.engine.wake import wake_on_commit
-from durable_agents.models import ACTIVE_RUN_STATUSES, QUEUED, RUNNABLE_RUN_STATUSES, Event, Run
+from durable_agents.engine.wake import MODEL_BOUND_KINDS, wake_on_commit
+from durable_agents.models import ACTIVE_RUN_STATUSES, QUEUED, RUNNABLE_RUN_STATUSES, Event, Run, Step
 
 
 def _not_recently_swept(now: datetime, idle: timedelta) -> Q:
@@ -70,14 +71,28 @@ class SweepReport:
         return asdict(self)
 
 
-def sweep(*, backlog: int | None = None) -> SweepReport:
+def _by_queue(runs: QuerySet[Run]) -> list[tuple[str | None, QuerySet[Run]]]:
+    """`runs` split by the queue their wake-up goes to (wake.queue_for): MODEL_QUEUE for those whose next step waits
+    on the model, None (the default queue) for the rest; one group without a MODEL_QUEUE."""
+    model_queue = settings.MODEL_QUEUE
+    if not model_queue:
+        return [(None, runs)]
+    next_kind = Step.objects.live().filter(run_id=OuterRef("pk"), position=OuterRef("cursor")).values("kind")[:1]
+    runs = runs.alias(next_kind=Subquery(next_kind))
+    return [
+        (model_queue, runs.filter(next_kind__in=MODEL_BOUND_KINDS)),
+        (None, runs.exclude(next_kind__in=MODEL_BOUND_KINDS)),
+    ]
+
+
+def sweep(*, backlog: Mapping[str | None, int] | None = None) -> SweepReport:
     """One pass: wake lost runs, finish cancellations nobody is left to finish, run due waits, queue notices.
 
-    `backlog`: the messages waiting on the broker's run queues (broker.backlog(); None: unknown). Of the runs whose
-    message may just be waiting in it (no progress for IDLE_RESWEEP_SECONDS), only those beyond the backlog are
-    re-woken, the oldest first: a queue is served in order, so nothing that waits is lost — once the queue drains
-    below them, they are re-woken, and at the latest after RESWEEP_BACKOFF_MAX_SECONDS. Runs whose holder died (lease
-    expired) are re-woken all the same."""
+    `backlog`: the messages waiting on each of the broker's run queues, keyed None for the default queue
+    (broker.backlog(); None: unknown). Of the runs whose message may just be waiting on their queue (no progress for
+    IDLE_RESWEEP_SECONDS), only those beyond its depth are re-woken, the oldest first: a queue is served in order, so
+    nothing that waits is lost — once the queue drains below them they are re-woken, and at the latest after
+    RESWEEP_BACKOFF_MAX_SECONDS. Runs whose holder died (lease expired) are re-woken all the same."""
     now = clock.now()
     idle = timedelta(seconds=float(settings.IDLE_RESWEEP_SECONDS))
     lease_free = Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now)
@@ -99,17 +114,17 @@ def sweep(*, backlog: int | None = None) -> SweepReport:
     certain = Q(lease_expires_at__lt=now) | overdue
     certain_lost = runnable.filter(certain)
     perhaps_lost = runnable.filter(Q(wake_at__isnull=False) | Q(updated_at__lt=now - idle)).exclude(certain)
-    room = batch
-    if backlog:
-        # As many of them as the queued messages could be wake-ups for may just be waiting their turn: re-wake only
-        # the rest, the oldest first (a queue is served in order: theirs were sent longest ago). Counted past the
-        # backlog only as far as a batch, so a deep queue costs a bounded count.
-        room = max(0, perhaps_lost[: backlog + batch].count() - backlog)
     with transaction.atomic():
         rows = list(locked(certain_lost.order_by("updated_at")).values_list("id", "lease_owner")[:batch])
-        room = min(room, batch - len(rows))
-        if room:
-            rows += locked(perhaps_lost.order_by("updated_at")).values_list("id", "lease_owner")[:room]
+        for queue, runs in _by_queue(perhaps_lost):
+            depth = (backlog or {}).get(queue, 0)
+            # As many of them as the messages queued on their queue could be wake-ups for may just be waiting their
+            # turn: re-wake only the rest, the oldest first (a queue is served in order: theirs were sent longest
+            # ago). Counted past the depth only as far as a batch, so a deep queue costs a bounded count.
+            room = batch - len(rows) if not depth else max(0, runs[: depth + batch].count() - depth)
+            room = min(room, batch - len(rows))
+            if room:
+                rows += locked(runs.order_by("updated_at")).values_list("id", "lease_owner")[:room]
         ids = [run_id for run_id, _ in rows]
         if ids:
             Run.objects.filter(pk__in=ids).update(swept_at=now)

@@ -73,12 +73,26 @@ def test_sweep__while_the_broker_holds_a_backlog_it_re_wakes_only_runs_whose_hol
     take_lease(dead.id)  # its worker died holding it: no message of its is queued any more
     clock.advance(timedelta(minutes=2))  # past IDLE_RESWEEP_SECONDS, within RESWEEP_BACKOFF_MAX_SECONDS
 
-    report = sweep(backlog=3)
+    report = sweep(backlog={None: 3})
 
     assert report.woken == 1 and _swept(dead) == 1
     assert [_swept(run) for run in waiting] == [0, 0, 0], "three queued messages: each may be a wake-up of theirs"
-    assert sweep(backlog=1).woken == 2, "one queued message: two of them have none, the oldest two are re-woken"
+    assert sweep(backlog={None: 1}).woken == 2, "one queued message: two of them have none, the oldest two are re-woken"
     assert [_swept(run) for run in waiting] == [1, 1, 0]
+
+
+@override_settings(DURABLE_AGENTS={**SWEEPS, "MODEL_QUEUE": "durable-model"})
+def test_sweep__a_deep_model_queue_never_holds_back_the_lost_runs_of_the_default_queue():
+    model_bound = api.start("agent_charge", {"message": "charge order 7"})  # its next step waits on the model
+    plain = api.start("noop", {"steps": 1})
+    clock.advance(timedelta(minutes=2))  # past IDLE_RESWEEP_SECONDS, within RESWEEP_BACKOFF_MAX_SECONDS
+
+    sweep(backlog={"durable-model": 5_000, None: 0})
+
+    assert (_swept(model_bound), _swept(plain)) == (0, 1), "each queue's depth stands for its own runs' wake-ups"
+    clock.advance(timedelta(minutes=1))
+    sweep(backlog={"durable-model": 0, None: 5_000})
+    assert (_swept(model_bound), _swept(plain)) == (1, 1)
 
 
 @override_settings(DURABLE_AGENTS=SWEEPS)
@@ -87,7 +101,7 @@ def test_sweep__under_a_backlog_that_never_drains_a_waiting_run_is_still_re_woke
     woken_at = []
     for second in range(30, 20 * 60 + 1, 30):
         clock.advance(timedelta(seconds=30))
-        if sweep(backlog=10_000).woken:
+        if sweep(backlog={None: 10_000}).woken:
             woken_at.append(second)
     # First after the cap (300 s) since its start, then once per cap since the last re-wake: bounded both ways.
     assert woken_at and woken_at[0] <= 300 + 30, woken_at
@@ -101,7 +115,7 @@ def test_backlog__counts_the_wake_ups_waiting_on_the_broker(broker_url):
     before = broker.backlog()
     for _ in range(3):
         api.start("noop", {"steps": 1})
-    assert before is not None and broker.backlog() == before + 3
+    assert before is not None and broker.backlog() == {None: before[None] + 3}
     assert broker.queue_depths(["never-used-queue"]) == {"never-used-queue": 0}
 
 
