@@ -146,7 +146,8 @@ def _record(billed: Unjournaled, *, late: bool) -> None:
     with transaction.atomic():
         if billed.maybe_journaled and landed_turn(billed) is not None:
             return  # the write whose COMMIT failed committed: its Turn holds this usage, counted with it
-        Run.objects.filter(pk=billed.run_id).update(cost_usd=F("cost_usd") + billed.cost, **counters)
+        if not Run.objects.filter(pk=billed.run_id).update(cost_usd=F("cost_usd") + billed.cost, **counters):
+            return  # the run was deleted meanwhile (retention): nothing is left to count against
         Step.objects.filter(pk=billed.step_pk).update(cost_usd=F("cost_usd") + billed.cost, **counters)
         detail: dict[str, Any] = {"late": True} if late else {}
         record_event(

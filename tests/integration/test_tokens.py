@@ -11,6 +11,7 @@ import json
 import logging
 import re
 import socket
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from decimal import Decimal
@@ -27,6 +28,7 @@ from durable_agents import api, operations
 from durable_agents.agents import unjournaled
 from durable_agents.agents.claude import AnthropicParticipant
 from durable_agents.agents.compaction import COMPACTION_INSTRUCTION, SUMMARY_OPEN
+from durable_agents.agents.messages import Usage
 from durable_agents.agents.participants import ModelRequest, ScriptedParticipant, participants, text, tool_use
 from durable_agents.models import Event, Run, RunStatus, Step, Turn
 from durable_agents.testing import drive
@@ -252,6 +254,23 @@ def test_ledger__an_answer_the_database_never_took_is_logged_kept_and_counted_on
     assert tuple(getattr(run, name) for name in USAGE_FIELDS) == fake.billed_total(), (
         "the run's counters must equal what the API billed: the answer the database never took was billed"
     )
+
+
+def test_ledger__billed_usage_of_a_run_deleted_meanwhile_is_dropped_not_owed_forever(caplog):
+    """A run deleted (retention) while its answer was counted has nothing left to count against: the count is
+    dropped, not kept owed by the process, where it would fail again after every journal write."""
+    gone = unjournaled.Unjournaled(
+        run_id=uuid.uuid4(),
+        step_pk=0,
+        step_id="ticker",
+        index=3,
+        usage=Usage(input_tokens=100, output_tokens=20),
+        cost=Decimal("0.0004"),
+        reason="lease lost",
+    )
+    unjournaled.count_unjournaled(gone)
+    assert not unjournaled.owed(), "the usage of a deleted run is owed by the process"
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], "a deleted run is no database failure"
 
 
 # --- budgets ---------------------------------------------------------------------------------------------------
