@@ -1,8 +1,11 @@
-"""Giving a database connection back before a wait on the network (no models: importable before the apps)."""
+"""Database connections a step gives back before a wait on the network, or drops after they broke (no models:
+importable before the apps)."""
 
 from __future__ import annotations
 
-from django.db import connection
+import contextlib
+
+from django.db import DatabaseError, connection
 
 
 def release_connection(*, pooled_only: bool = False) -> None:
@@ -15,3 +18,31 @@ def release_connection(*, pooled_only: bool = False) -> None:
     if pooled_only and not (connection.settings_dict.get("OPTIONS") or {}).get("pool"):
         return
     connection.close()
+
+
+def fresh_connection() -> bool:
+    """Drop this thread's connection after a database error on it, so the next query works on a fresh one; False
+    inside a transaction, which cannot move to another connection.
+
+    Without a pool the next query opens a new connection. With Django's psycopg pool, `close()` gives the
+    connection back, and the pool discards one it finds broken on its return and opens another (psycopg_pool
+    `ConnectionPool._return_connection`: a connection in state UNKNOWN, i.e. BAD, is not put back). But the pool
+    does not test the idle connections it hands out — "The pool doesn't actively check the state of the
+    connections held in its state ... the application might be served a connection in broken state" (psycopg 3
+    docs, Connection pools > Connection quality) — so after a server restart or a `pg_terminate_backend` every idle
+    one may be dead too: `pool.check()` tests each of them now and replaces the broken ones.
+
+    Example::
+
+        except OperationalError:
+            if fresh_connection():
+                write()  # once more, on a connection that works
+    """
+    if connection.in_atomic_block:
+        return False
+    with contextlib.suppress(DatabaseError):
+        connection.close()  # dropped even when closing it fails: Django forgets it either way
+    pool = getattr(connection, "pool", None)  # Django's PostgreSQL backend: None without OPTIONS["pool"]
+    if pool is not None and not pool.closed:
+        pool.check()
+    return True

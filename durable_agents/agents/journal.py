@@ -1,9 +1,15 @@
 """The journal of model calls: every answer is committed, fenced by the lease token, before it is acted on.
 
 A turn of the agent loop, a compaction, a judge's verdict, a planner's plan and a participant-written brief
-are each one Turn row, written in one short transaction with the usage added to the step and the run. A
-zombie's answer (its lease lost, or the turn journaled by another worker) is not journaled, but it was
-billed: its usage is still counted, and an event says so.
+are each one Turn row, written in one short transaction with the usage added to the step and the run.
+
+An answer is billed once it arrives, so the journal tries hard to keep it: a write that found the connection pool
+empty waits again (POOL_WAITS pool timeouts: nothing was sent, nothing written); a write that failed on its
+connection (it died: a server restart, a `pg_terminate_backend`, a network cut) is tried once more on a fresh one.
+A write whose COMMIT failed may have committed: the retry looks its Turn up first instead of writing it twice.
+An answer that is still not journaled — a zombie's (its lease lost, or the turn journaled by another worker), or
+one the database would not take — is counted all the same (unjournaled.py: an `unjournaled_usage` event, or an
+ERROR line and a figure this process keeps until the database takes it).
 
 A step's first journaled call also freezes the step's conversation head (Step.frozen_request: model, system,
 tools, first prompt, thinking, effort) in the same transaction, so every later call sends the same head. What
@@ -13,21 +19,28 @@ rebuilt request is byte-identical to the one first sent. A refusal's stop_detail
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any, TypeVar
+from typing import Any
 
-from django.db import IntegrityError, InterfaceError, OperationalError, transaction
+from django.db import DatabaseError, IntegrityError, InterfaceError, OperationalError, transaction
 from django.db.models import F, Max
 
 from durable_agents.agents import rate_limits
 from durable_agents.agents.compaction import Compacted
-from durable_agents.agents.messages import COMPACTION, TURN, ModelRequest, ModelResponse, Participant, Usage
+from durable_agents.agents.messages import COMPACTION, TURN, ModelRequest, ModelResponse, Participant
 from durable_agents.agents.pricing import cost_usd
+from durable_agents.agents.unjournaled import (
+    Unjournaled,
+    count_unjournaled,
+    landed_turn,
+    record_owed,
+    usage_counters,
+)
 from durable_agents.clock import DbNow
-from durable_agents.connections import release_connection
+from durable_agents.connections import fresh_connection, release_connection
 from durable_agents.engine.events import record_event
 from durable_agents.errors import LeaseLostError
 from durable_agents.models import Run, Step, Turn
@@ -37,7 +50,6 @@ try:
 except ImportError:  # no pool installed: no pool timeouts either
     PoolTimeout = type("PoolTimeout", (Exception,), {})
 
-T = TypeVar("T")
 logger = logging.getLogger("durable_agents.engine")
 POOL_WAITS = 5  # pool timeouts (DATABASES OPTIONS pool "timeout" each) a journaling write waits out
 
@@ -60,31 +72,15 @@ def ask(ctx: Any, participant: Participant, request: ModelRequest) -> ModelRespo
         return participant.respond(request)
 
 
-def waiting_for_a_connection(write: Callable[[], T]) -> T:
-    """`write()`, waiting again (up to POOL_WAITS times) while the connection pool has no free connection.
+@dataclass
+class _Writes:
+    """How the journaling writes of one answer went. `committing`: the last write reached its COMMIT, so an error
+    now may have come after it committed; `maybe_landed` remembers that for the retry and the count."""
 
-    A pool timeout is raised when a connection is asked for, before anything is sent: nothing was written, so
-    trying again is safe — and needed, since the answer being journaled was billed and giving up would ask the
-    model for it again. The lease renewer has a connection of its own, so the lease outlives the wait.
-    """
-    for waited in range(1, POOL_WAITS + 1):
-        try:
-            return write()
-        except OperationalError as exc:
-            if not isinstance(exc.__cause__, PoolTimeout) or waited == POOL_WAITS:
-                raise
-            logger.warning("no free database connection after %d waits; waiting again to journal an answer", waited)
-    raise AssertionError("unreachable")
-
-
-def usage_counters(usage: Usage) -> dict[str, Any]:
-    """F-expression updates that add one call's usage to a Run's or Step's counters."""
-    return {
-        "input_tokens": F("input_tokens") + usage.input_tokens,
-        "output_tokens": F("output_tokens") + usage.output_tokens,
-        "cache_write_tokens": F("cache_write_tokens") + usage.cache_write_tokens,
-        "cache_read_tokens": F("cache_read_tokens") + usage.cache_read_tokens,
-    }
+    index: int | None = None
+    committing: bool = False
+    maybe_landed: bool = False
+    reconnected: bool = False
 
 
 def create_turn(
@@ -131,9 +127,12 @@ def journal_turn(
     cost = cost_usd(response.model, usage)
     counters = usage_counters(usage)
     step_changes: dict[str, Any] = {"context": compacted.as_json()} if compacted else {}
+    writes = _Writes(index=index)
 
     @transaction.atomic
     def write() -> Turn:
+        if writes.maybe_landed and (landed := landed_turn(_billed(ctx, request, response, cost, writes, ""))):
+            return landed
         # Progress resets the attempt count, so a long agent is not failed for retries spread over hours.
         fenced = Run.objects.filter(pk=ctx.run_id, lease_token=ctx.lease_token).update(
             attempt=1, updated_at=DbNow(), cost_usd=F("cost_usd") + cost, **counters
@@ -154,19 +153,10 @@ def journal_turn(
                 prompt_tokens_before=compacted.prompt_tokens_before,
                 summary_tokens=usage.output_tokens,
             )
+        writes.committing = True
         return turn
 
-    try:
-        return waiting_for_a_connection(write)
-    except LeaseLostError:
-        count_unjournaled(ctx, index, usage, cost, "lease lost")
-        raise
-    except IntegrityError as exc:
-        count_unjournaled(ctx, index, usage, cost, "journaled by another worker")
-        raise LeaseLostError(f"turn {index} of step {ctx.step_id} was journaled by another worker") from exc
-    except (OperationalError, InterfaceError) as exc:
-        _count_after_database_error(ctx, index, usage, cost, exc)
-        raise
+    return _journal(ctx, request, response, cost, writes, write, f"turn {index} of step {ctx.step_id}")
 
 
 def frozen_head(ctx: Any) -> dict[str, Any] | None:
@@ -199,32 +189,6 @@ def record_thinking_dropped(ctx: Any, models: list[str], model: str) -> None:
     record_event(ctx.run_id, "thinking_dropped", step_id=ctx.step_id, models=models, asked=model)
 
 
-def count_unjournaled(ctx: Any, index: int, usage: Usage, cost: Decimal, why: str) -> None:
-    """A zombie's answer is not journaled, but it was billed: the run's spend (and budget) must still see it."""
-    counters = usage_counters(usage)
-    with transaction.atomic():
-        Run.objects.filter(pk=ctx.run_id).update(cost_usd=F("cost_usd") + cost, **counters)
-        Step.objects.filter(pk=ctx.step.pk).update(cost_usd=F("cost_usd") + cost, **counters)
-        record_event(
-            ctx.run_id,
-            "unjournaled_usage",
-            step_id=ctx.step_id,
-            turn=index,
-            reason=why,
-            tokens=usage.total_tokens,
-            cost_usd=str(cost),
-        )
-
-
-def _count_after_database_error(ctx: Any, index: int, usage: Usage, cost: Decimal, exc: Exception) -> None:
-    """A billed answer the database would not take: counted, if nothing of it was written (the pool never gave
-    a connection) and the database takes this now. Any other error may have come after the commit landed
-    (then the retried step replays the turn, counted once), so it is not counted twice here."""
-    if isinstance(exc.__cause__, PoolTimeout):
-        with contextlib.suppress(OperationalError, InterfaceError):
-            count_unjournaled(ctx, index, usage, cost, "no free database connection")
-
-
 def journal_call(
     ctx: Any,
     purpose: str,
@@ -238,13 +202,14 @@ def journal_call(
     head with its first call)."""
     cost = cost_usd(response.model, response.usage)
     counters = usage_counters(response.usage)
-    index = 0
+    writes = _Writes()
 
     @transaction.atomic
     def write() -> Turn:
-        nonlocal index
+        if writes.maybe_landed and (landed := landed_turn(_billed(ctx, request, response, cost, writes, ""))):
+            return landed
         last = Turn.objects.filter(step_id=ctx.step.pk).aggregate(last=Max("index"))["last"]
-        index = 0 if last is None else last + 1
+        index = writes.index = 0 if last is None else last + 1
         if not Run.objects.filter(pk=ctx.run_id, lease_token=ctx.lease_token).update(
             cost_usd=F("cost_usd") + cost, updated_at=DbNow(), **counters
         ):
@@ -253,16 +218,92 @@ def journal_call(
         turn = create_turn(ctx, index, purpose, request, response, participant, cost)
         _freeze_txn(ctx, head)
         _record_refusal_txn(ctx, index, response)
+        writes.committing = True
         return turn
 
+    return _journal(ctx, request, response, cost, writes, write, f"{purpose} call of step {ctx.step_id}")
+
+
+def _journal(
+    ctx: Any,
+    request: ModelRequest,
+    response: ModelResponse,
+    cost: Decimal,
+    writes: _Writes,
+    write: Callable[[], Turn],
+    what: str,
+) -> Turn:
+    """`write()` the billed answer into the journal; whatever stops it, count its usage, then raise."""
     try:
-        return waiting_for_a_connection(write)
+        turn = _written(write, writes)
     except LeaseLostError:
-        count_unjournaled(ctx, index, response.usage, cost, "lease lost")
+        count_unjournaled(_billed(ctx, request, response, cost, writes, "lease lost"))
         raise
     except IntegrityError as exc:
-        count_unjournaled(ctx, index, response.usage, cost, "journaled by another worker")
-        raise LeaseLostError(f"{purpose} call of step {ctx.step_id} was journaled by another worker") from exc
-    except (OperationalError, InterfaceError) as exc:
-        _count_after_database_error(ctx, index, response.usage, cost, exc)
+        count_unjournaled(_billed(ctx, request, response, cost, writes, "journaled by another worker"))
+        raise LeaseLostError(f"{what} was journaled by another worker") from exc
+    except Exception as exc:  # noqa: BLE001 - whatever stopped the write, the answer was billed
+        count_unjournaled(_billed(ctx, request, response, cost, writes, _why_not_journaled(exc)))
         raise
+    record_owed()
+    return turn
+
+
+def _why_not_journaled(exc: Exception) -> str:
+    if isinstance(exc.__cause__, PoolTimeout):
+        return "no free database connection"
+    if isinstance(exc, DatabaseError):
+        return f"the database did not take the journal ({type(exc).__name__})"
+    return f"the journal failed ({type(exc).__name__})"
+
+
+def _written(write: Callable[[], Turn], writes: _Writes) -> Turn:
+    """`write()`, waited out while the connection pool has no free connection (up to POOL_WAITS times), and tried
+    once more on a fresh connection after any other error on the connection.
+
+    A pool timeout is raised when a connection is asked for, before anything is sent: trying again is safe. Any
+    other OperationalError or InterfaceError (the connection died, a deadlock, a lock timeout) rolled the write back
+    unless it hit the COMMIT (`writes.committing`); then the retry looks for the Turn it may have committed. The
+    lease renewer has a connection of its own, so the lease outlives the waits.
+    """
+    waits = 0
+    while True:
+        writes.committing = False
+        try:
+            return write()
+        except (OperationalError, InterfaceError) as exc:
+            writes.maybe_landed = writes.maybe_landed or writes.committing
+            if isinstance(exc.__cause__, PoolTimeout):
+                waits += 1
+                if waits >= POOL_WAITS:
+                    raise
+                logger.warning("no free database connection after %d waits; waiting again to journal an answer", waits)
+                continue
+            if writes.reconnected or not fresh_connection():
+                raise
+            writes.reconnected = True
+            logger.warning(
+                "journaling a billed answer failed on its database connection (%s: %s); writing it once more on a "
+                "fresh connection",
+                type(exc).__name__,
+                exc,
+            )
+
+
+def _billed(
+    ctx: Any, request: ModelRequest, response: ModelResponse, cost: Decimal, writes: _Writes, reason: str
+) -> Unjournaled:
+    return Unjournaled(
+        run_id=ctx.run_id,
+        step_pk=ctx.step.pk,
+        step_id=ctx.step_id,
+        index=writes.index,
+        usage=response.usage,
+        cost=cost,
+        reason=reason,
+        # An error raised in the last write's COMMIT (whatever it was) may have come after the commit landed.
+        maybe_journaled=writes.maybe_landed or writes.committing,
+        request_id=response.request_id,
+        request_digest=request.digest(),
+        content=[dict(b) for b in response.content],
+    )

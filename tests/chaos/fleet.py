@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
@@ -66,6 +67,22 @@ class Fleet:
         worker.kill()
         self.workers[index] = self._spawn(self.specs[index])
         return pids
+
+    def drain(self, timeout: float = 60.0) -> None:
+        """Warm-shut every worker down (SIGTERM to its main process, after a SIGCONT to any frozen one): a task in
+        flight finishes first — a thawed zombie between its model answer and the record of its billed usage writes
+        that record. Celery's warm shutdown "will finish all currently executing tasks before it actually
+        terminates" (Celery docs, Workers Guide > Stopping the worker). A worker still up after `timeout` is killed."""
+        for worker in self.workers:
+            with contextlib.suppress(Exception):
+                worker.signal(signal.SIGCONT)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(worker.pid, signal.SIGTERM)
+        for worker in self.workers:
+            try:
+                worker.process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                worker.kill()
 
     def stop(self) -> None:
         for worker in self.workers:

@@ -7,19 +7,27 @@ bounded observation windows (a lease lost or not within N leases), which never m
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
+import uuid
+from datetime import timedelta
+from decimal import Decimal
 
 import anthropic
+import psycopg
 import psycopg_pool
 import pytest
 import redis
 from django.db import connection
+from django.db.models import Sum
 
 import tests.attack14_flows as flows
-from durable_agents import api
+from durable_agents import api, clock
+from durable_agents.agents.budget import Budget
 from durable_agents.agents.claude import AnthropicParticipant
 from durable_agents.agents.participants import participants
+from durable_agents.engine import transitions
 from durable_agents.models import Event, Run, RunStatus, Step, Turn
 from durable_agents.testing import drive, wait_for, wait_for_run
 from durable_agents.testing.fake_anthropic import FakeAnthropic, Fault
@@ -70,6 +78,57 @@ def default_worker(start_worker, fake, *, beat: bool = True):
         env={**fake.environ(), "DURABLE_TEST_SETTINGS": json.dumps(ROUTED)},
         extra_args=["--include", "tests.attack14_flows"],
     )
+
+
+def admin_connection(*, autocommit: bool = False) -> psycopg.Connection:
+    """A connection of the test's own to the test database, apart from Django's: it locks rows and ends backends."""
+    db = connection.settings_dict
+    return psycopg.connect(
+        dbname=db["NAME"],
+        user=db["USER"] or None,
+        password=db["PASSWORD"] or None,
+        host=db["HOST"] or None,
+        port=db["PORT"] or None,
+        autocommit=autocommit,
+    )
+
+
+def end_backends(application_name: str, admin: psycopg.Connection | None = None) -> int:
+    """End every server process of one client (its `application_name`; the lease renewer's ends in ":lease-renewer"
+    and is spared), as a restart or a failover would. With a timeout, pg_terminate_backend "waits until the process
+    is actually terminated" (PostgreSQL 14+ docs, Server Signaling Functions): none is left half-alive."""
+    with contextlib.nullcontext(admin) if admin is not None else admin_connection(autocommit=True) as db:
+        ended = db.execute(
+            "SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity WHERE application_name = %s",
+            [application_name],
+        ).fetchall()
+    return sum(1 for (ok,) in ended if ok)
+
+
+def spend_writes_waiting(admin: psycopg.Connection, application_name: str) -> str:
+    """The statement of `application_name` that adds to a run's spend (`cost_usd`) while it waits for a row lock;
+    "" if none does."""
+    row = admin.execute(
+        "SELECT query FROM pg_stat_activity WHERE application_name = %s AND wait_event_type = 'Lock' "
+        "AND query LIKE '%%cost_usd%%'",
+        [application_name],
+    ).fetchone()
+    return row[0] if row else ""
+
+
+def billed(fake: FakeAnthropic) -> dict[str, int]:
+    """What the fake API billed, summed over every answer it served."""
+    served = {"input_tokens": "input_tokens", "output_tokens": "output_tokens"}
+    served |= {"cache_write_tokens": "cache_creation_input_tokens", "cache_read_tokens": "cache_read_input_tokens"}
+    return {field: sum(int(u.get(name) or 0) for u in fake.billed) for field, name in served.items()}
+
+
+def counted(run: Run) -> dict[str, int]:
+    run.refresh_from_db()
+    return {
+        field: getattr(run, field)
+        for field in ("input_tokens", "output_tokens", "cache_write_tokens", "cache_read_tokens")
+    }
 
 
 def requests_of(fake: FakeAnthropic, tag: str, turn: int) -> int:
@@ -306,3 +365,130 @@ def test_release__ask_inside_a_transaction_keeps_its_writes_and_locks(fake):
         transaction.on_commit(lambda: on_commit_ran.append(True))
     assert on_commit_ran == [True]
     assert Run.objects.get(pk=run.id).error == {"type": "marker", "message": "before the call"}
+
+
+# -- 6. a billed answer whose connection died is journaled on a fresh one, or counted --------------------------
+
+
+def journal_env(application_name: str) -> dict[str, str]:
+    """A model worker whose connections the test can find (and end) by name, on a lease long enough that neither a
+    busy machine nor the row lock the test may hold (which the lease renewer skips) costs it the lease."""
+    return {"DJANGO_DB_APPLICATION_NAME": application_name, "DURABLE_LEASE_SECONDS": str(PATIENT_LEASE)}
+
+
+def asks_for(tag: str, turn: int = 0):
+    return lambda r: r.turn == turn and f" {tag}:" in f" {flows.first_user_text(r)}"
+
+
+def test_journal__an_answer_whose_pooled_connection_died_is_journaled_on_a_fresh_one_and_not_asked_again(
+    fake, routed, start_worker
+):
+    """The step gives its pooled connection back while the model thinks, and the server ends it meanwhile (a
+    restart, a failover, an idle timeout: here pg_terminate_backend). psycopg_pool hands idle connections out
+    untested ("the application might be served a connection in broken state": psycopg 3 docs, Connection pools >
+    Connection quality), so the journal's write meets a dead connection. The answer was billed: it must be written
+    once more on a fresh connection, not given up and asked again (48 extra asks for 120 turns in a fault test)."""
+    name = f"journal-{uuid.uuid4().hex[:8]}"
+    default_worker(start_worker, fake)
+    model_worker(start_worker, fake, db_pool=2, **journal_env(name))
+    ended: list[int] = []
+    first_ask = asks_for("K")
+
+    def answer(request):
+        if first_ask(request) and not ended:
+            ended.append(end_backends(name))  # before the answer leaves: the worker meets dead connections only
+        return flows.answer(request)
+
+    fake.responder = answer
+    run = api.start(flows.ATTACK_CONVERSATION, {"mode": "fast", "tag": "K", "order_id": "K-1"})
+    wait_for_run(run.id, "completed", timeout=120)
+
+    assert ended and ended[0] >= 1, f"no connection of the model worker was ended ({ended}): nothing was tested"
+    asked = requests_of(fake, "K", 0)
+    unjournaled = list(Event.objects.filter(run_id=run.id, kind="unjournaled_usage").values_list("detail", flat=True))
+    assert asked == 1 and not unjournaled, (
+        f"turn 0 was asked {asked} times ({unjournaled} not journaled): the journal gave a billed answer up on a dead "
+        "pooled connection instead of writing it again on a fresh one"
+    )
+    assert counted(run) == billed(fake), "the run's counters must equal what the API billed"
+
+
+def test_journal__an_answer_its_retry_could_not_journal_either_is_counted_in_the_runs_cost_and_budget(
+    fake, routed, start_worker
+):
+    """The answer's pooled connection is dead, and so is the fresh one its retry takes (the test holds the run's row
+    lock, so the retry waits where the test sees it, and ends it). The answer is lost — asked again on the step's
+    retry, as it must be — but it was billed: its usage is recorded as unjournaled, on a connection of its own, and
+    the run's cost and its budget include it."""
+    name = f"journal-{uuid.uuid4().hex[:8]}"
+    default_worker(start_worker, fake)
+    model_worker(start_worker, fake, db_pool=2, **journal_env(name))
+    fake.hold(when=asks_for("L"))
+    run = api.start(flows.ATTACK_CONVERSATION, {"mode": "fast", "tag": "L", "order_id": "L-1"})
+    assert fake.wait_in_flight(1, timeout=60), "the first model call never arrived"
+
+    retries_ended = 0
+    with admin_connection() as lock, admin_connection(autocommit=True) as admin:
+        lock.execute("SELECT 1 FROM durable_agents_run WHERE id = %s FOR UPDATE", [run.id])
+        assert end_backends(name, admin) >= 1, "the model worker held no pooled connection to end"
+        fake.release()  # the first write meets a dead connection
+        while True:
+            waiting = wait_for(
+                lambda: spend_writes_waiting(admin, name),
+                timeout=60,
+                what="a write of the billed answer to wait for the run's row lock",
+            )
+            if "lease_token" not in waiting:
+                break  # not a journal write (fenced by the lease token): the count of the unjournaled usage
+            assert retries_ended == 0, (
+                "the journal wrote the answer a third time: once, then once on a fresh connection"
+            )
+            end_backends(name, admin)
+            retries_ended += 1
+        lock.commit()
+    wait_for_run(run.id, "completed", timeout=120)
+
+    assert retries_ended == 1, "a write that failed on a dead connection must be tried once more on a fresh one"
+    events = list(Event.objects.filter(run_id=run.id, kind="unjournaled_usage"))
+    assert len(events) == 1 and events[0].detail["reason"].startswith("the database did not take the journal"), [
+        e.detail for e in events
+    ]
+    assert counted(run) == billed(fake), (
+        "the run's counters must equal what the API billed: the answer lost with its connections was billed"
+    )
+    turns = Turn.objects.filter(run_id=run.id)
+    assert turns.count() == 1 and requests_of(fake, "L", 0) == 2, "the lost answer is asked again, once"
+    journaled_cost = turns.aggregate(total=Sum("cost_usd"))["total"]
+    assert run.cost_usd == journaled_cost + Decimal(events[0].detail["cost_usd"]) > journaled_cost
+    assert Budget.of(run).spend().tokens == sum(billed(fake).values()), "the budget reads every billed token"
+
+
+@pytest.mark.parametrize("connection_ended", [False, True], ids=["connection-alive", "connection-ended"])
+def test_zombie__a_holder_taken_over_while_its_model_call_was_in_flight_records_the_billed_usage(
+    fake, routed, start_worker, connection_ended
+):
+    """Another worker takes the run over while the holder waits on the model (here: this test claims it, on an
+    engine clock moved past the lease). The holder's answer arrives; it may not journal the turn, but it was billed:
+    its usage is recorded as unjournaled usage — also when its pooled connection died meanwhile, the way a thawed
+    zombie's may have."""
+    name = f"journal-{uuid.uuid4().hex[:8]}"
+    default_worker(start_worker, fake)
+    model_worker(start_worker, fake, db_pool=2, **journal_env(name))
+    fake.hold(when=asks_for("Z"))
+    run = api.start(flows.ATTACK_CONVERSATION, {"mode": "fast", "tag": "Z", "order_id": "Z-1"})
+    assert fake.wait_in_flight(1, timeout=60), "the model call never arrived"
+
+    clock.advance(timedelta(hours=1))  # past any lease the holder's heartbeat renewed
+    assert transitions.claim_run(run.id) is not None, "the test could not take the run over"
+    if connection_ended:
+        assert end_backends(name) >= 1, "the model worker held no pooled connection to end"
+    fake.release()
+    event = wait_for(
+        lambda: Event.objects.filter(run_id=run.id, kind="unjournaled_usage").first(),
+        timeout=60,
+        what="the zombie's billed answer to be recorded as unjournaled usage",
+    )
+
+    assert event.detail["reason"] == "lease lost", event.detail
+    assert not Turn.objects.filter(run_id=run.id).exists(), "a zombie journaled its answer"
+    assert counted(run) == billed(fake) and event.detail["tokens"] == sum(billed(fake).values())

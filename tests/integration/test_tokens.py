@@ -8,21 +8,27 @@ with a short structured summary. Assertions are on tokens, never on time.
 from __future__ import annotations
 
 import json
+import logging
 import re
 import socket
+import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from decimal import Decimal
 from typing import Any
 
 import anthropic
+import psycopg
 import pytest
-from django.db import connection
+from django.db import OperationalError, connection
 from django.db.models import Sum
 from django.test.utils import CaptureQueriesContext
 
 from durable_agents import api, operations
+from durable_agents.agents import unjournaled
 from durable_agents.agents.claude import AnthropicParticipant
 from durable_agents.agents.compaction import COMPACTION_INSTRUCTION, SUMMARY_OPEN
+from durable_agents.agents.messages import Usage
 from durable_agents.agents.participants import ModelRequest, ScriptedParticipant, participants, text, tool_use
 from durable_agents.models import Event, Run, RunStatus, Step, Turn
 from durable_agents.testing import drive
@@ -132,6 +138,139 @@ def test_ledger__a_billed_answer_that_fails_the_run_is_counted(model):
 
     assert run.status == RunStatus.FAILED and run.error["type"] == "ModelRefusalError"
     assert tuple(getattr(run, name) for name in USAGE_FIELDS) == fake.billed_total(), "the refusal was billed"
+
+
+@contextmanager
+def after_the_answer(participant: Any, monkeypatch: pytest.MonkeyPatch, *, turn: int) -> Iterator[dict[str, Any]]:
+    """`state["answered"]` turns True once `participant` has answered request `turn` (of the whole run): what a
+    fault injected below waits for, so it hits the journaling of a billed answer and nothing before it."""
+    state: dict[str, Any] = {"answered": False, "asked": 0}
+    real_respond = participant.respond
+
+    def respond(request: ModelRequest) -> Any:
+        response = real_respond(request)
+        state["asked"] += 1
+        if state["asked"] == turn + 1:
+            state["answered"] = True
+        return response
+
+    monkeypatch.setattr(participant, "respond", respond)
+    yield state
+
+
+def lose_the_reply_of_the_next_commit(state: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once `state["answered"]`, the next COMMIT is carried out, but its reply is lost, as when the connection dies
+    inside COMMIT: the writer gets an error and cannot know whether its transaction committed."""
+    real_commit = connection.commit
+    state["lost"] = 0
+
+    def commit() -> None:
+        real_commit()
+        if state["answered"] and not state["lost"]:
+            state["lost"] += 1
+            raise OperationalError("server closed the connection unexpectedly (the COMMIT's reply was lost)")
+
+    monkeypatch.setattr(connection, "commit", commit)
+
+
+def test_ledger__a_journal_commit_whose_reply_was_lost_is_neither_asked_again_nor_counted_twice(model, monkeypatch):
+    """The journal's retry on a fresh connection must first look for the Turn its failed COMMIT may have written:
+    writing it again would collide with itself (taken for another worker's), and counting it as unjournaled would
+    bill it twice."""
+    fake, _ticker = model
+    with after_the_answer(participants.get("anthropic"), monkeypatch, turn=2) as state:
+        lose_the_reply_of_the_next_commit(state, monkeypatch)
+        run = drive(api.start("agent_ticks", {"ticks": 5}).id)
+
+    assert state["lost"] == 1, "the COMMIT of the journal was never hit"
+    assert run.status == RunStatus.COMPLETED, run.error
+    assert ticks_of(run) == [1, 2, 3, 4, 5]
+    assert len(fake.messages_requests()) == Turn.objects.filter(run=run).count(), "a journaled turn was asked again"
+    assert not Event.objects.filter(run=run, kind="unjournaled_usage").exists(), "a journaled answer counted twice"
+    assert tuple(getattr(run, name) for name in USAGE_FIELDS) == fake.billed_total()
+
+
+def test_ledger__a_verdict_whose_journal_commit_reply_was_lost_is_journaled_once(monkeypatch):
+    """The same for a judge's call (journaled at the step's next index): the retry finds the verdict it wrote."""
+    with after_the_answer(participants.get("reviewer"), monkeypatch, turn=0) as state:
+        lose_the_reply_of_the_next_commit(state, monkeypatch)
+        run = drive(api.start("judged_redo").id)
+
+    assert state["lost"] == 1, "the COMMIT of the verdict's journal was never hit"
+    verdicts = Turn.objects.filter(run=run, purpose="judge")
+    assert run.status == RunStatus.COMPLETED, run.error
+    assert verdicts.count() == 2, "one verdict per review (the failing one, then the one after the redo), each once"
+    assert not Event.objects.filter(run=run, kind="unjournaled_usage").exists(), "a journaled verdict counted twice"
+    assert spent(run) == sum(spent(t) for t in verdicts)
+
+
+class _Trigger(logging.Handler):
+    """Calls `then()` when a record at ERROR or above containing `text` is logged."""
+
+    def __init__(self, text: str, then: Any) -> None:
+        super().__init__(logging.ERROR)
+        self.text, self.then = text, then
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.text in record.getMessage():
+            self.then()
+
+
+def test_ledger__an_answer_the_database_never_took_is_logged_kept_and_counted_once_it_is_back(
+    model, monkeypatch, caplog
+):
+    """The database goes away right after an answer: the journal, its retry on a fresh connection and the count of
+    the unjournaled usage all fail to connect. The worker says so at ERROR, with the numbers, and keeps the figure;
+    the database is back once it has said so, and the figure is recorded after the worker's next journal write."""
+    fake, _ticker = model
+    real_connect = connection.get_new_connection
+    outage = {"over": False, "refused": 0}
+    back = _Trigger("billed usage not recorded", lambda: outage.update(over=True))
+    logging.getLogger("durable_agents.engine").addHandler(back)
+    try:
+        with after_the_answer(participants.get("anthropic"), monkeypatch, turn=1) as state:
+
+            def connect(conn_params: dict[str, Any]) -> Any:
+                # The step gave its connection back before the model call: the journal connects after the answer.
+                if state["answered"] and not outage["over"]:
+                    outage["refused"] += 1
+                    raise psycopg.OperationalError("connection refused (the database is away)")
+                return real_connect(conn_params)
+
+            monkeypatch.setattr(connection, "get_new_connection", connect)
+            run = drive(api.start("agent_ticks", {"ticks": 3}).id)
+    finally:
+        logging.getLogger("durable_agents.engine").removeHandler(back)
+
+    assert outage["refused"] >= 3, f"the outage refused {outage['refused']} connections: it missed the journal"
+    lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR and "not recorded" in r.getMessage()]
+    assert len(lines) == 1, lines
+    lost = fake.billed[1]  # the second answer: the one the database never took
+    assert f"input_tokens={lost['input_tokens']} output_tokens={lost['output_tokens']}" in lines[0], lines[0]
+    assert run.status == RunStatus.COMPLETED, run.error
+    events = list(Event.objects.filter(run=run, kind="unjournaled_usage"))
+    assert [e.detail.get("late") for e in events] == [True], [e.detail for e in events]
+    assert not unjournaled.owed(), "the worker still owes what it recorded"
+    assert tuple(getattr(run, name) for name in USAGE_FIELDS) == fake.billed_total(), (
+        "the run's counters must equal what the API billed: the answer the database never took was billed"
+    )
+
+
+def test_ledger__billed_usage_of_a_run_deleted_meanwhile_is_dropped_not_owed_forever(caplog):
+    """A run deleted (retention) while its answer was counted has nothing left to count against: the count is
+    dropped, not kept owed by the process, where it would fail again after every journal write."""
+    gone = unjournaled.Unjournaled(
+        run_id=uuid.uuid4(),
+        step_pk=0,
+        step_id="ticker",
+        index=3,
+        usage=Usage(input_tokens=100, output_tokens=20),
+        cost=Decimal("0.0004"),
+        reason="lease lost",
+    )
+    unjournaled.count_unjournaled(gone)
+    assert not unjournaled.owed(), "the usage of a deleted run is owed by the process"
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], "a deleted run is no database failure"
 
 
 # --- budgets ---------------------------------------------------------------------------------------------------
