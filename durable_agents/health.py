@@ -201,6 +201,11 @@ def _problems(presence: Presence, stuck: int, backlog: Backlog | None = None) ->
             for key, queue in unserved
         )
     lag = presence.sweep_lag
+    if backlog is not None and backlog.behind and any((backlog.queued or {}).values()):
+        # Messages wait and runs wait for them: overload. The sweep's own task may wait in the same queue, so a late
+        # sweep is its consequence here, not a sign that beat is down.
+        late = lag is None or lag > float(settings.SWEEP_LATE_AFTER_SECONDS)
+        return (_behind(backlog, runs) + ("; the sweep is late too (its task waits in the queue)" if late else ""),)
     if lag is None:
         return (f"the sweep has never run — is celery beat up, with durable_agents.sweep scheduled?{runs}",)
     if lag > float(settings.SWEEP_LATE_AFTER_SECONDS):

@@ -98,7 +98,10 @@ def admit(key: str) -> list[uuid.UUID]:
         for run_id in list(queue.values_list("id", flat=True)[: head - held]):
             # Re-checked row by row: a run cancelled since the queue was read is not admitted (its slot waits for
             # the cancel's own hand-off, which runs after the cancel commits).
-            if Run.objects.filter(QUEUED, pk=run_id, cancel_requested_at__isnull=True).update(admitted_at=DbNow()):
+            if Run.objects.filter(QUEUED, pk=run_id, cancel_requested_at__isnull=True).update(
+                admitted_at=DbNow(),
+                updated_at=DbNow(),  # its wake-up goes now: the sweep and health count from here
+            ):
                 admitted.append(run_id)
                 held += 1
                 record_event(run_id, "admitted", concurrency_key=key, holders=held, limit=head)
@@ -111,7 +114,10 @@ def admit(key: str) -> list[uuid.UUID]:
 def _admit_in_family_slots(queue: Any, key: str) -> list[uuid.UUID]:
     admitted = []
     for run_id in list(queue.filter(IN_FAMILY_SLOT).values_list("id", flat=True)):
-        if Run.objects.filter(QUEUED, pk=run_id, cancel_requested_at__isnull=True).update(admitted_at=DbNow()):
+        if Run.objects.filter(QUEUED, pk=run_id, cancel_requested_at__isnull=True).update(
+            admitted_at=DbNow(),
+            updated_at=DbNow(),  # its wake-up goes now: the sweep and health count from here
+        ):
             admitted.append(run_id)
             record_event(run_id, "admitted", concurrency_key=key, in_family_slot=True)
             wake_on_commit(run_id)

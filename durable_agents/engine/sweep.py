@@ -31,8 +31,13 @@ from durable_agents.engine.records import locked
 from durable_agents.engine.runs import settle_cancellation
 from durable_agents.engine.schedules import start_due_schedules
 from durable_agents.engine.waits import sweep_waits
-from durable_agents.engine.wake import MODEL_BOUND_KINDS, wake_on_commit
+from durable_agents.engine.wake import MODEL_BOUND_KINDS, batch_waker_path, wake_on_commit
 from durable_agents.models import ACTIVE_RUN_STATUSES, QUEUED, RUNNABLE_RUN_STATUSES, Event, Run, Step
+
+
+def _runs_per_message() -> int:
+    """How many runs one wake-up message of the default queue may carry: WAKE_BATCH_SIZE when wake-ups are batched."""
+    return int(settings.WAKE_BATCH_SIZE) if batch_waker_path() else 1
 
 
 def _not_recently_swept(now: datetime, idle: timedelta) -> Q:
@@ -40,7 +45,7 @@ def _not_recently_swept(now: datetime, idle: timedelta) -> Q:
     long as the run had been stalled when re-woken (capped at RESWEEP_BACKOFF_MAX_SECONDS): a run no worker takes
     (its queue is saturated, or nobody consumes it) gets a wake-up after idle, 2 idle, 4 idle, ... — a handful
     over ten minutes, not one per sweep period on top of the messages already queued for it."""
-    cap = timedelta(seconds=float(settings.RESWEEP_BACKOFF_MAX_SECONDS))
+    cap = max(timedelta(seconds=float(settings.RESWEEP_BACKOFF_MAX_SECONDS)), idle)
     progressed_since = Q(swept_at__lt=F("updated_at"))
     stalled_when_swept = ExpressionWrapper(F("swept_at") - F("updated_at"), output_field=DurationField())
     since_swept = ExpressionWrapper(
@@ -79,10 +84,9 @@ def _by_queue(runs: QuerySet[Run]) -> list[tuple[str | None, QuerySet[Run]]]:
         return [(None, runs)]
     next_kind = Step.objects.live().filter(run_id=OuterRef("pk"), position=OuterRef("cursor")).values("kind")[:1]
     runs = runs.alias(next_kind=Subquery(next_kind))
-    return [
-        (model_queue, runs.filter(next_kind__in=MODEL_BOUND_KINDS)),
-        (None, runs.exclude(next_kind__in=MODEL_BOUND_KINDS)),
-    ]
+    model_bound = Q(next_kind__in=MODEL_BOUND_KINDS)
+    # A run with no step under its cursor (an empty plan) has no next kind: NULL, which NOT IN would leave out.
+    return [(model_queue, runs.filter(model_bound)), (None, runs.filter(~model_bound | Q(next_kind__isnull=True)))]
 
 
 def sweep(*, backlog: Mapping[str | None, int] | None = None) -> SweepReport:
@@ -105,7 +109,7 @@ def sweep(*, backlog: Mapping[str | None, int] | None = None) -> SweepReport:
         cancel_requested_at__isnull=True,
     ).exclude(QUEUED)
     batch = int(settings.SWEEP_BATCH)
-    cap = timedelta(seconds=float(settings.RESWEEP_BACKOFF_MAX_SECONDS))
+    cap = max(timedelta(seconds=float(settings.RESWEEP_BACKOFF_MAX_SECONDS)), idle)
     # Re-woken whatever the backlog: a dead worker's lease expired, or the run's last wake-up (its last progress, the
     # sweep's last re-wake) is older than the backoff's cap — under a backlog that never drains, a lost message is
     # still found within it. Perhaps lost: a due retry not picked up, no progress for `idle` — or its message still
@@ -117,10 +121,11 @@ def sweep(*, backlog: Mapping[str | None, int] | None = None) -> SweepReport:
     with transaction.atomic():
         rows = list(locked(certain_lost.order_by("updated_at")).values_list("id", "lease_owner")[:batch])
         for queue, runs in _by_queue(perhaps_lost):
-            depth = (backlog or {}).get(queue, 0)
             # As many of them as the messages queued on their queue could be wake-ups for may just be waiting their
             # turn: re-wake only the rest, the oldest first (a queue is served in order: theirs were sent longest
-            # ago). Counted past the depth only as far as a batch, so a deep queue costs a bounded count.
+            # ago). A default-queue message may wake WAKE_BATCH_SIZE runs at once (wake.wake_many). Counted past
+            # that only as far as a batch, so a deep queue costs a bounded count.
+            depth = (backlog or {}).get(queue, 0) * (_runs_per_message() if queue is None else 1)
             room = batch - len(rows) if not depth else max(0, runs[: depth + batch].count() - depth)
             room = min(room, batch - len(rows))
             if room:

@@ -102,7 +102,7 @@ def wake_many(run_ids: Sequence[uuid.UUID | str], *, kinds: Sequence[str | None]
     where known (saves a query each). Like wake(), it loses nothing if the broker refuses: the sweep wakes what was
     not sent. Returns the runs that could not be woken."""
     kinds = kinds if kinds is not None else [None] * len(run_ids)
-    batch_waker = _batch_waker_path()
+    batch_waker = batch_waker_path()
     if len(run_ids) < 2 or not batch_waker:
         return [str(run_id) for run_id, kind in zip(run_ids, kinds, strict=True) if not wake(run_id, kind=kind)]
     refused: list[str] = []
@@ -130,7 +130,7 @@ def wake_many(run_ids: Sequence[uuid.UUID | str], *, kinds: Sequence[str | None]
     return refused
 
 
-def _batch_waker_path() -> str:
+def batch_waker_path() -> str:
     """BATCH_WAKER, if runs go out in batches: not with WAKE_BATCH_SIZE 1 or one step per task (EAGER_SLICE_MS 0),
     nor when a WAKER of the product's own would be bypassed by the default BATCH_WAKER."""
     path = settings.BATCH_WAKER
@@ -183,7 +183,7 @@ class _Wake:
 def wake_on_commit(run_id: uuid.UUID | str, countdown: float | None = None, *, kind: str | None = None) -> None:
     """Wake the run once the current transaction commits; a rollback sends nothing. Runs woken now (no countdown)
     one after another in one transaction go out together (wake_many)."""
-    if countdown is None and connection.in_atomic_block and _batch_waker_path():
+    if countdown is None and connection.in_atomic_block and batch_waker_path():
         _open_batch().add(run_id, kind)
         return
     transaction.on_commit(lambda: wake(run_id, countdown=countdown, kind=kind))
