@@ -14,7 +14,9 @@ from django.test import override_settings
 from durable_agents import checks
 from durable_agents.agents.loop import agent
 from durable_agents.conf import SETTINGS
-from durable_agents.workflows import Registry, Workflow
+from durable_agents.tools import ToolRegistry, tool
+from durable_agents.waits import approval
+from durable_agents.workflows import Registry, Workflow, call
 
 ROOT = Path(__file__).resolve().parents[2]
 SWEEP = {"sweep": {"task": "durable_agents.sweep", "schedule": 5.0}}
@@ -334,10 +336,45 @@ def test_check_decision_links__a_login_url_that_resolves_passes(login_url):
         assert ids() == []
 
 
-def test_check_decision_links__urls_not_included_is_a_warning():
+@pytest.fixture
+def asking_nobody(monkeypatch):
+    """A project whose workflows ask no human: one plain step, no tool that needs an approval."""
+    workflows = Registry()
+    workflows.register(Workflow("plain", 1, (call("work", lambda ctx: None),)))
+    monkeypatch.setattr(checks, "registry", workflows)
+    monkeypatch.setattr(checks, "tools", ToolRegistry())
+    return workflows
+
+
+def test_check_decision_links__urls_not_included_is_a_warning_where_nobody_is_asked(asking_nobody):
     with override_settings(ROOT_URLCONF="django.contrib.auth.urls"):
         messages = durable_messages()
     assert [m.id for m in messages] == ["durable_agents.W007"]
+    assert 'include("durable_agents.urls")' in messages[0].hint
+
+
+def _refund(order: str, *, idempotency_key: str) -> str:
+    """Refund an order."""
+    return order
+
+
+@pytest.mark.parametrize("asks", ["an approval step", "an agent's tool", "a registered tool", "APPROVERS"])
+def test_check_decision_links__urls_not_included_is_an_error_where_approvals_are_asked_for(asking_nobody, asks):
+    """Every run that reaches an approval needs its link: without durable_agents.urls, the project is broken."""
+    refund = tool(effectful=True, needs_approval=True, registry=ToolRegistry())(_refund)
+    durable = {}
+    if asks == "an approval step":
+        asking_nobody.register(Workflow("asks", 1, (approval("ok", question="Refund?"),)))
+    elif asks == "an agent's tool":
+        asking_nobody.register(Workflow("asks", 1, (agent("think", instructions="x", tools=[refund]),)))
+    elif asks == "a registered tool":
+        checks.tools.register(refund)
+    else:
+        durable = {"APPROVERS": ["ops@example.com"], "BASE_URL": "https://ops.example.com"}
+    with override_settings(ROOT_URLCONF="django.contrib.auth.urls", DURABLE_AGENTS=durable):
+        messages = [m for m in durable_messages() if m.id != "durable_agents.W009"]
+    assert [m.id for m in messages] == ["durable_agents.E015"], f"{asks}: {messages}"
+    assert messages[0].level >= ERROR
     assert 'include("durable_agents.urls")' in messages[0].hint
 
 
