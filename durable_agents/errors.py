@@ -21,6 +21,7 @@ DurableAgentsError
  ├── LeaseLostError               another worker holds the run now (this worker is a zombie)
  ├── UnknownParticipantError      no participant (model, script, function) by that name
  ├── NotificationFailedError      a notifier could not send (retried with backoff, then given up)
+ │    └── DecisionLinkError       no decision link can be made (durable_agents.urls missing, a published key)
  └── StepError                    raised by step code to control retries
       ├── RetryableError          transient: retry with backoff
       │    ├── EffectConflictError          the same effect is being applied elsewhere
@@ -184,6 +185,11 @@ class UnknownParticipantError(DurableAgentsError):
 
 class NotificationFailedError(DurableAgentsError):
     """A notification could not be sent; it is tried again with backoff, then given up visibly."""
+
+
+class DecisionLinkError(NotificationFailedError):
+    """No decision link can be made: include durable_agents.urls in ROOT_URLCONF and sign with a SECRET_KEY of your
+    own; meanwhile decide the wait in the admin or with `manage.py durable_decide`."""
 
 
 class BudgetExceededError(PermanentError):

@@ -30,6 +30,7 @@ from django.urls import reverse
 
 from durable_agents import api, clock, operations
 from durable_agents.engine.sweep import sweep
+from durable_agents.links import PUBLIC_SECRET_KEYS
 from durable_agents.models import Effect, EffectStatus, Event, Run, RunStatus, Wait, WaitStatus
 from durable_agents.testing import drive, wait_for, wait_for_run
 from tests.testapp import notifiers
@@ -212,6 +213,42 @@ def test_sweep__gives_up_visibly_after_max_attempts(caplog):
     assert any("gave up" in r.getMessage() and r.levelno == logging.WARNING for r in caplog.records)
     shown = next(e for e in operations.describe_run(run.id)["effects"] if e["key"] == effect.idempotency_key)
     assert shown["status"] == "failed" and shown["needs_attention"] == row.needs_attention
+
+
+# No link without the app's URLs (system check E015 says so at start), nor signed with a published SECRET_KEY.
+@pytest.mark.parametrize(
+    ("site", "said"),
+    [
+        ({"ROOT_URLCONF": "django.contrib.auth.urls"}, "durable_agents.urls"),
+        ({"SECRET_KEY": sorted(PUBLIC_SECRET_KEYS)[0]}, "SECRET_KEY"),
+    ],
+    ids=["urls-not-included", "published-secret-key"],
+)
+def test_notify__a_request_whose_link_cannot_be_made_fails_alone_and_the_wait_stays_decidable(caplog, site, said):
+    """The run waits all the same, the request is failed visibly with what to do, and the command decides."""
+    with (
+        override_settings(**site),
+        durable(NOTIFIER=COUNTING, NOTIFICATION_ENQUEUER=DELIVER_NOW),
+        caplog.at_level(logging.WARNING, logger="durable_agents"),
+    ):
+        run = drive(api.start("approve_charge", {"order_id": "N-9"}).id)
+        assert run.status == RunStatus.WAITING, f"a decision link that cannot be made failed the run: {run.error}"
+        wait = Wait.objects.get(run=run)
+        assert wait.status == WaitStatus.OPEN
+        request = Effect.objects.get(idempotency_key=f"wait:{wait.pk}:requested:1")
+        assert request.status == EffectStatus.FAILED and notifiers.CountingNotifier.sent == [], request.status
+        assert said in request.needs_attention and "durable_decide" in request.needs_attention, (
+            f"needs_attention must say what is missing and how to decide meanwhile: {request.needs_attention!r}"
+        )
+        failed = Event.objects.get(run=run, kind="notification_failed")
+        assert failed.detail["key"] == request.idempotency_key, failed.detail
+        said = [r for r in caplog.records if request.idempotency_key in r.getMessage()]
+        assert len(said) == 1 and said[0].levelno == logging.WARNING and not said[0].exc_info, (
+            f"one warning line, no traceback: {[r.getMessage() for r in said]}"
+        )
+        call_command("durable_decide", str(wait.pk), "--approve", "--as", "alice")
+        run = drive(run.id)
+    assert run.status == RunStatus.COMPLETED and run.output == {"charged": True}, (run.status, run.output)
 
 
 def test_sweep__a_decided_waits_pending_request_is_skipped_not_sent():
