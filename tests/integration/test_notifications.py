@@ -251,6 +251,18 @@ def test_notify__a_request_whose_link_cannot_be_made_fails_alone_and_the_wait_st
     assert run.status == RunStatus.COMPLETED and run.output == {"charged": True}, (run.status, run.output)
 
 
+def test_sweep__a_reminder_whose_link_cannot_be_made_fails_alone_and_the_sweep_goes_on():
+    with durable(NOTIFICATION_ENQUEUER=RECORD_ONLY):
+        run = drive(api.start("deadline_reject", {"order_id": "N-4"}).id)
+        clock.advance(timedelta(minutes=25))  # past the first reminder (every 20 min), before the warning (50 min)
+        with override_settings(ROOT_URLCONF="django.contrib.auth.urls"):  # the URLs left out by a later deploy
+            sweep()
+    wait = Wait.objects.get(run=run)
+    reminder = Effect.objects.get(idempotency_key=f"wait:{wait.pk}:reminder:1")
+    assert reminder.status == EffectStatus.FAILED and "durable_agents.urls" in reminder.needs_attention
+    assert wait.status == WaitStatus.OPEN and Run.objects.get(pk=run.pk).status == RunStatus.WAITING
+
+
 def test_sweep__a_decided_waits_pending_request_is_skipped_not_sent():
     run, wait, effect = park()
     api.decide(wait.pk, True, by="alice")
