@@ -16,11 +16,10 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from celery import shared_task
-from celery.signals import celeryd_init, worker_ready, worker_shutdown
-from django.core import checks
+from celery.signals import beat_init, celeryd_init, worker_init, worker_ready, worker_shutdown
 from django.db import InterfaceError, OperationalError, connections
 
-from durable_agents import retention
+from durable_agents import preflight, retention
 from durable_agents.conf import settings as durable_settings
 from durable_agents.engine import advance as engine_advance
 from durable_agents.engine import heartbeats as engine_heartbeats
@@ -195,12 +194,34 @@ def _name_leases(sender: Any = None, **_: Any) -> None:
         name_this_worker(sender)
 
 
-@worker_ready.connect
+# Raised in a handler, SystemExit leaves Celery's Signal.send (it catches Exception only) and ends the process: from
+# worker_init before the worker builds its pool and consumer (WorkController.setup_instance), from beat_init before
+# beat's first tick (beat.Service.start). Any other exception would only be logged, and the process would serve.
+_checked_here = False
+
+
+@worker_init.connect
 def _check_configuration(**_: Any) -> None:
-    """A worker runs the app's system checks as it starts, as `manage.py` does: a misconfigured worker (its own
-    environment, its own settings) says so in its log instead of leaving runs stuck."""
-    for message in checks.run_checks(tags=["durable_agents"], include_deployment_checks=True):
-        logger.log(logging.ERROR if message.is_serious() else logging.WARNING, "%s", message)
+    """A worker runs the system checks as it starts, as `manage.py` does, and refuses to serve on an error: its own
+    environment and settings, not the web's, are the ones its steps run with."""
+    global _checked_here
+    _checked_here = True
+    preflight.check_before_serving("celery worker")
+
+
+@beat_init.connect
+def _check_beat_configuration(sender: Any = None, **_: Any) -> None:
+    """A beat that schedules the sweep runs them too (unless it is a worker's own, `worker --beat`: checked)."""
+    if not _checked_here and _schedules_the_sweep(sender):
+        preflight.check_before_serving("celery beat")
+
+
+def _schedules_the_sweep(service: Any) -> bool:
+    try:
+        entries = service.scheduler.schedule.values()
+        return any(getattr(entry, "task", None) == sweep.name for entry in entries)
+    except Exception:  # noqa: BLE001 - a schedule this cannot read (a scheduler of its own): check, to be safe
+        return True
 
 
 _heartbeat: engine_heartbeats.WorkerHeartbeat | None = None

@@ -11,7 +11,7 @@ import pytest
 from django.core.checks import ERROR, run_checks
 from django.test import override_settings
 
-from durable_agents import checks
+from durable_agents import checks, preflight
 from durable_agents.agents.loop import agent
 from durable_agents.conf import SETTINGS
 from durable_agents.tools import ToolRegistry, tool
@@ -431,3 +431,55 @@ def test_checks__errors_are_errors_and_warnings_warnings():
     with override_settings(DURABLE_AGENTS={"LEASE_SECOND": 1}, CELERY_BEAT_SCHEDULE={}):
         levels = {m.id: m.level >= ERROR for m in durable_messages()}
     assert levels == {"durable_agents.E002": True, "durable_agents.W001": False}
+
+
+# --- Workers and beat run the checks as they start, and refuse to serve on an error -----------------------------
+
+
+def test_preflight__an_error_stops_the_process_with_one_line_each_and_what_to_do(caplog):
+    with override_settings(DURABLE_AGENTS={"LEASE_SECONDS": -5, "LEASE_SECOND": 1}), pytest.raises(SystemExit) as out:
+        preflight.check_before_serving("celery worker")
+    assert out.value.code == preflight.EX_CONFIG, "a supervisor tells a bad configuration by its exit code (78)"
+    lines = [r.getMessage() for r in caplog.records if r.name.startswith("durable_agents")]
+    errors = [line for line in lines if line.startswith("durable_agents.E")]
+    assert [line.split(":")[0] for line in errors] == ["durable_agents.E003", "durable_agents.E002"], lines
+    assert all("\n" not in line for line in lines), f"one line each: {lines}"
+    assert "LEASE_SECONDS" in errors[0] and "HINT: Set DURABLE_AGENTS['LEASE_SECONDS'] to float, > 0" in errors[0]
+    assert "celery worker refuses to start: 2 system check errors" in lines[-1], lines[-1]
+    assert "DURABLE_AGENTS['WORKER_CHECKS'] = 'warn'" in lines[-1], "the last line names the override"
+
+
+def test_preflight__warnings_are_logged_and_let_the_process_start(caplog):
+    with override_settings(CELERY_BEAT_SCHEDULE={}):
+        preflight.check_before_serving("celery worker")
+    assert [r.levelname for r in caplog.records if "durable_agents.W001" in r.getMessage()] == ["WARNING"]
+
+
+def test_preflight__a_silenced_error_lets_the_process_start_as_manage_py_does(caplog):
+    with override_settings(DURABLE_AGENTS={"LEASE_SECOND": 1}, SILENCED_SYSTEM_CHECKS=["durable_agents.E002"]):
+        preflight.check_before_serving("celery worker")
+    assert not [r for r in caplog.records if "E002" in r.getMessage()], "a silenced check is not reported"
+
+
+def test_preflight__the_override_starts_anyway_and_says_so_loudly(caplog):
+    with override_settings(DURABLE_AGENTS={"LEASE_SECOND": 1, "WORKER_CHECKS": "warn"}):
+        preflight.check_before_serving("celery worker")
+    loud = [r for r in caplog.records if "WORKER_CHECKS" in r.getMessage()]
+    assert len(loud) == 1 and loud[0].levelname == "ERROR", [r.getMessage() for r in caplog.records]
+    assert "starts despite 1 system check error" in loud[0].getMessage(), loud[0].getMessage()
+
+
+def test_preflight__a_bad_override_value_refuses(caplog):
+    with override_settings(DURABLE_AGENTS={"WORKER_CHECKS": "ignore"}), pytest.raises(SystemExit):
+        preflight.check_before_serving("celery worker")
+    assert any("durable_agents.E003" in r.getMessage() and "WORKER_CHECKS" in r.getMessage() for r in caplog.records)
+
+
+def test_preflight__celery_skip_checks_skips_them_and_says_so(caplog, monkeypatch):
+    # `celery --skip-checks` sets CELERY_SKIP_CHECKS, and Celery's Django fixup then runs no check
+    # (celery/bin/celery.py, celery/fixups/django.py DjangoWorkerFixup.validate_models).
+    monkeypatch.setenv("CELERY_SKIP_CHECKS", "true")
+    with override_settings(DURABLE_AGENTS={"LEASE_SECONDS": -5}):
+        preflight.check_before_serving("celery worker")
+    said = [r.getMessage() for r in caplog.records if r.name.startswith("durable_agents")]
+    assert len(said) == 1 and "skips the system checks" in said[0], said
