@@ -12,10 +12,12 @@ from __future__ import annotations
 import logging
 import os
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from celery import shared_task
+from celery.exceptions import OperationalError as BrokerError
 from celery.signals import beat_init, celeryd_init, worker_init, worker_ready, worker_shutdown
 from django.db import InterfaceError, OperationalError, connections
 
@@ -30,6 +32,7 @@ from durable_agents.engine.lease import name_this_worker
 from durable_agents.engine.wake import queue_for
 from durable_agents.engine.wake import wake as engine_wake
 from durable_agents.engine.wake import wake_many as engine_wake_many
+from durable_agents.errors import BrokerUnavailableError
 
 T = TypeVar("T")
 logger = logging.getLogger("durable_agents.engine")
@@ -167,19 +170,33 @@ def deliver_notification(effect_id: int) -> str:
 def wake(run_id: str, countdown: float | None = None, queue: str | None = None) -> None:
     """The default DURABLE_AGENTS['WAKER']: send `durable_agents.advance` for the run, on `queue` (the model
     queue) if given, else on QUEUE."""
-    advance.apply_async((run_id,), countdown=countdown or None, **_routed(queue or durable_settings.QUEUE))
+    with _to_the_broker("its wake-up"):
+        advance.apply_async((run_id,), countdown=countdown or None, **_routed(queue or durable_settings.QUEUE))
 
 
 def wake_many(run_ids: list[str], queue: str | None = None) -> None:
     """The default DURABLE_AGENTS['BATCH_WAKER']: send one `durable_agents.advance_many` for the runs, on `queue`
     (the model queue) if given, else on QUEUE."""
-    advance_many.apply_async((list(run_ids),), **_routed(queue or durable_settings.QUEUE))
+    with _to_the_broker("their wake-up"):
+        advance_many.apply_async((list(run_ids),), **_routed(queue or durable_settings.QUEUE))
 
 
 def enqueue_notification(effect_id: int) -> None:
     """The default DURABLE_AGENTS['NOTIFICATION_ENQUEUER']: send `durable_agents.deliver_notification` on
     NOTIFY_QUEUE, else QUEUE."""
-    deliver_notification.apply_async((effect_id,), **_routed(durable_settings.NOTIFY_QUEUE or durable_settings.QUEUE))
+    queue = durable_settings.NOTIFY_QUEUE or durable_settings.QUEUE
+    with _to_the_broker("its delivery"):
+        deliver_notification.apply_async((effect_id,), **_routed(queue))
+
+
+@contextmanager
+def _to_the_broker(what: str) -> Iterator[None]:
+    """An unreachable broker as the engine's BrokerUnavailableError: Celery retries a publish, then raises kombu's
+    OperationalError (Connection._reraise_as_library_errors), a message the engine logs in one line."""
+    try:
+        yield
+    except BrokerError as exc:
+        raise BrokerUnavailableError(f"the broker did not take {what}: {exc}") from exc
 
 
 def _routed(queue: str) -> dict[str, str]:

@@ -42,6 +42,7 @@ from durable_agents.engine import transitions
 from durable_agents.engine.events import record_event
 from durable_agents.engine.notices import notification_for
 from durable_agents.engine.retry import error_of
+from durable_agents.engine.wake import OUTAGES, one_line
 from durable_agents.errors import DecisionLinkError
 from durable_agents.models import Effect, EffectKind, EffectStatus, Wait, WaitStatus
 from durable_agents.notify import Notification, get_notifier
@@ -121,6 +122,9 @@ def enqueue(effect_id: int) -> None:
     """
     try:
         _enqueuer(settings.NOTIFICATION_ENQUEUER)(effect_id)
+    except OUTAGES as exc:
+        # The broker is down: one line (the row is committed, the sweep enqueues it), never a traceback per row.
+        logger.warning("could not enqueue notification %s (%s); the sweep will", effect_id, one_line(exc))
     except Exception:  # noqa: BLE001 - the database has the row; the sweep is the fallback
         logger.warning("could not enqueue notification %s now; the sweep will", effect_id, exc_info=True)
 

@@ -33,6 +33,7 @@ from durable_agents.engine.sweep import sweep
 from durable_agents.links import PUBLIC_SECRET_KEYS
 from durable_agents.models import Effect, EffectStatus, Event, Run, RunStatus, Wait, WaitStatus
 from durable_agents.testing import drive, wait_for, wait_for_run
+from tests.integration.conftest import broker_down
 from tests.testapp import notifiers
 from tests.testapp.models import Execution
 
@@ -261,6 +262,22 @@ def test_sweep__a_reminder_whose_link_cannot_be_made_fails_alone_and_the_sweep_g
     reminder = Effect.objects.get(idempotency_key=f"wait:{wait.pk}:reminder:1")
     assert reminder.status == EffectStatus.FAILED and "durable_agents.urls" in reminder.needs_attention
     assert wait.status == WaitStatus.OPEN and Run.objects.get(pk=run.pk).status == RunStatus.WAITING
+
+
+def test_enqueue__a_broker_outage_is_one_line_and_the_sweep_enqueues_the_request_later(caplog):
+    # The default enqueuer publishes through Celery, which raises kombu's OperationalError once its publish retries
+    # are spent (kombu/connection.py, Connection._reraise_as_library_errors).
+    with broker_down(), caplog.at_level(logging.WARNING, logger="durable_agents"):
+        run = drive(api.start("approve_charge", {"order_id": "N-5"}).id)
+    request = Effect.objects.get(run=run, kind="notification")
+    said = [r for r in caplog.records if f"notification {request.pk}" in r.getMessage()]
+    assert len(said) == 1 and not said[0].exc_info, f"one line, no traceback: {[r.getMessage() for r in said]}"
+    assert "Connection refused" in said[0].getMessage() and "\n" not in said[0].getMessage(), said[0].getMessage()
+    assert request.status == EffectStatus.PENDING, "the request is kept for the sweep"
+    age(request)
+    with durable(NOTIFIER=COUNTING, NOTIFICATION_ENQUEUER=DELIVER_NOW):
+        sweep()
+    assert notifiers.CountingNotifier.sent == [request.idempotency_key], "the sweep enqueues it once it can"
 
 
 def test_sweep__a_decided_waits_pending_request_is_skipped_not_sent():
