@@ -421,7 +421,8 @@ def check_decision_links(app_configs: Sequence[Any] | None = None, **kwargs: Any
                 Error(
                     f"durable_agents.urls is not included in ROOT_URLCONF, and {asking} ask people for approvals: "
                     "no decision link can be made, so no approval request, reminder or escalation is sent.",
-                    hint=hint,
+                    hint=f"{hint} (To decide in the admin and by command only, add 'durable_agents.E015' to "
+                    "SILENCED_SYSTEM_CHECKS: each request is then failed, visibly, and its wait stays open.)",
                     id="durable_agents.E015",
                 )
             ]
