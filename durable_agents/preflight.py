@@ -9,8 +9,8 @@ Each message is one log line: its id, what is wrong, and the hint. On an Error (
 78 (EX_CONFIG of sysexits.h: a supervisor can tell a configuration error from a crash), unless
 DURABLE_AGENTS["WORKER_CHECKS"] is "warn": then it starts, and says so at ERROR. Silenced checks
 (SILENCED_SYSTEM_CHECKS) are left out, as `manage.py` leaves them out; `celery --skip-checks` skips them all, as it
-skips Django's, and says so. The checks are Django's and every app's (not
-the database ones, which would connect), plus durable_agents' deployment checks (W003, W006): a worker is production.
+skips Django's, and says so. The checks are Django's and every app's (not the database ones, which would connect),
+plus durable_agents' deployment checks (W003, W006): a worker is production.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def check_before_serving(process: str) -> None:
         return
     messages = _messages()
     for message in messages:
-        logger.log(logging.ERROR if message.is_serious() else logging.WARNING, "%s", one_line(message))
+        logger.log(logging.ERROR if message.is_serious() else logging.WARNING, "%s", as_line(message))
     errors = sum(message.is_serious() for message in messages)
     counted = f"{errors} system check error{'s' if errors != 1 else ''}"
     if _override_asked():
@@ -71,7 +71,7 @@ def check_before_serving(process: str) -> None:
         raise SystemExit(EX_CONFIG)
 
 
-def one_line(message: CheckMessage) -> str:
+def as_line(message: CheckMessage) -> str:
     """A check message as one log line: `durable_agents.E003: <what is wrong> HINT: <the fix>`."""
     where = "" if message.obj is None else f"{_label(message.obj)}: "
     text = f"{message.id or logging.getLevelName(message.level)}: {where}{message.msg}"

@@ -436,15 +436,17 @@ def test_checks__errors_are_errors_and_warnings_warnings():
 # --- Workers and beat run the checks as they start, and refuse to serve on an error -----------------------------
 
 
+# LEASE_SECONDS as text, not -5: this process's lease renewer thread reads the setting live, and a negative one ends
+# it (time.sleep). The workers' own tests (tests/integration/test_app_scoped_celery.py) start with -5.
 def test_preflight__an_error_stops_the_process_with_one_line_each_and_what_to_do(caplog):
-    with override_settings(DURABLE_AGENTS={"LEASE_SECONDS": -5, "LEASE_SECOND": 1}), pytest.raises(SystemExit) as out:
+    with override_settings(DURABLE_AGENTS={"LEASE_SECONDS": "15", "LEASE_SECOND": 1}), pytest.raises(SystemExit) as out:
         preflight.check_before_serving("celery worker")
     assert out.value.code == preflight.EX_CONFIG, "a supervisor tells a bad configuration by its exit code (78)"
     lines = [r.getMessage() for r in caplog.records if r.name.startswith("durable_agents")]
     errors = [line for line in lines if line.startswith("durable_agents.E")]
     assert [line.split(":")[0] for line in errors] == ["durable_agents.E003", "durable_agents.E002"], lines
     assert all("\n" not in line for line in lines), f"one line each: {lines}"
-    assert "LEASE_SECONDS" in errors[0] and "HINT: Set DURABLE_AGENTS['LEASE_SECONDS'] to float, > 0" in errors[0]
+    assert "LEASE_SECONDS" in errors[0] and "HINT: Write the number without quotes: 15." in errors[0], errors[0]
     assert "celery worker refuses to start: 2 system check errors" in lines[-1], lines[-1]
     assert "DURABLE_AGENTS['WORKER_CHECKS'] = 'warn'" in lines[-1], "the last line names the override"
 
@@ -479,7 +481,7 @@ def test_preflight__celery_skip_checks_skips_them_and_says_so(caplog, monkeypatc
     # `celery --skip-checks` sets CELERY_SKIP_CHECKS, and Celery's Django fixup then runs no check
     # (celery/bin/celery.py, celery/fixups/django.py DjangoWorkerFixup.validate_models).
     monkeypatch.setenv("CELERY_SKIP_CHECKS", "true")
-    with override_settings(DURABLE_AGENTS={"LEASE_SECONDS": -5}):
+    with override_settings(DURABLE_AGENTS={"LEASE_SECONDS": "15"}):
         preflight.check_before_serving("celery worker")
     said = [r.getMessage() for r in caplog.records if r.name.startswith("durable_agents")]
     assert len(said) == 1 and "skips the system checks" in said[0], said
