@@ -17,6 +17,7 @@ Registered in `DurableAgentsConfig.ready()` under the tag `durable_agents`; `man
     E012  RETENTION_ARCHIVE names no STORAGES entry
     E013  a MODELS entry is not a model profile (an unknown field, a wrong value)
     E014  a model step asks its model for what the model table says it refuses (thinking, effort, max_tokens)
+    E015  durable_agents.urls is not included, and the project asks people for approvals (steps, tools, APPROVERS)
     W000  a check could not run (its own bug; it reports instead of raising)
     W001  no `durable_agents.sweep` in CELERY_BEAT_SCHEDULE: runs whose message was lost are never woken
     W002  Celery may send or accept pickle
@@ -24,7 +25,7 @@ Registered in `DurableAgentsConfig.ready()` under the tag `durable_agents`; `man
     W004  decision links would point at localhost: BASE_URL left at its default while notifications go out
     W005  LOGIN_URL leads nowhere, so an approver who is not signed in cannot open a decision link
     W006  (deploy) steps ask Claude, and ANTHROPIC_API_KEY is not set
-    W007  durable_agents.urls is not included, so no decision link can be made
+    W007  durable_agents.urls is not included, so no decision link can be made (nothing asks for an approval yet)
     W008  QUEUE names the durable workers' queue, but beat sends the sweep elsewhere
     W009  a model step names a model the model table does not know: requests follow the conservative profile
 
@@ -54,6 +55,7 @@ from durable_agents.conf import SETTINGS, describe
 from durable_agents.errors import InvalidInputError
 from durable_agents.models import StepKind
 from durable_agents.retention import load_policy
+from durable_agents.tools import Tool, tools
 from durable_agents.workflows import StepDef, Workflow, registry
 
 Check = Callable[..., list[CheckMessage]]
@@ -408,15 +410,27 @@ def _is_public(url: str) -> bool:
 
 @_never_raises
 def check_decision_links(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> list[CheckMessage]:
-    """W005, W007: decision links resolve, and so does the login page they send a signed-out approver to."""
+    """W005, W007, E015: decision links resolve, and so does the login page they send a signed-out approver to."""
     try:
         reverse("durable_agents:decide_wait", kwargs={"wait_id": 1, "token": "t"})
     except NoReverseMatch:
+        hint = 'Add path("durable/", include("durable_agents.urls")) to your urlpatterns.'
+        asking = _who_asks_for_approvals()
+        if asking:
+            return [
+                Error(
+                    f"durable_agents.urls is not included in ROOT_URLCONF, and {asking} ask people for approvals: "
+                    "no decision link can be made, so no approval request, reminder or escalation is sent.",
+                    hint=f"{hint} (To decide in the admin and by command only, add 'durable_agents.E015' to "
+                    "SILENCED_SYSTEM_CHECKS: each request is then failed, visibly, and its wait stays open.)",
+                    id="durable_agents.E015",
+                )
+            ]
         return [
             Warning(
-                "durable_agents.urls is not included in ROOT_URLCONF: no decision link can be made, so every "
-                "approval notification fails to send.",
-                hint='Add path("durable/", include("durable_agents.urls")) to your urlpatterns.',
+                "durable_agents.urls is not included in ROOT_URLCONF: no decision link can be made, so an "
+                "approval notification could not be sent.",
+                hint=hint,
                 id="durable_agents.W007",
             )
         ]
@@ -432,6 +446,29 @@ def check_decision_links(app_configs: Sequence[Any] | None = None, **kwargs: Any
             id="durable_agents.W005",
         )
     ]
+
+
+def _who_asks_for_approvals() -> str:
+    """What in this project asks people for approvals (for a message), or "" if nothing does: an approval step, a
+    tool marked needs_approval (an agent's, or a registered one a planner may call), or notifications configured
+    to go out (APPROVERS, WEBHOOK_URL)."""
+    asking: list[str] = []
+    for name in registry.names():
+        for version in registry.versions(name):
+            definition = registry.get(name, version)
+            for step in definition.steps:
+                spec = step.options.get("agent")
+                if step.kind == StepKind.APPROVAL or any(_needs_approval(t) for t in getattr(spec, "tools", ())):
+                    asking.append(f"{definition.label} step {step.name!r}")
+    asking += [f"tool {name!r}" for name in tools.names() if _needs_approval(tools.get(name))]
+    asking += [_key(name) for name in ("APPROVERS", "WEBHOOK_URL") if _value(name)]
+    more = f" (and {len(asking) - 3} more)" if len(asking) > 3 else ""
+    return f"{', '.join(asking[:3])}{more}" if asking else ""
+
+
+def _needs_approval(tool: Tool[..., Any]) -> bool:
+    # A predicate may say no to some arguments, but it may say yes: the links are needed.
+    return bool(tool.effectful and tool.needs_approval)
 
 
 def _leads_somewhere(login_url: str) -> bool:

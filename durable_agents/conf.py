@@ -121,6 +121,12 @@ SETTINGS: dict[str, Setting] = {
     "WORKER_HEARTBEAT_SECONDS": Setting(
         10.0, float, "each worker records that it is alive this often (one UPDATE)", above=0, at_most=LONGEST_SECONDS
     ),
+    "WORKER_CHECKS": Setting(
+        "refuse",
+        Literal["refuse", "warn"],
+        "a `celery worker` (or the beat that schedules the sweep) runs the system checks as it starts: on an error "
+        '"refuse" logs each in a line and exits 78 before it takes a message; "warn" starts anyway, saying so at ERROR',
+    ),
     "WORKER_GONE_AFTER_SECONDS": Setting(
         60.0,
         float,

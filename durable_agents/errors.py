@@ -21,6 +21,8 @@ DurableAgentsError
  ├── LeaseLostError               another worker holds the run now (this worker is a zombie)
  ├── UnknownParticipantError      no participant (model, script, function) by that name
  ├── NotificationFailedError      a notifier could not send (retried with backoff, then given up)
+ │    └── DecisionLinkError       no decision link can be made (durable_agents.urls missing, a published key)
+ ├── BrokerUnavailableError       the broker refused a wake-up (the run is kept; the sweep wakes it)
  └── StepError                    raised by step code to control retries
       ├── RetryableError          transient: retry with backoff
       │    ├── EffectConflictError          the same effect is being applied elsewhere
@@ -184,6 +186,15 @@ class UnknownParticipantError(DurableAgentsError):
 
 class NotificationFailedError(DurableAgentsError):
     """A notification could not be sent; it is tried again with backoff, then given up visibly."""
+
+
+class DecisionLinkError(NotificationFailedError):
+    """No decision link can be made: include durable_agents.urls in ROOT_URLCONF and sign with a SECRET_KEY of your
+    own; meanwhile decide the wait in the admin or with `manage.py durable_decide`."""
+
+
+class BrokerUnavailableError(DurableAgentsError):
+    """The broker did not take the message; the run is kept in the database and the sweep wakes it later."""
 
 
 class BudgetExceededError(PermanentError):

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from django.conf import settings as django_settings
 from django.core import signing
 from django.core.exceptions import ImproperlyConfigured
-from django.urls import reverse
+from django.urls import NoReverseMatch, reverse
 
 from durable_agents.conf import settings
-from durable_agents.errors import InvalidInputError
+from durable_agents.errors import DecisionLinkError, InvalidInputError
 from durable_agents.models import Wait
 
 SALT = "durable_agents.wait-decision"
@@ -51,7 +51,16 @@ def _fallback_keys() -> list[str]:
 
 
 def decision_path(wait: Wait) -> str:
-    return reverse("durable_agents:decide_wait", args=[wait.pk, make_token(wait)])
+    """The site path of the wait's decision page; DecisionLinkError if this site cannot make one."""
+    try:
+        return reverse("durable_agents:decide_wait", args=[wait.pk, make_token(wait)])
+    except NoReverseMatch:
+        raise DecisionLinkError(
+            "no decision link can be made: durable_agents.urls is not included in ROOT_URLCONF (system check "
+            'durable_agents.E015); add path("durable/", include("durable_agents.urls"))'
+        ) from None
+    except ImproperlyConfigured as exc:
+        raise DecisionLinkError(f"no decision link can be made: {exc}") from None
 
 
 def decision_url(wait: Wait) -> str:

@@ -12,15 +12,16 @@ from __future__ import annotations
 import logging
 import os
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from celery import shared_task
-from celery.signals import celeryd_init, worker_ready, worker_shutdown
-from django.core import checks
+from celery.exceptions import OperationalError as BrokerError
+from celery.signals import beat_init, celeryd_init, worker_init, worker_ready, worker_shutdown
 from django.db import InterfaceError, OperationalError, connections
 
-from durable_agents import broker, retention
+from durable_agents import broker, preflight, retention
 from durable_agents.agents.journal import PoolTimeout
 from durable_agents.conf import settings as durable_settings
 from durable_agents.engine import advance as engine_advance
@@ -32,6 +33,7 @@ from durable_agents.engine.lease import name_this_worker
 from durable_agents.engine.wake import queue_for
 from durable_agents.engine.wake import wake as engine_wake
 from durable_agents.engine.wake import wake_many as engine_wake_many
+from durable_agents.errors import BrokerUnavailableError
 
 T = TypeVar("T")
 logger = logging.getLogger("durable_agents.engine")
@@ -183,19 +185,33 @@ def deliver_notification(effect_id: int) -> str:
 def wake(run_id: str, countdown: float | None = None, queue: str | None = None) -> None:
     """The default DURABLE_AGENTS['WAKER']: send `durable_agents.advance` for the run, on `queue` (the model
     queue) if given, else on QUEUE."""
-    advance.apply_async((run_id,), countdown=countdown or None, **_routed(queue or durable_settings.QUEUE))
+    with _to_the_broker("its wake-up"):
+        advance.apply_async((run_id,), countdown=countdown or None, **_routed(queue or durable_settings.QUEUE))
 
 
 def wake_many(run_ids: list[str], queue: str | None = None) -> None:
     """The default DURABLE_AGENTS['BATCH_WAKER']: send one `durable_agents.advance_many` for the runs, on `queue`
     (the model queue) if given, else on QUEUE."""
-    advance_many.apply_async((list(run_ids),), **_routed(queue or durable_settings.QUEUE))
+    with _to_the_broker("their wake-up"):
+        advance_many.apply_async((list(run_ids),), **_routed(queue or durable_settings.QUEUE))
 
 
 def enqueue_notification(effect_id: int) -> None:
     """The default DURABLE_AGENTS['NOTIFICATION_ENQUEUER']: send `durable_agents.deliver_notification` on
     NOTIFY_QUEUE, else QUEUE."""
-    deliver_notification.apply_async((effect_id,), **_routed(durable_settings.NOTIFY_QUEUE or durable_settings.QUEUE))
+    queue = durable_settings.NOTIFY_QUEUE or durable_settings.QUEUE
+    with _to_the_broker("its delivery"):
+        deliver_notification.apply_async((effect_id,), **_routed(queue))
+
+
+@contextmanager
+def _to_the_broker(what: str) -> Iterator[None]:
+    """An unreachable broker as the engine's BrokerUnavailableError: Celery retries a publish, then raises kombu's
+    OperationalError (Connection._reraise_as_library_errors), a message the engine logs in one line."""
+    try:
+        yield
+    except BrokerError as exc:
+        raise BrokerUnavailableError(f"the broker did not take {what}: {exc}") from exc
 
 
 def _routed(queue: str) -> dict[str, str]:
@@ -210,12 +226,34 @@ def _name_leases(sender: Any = None, **_: Any) -> None:
         name_this_worker(sender)
 
 
-@worker_ready.connect
+# Raised in a handler, SystemExit leaves Celery's Signal.send (it catches Exception only) and ends the process: from
+# worker_init before the worker builds its pool and consumer (WorkController.setup_instance), from beat_init before
+# beat's first tick (beat.Service.start). Any other exception would only be logged, and the process would serve.
+_checked_here = False
+
+
+@worker_init.connect
 def _check_configuration(**_: Any) -> None:
-    """A worker runs the app's system checks as it starts, as `manage.py` does: a misconfigured worker (its own
-    environment, its own settings) says so in its log instead of leaving runs stuck."""
-    for message in checks.run_checks(tags=["durable_agents"], include_deployment_checks=True):
-        logger.log(logging.ERROR if message.is_serious() else logging.WARNING, "%s", message)
+    """A worker runs the system checks as it starts, as `manage.py` does, and refuses to serve on an error: its own
+    environment and settings, not the web's, are the ones its steps run with."""
+    global _checked_here
+    _checked_here = True
+    preflight.check_before_serving("celery worker")
+
+
+@beat_init.connect
+def _check_beat_configuration(sender: Any = None, **_: Any) -> None:
+    """A beat that schedules the sweep runs them too (unless it is a worker's own, `worker --beat`: checked)."""
+    if not _checked_here and _schedules_the_sweep(sender):
+        preflight.check_before_serving("celery beat")
+
+
+def _schedules_the_sweep(service: Any) -> bool:
+    try:
+        entries = service.scheduler.schedule.values()
+        return any(getattr(entry, "task", None) == sweep.name for entry in entries)
+    except Exception:  # noqa: BLE001 - a schedule this cannot read (a scheduler of its own): check, to be safe
+        return True
 
 
 _heartbeat: engine_heartbeats.WorkerHeartbeat | None = None

@@ -76,8 +76,9 @@ def subject_name(wait: Wait) -> str:
     return f"{workflow} run {str(wait.run_id)[:8]} — {wait.name or f'{wait.kind} {wait.pk}'}"
 
 
-def notification_for(wait: Wait, kind: str, number: int = 1) -> Notification:
-    """The message of one notification about `wait`: the brief, what changed since, and the decision link."""
+def notification_for(wait: Wait, kind: str, number: int = 1, *, link: bool = True) -> Notification:
+    """The message of one notification about `wait`: the brief, what changed since, and the decision link (unless
+    `link` is False). DecisionLinkError if the link cannot be made on this site."""
     name = subject_name(wait)
     body = wait.brief or wait.question
     if kind in ("reminder", "warning", "escalation"):
@@ -94,5 +95,5 @@ def notification_for(wait: Wait, kind: str, number: int = 1) -> Notification:
         recipients=tuple(recipients),
         subject=SUBJECTS.get(kind, "{name}").format(name=name, number=number),
         body=body,
-        link=decision_url(wait) if kind != "expired" else "",
+        link=decision_url(wait) if link and kind != "expired" else "",
     )

@@ -12,6 +12,10 @@ A notification row (kind "notification") moves like this::
                   a warning
     the sweep only finds due rows (SKIP LOCKED, a bounded batch) and enqueues them; it never sends.
 
+A request whose decision link this site cannot make (durable_agents.urls not included, a published SECRET_KEY) is
+written `failed` with `needs_attention` at once and never enqueued: it fails alone, never the run, whose wait stays
+open for the admin and `durable_decide`.
+
 One retry owner: this module. Celery never retries the task; a lost or crashed task is found again by the
 sweep once its row is due. Due times and backoff are on the database's clock (STATEMENT_TIMESTAMP),
 never a worker's. Status changes go through engine/transitions. The engine never imports Celery:
@@ -38,6 +42,8 @@ from durable_agents.engine import transitions
 from durable_agents.engine.events import record_event
 from durable_agents.engine.notices import notification_for
 from durable_agents.engine.retry import error_of
+from durable_agents.engine.wake import OUTAGES, one_line
+from durable_agents.errors import DecisionLinkError
 from durable_agents.models import Effect, EffectKind, EffectStatus, Wait, WaitStatus
 from durable_agents.notify import Notification, get_notifier
 from durable_agents.states import EffectOp
@@ -71,19 +77,37 @@ def notify_txn(wait: Wait, kind: str, number: int = 1) -> Effect:
     or a broker that loses the message, leaves the row pending: the sweep enqueues it again.
     """
     key = f"wait:{wait.pk}:{kind}:{number}"
+    try:
+        notification, unsendable = notification_for(wait, kind, number), None
+    except DecisionLinkError as exc:
+        notification, unsendable = notification_for(wait, kind, number, link=False), exc
     effect, created = Effect.objects.get_or_create(
         idempotency_key=key,
         defaults={
             "run_id": wait.run_id,
             "tool": f"notify.{kind}",
             "kind": EffectKind.NOTIFICATION,
-            "args": asdict(notification_for(wait, kind, number)),
+            "args": asdict(notification),
             "args_hash": key,
         },
     )
-    if created:
+    if created and unsendable is not None:
+        _fail_unsendable_txn(effect, wait, unsendable)
+    elif created:
         transaction.on_commit(partial(enqueue, effect.pk))
     return effect
+
+
+def _fail_unsendable_txn(effect: Effect, wait: Wait, exc: DecisionLinkError) -> None:
+    """A request whose decision link this site cannot make is failed at once, never sent: the run goes on waiting
+    (the wait is open, decidable in the admin and by command), and an operator sees what to fix."""
+    attention = (
+        f"Not sent: {exc}. Meanwhile decide the wait in the admin, or with "
+        f"`manage.py durable_decide {wait.pk} --approve` (or --reject)."
+    )
+    _mark_failed(effect.pk, 0, error_of(exc, MAX_ERROR_CHARS), attention)
+    record_event(effect.run_id, "notification_failed", key=effect.idempotency_key, needs_attention=attention)
+    transaction.on_commit(partial(logger.warning, "notification %s failed: %s", effect.idempotency_key, attention))
 
 
 @cache
@@ -98,6 +122,9 @@ def enqueue(effect_id: int) -> None:
     """
     try:
         _enqueuer(settings.NOTIFICATION_ENQUEUER)(effect_id)
+    except OUTAGES as exc:
+        # The broker is down: one line (the row is committed, the sweep enqueues it), never a traceback per row.
+        logger.warning("could not enqueue notification %s (%s); the sweep will", effect_id, one_line(exc))
     except Exception:  # noqa: BLE001 - the database has the row; the sweep is the fallback
         logger.warning("could not enqueue notification %s now; the sweep will", effect_id, exc_info=True)
 

@@ -27,12 +27,16 @@ from django.db.models import Subquery
 from django.utils.module_loading import import_string
 
 from durable_agents.conf import DEFAULTS, settings
+from durable_agents.errors import BrokerUnavailableError
 from durable_agents.models import Run, Step, StepKind
 
 # Steps that spend their time waiting on the model's answer (an approval may ask for its brief).
 MODEL_BOUND_KINDS = frozenset({StepKind.AGENT, StepKind.JUDGE, StepKind.PLANNER, StepKind.APPROVAL})
 
 logger = logging.getLogger("durable_agents.engine")
+
+# A broker that did not take a message: the default wakers' translation (tasks.py), or a waker's own socket error.
+OUTAGES: tuple[type[Exception], ...] = (BrokerUnavailableError, OSError)
 
 
 @cache
@@ -73,10 +77,30 @@ def _send(run_id: uuid.UUID | str, countdown: float | None, queue: str | None) -
             logger.error("WAKER %s takes no `queue`: run %s is woken on its default queue", settings.WAKER, run_id)
             routed = {}
         _waker(settings.WAKER)(str(run_id), countdown=countdown, **routed)
-    except Exception:  # noqa: BLE001 - the database has the run; the sweep is the fallback
-        logger.warning("could not wake run %s now; the sweep will", run_id, exc_info=True)
+    except Exception as exc:  # noqa: BLE001 - the database has the run; the sweep is the fallback
+        _could_not_wake([str(run_id)], exc)
         return False
     return True
+
+
+def _could_not_wake(run_ids: Sequence[str], exc: Exception) -> None:
+    """Log a wake-up that did not leave: one line for a broker outage (the sweep rides it out; a traceback per run
+    would bury the log), with its traceback for anything else (a bug in a waker of the product's)."""
+    what = f"run {run_ids[0]}" if len(run_ids) == 1 else f"{len(run_ids)} runs ({run_ids[0]}…)"
+    if isinstance(exc, OUTAGES):
+        kept = (
+            "the run is kept, and the sweep wakes it"
+            if len(run_ids) == 1
+            else "the runs are kept, and the sweep wakes them"
+        )
+        logger.warning("could not wake %s (%s): %s once the broker is back", what, one_line(exc), kept)
+    else:
+        logger.warning("could not wake %s now; the sweep will", what, exc_info=True)
+
+
+def one_line(exc: BaseException) -> str:
+    """An error's message on one line, for a log line (its type if it has none)."""
+    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 def queue_for(run_id: uuid.UUID | str, kind: str | None = None) -> str | None:
@@ -124,8 +148,8 @@ def wake_many(run_ids: Sequence[uuid.UUID | str], *, kinds: Sequence[str | None]
             chunk = ids[start : start + size]
             try:
                 _waker(batch_waker)(chunk, **({"queue": queue} if queue else {}))
-            except Exception:  # noqa: BLE001 - the database has the runs; the sweep is the fallback
-                logger.warning("could not wake %d runs now (%s…); the sweep will", len(chunk), chunk[0], exc_info=True)
+            except Exception as exc:  # noqa: BLE001 - the database has the runs; the sweep is the fallback
+                _could_not_wake(chunk, exc)
                 refused.extend(chunk)
     return refused
 

@@ -1,9 +1,15 @@
 """Integration tests prove the guarantees on real Postgres, Redis and `celery worker` processes."""
 
+import contextlib
+import socket
+from collections.abc import Iterator
+
 import pytest
 from django.conf import settings
 from django.db import connection
 from django.test import override_settings
+
+from durable_agents import tasks
 
 MODEL_QUEUE = "durable-model"
 ROUTED = {"MODEL_QUEUE": MODEL_QUEUE}  # DURABLE_AGENTS for a test (and its workers) with a model worker
@@ -21,3 +27,20 @@ def routed():
     """This process wakes model-bound steps on MODEL_QUEUE (workers get ROUTED via DURABLE_TEST_SETTINGS)."""
     with override_settings(DURABLE_AGENTS={**settings.DURABLE_AGENTS, **ROUTED}):
         yield
+
+
+@contextlib.contextmanager
+def broker_down() -> Iterator[str]:
+    """This process's Celery app publishes to a port nothing listens on, as during a broker outage."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # free once closed: connecting to it is refused
+    app, url = tasks.advance.app, f"redis://127.0.0.1:{port}/0"
+    saved = {"broker_url": app.conf.broker_url, "broker_write_url": app.conf.broker_write_url}
+    app.conf.update(broker_url=url, broker_write_url=url)  # publishing connects to the write URL
+    app._after_fork()  # the connection and producer pools were made for the old URL: drop them (as a forked child)
+    try:
+        yield url
+    finally:
+        app.conf.update(saved)
+        app._after_fork()

@@ -9,12 +9,13 @@ import sys
 from pathlib import Path
 
 import pytest
+import redis
 from django.conf import settings
 from django.test import override_settings
 
 from durable_agents import api, tasks
-from durable_agents.models import StepStatus
-from durable_agents.testing import wait_for, wait_for_run
+from durable_agents.models import RunStatus, StepStatus
+from durable_agents.testing import wait_for_run
 
 OWN_QUEUE = "durable-own"
 ROOT = Path(__file__).resolve().parents[2]
@@ -73,13 +74,54 @@ def test_celery__the_queue_setting_sends_every_durable_message_to_the_apps_own_w
     assert api.get(run.id).steps.filter(status=StepStatus.DONE).count() == 3
 
 
+# A Celery signal handler that raises an Exception is only logged (celery/utils/dispatch/signal.py, Signal.send:
+# `except Exception`, "the exception is returned as the corresponding response"); SystemExit is not an Exception and
+# leaves the handler. worker_init is sent by WorkController.setup_instance before the blueprint (pool, consumer) is
+# built (celery/worker/worker.py), beat_init by beat.Service.start before its first tick (celery/beat.py): raised
+# there, the process exits with its code before it takes a message or sends one.
+EX_CONFIG = 78
+
+
 @pytest.mark.django_db(transaction=True)
-def test_celery__a_worker_runs_the_system_checks_as_it_starts(start_worker):
-    """Workers never run `manage.py`: a worker started with a misspelled setting says so in its own log."""
-    worker = start_worker(env={"DURABLE_TEST_SETTINGS": json.dumps({"LEASE_SECOND": 5})})
-    wait_for(
-        lambda: "durable_agents.E002" in worker.log_path.read_text(),
+def test_worker__refuses_to_start_on_a_system_check_error_and_takes_no_message(start_worker, broker_url):
+    """Workers never run `manage.py`: a worker whose settings fail a check exits, saying why in one line, before
+    it takes a message (LEASE_SECONDS=-5 would kill its lease renewer: steps would run with no renewal)."""
+    run = api.start("noop", {"steps": 1})  # its wake-up waits on the broker for the worker
+    worker = start_worker(env={"DURABLE_LEASE_SECONDS": "-5"})
+    code = worker.process.wait(timeout=120)
+    log = worker.log_path.read_text()
+    assert code == EX_CONFIG, f"the worker exited {code}, not 78 (configuration error):\n{log[-2000:]}"
+    said = [line for line in log.splitlines() if "durable_agents.E003" in line]
+    assert len(said) == 1 and "LEASE_SECONDS" in said[0] and "HINT:" in said[0], log[-2000:]
+    assert "celery worker refuses to start: 1 system check error" in log, log[-2000:]
+    assert "Traceback" not in log, f"a configuration error is a line, not a traceback:\n{log[-2000:]}"
+    assert redis.Redis.from_url(broker_url).llen("celery") == 1, "the worker took the wake-up message"
+    assert api.get(run.id).status == RunStatus.PENDING
+    assert not api.get(run.id).steps.exclude(status=StepStatus.PENDING).exists(), "a refused worker ran a step"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_worker__with_worker_checks_warn_starts_and_says_so_loudly(start_worker):
+    settings_json = json.dumps({"LEASE_SECOND": 5, "WORKER_CHECKS": "warn"})
+    worker = start_worker(env={"DURABLE_TEST_SETTINGS": settings_json})
+    run = api.start("noop", {"steps": 2})
+    wait_for_run(run.id, "completed", timeout=120)
+    log = worker.log_path.read_text()
+    assert "durable_agents.E002" in log and "Did you mean 'LEASE_SECONDS'?" in log, log[-2000:]
+    assert "celery worker starts despite 1 system check error" in log and "WORKER_CHECKS" in log, log[-2000:]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_beat__that_schedules_the_sweep_refuses_to_start_on_a_system_check_error(worker_env, tmp_path):
+    beat = subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "tests", "beat", "--schedule", str(tmp_path / "beat"), "-l", "WARNING"],
+        env={**worker_env, "DURABLE_LEASE_SECONDS": "-5"},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
         timeout=120,
-        what="the worker's log to report the misspelled setting",
     )
-    assert "Did you mean 'LEASE_SECONDS'?" in worker.log_path.read_text()
+    out = beat.stdout + beat.stderr
+    assert beat.returncode == EX_CONFIG, f"beat exited {beat.returncode}, not 78:\n{out[-2000:]}"
+    assert "durable_agents.E003" in out and "celery beat refuses to start" in out, out[-2000:]
+    assert "Traceback" not in out, out[-2000:]

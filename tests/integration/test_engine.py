@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import logging
 import time
 
 import pytest
 import redis
+from django.db import transaction
 from django.db.models import Count
 
 from durable_agents import api
 from durable_agents.models import Event, Run, RunStatus, Step, StepStatus
 from durable_agents.tasks import advance as advance_task
 from durable_agents.testing import wait_for, wait_for_run
+from tests.integration.conftest import broker_down
 from tests.testapp.models import Execution
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -140,3 +143,24 @@ def test_sweep__flushed_broker_loses_no_run(start_worker, broker_url):
         wait_for_run(run.id, "completed", timeout=90)
         assert set(executions_per_step(run.id).values()) == {1}
     assert Event.objects.filter(kind="swept").exists(), "the sweep re-woke the runs"
+
+
+# Celery retries a publish (task_publish_retry_policy), then raises kombu's OperationalError for the refused connection
+# (Connection._reraise_as_library_errors, kombu/connection.py): the outage the line reports.
+@pytest.mark.parametrize("started", [1, 3], ids=["one-run", "three-runs-in-one-transaction"])
+def test_start__a_broker_outage_is_one_line_the_run_is_kept_and_the_sweep_wakes_it(start_worker, caplog, started):
+    with broker_down() as url, caplog.at_level(logging.WARNING, logger="durable_agents"), transaction.atomic():
+        runs = [api.start("record", {"steps": 2}) for _ in range(started)]  # several: one batched wake-up
+    said = [r for r in caplog.records if r.name.startswith("durable_agents")]
+    assert len(said) == 1, f"one line per failed send, not {[r.getMessage() for r in said]}"
+    line = said[0].getMessage()
+    assert said[0].levelno == logging.WARNING and not said[0].exc_info, "an outage is a warning line, no traceback"
+    assert "\n" not in line and str(runs[0].id) in line and "broker" in line, line
+    assert "kept" in line and "sweep" in line, f"the line must say the run is kept and the sweep wakes it: {line}"
+    assert url.rsplit("/", 1)[0].removeprefix("redis://") in line, f"the line must say what failed: {line}"
+    assert {r.status for r in Run.objects.all()} == {RunStatus.PENDING}, "the runs are committed, runnable"
+
+    start_worker(beat=True)  # the broker is back: the sweep wakes the runs nobody was told about
+    for run in runs:
+        wait_for_run(run.id, "completed", timeout=120)
+        assert set(executions_per_step(run.id).values()) == {1}

@@ -30,8 +30,10 @@ from django.urls import reverse
 
 from durable_agents import api, clock, operations
 from durable_agents.engine.sweep import sweep
+from durable_agents.links import PUBLIC_SECRET_KEYS
 from durable_agents.models import Effect, EffectStatus, Event, Run, RunStatus, Wait, WaitStatus
 from durable_agents.testing import drive, wait_for, wait_for_run
+from tests.integration.conftest import broker_down
 from tests.testapp import notifiers
 from tests.testapp.models import Execution
 
@@ -212,6 +214,70 @@ def test_sweep__gives_up_visibly_after_max_attempts(caplog):
     assert any("gave up" in r.getMessage() and r.levelno == logging.WARNING for r in caplog.records)
     shown = next(e for e in operations.describe_run(run.id)["effects"] if e["key"] == effect.idempotency_key)
     assert shown["status"] == "failed" and shown["needs_attention"] == row.needs_attention
+
+
+# No link without the app's URLs (system check E015 says so at start), nor signed with a published SECRET_KEY.
+@pytest.mark.parametrize(
+    ("site", "said"),
+    [
+        ({"ROOT_URLCONF": "django.contrib.auth.urls"}, "durable_agents.urls"),
+        ({"SECRET_KEY": sorted(PUBLIC_SECRET_KEYS)[0]}, "SECRET_KEY"),
+    ],
+    ids=["urls-not-included", "published-secret-key"],
+)
+def test_notify__a_request_whose_link_cannot_be_made_fails_alone_and_the_wait_stays_decidable(caplog, site, said):
+    """The run waits all the same, the request is failed visibly with what to do, and the command decides."""
+    with (
+        override_settings(**site),
+        durable(NOTIFIER=COUNTING, NOTIFICATION_ENQUEUER=DELIVER_NOW),
+        caplog.at_level(logging.WARNING, logger="durable_agents"),
+    ):
+        run = drive(api.start("approve_charge", {"order_id": "N-9"}).id)
+        assert run.status == RunStatus.WAITING, f"a decision link that cannot be made failed the run: {run.error}"
+        wait = Wait.objects.get(run=run)
+        assert wait.status == WaitStatus.OPEN
+        request = Effect.objects.get(idempotency_key=f"wait:{wait.pk}:requested:1")
+        assert request.status == EffectStatus.FAILED and notifiers.CountingNotifier.sent == [], request.status
+        assert said in request.needs_attention and "durable_decide" in request.needs_attention, (
+            f"needs_attention must say what is missing and how to decide meanwhile: {request.needs_attention!r}"
+        )
+        failed = Event.objects.get(run=run, kind="notification_failed")
+        assert failed.detail["key"] == request.idempotency_key, failed.detail
+        said = [r for r in caplog.records if request.idempotency_key in r.getMessage()]
+        assert len(said) == 1 and said[0].levelno == logging.WARNING and not said[0].exc_info, (
+            f"one warning line, no traceback: {[r.getMessage() for r in said]}"
+        )
+        call_command("durable_decide", str(wait.pk), "--approve", "--as", "alice")
+        run = drive(run.id)
+    assert run.status == RunStatus.COMPLETED and run.output == {"charged": True}, (run.status, run.output)
+
+
+def test_sweep__a_reminder_whose_link_cannot_be_made_fails_alone_and_the_sweep_goes_on():
+    with durable(NOTIFICATION_ENQUEUER=RECORD_ONLY):
+        run = drive(api.start("deadline_reject", {"order_id": "N-4"}).id)
+        clock.advance(timedelta(minutes=25))  # past the first reminder (every 20 min), before the warning (50 min)
+        with override_settings(ROOT_URLCONF="django.contrib.auth.urls"):  # the URLs left out by a later deploy
+            sweep()
+    wait = Wait.objects.get(run=run)
+    reminder = Effect.objects.get(idempotency_key=f"wait:{wait.pk}:reminder:1")
+    assert reminder.status == EffectStatus.FAILED and "durable_agents.urls" in reminder.needs_attention
+    assert wait.status == WaitStatus.OPEN and Run.objects.get(pk=run.pk).status == RunStatus.WAITING
+
+
+def test_enqueue__a_broker_outage_is_one_line_and_the_sweep_enqueues_the_request_later(caplog):
+    # The default enqueuer publishes through Celery, which raises kombu's OperationalError once its publish retries
+    # are spent (kombu/connection.py, Connection._reraise_as_library_errors).
+    with broker_down(), caplog.at_level(logging.WARNING, logger="durable_agents"):
+        run = drive(api.start("approve_charge", {"order_id": "N-5"}).id)
+    request = Effect.objects.get(run=run, kind="notification")
+    said = [r for r in caplog.records if f"notification {request.pk}" in r.getMessage()]
+    assert len(said) == 1 and not said[0].exc_info, f"one line, no traceback: {[r.getMessage() for r in said]}"
+    assert "Connection refused" in said[0].getMessage() and "\n" not in said[0].getMessage(), said[0].getMessage()
+    assert request.status == EffectStatus.PENDING, "the request is kept for the sweep"
+    age(request)
+    with durable(NOTIFIER=COUNTING, NOTIFICATION_ENQUEUER=DELIVER_NOW):
+        sweep()
+    assert notifiers.CountingNotifier.sent == [request.idempotency_key], "the sweep enqueues it once it can"
 
 
 def test_sweep__a_decided_waits_pending_request_is_skipped_not_sent():

@@ -11,10 +11,12 @@ import pytest
 from django.core.checks import ERROR, run_checks
 from django.test import override_settings
 
-from durable_agents import checks
+from durable_agents import checks, preflight
 from durable_agents.agents.loop import agent
 from durable_agents.conf import SETTINGS
-from durable_agents.workflows import Registry, Workflow
+from durable_agents.tools import ToolRegistry, tool
+from durable_agents.waits import approval
+from durable_agents.workflows import Registry, Workflow, call
 
 ROOT = Path(__file__).resolve().parents[2]
 SWEEP = {"sweep": {"task": "durable_agents.sweep", "schedule": 5.0}}
@@ -334,10 +336,45 @@ def test_check_decision_links__a_login_url_that_resolves_passes(login_url):
         assert ids() == []
 
 
-def test_check_decision_links__urls_not_included_is_a_warning():
+@pytest.fixture
+def asking_nobody(monkeypatch):
+    """A project whose workflows ask no human: one plain step, no tool that needs an approval."""
+    workflows = Registry()
+    workflows.register(Workflow("plain", 1, (call("work", lambda ctx: None),)))
+    monkeypatch.setattr(checks, "registry", workflows)
+    monkeypatch.setattr(checks, "tools", ToolRegistry())
+    return workflows
+
+
+def test_check_decision_links__urls_not_included_is_a_warning_where_nobody_is_asked(asking_nobody):
     with override_settings(ROOT_URLCONF="django.contrib.auth.urls"):
         messages = durable_messages()
     assert [m.id for m in messages] == ["durable_agents.W007"]
+    assert 'include("durable_agents.urls")' in messages[0].hint
+
+
+def _refund(order: str, *, idempotency_key: str) -> str:
+    """Refund an order."""
+    return order
+
+
+@pytest.mark.parametrize("asks", ["an approval step", "an agent's tool", "a registered tool", "APPROVERS"])
+def test_check_decision_links__urls_not_included_is_an_error_where_approvals_are_asked_for(asking_nobody, asks):
+    """Every run that reaches an approval needs its link: without durable_agents.urls, the project is broken."""
+    refund = tool(effectful=True, needs_approval=True, registry=ToolRegistry())(_refund)
+    durable = {}
+    if asks == "an approval step":
+        asking_nobody.register(Workflow("asks", 1, (approval("ok", question="Refund?"),)))
+    elif asks == "an agent's tool":
+        asking_nobody.register(Workflow("asks", 1, (agent("think", instructions="x", tools=[refund]),)))
+    elif asks == "a registered tool":
+        checks.tools.register(refund)
+    else:
+        durable = {"APPROVERS": ["ops@example.com"], "BASE_URL": "https://ops.example.com"}
+    with override_settings(ROOT_URLCONF="django.contrib.auth.urls", DURABLE_AGENTS=durable):
+        messages = [m for m in durable_messages() if m.id != "durable_agents.W009"]
+    assert [m.id for m in messages] == ["durable_agents.E015"], f"{asks}: {messages}"
+    assert messages[0].level >= ERROR
     assert 'include("durable_agents.urls")' in messages[0].hint
 
 
@@ -394,3 +431,57 @@ def test_checks__errors_are_errors_and_warnings_warnings():
     with override_settings(DURABLE_AGENTS={"LEASE_SECOND": 1}, CELERY_BEAT_SCHEDULE={}):
         levels = {m.id: m.level >= ERROR for m in durable_messages()}
     assert levels == {"durable_agents.E002": True, "durable_agents.W001": False}
+
+
+# --- Workers and beat run the checks as they start, and refuse to serve on an error -----------------------------
+
+
+# LEASE_SECONDS as text, not -5: this process's lease renewer thread reads the setting live, and a negative one ends
+# it (time.sleep). The workers' own tests (tests/integration/test_app_scoped_celery.py) start with -5.
+def test_preflight__an_error_stops_the_process_with_one_line_each_and_what_to_do(caplog):
+    with override_settings(DURABLE_AGENTS={"LEASE_SECONDS": "15", "LEASE_SECOND": 1}), pytest.raises(SystemExit) as out:
+        preflight.check_before_serving("celery worker")
+    assert out.value.code == preflight.EX_CONFIG, "a supervisor tells a bad configuration by its exit code (78)"
+    lines = [r.getMessage() for r in caplog.records if r.name.startswith("durable_agents")]
+    errors = [line for line in lines if line.startswith("durable_agents.E")]
+    assert [line.split(":")[0] for line in errors] == ["durable_agents.E003", "durable_agents.E002"], lines
+    assert all("\n" not in line for line in lines), f"one line each: {lines}"
+    assert "LEASE_SECONDS" in errors[0] and "HINT: Write the number without quotes: 15." in errors[0], errors[0]
+    assert "celery worker refuses to start: 2 system check errors" in lines[-1], lines[-1]
+    assert "DURABLE_AGENTS['WORKER_CHECKS'] = 'warn'" in lines[-1], "the last line names the override"
+
+
+def test_preflight__warnings_are_logged_and_let_the_process_start(caplog):
+    with override_settings(CELERY_BEAT_SCHEDULE={}):
+        preflight.check_before_serving("celery worker")
+    assert [r.levelname for r in caplog.records if "durable_agents.W001" in r.getMessage()] == ["WARNING"]
+
+
+def test_preflight__a_silenced_error_lets_the_process_start_as_manage_py_does(caplog):
+    with override_settings(DURABLE_AGENTS={"LEASE_SECOND": 1}, SILENCED_SYSTEM_CHECKS=["durable_agents.E002"]):
+        preflight.check_before_serving("celery worker")
+    assert not [r for r in caplog.records if "E002" in r.getMessage()], "a silenced check is not reported"
+
+
+def test_preflight__the_override_starts_anyway_and_says_so_loudly(caplog):
+    with override_settings(DURABLE_AGENTS={"LEASE_SECOND": 1, "WORKER_CHECKS": "warn"}):
+        preflight.check_before_serving("celery worker")
+    loud = [r for r in caplog.records if "WORKER_CHECKS" in r.getMessage()]
+    assert len(loud) == 1 and loud[0].levelname == "ERROR", [r.getMessage() for r in caplog.records]
+    assert "starts despite 1 system check error" in loud[0].getMessage(), loud[0].getMessage()
+
+
+def test_preflight__a_bad_override_value_refuses(caplog):
+    with override_settings(DURABLE_AGENTS={"WORKER_CHECKS": "ignore"}), pytest.raises(SystemExit):
+        preflight.check_before_serving("celery worker")
+    assert any("durable_agents.E003" in r.getMessage() and "WORKER_CHECKS" in r.getMessage() for r in caplog.records)
+
+
+def test_preflight__celery_skip_checks_skips_them_and_says_so(caplog, monkeypatch):
+    # `celery --skip-checks` sets CELERY_SKIP_CHECKS, and Celery's Django fixup then runs no check
+    # (celery/bin/celery.py, celery/fixups/django.py DjangoWorkerFixup.validate_models).
+    monkeypatch.setenv("CELERY_SKIP_CHECKS", "true")
+    with override_settings(DURABLE_AGENTS={"LEASE_SECONDS": "15"}):
+        preflight.check_before_serving("celery worker")
+    said = [r.getMessage() for r in caplog.records if r.name.startswith("durable_agents")]
+    assert len(said) == 1 and "skips the system checks" in said[0], said
