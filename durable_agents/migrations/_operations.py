@@ -142,9 +142,9 @@ class AddFieldWithoutBlockingWrites(migrations.AddField):
             return
         ensure_not_in_transaction(self, schema_editor)
         table = model._meta.db_table
-        # The column alone: without its database default (Django's own default only fills existing rows, then is
-        # dropped), and without the CHECK and REFERENCES Django puts inline, which Postgres verifies by scanning
-        # the table under the ACCESS EXCLUSIVE lock of ADD COLUMN.
+        # The column with its db_default (never the Python default, which Django writes into existing rows and then
+        # drops), and without the CHECK and REFERENCES Django writes inline: Postgres verifies an inline CHECK (and a
+        # REFERENCES on a column with a default) by scanning the table under ADD COLUMN's ACCESS EXCLUSIVE lock.
         definition, params = schema_editor.column_sql(model, field)
         schema_editor.execute(
             f"ALTER TABLE {schema_editor.quote_name(table)} "

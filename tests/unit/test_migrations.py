@@ -362,6 +362,12 @@ RUN = "durable_agents_run"
             id="drop-a-used-table",
         ),
         pytest.param(
+            [migrations.RenameModel("Schedule", "Timetable")],
+            True,
+            {("contracts-in-use", "durable_agents_schedule")},
+            id="rename-a-used-table",
+        ),
+        pytest.param(
             [migrations.AddField("run", "note", models.TextField(null=True))],
             False,
             {("not-rerunnable", "Add field note to run")},
