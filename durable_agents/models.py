@@ -162,12 +162,14 @@ class Run(models.Model):
     # A child run: started by its parent's step `parent_step` as item `child_index` of that step's fan-out.
     # (parent, parent_step, child_index) is the child's key: a re-executed step finds it, never starts it twice.
     parent = models.ForeignKey("self", on_delete=models.SET_NULL, null=True, blank=True, related_name="children")
-    parent_step = models.CharField(max_length=200, blank=True, default="")
+    # Database defaults (db_default) on NOT NULL columns: processes of the previous release insert rows without naming
+    # the columns added since, while `migrate` runs (README, "Upgrading"; migration 0021 sets them on older installs).
+    parent_step = models.CharField(max_length=200, blank=True, default="", db_default="")
     child_index = models.PositiveIntegerField(null=True, blank=True)
     # Concurrency key (engine/admission.py): at most `concurrency_limit` runs with one key are admitted and not
     # finished at a time; the others stay pending, not admitted (admitted_at NULL), holding nothing, in order.
     concurrency_key = models.CharField(max_length=255, null=True, blank=True)
-    concurrency_limit = models.PositiveIntegerField(default=1)
+    concurrency_limit = models.PositiveIntegerField(default=1, db_default=1)
     admitted_at = models.DateTimeField(null=True, blank=True)
     # The schedule that started this run for one of its slots (its name; engine/schedules.py), else "". Its
     # overlap policy asks "is any run of mine still live?" of the index below, whatever the schedule's history.
@@ -471,9 +473,10 @@ class Wait(models.Model):
     name = models.CharField(max_length=200, blank=True, default="")
     effect_key = models.CharField(max_length=300, blank=True, default="")
     # A tool approval authorises exactly the call it showed: this hash of the tool and its checked arguments.
-    args_hash = models.CharField(max_length=64, blank=True, default="")
+    # db_default here, on `retired` and on Schedule's overlap fields: see Run.parent_step.
+    args_hash = models.CharField(max_length=64, blank=True, default="", db_default="")
     # A rejected or expired decision stops governing its step once an operator resumes or re-plans it.
-    retired = models.BooleanField(default=False)
+    retired = models.BooleanField(default=False, db_default=False)
     question = models.TextField(blank=True, default="")
     brief = models.TextField(blank=True, default="", help_text="why it matters, what happened, what each answer does")
     deadline = models.DateTimeField(null=True, blank=True)
@@ -630,8 +633,8 @@ class Schedule(models.Model):
     input = models.JSONField(default=dict, blank=True)
     missed = models.CharField(max_length=16, choices=MissedSlots.choices, default=MissedSlots.SKIP)
     catch_up_limit = models.PositiveIntegerField(default=10)
-    overlap = models.CharField(max_length=16, choices=Overlap.choices, default=Overlap.SKIP)
-    overlap_skipped = models.PositiveIntegerField(default=0)
+    overlap = models.CharField(max_length=16, choices=Overlap.choices, default=Overlap.SKIP, db_default=Overlap.SKIP)
+    overlap_skipped = models.PositiveIntegerField(default=0, db_default=0)
     paused = models.BooleanField(default=False)
     next_slot = models.DateTimeField()
     last_slot = models.DateTimeField(null=True, blank=True)

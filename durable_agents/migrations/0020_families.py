@@ -2,29 +2,14 @@
 
 Safe while the previous release still runs: family_undo has a database default (its inserts do not name it),
 slot_of is nullable with no constraint to validate, and the partial index is built CONCURRENTLY on Postgres (starts
-and commits go on while it builds; the migration is therefore not atomic).
+and commits go on while it builds; the migration is therefore not atomic, and run again after an interruption, it
+finishes: each operation skips what is done).
 """
 
 import django.db.models.deletion
 from django.db import migrations, models
 
-
-class AddIndexWithoutBlockingWrites(migrations.AddIndex):
-    """CREATE INDEX CONCURRENTLY on Postgres; elsewhere (SQLite) a plain AddIndex."""
-
-    def database_forwards(self, app_label, schema_editor, from_state, to_state):
-        if schema_editor.connection.vendor != "postgresql":
-            return super().database_forwards(app_label, schema_editor, from_state, to_state)
-        model = to_state.apps.get_model(app_label, self.model_name)
-        if self.allow_migrate_model(schema_editor.connection.alias, model):
-            schema_editor.add_index(model, self.index, concurrently=True)
-
-    def database_backwards(self, app_label, schema_editor, from_state, to_state):
-        if schema_editor.connection.vendor != "postgresql":
-            return super().database_backwards(app_label, schema_editor, from_state, to_state)
-        model = from_state.apps.get_model(app_label, self.model_name)
-        if self.allow_migrate_model(schema_editor.connection.alias, model):
-            schema_editor.remove_index(model, self.index, concurrently=True)
+from durable_agents.migrations._operations import AddFieldWithoutBlockingWrites, AddIndexWithoutBlockingWrites
 
 
 class Migration(migrations.Migration):
@@ -35,12 +20,12 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
-        migrations.AddField(
+        AddFieldWithoutBlockingWrites(
             model_name="run",
             name="family_undo",
             field=models.BooleanField(db_default=False, default=False),
         ),
-        migrations.AddField(
+        AddFieldWithoutBlockingWrites(
             model_name="run",
             name="slot_of",
             field=models.ForeignKey(

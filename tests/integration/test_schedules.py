@@ -356,7 +356,8 @@ def test_migration__names_the_schedule_of_every_slot_run_before_it():
     done = api.start("record", {"n": 2}, idempotency_key=slot_key("night:shift", slot + timedelta(days=1)))
     drive(done.id)
     other = api.start("record", {"n": 3}, idempotency_key="schedule:looks-like-one")
-    migration.name_scheduled_runs(apps, None)
+    with connection.schema_editor() as editor:  # the migration names the runs of the database it migrates
+        migration.name_scheduled_runs(apps, editor)
     named = dict(Run.objects.filter(pk__in=[live.id, done.id, other.id]).values_list("id", "schedule"))
     assert named == {live.id: "night:shift", done.id: "night:shift", other.id: ""}
 
