@@ -223,6 +223,11 @@ def wake(run_id: str, countdown: float | None = None, queue: str | None = None) 
     """A DURABLE_AGENTS['WAKER'] for the test process: send `durable_agents.advance` to the broker named by
     the DURABLE_CHAOS_WAKE_BROKER environment variable (the broker the test's workers consume from)."""
     routed = {"queue": queue} if queue else {}
-    _publisher(os.environ[WAKE_BROKER_ENV]).send_task(
-        "durable_agents.advance", args=(str(run_id),), countdown=countdown or None, **routed
-    )
+    url = os.environ[WAKE_BROKER_ENV]
+    publisher = _publisher(url)
+    # Celery takes the CELERY_BROKER_URL environment variable (the test's own Redis) over an app's `broker=`
+    # (celery/app/utils.py Settings.broker_url): the connection names the broker itself.
+    with publisher.connection_for_write(url) as connection:
+        publisher.send_task(
+            "durable_agents.advance", args=(str(run_id),), countdown=countdown or None, connection=connection, **routed
+        )
