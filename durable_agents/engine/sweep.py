@@ -6,7 +6,9 @@ It also enqueues due notifications (engine/outbox.py) but never sends one: a slo
 the sweep, nor the worker slot it runs in.
 
 Safe to run concurrently and repeatedly: rows are picked with SKIP LOCKED, each run is re-woken at most
-once per IDLE_RESWEEP_SECONDS, and a duplicate wake-up is harmless (the claim lets one worker in).
+once per IDLE_RESWEEP_SECONDS, and a duplicate wake-up is harmless (the claim lets one worker in). A run parked until
+its wake_at (a retry's backoff longer than MAX_COUNTDOWN_SECONDS) has no message: the first pass after its wake time
+wakes it, however recently an earlier pass did, and a pass after an outage wakes every due run, SWEEP_BATCH at a time.
 
 Each completed pass records itself (engine/heartbeats.py), so `durable_status` can tell that beat is down.
 """
@@ -17,7 +19,7 @@ from dataclasses import asdict, dataclass
 from datetime import timedelta
 
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import F, Q
 
 from durable_agents import clock
 from durable_agents.conf import settings
@@ -62,7 +64,10 @@ def sweep() -> SweepReport:
     due = Q(wake_at__isnull=True) | Q(wake_at__lte=now)
     # Lost: a dead worker's lease expired, a due retry was not picked up, or no progress for `idle`.
     lost = Q(lease_expires_at__lt=now) | Q(wake_at__isnull=False) | Q(updated_at__lt=now - idle)
-    not_recently_swept = Q(swept_at__isnull=True) | Q(swept_at__lt=now - idle)
+    # Not again within `idle` of its last sweep (a lost message's wake-up, repeated) — unless the run was parked since
+    # with a wake time that has now come (swept before its wake_at): a run parked beyond MAX_COUNTDOWN_SECONDS has no
+    # message, and the sweep is its only wake-up.
+    not_recently_swept = Q(swept_at__isnull=True) | Q(swept_at__lt=now - idle) | Q(swept_at__lt=F("wake_at"))
     candidates = (
         Run.objects.filter(
             lease_free,
