@@ -230,3 +230,24 @@ def test_retry__a_long_backoff_holds_no_worker_slot_on_rabbitmq(start_worker, mo
             shared.advance(timedelta(seconds=30))
             wait_for_run(waiting.id, "completed", timeout=60)
             assert Event.objects.filter(run=waiting, kind="swept").exists(), "the sweep woke the parked run"
+
+
+def test_retry__a_sub_second_backoff_rides_rabbitmqs_native_delayed_delivery(start_worker, monkeypatch):
+    # On a topic exchange beside a quorum queue, Celery delays a countdown in RabbitMQ itself, in whole seconds:
+    # send_task passes int(countdown) to kombu's calculate_routing_key, which raises ValueError below 1 s
+    # (durable_agents/brokers.py). The tests' backoff is 0.025-0.05 s. With no beat, nothing but that countdown's
+    # message can wake the run.
+    why = rabbitmq_available()
+    if why:
+        pytest.skip(why)
+    monkeypatch.setenv("DURABLE_TEST_EXCHANGE_TYPE", "topic")  # tests/settings.py, for the worker and the publisher
+    with rabbit_vhost() as url:
+        monkeypatch.setenv(WAKE_BROKER_ENV, url)
+        waker = {**settings.DURABLE_AGENTS, "WAKER": "tests.chaos.services.wake"}
+        with override_settings(DURABLE_AGENTS=waker):
+            start_worker(env={"CELERY_BROKER_URL": url})
+            run = api.start("flaky", {"failures": 1})
+
+            wait_for_run(run.id, "completed", timeout=60)
+
+            assert executions_per_step(run.id) == {"flaky": 2, "after": 1}
