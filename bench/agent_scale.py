@@ -163,7 +163,15 @@ def machine_cpu() -> dict[str, float]:
 
 
 def worker(
-    name: str, fake: FakeAnthropic, *, pool: str, concurrency: int, queues: str, app_name: str = "", **env: str
+    name: str,
+    fake: FakeAnthropic,
+    *,
+    pool: str,
+    concurrency: int,
+    queues: str,
+    app_name: str = "",
+    beat: bool = False,
+    **env: str,
 ) -> WorkerProcess:
     log = ROOT / "var" / f"bench-scale-{name}.log"
     log.parent.mkdir(exist_ok=True)
@@ -173,6 +181,7 @@ def worker(
         cwd=ROOT,
         pool=pool,
         concurrency=concurrency,
+        beat=beat,
         log_path=log,
         extra_args=["--queues", queues, "--include", "bench.scale_agent"],
     )
@@ -309,8 +318,10 @@ def scenario_baseline(args: argparse.Namespace, fake: FakeAnthropic) -> dict[str
 
 
 def scenario_burst(args: argparse.Namespace, fake: FakeAnthropic) -> list[int]:
-    """Every conversation's first request gets 429 retry-after 5: the retries' arrival, second by second."""
-    sweeper = worker("sweeper", fake, pool="prefork", concurrency=1, queues="celery").start()
+    """Every conversation's first request gets 429 retry-after 5: the retries' arrival, second by second. A backoff
+    of 5-10 s is longer than MAX_COUNTDOWN_SECONDS: the runs are parked until then, and the sweep (beat, here in the
+    sweeper) wakes each when it is due."""
+    sweeper = worker("sweeper", fake, pool="prefork", concurrency=1, queues="celery", beat=True).start()
     models = model_workers(args, fake)
     try:
         warm_up(MODEL_QUEUE)

@@ -28,6 +28,9 @@ Registered in `DurableAgentsConfig.ready()` under the tag `durable_agents`; `man
     W007  durable_agents.urls is not included, so no decision link can be made (nothing asks for an approval yet)
     W008  QUEUE names the durable workers' queue, but beat sends the sweep elsewhere
     W009  a model step names a model the model table does not know: requests follow the conservative profile
+    W010  RabbitMQ with a quorum queue, and the durable queue on a direct exchange: a worker would hold each countdown
+          (up to MAX_COUNTDOWN_SECONDS) in its only prefetch slot until due (brokers.py says exactly when)
+    W011  RabbitMQ with a quorum queue, and worker_detect_quorum_queues off: workers ask for global QoS, refused
 
 A check never raises on odd input: a traceback at start-up is worse than no check, so each one is guarded
 and reports W000 instead.
@@ -51,6 +54,7 @@ from django.utils.module_loading import import_string
 
 from durable_agents.agents.capabilities import ModelChoice, model_profile, problems
 from durable_agents.agents.participants import participants
+from durable_agents.brokers import countdowns_holding_a_slot, quorum_queue_refusing_global_qos
 from durable_agents.conf import SETTINGS, describe
 from durable_agents.errors import InvalidInputError
 from durable_agents.models import StepKind
@@ -623,6 +627,40 @@ def _steps_asking_claude() -> Iterator[tuple[Workflow, StepDef]]:
                     yield definition, step
 
 
+@_never_raises
+def check_delayed_delivery(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> list[CheckMessage]:
+    """W010, W011: on RabbitMQ, workers consume the durable queues, and no countdown takes a worker's prefetch slot."""
+    messages: list[CheckMessage] = []
+    queue = quorum_queue_refusing_global_qos()
+    if queue:
+        messages.append(
+            Warning(
+                f"CELERY_WORKER_DETECT_QUORUM_QUEUES is off and {queue!r} is a quorum queue: workers ask RabbitMQ for "
+                "global QoS, which quorum queues refuse (NOT_IMPLEMENTED), so they consume nothing.",
+                hint="Remove CELERY_WORKER_DETECT_QUORUM_QUEUES = False (Celery's default is True).",
+                id="durable_agents.W011",
+            )
+        )
+    countdown = float(_value("MAX_COUNTDOWN_SECONDS"))
+    if countdown <= 0 or _value("WAKER") != SETTINGS["WAKER"].default:
+        return messages  # no countdown is sent, or a WAKER of the product's own sends it (its own business)
+    destinations = [_value("QUEUE") or None, _value("MODEL_QUEUE") or None]
+    for held in countdowns_holding_a_slot(destinations if destinations[1] else destinations[:1]):
+        messages.append(
+            Warning(
+                f"RabbitMQ queue {held.queue!r} is on the direct exchange {held.exchange!r} beside quorum queues: "
+                "Celery cannot delay a message there natively, so a worker holds each retry's countdown (up to "
+                f"MAX_COUNTDOWN_SECONDS, {countdown:g} s) in its only prefetch slot until it is due, and runs "
+                "nothing else meanwhile.",
+                hint='Put the queue on a topic exchange (CELERY_TASK_DEFAULT_EXCHANGE_TYPE = "topic", with an '
+                "exchange name RabbitMQ does not know yet: it refuses to change an exchange's type), or set "
+                f"{_key('MAX_COUNTDOWN_SECONDS')} = 0 so that every delay waits for the sweep instead.",
+                id="durable_agents.W010",
+            )
+        )
+    return messages
+
+
 CHECKS: tuple[Check, ...] = (
     check_settings,
     check_hooks,
@@ -631,6 +669,7 @@ CHECKS: tuple[Check, ...] = (
     check_retention,
     check_sweep_schedule,
     check_queues,
+    check_delayed_delivery,
     check_serializer,
     check_base_url,
     check_decision_links,

@@ -157,10 +157,13 @@ SETTINGS: dict[str, Setting] = {
         "every worker shares (e.g. S3)",
     ),
     "INPUT_MAX_BYTES": Setting(1024 * 1024, int, "run inputs larger than this (JSON bytes) are refused", at_least=1),
+    # A broker countdown is held by the worker that receives it until it is due; on RabbitMQ without native delayed
+    # delivery (a quorum queue on a direct exchange) it holds the worker's prefetch slot: keep the countdowns short.
     "MAX_COUNTDOWN_SECONDS": Setting(
-        30.0,
+        2.0,
         float,
-        "retries wait in-process with a countdown up to this long; the sweep takes longer ones",
+        "a delay (a retry's backoff, a wait for the model's capacity) up to this long goes out as a broker countdown; "
+        "a longer one parks the run until its wake_at (database clock) for the sweep, with no message (0: every one)",
         at_least=0,
         at_most=LONGEST_SECONDS,
     ),

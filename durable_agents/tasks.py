@@ -10,6 +10,7 @@ a slow notification receiver never holds a worker slot a step is waiting for.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import uuid
 from collections.abc import Callable, Iterator
@@ -23,6 +24,7 @@ from django.db import InterfaceError, OperationalError, connections
 
 from durable_agents import broker, preflight, retention
 from durable_agents.agents.journal import PoolTimeout
+from durable_agents.brokers import countdown_route
 from durable_agents.conf import settings as durable_settings
 from durable_agents.engine import advance as engine_advance
 from durable_agents.engine import heartbeats as engine_heartbeats
@@ -184,9 +186,16 @@ def deliver_notification(effect_id: int) -> str:
 
 def wake(run_id: str, countdown: float | None = None, queue: str | None = None) -> None:
     """The default DURABLE_AGENTS['WAKER']: send `durable_agents.advance` for the run, on `queue` (the model
-    queue) if given, else on QUEUE."""
+    queue) if given, else on QUEUE, after `countdown` seconds (the engine sends only short ones)."""
+    routed = _routed(queue or durable_settings.QUEUE)
+    if countdown and countdown > 0:
+        route = countdown_route(advance.app, routed.get("queue"))
+        if route is not None and route.delayed_natively:
+            # RabbitMQ delays it in whole seconds and refuses less than one (brokers.py): round up, never sooner
+            # than the run's wake_at, which the claim would refuse.
+            countdown = math.ceil(countdown)
     with _to_the_broker("its wake-up"):
-        advance.apply_async((run_id,), countdown=countdown or None, **_routed(queue or durable_settings.QUEUE))
+        advance.apply_async((run_id,), countdown=countdown or None, **routed)
 
 
 def wake_many(run_ids: list[str], queue: str | None = None) -> None:

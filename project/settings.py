@@ -260,6 +260,11 @@ if CELERY_BROKER_URL.startswith("amqp"):
     # the broker acknowledged is not lost. Celery turns off global QoS for quorum queues by itself.
     CELERY_TASK_DEFAULT_QUEUE = "celery"
     CELERY_TASK_DEFAULT_QUEUE_TYPE = "quorum"
+    # On a topic exchange, Celery delays a short retry's countdown in RabbitMQ (native delayed delivery); on a direct
+    # one, a worker would hold it in its only prefetch slot until due (check W010). A new name: RabbitMQ refuses to
+    # change the type of the direct `celery` exchange an earlier deploy declared.
+    CELERY_TASK_DEFAULT_EXCHANGE = "durable_agents"
+    CELERY_TASK_DEFAULT_EXCHANGE_TYPE = "topic"
     CELERY_BROKER_TRANSPORT_OPTIONS = {"confirm_publish": True}
     CELERY_WORKER_DETECT_QUORUM_QUEUES = True
 CELERY_RESULT_BACKEND = "django-db"

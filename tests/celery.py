@@ -8,8 +8,8 @@ counted in the broker's Redis database, under `deliveries_key(run_id)`; a `durab
 counts once for each run it carries, and once under `BATCHES_KEY`.
 
 DURABLE_TEST_CLOCK_KEY=<redis key> in a worker's environment: before each task the worker sets its engine time
-shift (`clock.advance`) to the seconds stored under that key, so a test moves every process's clock at once
-(tests/integration/test_schedules.py's SharedClock).
+shift (`clock.advance`) to the seconds stored under that key (in DURABLE_TEST_CLOCK_REDIS, else the broker's
+Redis), so a test moves every process's clock at once (tests/integration/shared_clock.py).
 """
 
 import os
@@ -58,6 +58,7 @@ if os.environ.get("DURABLE_TEST_CLOCK_KEY"):
     def _follow_test_clock(**_: Any) -> None:
         import redis
 
-        shift = redis.Redis.from_url(os.environ["CELERY_BROKER_URL"]).get(os.environ["DURABLE_TEST_CLOCK_KEY"])
+        store = os.environ.get("DURABLE_TEST_CLOCK_REDIS") or os.environ["CELERY_BROKER_URL"]
+        shift = redis.Redis.from_url(store).get(os.environ["DURABLE_TEST_CLOCK_KEY"])
         clock.reset()
         clock.advance(timedelta(seconds=float(shift or 0)))

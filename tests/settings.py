@@ -4,7 +4,8 @@ Standalone: the example project (project/) is not needed to test the library. It
 tests/example_settings.py (see tests/conftest.py). From the environment:
 
 DATABASE_URL           default: postgres://postgres@127.0.0.1:5432/durable_agents (SQLite URLs work for workers)
-CELERY_BROKER_URL      default: redis://127.0.0.1:6379/15
+CELERY_BROKER_URL      default: redis://127.0.0.1:6379/15 (amqp://...: a quorum queue on a direct exchange)
+DURABLE_TEST_EXCHANGE_TYPE  on RabbitMQ, the queue's exchange type instead (e.g. "topic")
 DJANGO_DB_POOL         N: a psycopg pool of at most N connections per process (the model worker's tests)
 DJANGO_DB_POOL_TIMEOUT seconds a task waits for a pooled connection (default 60, as in production)
 DJANGO_DB_TRANSACTION_POOLER  1: DATABASE_URL is a pooler in transaction mode (PgBouncer): the settings the README's
@@ -120,6 +121,15 @@ LOGGING = {
 # Celery as the README configures it: no global task setting (the durable tasks carry their own options: late
 # acks, requeued when a worker is lost, JSON, no results); one message at a time per worker process.
 CELERY_BROKER_URL = os.environ["CELERY_BROKER_URL"]
+if CELERY_BROKER_URL.startswith("amqp"):
+    # RabbitMQ as the README first configured it: a quorum queue on Celery's default direct exchange, publisher
+    # confirms. Celery cannot delay a message natively there (no topic exchange): the worst case for countdowns.
+    CELERY_TASK_DEFAULT_QUEUE_TYPE = "quorum"
+    CELERY_BROKER_TRANSPORT_OPTIONS = {"confirm_publish": True}
+    if os.environ.get("DURABLE_TEST_EXCHANGE_TYPE"):
+        # As the example project now: a topic exchange, where RabbitMQ delays countdowns itself.
+        CELERY_TASK_DEFAULT_EXCHANGE = "durable_agents"
+        CELERY_TASK_DEFAULT_EXCHANGE_TYPE = os.environ["DURABLE_TEST_EXCHANGE_TYPE"]
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_DB_REUSE_MAX = 0 if DB_POOL_SIZE else 1_000_000

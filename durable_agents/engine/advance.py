@@ -260,8 +260,7 @@ def _wait_for_capacity(claim: Claim, step: Step, seconds: float | None) -> Outco
     with transaction.atomic():
         transitions.hold_txn(claim, wake_at=wake_at, attempt=claim.attempt - 1, **transitions.RELEASED)
         record_event(claim.run_id, "capacity_wait", step_id=step.step_id, seconds=round(delay, 3))
-        if delay <= float(settings.MAX_COUNTDOWN_SECONDS):
-            wake_on_commit(claim.run_id, countdown=delay)
+        wake_on_commit(claim.run_id, countdown=delay)  # a long one sends nothing: the sweep wakes the run (wake.py)
         stopping = _cancel_pending(claim.run_id)
     return _settled(settle_cancellation(claim.run_id), otherwise=Outcome.RETRY) if stopping else Outcome.RETRY
 
@@ -431,9 +430,8 @@ def _retry(claim: Claim, step: Step, failure: Failure, delay: float) -> Outcome:
             error=error,
             delay_seconds=delay,
         )
-        # Short backoffs ride a countdown; long ones are left to the sweep (no long broker ETAs).
-        if delay <= float(settings.MAX_COUNTDOWN_SECONDS):
-            wake_on_commit(claim.run_id, countdown=delay)
+        # A short backoff rides a countdown; a long one sends nothing, the sweep wakes the run at wake_at (wake.py).
+        wake_on_commit(claim.run_id, countdown=delay)
         stopping = _cancel_pending(claim.run_id)
     return _settled(settle_cancellation(claim.run_id), otherwise=Outcome.RETRY) if stopping else Outcome.RETRY
 

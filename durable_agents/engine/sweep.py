@@ -6,7 +6,9 @@ It also enqueues due notifications (engine/outbox.py) but never sends one: a slo
 the sweep, nor the worker slot it runs in.
 
 Safe to run concurrently and repeatedly: rows are picked with SKIP LOCKED, each run is re-woken at most
-once per IDLE_RESWEEP_SECONDS, and a duplicate wake-up is harmless (the claim lets one worker in).
+once per IDLE_RESWEEP_SECONDS, and a duplicate wake-up is harmless (the claim lets one worker in). A run parked until
+its wake_at (a retry's backoff longer than MAX_COUNTDOWN_SECONDS) has no message: the first pass after its wake time
+wakes it, however recently an earlier pass did, and a pass after an outage wakes every due run, SWEEP_BATCH at a time.
 
 Each completed pass records itself (engine/heartbeats.py), so `durable_status` can tell that beat is down.
 """
@@ -101,23 +103,27 @@ def sweep(*, backlog: Mapping[str | None, int] | None = None) -> SweepReport:
     idle = timedelta(seconds=float(settings.IDLE_RESWEEP_SECONDS))
     lease_free = Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now)
     due = Q(wake_at__isnull=True) | Q(wake_at__lte=now)
+    # Not re-woken again too soon (_not_recently_swept) — unless the run was parked since with a wake time that has now
+    # come (swept before its wake_at): a run parked beyond MAX_COUNTDOWN_SECONDS has no message, and the sweep is its
+    # only wake-up.
+    parked_since_swept = Q(swept_at__lt=F("wake_at"))
     runnable = Run.objects.filter(
         lease_free,
         due,
-        _not_recently_swept(now, idle),
+        _not_recently_swept(now, idle) | parked_since_swept,
         status__in=RUNNABLE_RUN_STATUSES,
         cancel_requested_at__isnull=True,
     ).exclude(QUEUED)
     batch = int(settings.SWEEP_BATCH)
     cap = max(timedelta(seconds=float(settings.RESWEEP_BACKOFF_MAX_SECONDS)), idle)
-    # Re-woken whatever the backlog: a dead worker's lease expired, or the run's last wake-up (its last progress, the
-    # sweep's last re-wake) is older than the backoff's cap — under a backlog that never drains, a lost message is
-    # still found within it. Perhaps lost: a due retry not picked up, no progress for `idle` — or its message still
-    # waits behind a backlog.
+    # Re-woken whatever the backlog: a dead worker's lease expired; a retry's wake time has come (parked, it has no
+    # message); or the run's last wake-up (its last progress, the sweep's last re-wake) is older than the backoff's
+    # cap — under a backlog that never drains, a lost message is still found within it. Perhaps lost: no progress
+    # for `idle` — or its message still waits behind a backlog.
     overdue = Q(updated_at__lt=now - cap) & (Q(swept_at__isnull=True) | Q(swept_at__lt=now - cap))
-    certain = Q(lease_expires_at__lt=now) | overdue
+    certain = Q(lease_expires_at__lt=now) | Q(wake_at__isnull=False) | overdue
     certain_lost = runnable.filter(certain)
-    perhaps_lost = runnable.filter(Q(wake_at__isnull=False) | Q(updated_at__lt=now - idle)).exclude(certain)
+    perhaps_lost = runnable.filter(updated_at__lt=now - idle).exclude(certain)
     with transaction.atomic():
         rows = list(locked(certain_lost.order_by("updated_at")).values_list("id", "lease_owner")[:batch])
         for queue, runs in _by_queue(perhaps_lost):

@@ -11,6 +11,12 @@ in a message of its own when the slice is spent (so none waits behind more than 
 whose steps spend any slice waiting on the model, are woken one message each. A batch is a delivery of several runs,
 nothing more: a duplicate, a redelivery after a worker's death or a lost message does to each of its runs what it
 does to a run with a message of its own.
+
+A run woken later (a retry's backoff, a wait for the model's capacity) is parked until its `wake_at`, on the database
+clock. Only a short delay, up to MAX_COUNTDOWN_SECONDS, also goes out as a broker countdown: Celery hands a countdown's
+message to a worker at once, and the worker holds it until it is due — on RabbitMQ without native delayed delivery
+(a quorum queue on a direct exchange: checks W010) in its only prefetch slot, which no other run can use meanwhile.
+A longer delay sends nothing: the sweep wakes every runnable run whose wake_at has passed, within its period.
 """
 
 from __future__ import annotations
@@ -59,8 +65,11 @@ def wake(run_id: uuid.UUID | str, countdown: float | None = None, *, kind: str |
 
     A broker that cannot take the message loses nothing: the run is committed and the sweep wakes it
     later, so the caller (who may be starting the run) must not see an error for it. `kind`: the next step's,
-    when the caller knows it (it saves a query).
+    when the caller knows it (it saves a query). A countdown longer than MAX_COUNTDOWN_SECONDS sends nothing: its
+    caller parked the run until then (`wake_at`), and the sweep wakes it when it is due.
     """
+    if countdown is not None and countdown > float(settings.MAX_COUNTDOWN_SECONDS):
+        return True
     try:
         queue = queue_for(run_id, kind)
     except Exception:  # noqa: BLE001 - the database has the run; the sweep is the fallback

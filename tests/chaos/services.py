@@ -24,6 +24,7 @@ from typing import Any
 
 import redis
 from celery import Celery
+from django.apps import apps
 
 
 def free_port() -> int:
@@ -213,9 +214,16 @@ WAKE_BROKER_ENV = "DURABLE_CHAOS_WAKE_BROKER"
 def _publisher(url: str) -> Celery:
     app = Celery("durable-chaos-publisher", broker=url, set_as_current=False)
     if url.startswith("amqp"):
-        # The same queue the workers declare (project/settings.py): a quorum queue, publisher confirms.
+        # The same queue and exchange the workers declare, publisher confirms: a quorum queue on the example project's
+        # topic exchange (project/settings.py), or on tests/settings.py's (Celery's direct one, unless the test sets
+        # DURABLE_TEST_EXCHANGE_TYPE). A message sent to an exchange the queue is not bound to is dropped.
         app.conf.task_default_queue_type = "quorum"
         app.conf.broker_transport_options = {"confirm_publish": True}
+        example_project = apps.is_installed("project.refunds")
+        exchange_type = "topic" if example_project else os.environ.get("DURABLE_TEST_EXCHANGE_TYPE")
+        if exchange_type:
+            app.conf.task_default_exchange = "durable_agents"
+            app.conf.task_default_exchange_type = exchange_type
     return app
 
 
@@ -223,6 +231,11 @@ def wake(run_id: str, countdown: float | None = None, queue: str | None = None) 
     """A DURABLE_AGENTS['WAKER'] for the test process: send `durable_agents.advance` to the broker named by
     the DURABLE_CHAOS_WAKE_BROKER environment variable (the broker the test's workers consume from)."""
     routed = {"queue": queue} if queue else {}
-    _publisher(os.environ[WAKE_BROKER_ENV]).send_task(
-        "durable_agents.advance", args=(str(run_id),), countdown=countdown or None, **routed
-    )
+    url = os.environ[WAKE_BROKER_ENV]
+    publisher = _publisher(url)
+    # Celery takes the CELERY_BROKER_URL environment variable (the test's own Redis) over an app's `broker=`
+    # (celery/app/utils.py Settings.broker_url): the connection names the broker itself.
+    with publisher.connection_for_write(url) as connection:
+        publisher.send_task(
+            "durable_agents.advance", args=(str(run_id),), countdown=countdown or None, connection=connection, **routed
+        )

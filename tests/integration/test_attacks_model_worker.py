@@ -263,8 +263,10 @@ def test_routing__a_plain_step_never_runs_on_the_gevent_model_worker(fake, route
     model queue (advance.py `_retry` → wake_on_commit(countdown)); an operator resumes the run ("resume clears
     the backoff"); the agent step completes and its next step, a plain `call`, is woken on the default queue.
     The stale countdown message then reaches the model worker, which claims the run and runs the `call` step on
-    gevent. Here no default worker runs yet, so the run can only complete if the model worker ran it."""
-    model_worker(start_worker, fake, db_pool=2)
+    gevent. Here no default worker runs yet, so the run can only complete if the model worker ran it. (The 3-6 s
+    backoff goes out as a countdown only under a MAX_COUNTDOWN_SECONDS above it; longer ones send no message.)"""
+    countdowns = json.dumps({**ROUTED, "MAX_COUNTDOWN_SECONDS": 10})
+    model_worker(start_worker, fake, db_pool=2, DURABLE_TEST_SETTINGS=countdowns)
     fake.fail_next(1, Fault.status(429, headers={"retry-after": "3"}))
     run = api.start(flows.ATTACK_AGENT_THEN_CRUNCH, {"tag": "R"})
     wait_for(lambda: Event.objects.filter(run_id=run.id, kind="step_retry").exists(), timeout=60, what="the 429 retry")

@@ -4,17 +4,22 @@ from __future__ import annotations
 
 import logging
 import time
+from datetime import timedelta
 
 import pytest
 import redis
+from django.conf import settings
 from django.db import transaction
 from django.db.models import Count
+from django.test.utils import override_settings
 
-from durable_agents import api
+from durable_agents import api, clock
 from durable_agents.models import Event, Run, RunStatus, Step, StepStatus
 from durable_agents.tasks import advance as advance_task
 from durable_agents.testing import wait_for, wait_for_run
+from tests.chaos.services import WAKE_BROKER_ENV, rabbit_vhost, rabbitmq_available
 from tests.integration.conftest import broker_down
+from tests.integration.shared_clock import SharedClock
 from tests.testapp.models import Execution
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -164,3 +169,109 @@ def test_start__a_broker_outage_is_one_line_the_run_is_kept_and_the_sweep_wakes_
     for run in runs:
         wait_for_run(run.id, "completed", timeout=120)
         assert set(executions_per_step(run.id).values()) == {1}
+
+
+# --- Delays: a retry longer than MAX_COUNTDOWN_SECONDS parks the run; no broker message waits for it ---------------
+
+
+def broker_holds(broker_url: str, run_id) -> bool:
+    """Whether the Redis broker holds a message for the run: queued, or delivered and not acknowledged yet. Kombu's
+    Redis transport keeps each delivered message in its `unacked` hash until the worker acknowledges it, and a worker
+    acknowledges a countdown's message (acks_late) only once it has run it, when it is due."""
+    broker = redis.Redis.from_url(broker_url)
+    needle = str(run_id).encode()
+    for key in broker.scan_iter():
+        kind = broker.type(key)
+        messages = broker.lrange(key, 0, -1) if kind == b"list" else broker.hvals(key) if kind == b"hash" else []
+        if any(needle in message for message in messages):
+            return True
+    return False
+
+
+def test_retry__a_long_backoff_parks_the_run_on_the_database_clock_and_leaves_no_message(start_worker, broker_url):
+    # The engine's time is a day ahead of every machine's clock (SharedClock shifts it in the workers too): wake_at
+    # must be the database's time plus the backoff, not a worker's.
+    shared = SharedClock()
+    shared.advance(timedelta(days=1))
+    start_worker(beat=True, env=shared.env)
+    before = clock.now()
+    run = api.start("flaky_long_backoff", {"failures": 1})
+
+    parked = wait_for(
+        lambda: Run.objects.filter(pk=run.id, wake_at__isnull=False).first(), what="the failed attempt to park the run"
+    )
+    after = clock.now()
+
+    # The backoff is 14-28 s (tests/testapp/workflows.py), beyond MAX_COUNTDOWN_SECONDS (2 s by default).
+    assert before + timedelta(seconds=14) <= parked.wake_at <= after + timedelta(seconds=28), (
+        f"wake_at {parked.wake_at} is not the database's time ({before}..{after}) plus the 14-28 s backoff"
+    )
+    # Once the (solo) worker has run a later message, the failed attempt's task is over and any countdown it sent is
+    # in the broker: it would sit there, delivered and unacknowledged, until due. A parked run has no message at all.
+    wait_for_run(api.start("record", {"steps": 1}).id, "completed", timeout=60)
+    assert not broker_holds(broker_url, run.id), (
+        f"the broker holds a message of run {run.id}: a countdown waiting out the backoff in a worker"
+    )
+
+    shared.advance(timedelta(seconds=30))  # past wake_at: the next sweep (beat, every 0.5 s) wakes it
+    wait_for_run(run.id, "completed", timeout=60)
+    assert executions_per_step(run.id) == {"flaky": 2, "after": 1}
+    assert Event.objects.filter(run=run, kind="swept").exists(), "the sweep woke the parked run when it was due"
+
+
+def test_retry__a_long_backoff_holds_no_worker_slot_on_rabbitmq(start_worker, monkeypatch):
+    # Celery's docs ("Using RabbitMQ" > "Using Quorum Queues" > "Limitations"): with quorum queues "ETA/Countdown will
+    # block the worker when received until the ETA arrives since we can no longer increase the prefetch count";
+    # native delayed delivery, the way out, does not work on direct exchanges (celery/app/base.py send_task: "Direct
+    # exchanges are not supported with native delayed delivery"). tests/settings.py declares exactly that on amqp: a
+    # quorum queue on Celery's default direct exchange. A single-slot worker must still run another run while the
+    # first waits out its backoff.
+    why = rabbitmq_available()
+    if why:
+        pytest.skip(why)
+    shared = SharedClock()  # on the test's Redis: the workers' broker is RabbitMQ
+    with rabbit_vhost() as url:
+        monkeypatch.setenv(WAKE_BROKER_ENV, url)
+        waker = {**settings.DURABLE_AGENTS, "WAKER": "tests.chaos.services.wake"}  # this process publishes there too
+        with override_settings(DURABLE_AGENTS=waker):
+            start_worker(beat=True, concurrency=1, env={**shared.env, "CELERY_BROKER_URL": url})
+            waiting = api.start("flaky_long_backoff", {"failures": 1})
+            wait_for(
+                lambda: Run.objects.filter(pk=waiting.id, wake_at__isnull=False).exists(),
+                timeout=60,
+                what="the failed attempt to park the run",
+            )
+
+            quick = wait_for_run(api.start("record", {"steps": 1}).id, "completed", timeout=90)
+
+            due = Step.objects.get(run=waiting, step_id="flaky").next_attempt_at
+            assert quick.finished_at < due, (
+                f"the quick run finished at {quick.finished_at}, after the waiting run's retry was due ({due}): the "
+                "worker's only slot held the retry's message until then"
+            )
+            assert executions_per_step(waiting.id) == {"flaky": 1}
+
+            shared.advance(timedelta(seconds=30))
+            wait_for_run(waiting.id, "completed", timeout=60)
+            assert Event.objects.filter(run=waiting, kind="swept").exists(), "the sweep woke the parked run"
+
+
+def test_retry__a_sub_second_backoff_rides_rabbitmqs_native_delayed_delivery(start_worker, monkeypatch):
+    # On a topic exchange beside a quorum queue, Celery delays a countdown in RabbitMQ itself, in whole seconds:
+    # send_task passes int(countdown) to kombu's calculate_routing_key, which raises ValueError below 1 s
+    # (durable_agents/brokers.py). The tests' backoff is 0.025-0.05 s. With no beat, nothing but that countdown's
+    # message can wake the run.
+    why = rabbitmq_available()
+    if why:
+        pytest.skip(why)
+    monkeypatch.setenv("DURABLE_TEST_EXCHANGE_TYPE", "topic")  # tests/settings.py, for the worker and the publisher
+    with rabbit_vhost() as url:
+        monkeypatch.setenv(WAKE_BROKER_ENV, url)
+        waker = {**settings.DURABLE_AGENTS, "WAKER": "tests.chaos.services.wake"}
+        with override_settings(DURABLE_AGENTS=waker):
+            start_worker(env={"CELERY_BROKER_URL": url})
+            run = api.start("flaky", {"failures": 1})
+
+            wait_for_run(run.id, "completed", timeout=60)
+
+            assert executions_per_step(run.id) == {"flaky": 2, "after": 1}

@@ -7,14 +7,15 @@ import uuid
 from datetime import timedelta
 
 import pytest
+from django.conf import settings
 from django.db import connection
 from django.db.models import F
 from django.test.utils import CaptureQueriesContext, override_settings
 
-from durable_agents import api
+from durable_agents import api, clock
 from durable_agents.engine.advance import Outcome, advance
 from durable_agents.engine.sweep import sweep
-from durable_agents.errors import InvalidInputError
+from durable_agents.errors import InvalidInputError, ModelUnavailableError
 from durable_agents.models import Event, Run, RunStatus, Step
 from durable_agents.testing import drive
 from durable_agents.testing.runs import take_lease as claim_run
@@ -315,3 +316,69 @@ def test_start__a_plan_whose_arguments_postgres_refuses_is_a_clear_error_and_sto
         )
         api.start("object_plan", {})
     assert Run.objects.count() == before
+
+
+# --- Delays: a wait longer than MAX_COUNTDOWN_SECONDS parks the run for the sweep, with no broker countdown ---------
+
+countdowns: list[tuple[str, float | None]] = []
+
+
+def record_countdown(run_id: str, countdown: float | None = None, **routed: str) -> None:
+    """A WAKER that only records what the engine asked for."""
+    countdowns.append((str(run_id), countdown))
+
+
+def _waits_for_capacity(ctx):
+    if ctx.attempt == 1:
+        raise ModelUnavailableError("the shared rate limit has no room", retry_after=5.0, capacity_wait=True)
+    return {"ok": True}
+
+
+def test_wake__a_delay_up_to_max_countdown_rides_a_countdown_and_a_longer_one_is_left_to_the_sweep(
+    isolated_registries, django_capture_on_commit_callbacks
+):
+    # A broker countdown is held by the worker that receives it until it is due (on RabbitMQ without native delayed
+    # delivery, in the worker's only prefetch slot): only a short one is sent. A longer delay, a retry's backoff or
+    # the rate limiter's wait for capacity, parks the run (wake_at) and sends nothing.
+    workflow("waits_for_capacity", steps=[call("ask", _waits_for_capacity)])
+    recording = {**settings.DURABLE_AGENTS, "WAKER": f"{__name__}.record_countdown"}  # MAX_COUNTDOWN_SECONDS: default
+    short = api.start("flaky", {"failures": 1})  # backoff 0.05-0.5 s (tests/settings.py)
+    long = api.start("flaky_long_backoff", {"failures": 1})  # 14-28 s
+    capacity = api.start("waits_for_capacity", {})  # 5 s
+    countdowns.clear()
+    with override_settings(DURABLE_AGENTS=recording), django_capture_on_commit_callbacks(execute=True):
+        assert [advance(run.id) for run in (short, long, capacity)] == [Outcome.RETRY] * 3
+
+    assert [(run_id, delay is not None and 0 < delay <= 0.5) for run_id, delay in countdowns] == [(str(short.id), True)]
+    for run in (long, capacity):
+        run.refresh_from_db()
+        assert run.wake_at is not None and run.wake_at > clock.now(), "a longer delay parks the run until it is due"
+
+
+def test_sweep__wakes_a_parked_retry_when_due_though_it_woke_the_run_moments_before():
+    # The sweep re-wakes a run at most once per IDLE_RESWEEP_SECONDS (a lost message's guard). A run the sweep woke
+    # that failed again and was parked anew is owed a wake-up at its new wake time, not one idle period later.
+    with override_settings(DURABLE_AGENTS={**settings.DURABLE_AGENTS, "IDLE_RESWEEP_SECONDS": 600}):
+        run = api.start("flaky_long_backoff", {"failures": 2})
+        assert advance(run.id) is Outcome.RETRY
+        assert sweep().woken == 0, "the retry is not due yet"
+        clock.advance(timedelta(seconds=30))
+        assert sweep().woken == 1, "the first retry is due"
+        assert advance(run.id) is Outcome.RETRY
+
+        clock.advance(timedelta(seconds=30))
+
+        assert sweep().woken == 1, "the second retry is due: the sweep woke the run 30 s ago, for the first"
+        assert advance(run.id) is Outcome.COMMITTED
+        assert drive(run.id).status == RunStatus.COMPLETED
+
+
+def test_sweep__catches_up_on_every_run_parked_while_it_was_down():
+    with override_settings(DURABLE_AGENTS={**settings.DURABLE_AGENTS, "SWEEP_BATCH": 2}):
+        runs = [api.start("flaky_long_backoff", {"failures": 1}) for _ in range(5)]
+        assert [advance(run.id) for run in runs] == [Outcome.RETRY] * 5
+
+        clock.advance(timedelta(hours=1))  # no sweep for an hour: every wake time passed
+
+        assert [sweep().woken for _ in range(4)] == [2, 2, 1, 0], "a pass wakes SWEEP_BATCH, the next ones the rest"
+        assert {drive(run.id).status for run in runs} == {RunStatus.COMPLETED}

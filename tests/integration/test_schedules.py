@@ -1,25 +1,23 @@
 """Scheduled runs: each slot started exactly once, across concurrent sweeps, beat restarts and SIGKILLed workers.
 
 The clock is controlled: `clock.advance` shifts the engine's (database) time in this process, and SharedClock
-shifts it in the workers too (tests/celery.py reads the shift from Redis before each task). A slot's run is
-found by its idempotency key, "schedule:<name>:<slot>": a missed slot has none, a doubled slot would need two.
+(tests/integration/shared_clock.py) shifts it in the workers too (tests/celery.py reads the shift from Redis before
+each task). A slot's run is found by its idempotency key, "schedule:<name>:<slot>": a missed slot has none, a
+doubled slot would need two.
 """
 
 from __future__ import annotations
 
 import importlib
 import json
-import os
 import random
 import threading
 import time
-import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
 import pytest
-import redis
 from croniter import croniter
 from django.apps import apps
 from django.contrib.auth.models import Permission
@@ -34,6 +32,7 @@ from durable_agents.models import Event, Run, Schedule
 from durable_agents.testing import drive, wait_for, wait_for_run
 from durable_agents.testing.runs import take_lease
 from durable_agents.workflows import PlannedStep, call, workflow
+from tests.integration.shared_clock import SharedClock
 
 pytestmark = pytest.mark.django_db(transaction=True)
 ROOT = Path(__file__).resolve().parents[2]
@@ -68,25 +67,6 @@ def assert_exactly(name: str, slots: list[datetime]) -> None:
     extra = sorted(set(runs) - expected)
     assert not missed and not extra, f"slots missed: {missed}; slots not owed but started: {extra}"
     assert scheduled_events(name) == len(expected), "each slot's run records one 'scheduled' event: a doubled start"
-
-
-class SharedClock:
-    """The engine's time shift, for this process and every worker started with `env`."""
-
-    def __init__(self) -> None:
-        self.key = f"durable-test:clock:{uuid.uuid4().hex}"
-        self.redis = redis.Redis.from_url(os.environ["CELERY_BROKER_URL"])
-        self.redis.set(self.key, 0)
-        self.env = {"DURABLE_TEST_CLOCK_KEY": self.key}
-
-    def advance(self, delta: timedelta) -> None:
-        clock.advance(delta)
-        self.redis.set(self.key, clock.offset().total_seconds())
-
-    def to_half_past(self) -> None:
-        """Move to the next HH:30, so hourly slots are half an hour away whatever the real time of the test."""
-        now = clock.now()
-        self.advance(timedelta(minutes=(30 - now.minute) % 60 or 60, seconds=-now.second))
 
 
 # In-process sweeps, the clock moved by hand

@@ -92,6 +92,15 @@ def _reads_big(ctx: StepContext) -> dict[str, Any]:
 
 
 workflow("flaky", steps=[call("flaky", _flaky, retry=RetryPolicy(max_attempts=4)), call("after", _record_step)])
+# A backoff of 14-28 s: longer than MAX_COUNTDOWN_SECONDS, so a retry parks the run for the sweep instead of sending
+# a broker countdown (tests move the engine's clock past it rather than wait).
+workflow(
+    "flaky_long_backoff",
+    steps=[
+        call("flaky", _flaky, retry=RetryPolicy(max_attempts=4, backoff=28, backoff_max=28)),
+        call("after", _record_step),
+    ],
+)
 workflow("broken", steps=[call("first", _record_step), call("broken", _permanent), call("never", _record_step)])
 workflow("slow", steps=[call("slow", _slow), call("after", _record_step)])
 workflow("big", steps=[call("big", _big), call("reads_big", _reads_big)])

@@ -36,9 +36,18 @@ def test_checks__the_repository_configuration_passes_them():
     assert not messages, f"tests.settings (on project/settings.py) trips the checks: {messages}"
 
 
-@pytest.mark.parametrize("settings_module", ["project.settings", "tests.settings", "tests.chaos.settings"])
-def test_checks__manage_py_check_passes_for_each_settings_module(settings_module, tmp_path):
-    result = _manage("check", env={"DJANGO_SETTINGS_MODULE": settings_module, "DURABLE_VAR_DIR": str(tmp_path)})
+@pytest.mark.parametrize(
+    ("settings_module", "broker"),
+    [
+        ("project.settings", ""),
+        ("project.settings", "amqp://guest:guest@rabbitmq.invalid:5672//"),  # its RabbitMQ configuration
+        ("tests.settings", ""),
+        ("tests.chaos.settings", ""),
+    ],
+)
+def test_checks__manage_py_check_passes_for_each_settings_module(settings_module, broker, tmp_path):
+    env = {"DJANGO_SETTINGS_MODULE": settings_module, "DURABLE_VAR_DIR": str(tmp_path)}
+    result = _manage("check", env={**env, **({"CELERY_BROKER_URL": broker} if broker else {})})
     assert result.returncode == 0 and "durable_agents." not in result.stderr + result.stdout, (
         f"`manage.py check` with {settings_module} reports:\n{result.stdout}\n{result.stderr}"
     )
@@ -257,6 +266,88 @@ def test_check_sweep_schedule__with_a_queue_of_its_own_the_sweep_must_go_there_t
         assert ids() == []
     with override_settings(DURABLE_AGENTS={"QUEUE": "durable"}, CELERY_BEAT_SCHEDULE={"s": {**sweep, "options": 3}}):
         assert ids() == ["durable_agents.W008"]
+
+
+# --- W010-W011: delayed wake-ups on RabbitMQ (durable_agents/brokers.py has the rules, with their sources) -----------
+
+# Never connected to: the checks read the configuration only. Celery takes its broker from the CELERY_BROKER_URL
+# environment variable before its settings (celery/app/utils.py Settings.broker_url), so the tests set both.
+RABBITMQ_URL = "amqp://guest:guest@rabbitmq.invalid:5672//"
+QUORUM = {"CELERY_TASK_DEFAULT_QUEUE_TYPE": "quorum"}
+TOPIC = {"CELERY_TASK_DEFAULT_EXCHANGE": "durable", "CELERY_TASK_DEFAULT_EXCHANGE_TYPE": "topic"}
+
+
+@pytest.fixture
+def rabbitmq(monkeypatch):
+    monkeypatch.setenv("CELERY_BROKER_URL", RABBITMQ_URL)
+    with override_settings(CELERY_BROKER_URL=RABBITMQ_URL):
+        yield
+
+
+def own_waker(run_id: str, countdown: float | None = None, queue: str | None = None) -> None:
+    """A WAKER of the product's own."""
+
+
+def test_check_delayed_delivery__a_quorum_queue_on_a_direct_exchange_is_a_warning(rabbitmq):
+    # Celery's docs ("Using RabbitMQ" > "Using Quorum Queues" > "Limitations"): with quorum queues, "ETA/Countdown
+    # will block the worker when received until the ETA arrives"; native delayed delivery, which avoids it, skips
+    # direct exchanges (celery/app/base.py send_task, kombu bind_queue_to_native_delayed_delivery_exchange). Celery's
+    # default exchange is direct: the README's first RabbitMQ configuration did exactly this.
+    with override_settings(**QUORUM):
+        (warning,) = durable_messages()
+    assert warning.id == "durable_agents.W010", warning
+    assert "'celery'" in warning.msg and "direct" in warning.msg and "prefetch slot" in warning.msg
+    assert "topic" in warning.hint and "MAX_COUNTDOWN_SECONDS'] = 0" in warning.hint
+
+
+def test_check_delayed_delivery__the_model_queue_on_a_direct_exchange_of_its_own_is_a_warning(rabbitmq):
+    from kombu import Exchange, Queue
+
+    quorum = {"x-queue-type": "quorum"}
+    queues = [
+        Queue("celery", Exchange("durable", type="topic"), routing_key="celery", queue_arguments=quorum),
+        Queue("durable-model", Exchange("durable-model", type="direct"), routing_key="durable-model"),
+    ]
+    with override_settings(CELERY_TASK_QUEUES=queues, DURABLE_AGENTS={"MODEL_QUEUE": "durable-model"}):
+        (warning,) = durable_messages()
+    assert warning.id == "durable_agents.W010" and "'durable-model'" in warning.msg, warning
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        TOPIC,  # delayed in RabbitMQ (native delayed delivery)
+        {"CELERY_TASK_DEFAULT_EXCHANGE": "durable", "CELERY_TASK_DEFAULT_EXCHANGE_TYPE": "fanout"},  # the same
+        {"CELERY_TASK_DEFAULT_QUEUE_TYPE": "classic"},  # global QoS: a held message does not take the slot
+        {"DURABLE_AGENTS": {"MAX_COUNTDOWN_SECONDS": 0}},  # no countdown is ever sent
+        {"DURABLE_AGENTS": {"WAKER": f"{__name__}.own_waker"}},  # the product's own waker sends it its own way
+    ],
+    ids=["topic", "fanout", "classic", "no-countdowns", "own-waker"],
+)
+def test_check_delayed_delivery__passes_where_no_worker_holds_a_countdown(rabbitmq, changes):
+    with override_settings(**{**QUORUM, **changes}):
+        assert ids() == []
+
+
+@pytest.mark.parametrize("broker", ["redis://127.0.0.1:6379/0", "filesystem://", None])
+def test_check_delayed_delivery__another_broker_passes(broker, monkeypatch):
+    if broker:
+        monkeypatch.setenv("CELERY_BROKER_URL", broker)
+    else:
+        monkeypatch.delenv("CELERY_BROKER_URL", raising=False)
+    with override_settings(**QUORUM, CELERY_BROKER_URL=broker):
+        assert ids() == []
+
+
+def test_check_delayed_delivery__quorum_queues_without_quorum_detection_are_a_warning(rabbitmq):
+    # A worker that does not detect its quorum queues asks for global QoS (celery/worker/consumer/tasks.py
+    # qos_global), and RabbitMQ refuses to consume a quorum queue with it: "NOT_IMPLEMENTED - queue ... does not
+    # support global qos" (RabbitMQ 3.10, tried on this machine).
+    with override_settings(**QUORUM, **TOPIC, CELERY_WORKER_DETECT_QUORUM_QUEUES=False):
+        (warning,) = durable_messages()
+    assert warning.id == "durable_agents.W011" and "'celery'" in warning.msg, warning
+    with override_settings(**QUORUM, **TOPIC, CELERY_WORKER_DETECT_QUORUM_QUEUES=True):
+        assert ids() == []
 
 
 @pytest.mark.parametrize(
