@@ -153,10 +153,11 @@ def read_presence(now: datetime | None = None) -> Presence:
     return Presence(now, last_sweep, tuple(workers), last_worker_seen)
 
 
-def system_health(*, count_by_status: bool = True, stuck: int | None = None) -> Health:
+def system_health(*, count_by_status: bool = True, stuck: int | None = None, backlog: bool = True) -> Health:
     """Presence, stuck runs, the backlog and the verdict. `count_by_status=False` skips counting every run by
     status, and `stuck` is the number of stuck runs when the caller counted them already (the console's overview).
-    The broker is asked for its queues' depths (at most broker.ANSWER_WITHIN_SECONDS)."""
+    With `backlog` the broker is asked for its queues' depths (at most broker.ANSWER_WITHIN_SECONDS) and the oldest
+    runnable run is looked up (one query)."""
     presence = read_presence()
     if stuck is None:
         stuck_after = timedelta(seconds=float(settings.STUCK_AFTER_SECONDS))
@@ -165,8 +166,8 @@ def system_health(*, count_by_status: bool = True, stuck: int | None = None) -> 
     if count_by_status:
         counted = dict(Run.objects.values_list("status").annotate(n=Count("*")).order_by())
         by_status = {status: counted.get(status, 0) for status in RunStatus.values}
-    backlog = read_backlog(presence.now)
-    return Health(presence, stuck, by_status, _problems(presence, stuck, backlog), backlog)
+    behind = read_backlog(presence.now) if backlog else None
+    return Health(presence, stuck, by_status, _problems(presence, stuck, behind), behind)
 
 
 def read_backlog(now: datetime) -> Backlog:

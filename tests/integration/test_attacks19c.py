@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 import threading
 from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
 
 import pytest
 from django.apps import apps
@@ -19,6 +20,8 @@ from tests.integration.test_schedules import sweep_hours
 
 pytestmark = pytest.mark.django_db(transaction=True)
 migration = importlib.import_module("durable_agents.migrations.0018_run_schedule")
+# What a RunPython function is handed (its schema editor): the migration names runs in the database it migrates.
+MIGRATING = SimpleNamespace(connection=connections["default"])
 SLOT = datetime(2026, 12, 1, 3, tzinfo=UTC)
 
 
@@ -53,7 +56,7 @@ def test_migration__a_run_that_failed_before_it_and_is_resumed_after_is_seen():
     have been seen. Finished runs that can come back must be named too (or the check must fall back to the key)."""
     run = failed_slot_run("nightly")
     before_0018(run)
-    migration.name_scheduled_runs(apps, None)
+    migration.name_scheduled_runs(apps, MIGRATING)
     assert api.resume(run.id).status == "pending"
     assert sweep_hours(1) == 0, "overlap='skip' started a slot beside a resumed run of the schedule"
     assert Schedule.objects.get(name="nightly").overlap_skipped == 1
@@ -68,7 +71,7 @@ def test_migration__a_schedule_name_with_a_newline_is_parsed():
     assert sweep_hours(1) == 1
     run = Schedule.objects.get(name=name).last_run
     before_0018(run)
-    migration.name_scheduled_runs(apps, None)
+    migration.name_scheduled_runs(apps, MIGRATING)
     assert Run.objects.get(pk=run.pk).schedule == name, "the migration did not name the run of a multi-line name"
     assert sweep_hours(1) == 0
 
@@ -81,7 +84,7 @@ def test_migration__a_look_alike_key_too_long_for_the_column_does_not_abort_it()
     key = f"schedule:{'x' * 220}:2026-12-01T03:00:00Z"
     assert len(key) <= 255
     run = api.start("record", {}, idempotency_key=key)
-    migration.name_scheduled_runs(apps, None)
+    migration.name_scheduled_runs(apps, MIGRATING)
     assert Run.objects.get(pk=run.pk).schedule == ""
 
 
@@ -105,7 +108,7 @@ def test_migration__names_unicode_and_colon_names_at_the_longest_and_leaves_user
             "schedule:x:2026-12-01T03:00:00.123Z",
         )
     ]
-    migration.name_scheduled_runs(apps, None)
+    migration.name_scheduled_runs(apps, MIGRATING)
     named = dict(Run.objects.values_list("id", "schedule"))
     assert {name: named[run_id] for name, run_id in cases.items()} == {name: name for name in cases}
     assert {named[run_id] for run_id in near_misses} == {""}
