@@ -1,4 +1,7 @@
-"""The run engine on real Postgres + Redis + celery worker processes: completion, retries, cancel, lost messages."""
+"""The run engine on real Postgres + Redis + celery worker processes: completion, retries, cancel, lost messages.
+
+Retry delays are also tried on RabbitMQ (a vhost of the machine's, per test; skipped without `rabbitmqctl`).
+"""
 
 from __future__ import annotations
 
