@@ -76,6 +76,7 @@ from tests.testapp.machine import (
     LEASE_SECONDS,
     NAP,
     ORDER_STEPS,
+    RESWEEP_CAP,
     SAGA_STEPS,
     PausedWorker,
     active,
@@ -119,8 +120,9 @@ POINTS = ("charge:body", "ship:body", "refund:body", "ship:before_land", "ship:a
 TIME_STEPS = tuple(int(t.total_seconds()) + 1 for t in (timedelta(seconds=LEASE_SECONDS), FRESH_FOR, NAP))
 # A worker whose clock runs further ahead than any lease is long: it sees every live lease as expired.
 SKEW_SECONDS = LEASE_SECONDS + 20
-# The next sweep that would find a lost run: one idle period (IDLE_RESWEEP_SECONDS) from now.
-SWEEP_HORIZON = timedelta(seconds=2)
+# The sweep that must find a lost run: within the backoff's cap (RESWEEP_BACKOFF_MAX_SECONDS) after the last re-wake,
+# plus one idle period (IDLE_RESWEEP_SECONDS) — a run re-woken without progress is not re-woken at every idle period.
+SWEEP_HORIZON = RESWEEP_CAP + timedelta(seconds=2)
 RERUN_STEPS = tuple(dict.fromkeys((*ORDER_STEPS, *SAGA_STEPS, "compensate-1")))
 COMPENSABLE_TOOLS = ("machine_charge", "machine_ship")
 AMOUNTS = ("60.00", "80.00", "95.00")

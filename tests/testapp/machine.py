@@ -50,6 +50,9 @@ DEADLINE = timedelta(hours=1)
 THREAD_TIMEOUT = 60.0
 
 
+RESWEEP_CAP = timedelta(seconds=4)
+
+
 def machine_settings() -> Any:
     """The DURABLE_AGENTS the machine runs under: long leases, immediate retries, wake-ups left to the test."""
     return override_settings(
@@ -57,6 +60,8 @@ def machine_settings() -> Any:
             **django_settings.DURABLE_AGENTS,
             "LEASE_SECONDS": LEASE_SECONDS,
             "IDLE_RESWEEP_SECONDS": 1.0,
+            # A run the sweep re-woke without progress waits up to this before the next re-wake (engine/sweep.py).
+            "RESWEEP_BACKOFF_MAX_SECONDS": RESWEEP_CAP.total_seconds(),
             "RETRY_MAX_ATTEMPTS": 3,
             # No backoff: a retry is claimable at once, so no test waits on the wall clock.
             "RETRY_BACKOFF_SECONDS": 0.0,
