@@ -69,14 +69,7 @@ def advance(self: Any, run_id: str) -> str:
     except OperationalError as exc:
         if not isinstance(exc.__cause__, PoolTimeout):
             raise
-        # Overload, not a fault: more tasks than pooled connections waited longer than the pool's timeout. Nothing
-        # was written without a connection; a lease taken before runs out, and the sweep wakes the run again.
-        logger.warning(
-            "run %s: no free database connection within the pool's timeout (the worker runs more tasks than it has "
-            "connections); the sweep wakes it again",
-            run_id,
-        )
-        return "no_connection"
+        return _no_connection(run_id)
 
 
 @shared_task(bind=True, name="durable_agents.advance_many", acks_late=True, reject_on_worker_lost=True, **JSON)
@@ -108,11 +101,31 @@ def advance_many(self: Any, run_ids: list[str]) -> str:
         batch.following = _as_id(left[0]) if left and not spent else None
         try:
             _dropping_dead_connections(lambda run_id=run_id: _advance_or_pass_on(run_id, delivered_on, batch))
+        except OperationalError as exc:
+            if not isinstance(exc.__cause__, PoolTimeout):
+                engine_wake_many(left)
+                raise
+            # The runs after it would wait out the same pool: left to the sweep with it, not sent again.
+            return _no_connection(run_id, more=len(left))
         except BaseException:
             engine_wake_many(left)
             raise
         advanced += 1
     return f"{advanced} advanced, {passed_on} passed on" if passed_on else f"{advanced} advanced"
+
+
+def _no_connection(run_id: str, *, more: int = 0) -> str:
+    """After a PoolTimeout — overload, not a fault: more tasks than pooled connections waited longer than the pool's
+    timeout. Nothing was written without a connection; a lease taken before runs out, and the sweep wakes the run
+    again. One line, no traceback."""
+    logger.warning(
+        "run %s%s: no free database connection within the pool's timeout (the worker runs more tasks than it has "
+        "connections); the sweep wakes %s again",
+        run_id,
+        f" and {more} more of its batch" if more else "",
+        "them" if more else "it",
+    )
+    return "no_connection"
 
 
 def _as_id(run_id: str) -> uuid.UUID | None:

@@ -18,6 +18,7 @@ from datetime import timedelta
 import pytest
 import redis
 from celery import current_app
+from django.conf import settings
 from django.db import connection, transaction
 from django.test.utils import override_settings
 
@@ -279,4 +280,30 @@ def test_worker__a_task_that_waits_out_the_pools_timeout_logs_one_line_and_its_r
     wait_for_run(starved.id, "completed", timeout=60)
 
     assert f"run {starved.id}: no free database connection within the pool's timeout" in log()
+    assert "Traceback" not in log() and "raised unexpected" not in log(), log()
+
+
+def test_worker__a_batch_whose_run_waits_out_the_pools_timeout_logs_one_line_and_every_run_completes_later(
+    start_worker, tmp_path
+):
+    # As above for a batched wake-up (tasks.advance_many): the run that met the timeout and the runs after it in the
+    # batch are left to the sweep (more messages would only deepen the queue the worker is behind on).
+    worker = start_worker(pool="gevent", concurrency=2, env={"DJANGO_DB_POOL": "1", "DJANGO_DB_POOL_TIMEOUT": "2"})
+    release = tmp_path / "release"
+    holder = api.start("slow", {"until": str(release)})
+    wait_for(lambda: Execution.objects.filter(run_id=holder.id).exists(), timeout=60, what="the holder's step")
+    batched = {**settings.DURABLE_AGENTS, "WAKE_BATCH_SIZE": 25}
+    with override_settings(DURABLE_AGENTS=batched), transaction.atomic():
+        starved = [api.start("noop", {"steps": 1}) for _ in range(3)]  # one advance_many message for the three
+    log = lambda: worker.log_path.read_text(errors="replace")  # noqa: E731
+    wait_for(lambda: "no free database connection" in log(), timeout=60, what="the starved batch to time out")
+    release.touch()
+    wait_for_run(holder.id, "completed", timeout=60)
+
+    clock.advance(timedelta(minutes=1))
+    sweep()
+    for run in starved:
+        wait_for_run(run.id, "completed", timeout=60)
+
+    assert log().count("no free database connection within the pool's timeout") == 1, log()
     assert "Traceback" not in log() and "raised unexpected" not in log(), log()
