@@ -1,9 +1,10 @@
-"""The broker's backlog: how many wake-up messages wait on the run queues, as the broker counts them.
+"""What the engine knows of the configured broker: its backlog, and what Celery does there with a delayed wake-up.
 
-The sweep backs off by it (a run whose wake-up may still be queued is not sent another), and health reports it
-("workers are behind: 4,549 wake-ups queued on 'model'"). Read with a passive queue declaration, which every kombu
-transport answers with the queue's message count (RabbitMQ's queue.declare-ok, Redis's list length, a filesystem
-broker's files) and which never creates a queue nor changes one's arguments (a quorum queue stays as declared).
+**The backlog**: how many wake-up messages wait on the run queues, as the broker counts them. The sweep backs off by
+it (a run whose wake-up may still be queued is not sent another), and health reports it ("workers are behind: 4,549
+wake-ups queued on 'model'"). Read with a passive queue declaration, which every kombu transport answers with the
+queue's message count (RabbitMQ's queue.declare-ok, Redis's list length, a filesystem broker's files) and which
+never creates a queue nor changes one's arguments (a quorum queue stays as declared).
 
 A broker that cannot be asked (down, slow, no Celery app) gives None: the backlog is then unknown, never zero.
 
@@ -12,6 +13,30 @@ Example::
     from durable_agents.broker import queue_depths
 
     queue_depths()   # {"celery": 12, "model": 4549}, or None
+
+**Delayed wake-ups**: Celery delays one in the broker, or a worker holds it. The engine sends a countdown only for a
+delay up to MAX_COUNTDOWN_SECONDS (engine/wake.py); checks.py asks this module whether Celery would make a worker
+hold even those, and the Celery waker (tasks.py) whether RabbitMQ delays them itself. The rules, as Celery 5.5+
+applies them:
+
+* Celery delays a message in RabbitMQ itself ("native delayed delivery": kombu.transport.native_delayed_delivery,
+  a chain of TTL queues) only when some declared queue is a quorum queue and the message's exchange is not direct
+  (celery/app/base.py `Celery.send_task`: "Direct exchanges are not supported with native delayed delivery"; the
+  worker binds only non-direct exchanges to the delay chain: kombu `bind_queue_to_native_delayed_delivery_exchange`).
+* Otherwise the worker that receives the message holds it until its ETA. With quorum queues that takes the worker's
+  prefetch slot: "ETA/Countdown will block the worker when received until the ETA arrives since we can no longer
+  increase the prefetch count" (Celery docs, "Using RabbitMQ" > "Using Quorum Queues" > "Limitations").
+* Classic queues keep global QoS, so Celery raises the prefetch count for each message it holds and the slot stays
+  free: not reported. Redis and the other transports are not RabbitMQ: not reported either.
+* RabbitMQ's delay counts whole seconds, and refuses less than one: send_task passes `int(countdown)` to kombu's
+  `calculate_routing_key`, which raises ValueError("countdown must be a positive number") below 1 (tried here:
+  a 0.4 s countdown on a topic exchange beside a quorum queue raises; 1.5 s is sent, delayed 1 s in the broker,
+  and the message keeps its ETA, whose last half second the worker waits out).
+* With `worker_detect_quorum_queues` off, a worker asks RabbitMQ for global QoS on its quorum queues, which RabbitMQ
+  refuses ("NOT_IMPLEMENTED - queue ... does not support global qos"): the worker consumes nothing.
+
+For the checks, Celery's configuration is read as the product's app reads it, `config_from_object(
+"django.conf:settings", namespace="CELERY")`, into a throwaway app that never connects.
 """
 
 from __future__ import annotations
@@ -19,6 +44,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from celery import Celery
+from celery.utils.quorum_queues import detect_quorum_queues
 
 from durable_agents.conf import settings
 
@@ -103,3 +134,90 @@ def backlog() -> dict[str | None, int] | None:
         return None
     model = {settings.MODEL_QUEUE: depths[settings.MODEL_QUEUE]} if settings.MODEL_QUEUE else {}
     return {None: depths[names[0]], **model}
+
+
+# --- Delayed wake-ups -------------------------------------------------------------------------------------------------
+
+ADVANCE_TASK = "durable_agents.advance"
+RABBITMQ = "amqp"  # kombu's driver_type of RabbitMQ transports (pyamqp, librabbitmq)
+
+
+@dataclass(frozen=True)
+class CountdownRoute:
+    """Where a countdown of `durable_agents.advance` goes on RabbitMQ, and who waits it out."""
+
+    queue: str
+    exchange: str
+    exchange_type: str
+    # Some declared queue is a quorum queue: workers run without global QoS, and Celery can delay natively.
+    quorum: bool
+
+    @property
+    def delayed_natively(self) -> bool:
+        """RabbitMQ waits it out (native delayed delivery): no worker holds the message."""
+        return self.quorum and self.exchange_type != "direct"
+
+    @property
+    def holds_a_slot(self) -> bool:
+        """The worker that receives it holds it in its only prefetch slot until due."""
+        return self.quorum and self.exchange_type == "direct"
+
+
+@contextmanager
+def _celery_app() -> Iterator[Celery]:
+    # No fixups: the Django fixup would connect this app to the worker's signals.
+    app = Celery("durable_agents_checks", set_as_current=False, fixups=[])
+    app.config_from_object("django.conf:settings", namespace="CELERY")
+    try:
+        yield app
+    finally:
+        app.close()
+
+
+def _is_rabbitmq(app: Celery) -> bool:
+    if not app.conf.broker_url:
+        return False
+    try:
+        with app.connection_for_write() as connection:  # lazy: nothing is connected
+            return connection.transport.driver_type == RABBITMQ
+    except Exception:  # noqa: BLE001 - a transport that does not load (its client is not installed) is not RabbitMQ
+        return False
+
+
+def countdown_route(app: Celery, queue: str | None) -> CountdownRoute | None:
+    """Where `app` sends a countdown of `durable_agents.advance` to `queue` (None: where its routes send it), as
+    `Celery.send_task` decides; None if the broker is not RabbitMQ, or Celery refuses the queue (check E009's)."""
+    if not _is_rabbitmq(app):
+        return None
+    try:
+        options = app.amqp.router.route({"queue": queue} if queue else {}, ADVANCE_TASK)
+    except Exception:  # noqa: BLE001 - e.g. QueueNotFound
+        return None
+    routed = options.get("queue")
+    exchange = getattr(routed, "exchange", None)
+    exchange_type = exchange.type if exchange is not None else options.get("exchange_type")
+    exchange_name = getattr(exchange, "name", None) or options.get("exchange") or ""
+    # As send_task decides: after routing (which may declare the queue), any quorum queue at all.
+    quorum = detect_quorum_queues(app, RABBITMQ)[0]
+    return CountdownRoute(getattr(routed, "name", queue or ""), str(exchange_name), str(exchange_type), quorum)
+
+
+def countdowns_holding_a_slot(queues: Iterable[str | None]) -> list[CountdownRoute]:
+    """The routes of `queues` (None: the default route) on which a worker would hold a countdown's message in its
+    prefetch slot until due, under the project's Celery settings.
+
+    Example: on RabbitMQ with CELERY_TASK_DEFAULT_QUEUE_TYPE = "quorum" and Celery's default (direct) exchange,
+    `countdowns_holding_a_slot([None])` → [CountdownRoute("celery", "celery", "direct", quorum=True)].
+    """
+    with _celery_app() as app:
+        routes = (countdown_route(app, queue) for queue in dict.fromkeys(queues))
+        return [route for route in routes if route is not None and route.holds_a_slot]
+
+
+def quorum_queue_refusing_global_qos() -> str | None:
+    """The quorum queue RabbitMQ would refuse a worker's global QoS on (`worker_detect_quorum_queues` off), if any."""
+    with _celery_app() as app:
+        if not _is_rabbitmq(app) or app.conf.worker_detect_quorum_queues:
+            return None
+        found, name = detect_quorum_queues(app, RABBITMQ)
+        return name if found else None

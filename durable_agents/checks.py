@@ -29,7 +29,7 @@ Registered in `DurableAgentsConfig.ready()` under the tag `durable_agents`; `man
     W008  QUEUE names the durable workers' queue, but beat sends the sweep elsewhere
     W009  a model step names a model the model table does not know: requests follow the conservative profile
     W010  RabbitMQ with a quorum queue, and the durable queue on a direct exchange: a worker would hold each countdown
-          (up to MAX_COUNTDOWN_SECONDS) in its only prefetch slot until due (brokers.py says exactly when)
+          (up to MAX_COUNTDOWN_SECONDS) in its only prefetch slot until due (broker.py says exactly when)
     W011  RabbitMQ with a quorum queue, and worker_detect_quorum_queues off: workers ask for global QoS, refused
 
 A check never raises on odd input: a traceback at start-up is worse than no check, so each one is guarded
@@ -54,7 +54,7 @@ from django.utils.module_loading import import_string
 
 from durable_agents.agents.capabilities import ModelChoice, model_profile, problems
 from durable_agents.agents.participants import participants
-from durable_agents.brokers import countdowns_holding_a_slot, quorum_queue_refusing_global_qos
+from durable_agents.broker import countdowns_holding_a_slot, quorum_queue_refusing_global_qos
 from durable_agents.conf import SETTINGS, describe
 from durable_agents.errors import InvalidInputError
 from durable_agents.models import StepKind

@@ -24,7 +24,7 @@ from django.db import InterfaceError, OperationalError, connections
 
 from durable_agents import broker, preflight, retention
 from durable_agents.agents.journal import PoolTimeout
-from durable_agents.brokers import countdown_route
+from durable_agents.broker import countdown_route
 from durable_agents.conf import settings as durable_settings
 from durable_agents.engine import advance as engine_advance
 from durable_agents.engine import heartbeats as engine_heartbeats
@@ -204,7 +204,7 @@ def wake(run_id: str, countdown: float | None = None, queue: str | None = None) 
     if countdown and countdown > 0:
         route = countdown_route(advance.app, routed.get("queue"))
         if route is not None and route.delayed_natively:
-            # RabbitMQ delays it in whole seconds and refuses less than one (brokers.py): round up, never sooner
+            # RabbitMQ delays it in whole seconds and refuses less than one (broker.py): round up, never sooner
             # than the run's wake_at, which the claim would refuse.
             countdown = math.ceil(countdown)
     with _to_the_broker("its wake-up"):

@@ -12,7 +12,7 @@ from django.test.utils import override_settings
 
 from durable_agents.testing.fake_anthropic import FakeAnthropic
 from tests.chaos.fleet import API_KEY, DJANGO_SECRET_KEY
-from tests.chaos.services import WAKE_BROKER_ENV, rabbit_vhost, rabbitmq_available
+from tests.chaos.services import WAKE_BROKER_ENV, rabbit_vhost, require_rabbitmq
 from tests.conftest import require_example_session
 
 require_example_session()  # before the workload imports the example project's models
@@ -76,9 +76,7 @@ def broker(request: pytest.FixtureRequest, broker_url: str, monkeypatch: pytest.
     if request.param == "redis":
         yield broker_url
         return
-    why = rabbitmq_available()
-    if why:
-        pytest.skip(why)
+    require_rabbitmq()
     with rabbit_vhost() as url:
         monkeypatch.setenv(WAKE_BROKER_ENV, url)
         with publishing_wakeups():

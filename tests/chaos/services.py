@@ -22,6 +22,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+import pytest
 import redis
 from celery import Celery
 from django.apps import apps
@@ -180,13 +181,18 @@ class PostgresCluster:
 RABBIT_HOST, RABBIT_PORT = "127.0.0.1", 5672
 
 
-def rabbitmq_available() -> str:
-    """Why RabbitMQ cannot be used here, or "" if it can."""
+def require_rabbitmq() -> None:
+    """Skip the test when RabbitMQ cannot be used here — or fail it under scripts/test (DURABLE_TEST_ALL_SERVICES),
+    which starts RabbitMQ: a skip there would hide a missing service."""
+    why = ""
     if not is_listening(RABBIT_HOST, RABBIT_PORT):
-        return f"RabbitMQ is not listening on {RABBIT_HOST}:{RABBIT_PORT}"
-    if shutil.which("rabbitmqctl") is None:
-        return "rabbitmqctl is not installed (needed to create a vhost for the test)"
-    return ""
+        why = f"RabbitMQ is not listening on {RABBIT_HOST}:{RABBIT_PORT}"
+    elif shutil.which("rabbitmqctl") is None:
+        why = "rabbitmqctl is not installed (needed to create a vhost for the test)"
+    if why and os.environ.get("DURABLE_TEST_ALL_SERVICES"):
+        pytest.fail(f"{why}; scripts/test starts it (rabbitmq-server -detached)")
+    if why:
+        pytest.skip(why)
 
 
 @contextlib.contextmanager

@@ -20,7 +20,7 @@ from durable_agents import api, clock
 from durable_agents.models import Event, Run, RunStatus, Step, StepStatus
 from durable_agents.tasks import advance as advance_task
 from durable_agents.testing import wait_for, wait_for_run
-from tests.chaos.services import WAKE_BROKER_ENV, rabbit_vhost, rabbitmq_available
+from tests.chaos.services import WAKE_BROKER_ENV, rabbit_vhost, require_rabbitmq
 from tests.integration.conftest import broker_down
 from tests.integration.shared_clock import SharedClock
 from tests.testapp.models import Execution
@@ -229,9 +229,7 @@ def test_retry__a_long_backoff_holds_no_worker_slot_on_rabbitmq(start_worker, mo
     # exchanges are not supported with native delayed delivery"). tests/settings.py declares exactly that on amqp: a
     # quorum queue on Celery's default direct exchange. A single-slot worker must still run another run while the
     # first waits out its backoff.
-    why = rabbitmq_available()
-    if why:
-        pytest.skip(why)
+    require_rabbitmq()
     shared = SharedClock()  # on the test's Redis: the workers' broker is RabbitMQ
     with rabbit_vhost() as url:
         monkeypatch.setenv(WAKE_BROKER_ENV, url)
@@ -262,11 +260,9 @@ def test_retry__a_long_backoff_holds_no_worker_slot_on_rabbitmq(start_worker, mo
 def test_retry__a_sub_second_backoff_rides_rabbitmqs_native_delayed_delivery(start_worker, monkeypatch):
     # On a topic exchange beside a quorum queue, Celery delays a countdown in RabbitMQ itself, in whole seconds:
     # send_task passes int(countdown) to kombu's calculate_routing_key, which raises ValueError below 1 s
-    # (durable_agents/brokers.py). The tests' backoff is 0.025-0.05 s. With no beat, nothing but that countdown's
+    # (durable_agents/broker.py). The tests' backoff is 0.025-0.05 s. With no beat, nothing but that countdown's
     # message can wake the run.
-    why = rabbitmq_available()
-    if why:
-        pytest.skip(why)
+    require_rabbitmq()
     monkeypatch.setenv("DURABLE_TEST_EXCHANGE_TYPE", "topic")  # tests/settings.py, for the worker and the publisher
     with rabbit_vhost() as url:
         monkeypatch.setenv(WAKE_BROKER_ENV, url)

@@ -268,7 +268,7 @@ def test_check_sweep_schedule__with_a_queue_of_its_own_the_sweep_must_go_there_t
         assert ids() == ["durable_agents.W008"]
 
 
-# --- W010-W011: delayed wake-ups on RabbitMQ (durable_agents/brokers.py has the rules, with their sources) -----------
+# --- W010-W011: delayed wake-ups on RabbitMQ (durable_agents/broker.py has the rules, with their sources) -----------
 
 # Never connected to: the checks read the configuration only. Celery takes its broker from the CELERY_BROKER_URL
 # environment variable before its settings (celery/app/utils.py Settings.broker_url), so the tests set both.
