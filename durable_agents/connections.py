@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import contextlib
 
-from django.db import DatabaseError, connection
+from django.db import DatabaseError, connection, connections
+from django.db.backends.base.base import BaseDatabaseWrapper
 
 
 def release_connection(*, pooled_only: bool = False) -> None:
@@ -40,9 +41,21 @@ def fresh_connection() -> bool:
     """
     if connection.in_atomic_block:
         return False
+    _drop(connection)
+    return True
+
+
+def drop_connections() -> None:
+    """After a database connection error outside any transaction (a task that failed): drop every connection of
+    this thread, and test the idle ones of their pools as `fresh_connection` does — so that the next task does not
+    meet the next dead one (one failure per worker after a restart, not one per pooled connection)."""
+    for each in connections.all(initialized_only=True):
+        _drop(each)
+
+
+def _drop(each: BaseDatabaseWrapper) -> None:
     with contextlib.suppress(DatabaseError):
-        connection.close()  # dropped even when closing it fails: Django forgets it either way
-    pool = getattr(connection, "pool", None)  # Django's PostgreSQL backend: None without OPTIONS["pool"]
+        each.close()  # dropped even when closing it fails: Django forgets it either way
+    pool = getattr(each, "pool", None)  # Django's PostgreSQL backend: None without OPTIONS["pool"]
     if pool is not None and not pool.closed:
         pool.check()
-    return True

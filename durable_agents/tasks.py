@@ -20,12 +20,13 @@ from typing import Any, TypeVar
 from celery import shared_task
 from celery.exceptions import OperationalError as BrokerError
 from celery.signals import beat_init, celeryd_init, worker_init, worker_ready, worker_shutdown
-from django.db import InterfaceError, OperationalError, connections
+from django.db import InterfaceError, OperationalError
 
 from durable_agents import broker, preflight, retention
 from durable_agents.agents.journal import PoolTimeout
 from durable_agents.broker import countdown_route
 from durable_agents.conf import settings as durable_settings
+from durable_agents.connections import drop_connections
 from durable_agents.engine import advance as engine_advance
 from durable_agents.engine import heartbeats as engine_heartbeats
 from durable_agents.engine import outbox as engine_outbox
@@ -42,16 +43,18 @@ logger = logging.getLogger("durable_agents.engine")
 
 
 def _dropping_dead_connections(work: Callable[[], T]) -> T:
-    """Run `work`; after a database connection error, close this process's connections and re-raise.
+    """Run `work`; after a database connection error, drop this thread's connections (and the dead idle ones of
+    their pools) and re-raise.
 
-    Workers keep connections between tasks (CELERY_DB_REUSE_MAX), so after a Postgres restart nothing
-    else would ever drop the dead one. The lease expires and the sweep re-wakes the run.
+    Workers keep connections between tasks (CELERY_DB_REUSE_MAX, or Django's psycopg pool, which hands idle
+    connections out untested), so after a Postgres restart nothing else would drop the dead ones. The lease expires
+    and the sweep re-wakes the run. (Not after a PoolTimeout: no connection was had, none is dead.)
     """
     try:
         return work()
-    except (OperationalError, InterfaceError):
-        for connection in connections.all(initialized_only=True):
-            connection.close()
+    except (OperationalError, InterfaceError) as exc:
+        if not isinstance(exc.__cause__, PoolTimeout):
+            drop_connections()
         raise
 
 

@@ -1,0 +1,85 @@
+"""Pooled connections the server ended while they sat idle (a restart, a failover, an idle timeout).
+
+psycopg_pool hands idle connections out untested — "The pool doesn't actively check the state of the connections
+held in its state ... the application might be served a connection in broken state" (psycopg 3 docs, Connection
+pools > Connection quality) — and a worker's pool keeps several. A task that meets a dead one fails (nothing is
+retried blindly: a step may have done its work), and its run is woken again by the sweep; but every later task must
+not meet the next dead one: one failure per worker, not one per pooled connection. (The journal's write of a
+billed answer is retried on a fresh connection: tests of the model worker.)
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+
+import psycopg
+import pytest
+from django.db import connection
+
+from durable_agents import api, clock
+from durable_agents.engine.sweep import sweep
+from durable_agents.models import Run
+from durable_agents.testing import wait_for, wait_for_run
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+POOL = 4
+
+
+def _admin() -> psycopg.Connection:
+    db = connection.settings_dict
+    return psycopg.connect(
+        dbname=db["NAME"], user=db["USER"] or None, host=db["HOST"] or None, port=db["PORT"] or None, autocommit=True
+    )
+
+
+def _pooled(admin: psycopg.Connection, name: str) -> int:
+    return admin.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", [name]).fetchone()[0]
+
+
+def test_worker__connections_ended_while_idle_fail_one_task_not_one_per_connection(start_worker):
+    name = f"dead-{uuid.uuid4().hex[:8]}"
+    env = {"DJANGO_DB_POOL": str(POOL), "DJANGO_DB_APPLICATION_NAME": name}
+    worker = start_worker(pool="gevent", concurrency=POOL * 2, env=env)
+    warm = [api.start("noop", {"steps": 3}) for _ in range(POOL * 4)]  # busy enough to open the whole pool
+    for run in warm:
+        wait_for_run(run.id, "completed", timeout=120)
+    with _admin() as admin:
+        opened = _pooled(admin, name)
+        assert opened >= 2, f"the worker's pool holds {opened} connection(s): nothing to test"
+        ended = admin.execute(
+            "SELECT count(*) FROM (SELECT pg_terminate_backend(pid, 10000) AS ok FROM pg_stat_activity "
+            "WHERE application_name = %s) t WHERE ok",
+            [name],
+        ).fetchone()[0]
+    assert ended == opened, f"{ended} of {opened} pooled connections ended"
+
+    later = []
+    for _ in range(opened * 2):  # one at a time: each takes whichever idle connection the pool hands out
+        failed_before = _failed(worker)
+        run = api.start("noop", {"steps": 1})
+        later.append(run)
+        wait_for(
+            lambda run=run, before=failed_before: _status(run) == "completed" or _failed(worker) > before,
+            timeout=60,
+            what=f"run {run.id} to complete or its task to fail",
+        )
+
+    failed = _failed(worker)
+    assert failed <= 1, (
+        f"{failed} tasks failed on {opened} dead pooled connections: each one met the next dead connection (the "
+        f"pool must test its idle connections after the first failure)\n{worker.log_path.read_text()[-3000:]}"
+    )
+    clock.advance(timedelta(minutes=5))
+    sweep()  # the run whose task failed is woken again
+    for run in later:
+        wait_for_run(run.id, "completed", timeout=60)
+
+
+def _failed(worker) -> int:
+    return worker.log_path.read_text(errors="replace").count("raised unexpected")
+
+
+def _status(run: Run) -> str:
+    return Run.objects.values_list("status", flat=True).get(pk=run.id)
