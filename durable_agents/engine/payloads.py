@@ -158,9 +158,12 @@ def _read_file(storage: Any, name: str, ref: str) -> bytes:
 
 def copy_payloads(source_id: uuid.UUID | str, target_id: uuid.UUID | str, refs: list[str]) -> None:
     """Give `target_id` its own copy of the source's Payload rows named by `refs` (a fork's copied
-    checkpoints), so each run's rows live and cascade with that run alone."""
+    checkpoints), so each run's rows live and cascade with that run alone. One payload in memory at a time, read by
+    its key: `.iterator()` would read them all at once where server-side cursors are off (behind a transaction
+    pooler: DISABLE_SERVER_SIDE_CURSORS)."""
     shas = [ref.removeprefix(PAYLOAD_REF) for ref in refs if ref.startswith(PAYLOAD_REF)]
-    for payload in Payload.objects.filter(run_id=source_id, sha256__in=shas).iterator(chunk_size=1):
+    for pk in list(Payload.objects.filter(run_id=source_id, sha256__in=shas).values_list("pk", flat=True)):
+        payload = Payload.objects.get(pk=pk)
         Payload.objects.bulk_create(
             [Payload(run_id=target_id, sha256=payload.sha256, data=payload.data, size=payload.size)],
             ignore_conflicts=True,
