@@ -4,7 +4,8 @@ Worker subprocesses start with `celery -A tests` (durable_agents.testing.workers
 the package of tests/settings.py), and the test process publishes its wake-ups through it.
 
 DURABLE_TEST_COUNT_DELIVERIES=1 in a worker's environment: each `durable_agents.advance` delivery it starts is
-counted in the broker's Redis database, under `deliveries_key(run_id)`; a `durable_agents.advance_many` delivery
+counted in the broker's Redis database (DURABLE_TEST_COUNT_REDIS, when the broker is not Redis), under
+`deliveries_key(run_id)`; a `durable_agents.advance_many` delivery
 counts once for each run it carries, and once under `BATCHES_KEY`.
 
 DURABLE_TEST_CLOCK_KEY=<redis key> in a worker's environment: before each task the worker sets its engine time
@@ -43,7 +44,7 @@ if os.environ.get("DURABLE_TEST_COUNT_DELIVERIES"):
             return
         import redis
 
-        counter = redis.Redis.from_url(os.environ["CELERY_BROKER_URL"])
+        counter = redis.Redis.from_url(os.environ.get("DURABLE_TEST_COUNT_REDIS") or os.environ["CELERY_BROKER_URL"])
         if task.name == "durable_agents.advance":
             counter.incr(deliveries_key(args[0]))
             return

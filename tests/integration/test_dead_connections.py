@@ -1,4 +1,6 @@
-"""Pooled connections the server ended while they sat idle (a restart, a failover, an idle timeout).
+"""Connections that die under a worker: pooled database connections, and the broker connection of a step in flight.
+
+**Pooled connections the server ended while they sat idle** (a restart, a failover, an idle timeout).
 
 psycopg_pool hands idle connections out untested — "The pool doesn't actively check the state of the connections
 held in its state ... the application might be served a connection in broken state" (psycopg 3 docs, Connection
@@ -6,21 +8,33 @@ pools > Connection quality) — and a worker's pool keeps several. A task that m
 retried blindly: a step may have done its work), and its run is woken again by the sweep; but every later task must
 not meet the next dead one: one failure per worker, not one per pooled connection. (The journal's write of a
 billed answer is retried on a fresh connection: tests of the model worker.)
+
+**The broker connection of a step in flight.** Wake-ups are acknowledged late (tasks.py: acks_late), so when the
+connection closes while a step runs, the step finishes but its message cannot be acknowledged ("Couldn't ack",
+Celery's CRITICAL log line) and the broker delivers it again. A lost ack must cost nothing but that delivery: the
+step is not run twice, the run completes.
 """
 
 from __future__ import annotations
 
+import subprocess
 import uuid
 from datetime import timedelta
 
 import psycopg
 import pytest
+import redis
+from django.conf import settings
 from django.db import connection
+from django.test.utils import override_settings
 
 from durable_agents import api, clock
 from durable_agents.engine.sweep import sweep
 from durable_agents.models import Run
 from durable_agents.testing import wait_for, wait_for_run
+from tests.celery import deliveries_key
+from tests.chaos.services import WAKE_BROKER_ENV, rabbit_vhost, require_rabbitmq
+from tests.testapp.models import Execution
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -83,3 +97,34 @@ def _failed(worker) -> int:
 
 def _status(run: Run) -> str:
     return Run.objects.values_list("status", flat=True).get(pk=run.id)
+
+
+def test_worker__a_step_whose_broker_connection_closed_commits_once_and_its_redelivery_runs_nothing(
+    start_worker, monkeypatch, tmp_path
+):
+    require_rabbitmq()
+    with rabbit_vhost() as url:
+        vhost = url.rsplit("/", 1)[1]
+        monkeypatch.setenv(WAKE_BROKER_ENV, url)
+        waker = {**settings.DURABLE_AGENTS, "WAKER": "tests.chaos.services.wake"}  # this process publishes there
+        with override_settings(DURABLE_AGENTS=waker):
+            counter = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+            counting = {"DURABLE_TEST_COUNT_DELIVERIES": "1", "DURABLE_TEST_COUNT_REDIS": settings.CELERY_BROKER_URL}
+            worker = start_worker(pool="prefork", concurrency=1, env={"CELERY_BROKER_URL": url, **counting})
+            release = tmp_path / "release"
+            run = api.start("slow", {"until": str(release)})
+            wait_for(lambda: Execution.objects.filter(run_id=run.id).exists(), timeout=60, what="the slow step")
+            subprocess.run(
+                ["rabbitmqctl", "-q", "close_all_connections", "-p", vhost, "the test closes it"],
+                check=True,
+                capture_output=True,
+                timeout=60,
+            )
+            release.touch()
+            wait_for_run(run.id, "completed", timeout=90)
+            # The broker requeued what the closed channel had not acknowledged; the reconnected worker takes it.
+            wait_for(lambda: int(counter.get(deliveries_key(run.id)) or 0) >= 2, timeout=90, what="the redelivery")
+            wait_for(lambda: "Couldn't ack" in worker.log_path.read_text(errors="replace"), timeout=30)
+
+    steps = sorted(Execution.objects.filter(run_id=run.id).values_list("step_id", flat=True))
+    assert steps == ["after", "slow"], f"steps executed: {steps} (a redelivered wake-up ran a committed step again)"
