@@ -199,7 +199,8 @@ DB_POOL_SIZE = env_count("DJANGO_DB_POOL", 0)
 if DB_POOL_SIZE and DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
     DATABASES["default"]["CONN_MAX_AGE"] = 0  # the pool keeps the connections; Django gives them back
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = False  # else every checkout costs a round trip; psycopg's pool
-    # drops connections that broke while checked in, and a broken one in use fails its step, which is retried
+    # drops connections that broke while checked in, and a broken one in use fails its task, after which the
+    # worker tests the pool's idle ones (durable_agents.connections.drop_connections); the sweep wakes the run
     DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
         "min_size": 1,
         "max_size": DB_POOL_SIZE,
