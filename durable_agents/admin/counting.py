@@ -21,13 +21,25 @@ from durable_agents.conf import settings
 
 @dataclass(frozen=True)
 class RowCount:
-    """A number of rows, and whether it is exact or an estimate."""
+    """A number of rows: exact, an estimate, or (`at_least`) a lower bound — the count stopped at its cap and the
+    planner's estimate, from statistics older than the rows, was lower still."""
 
     value: int
     exact: bool
+    at_least: bool = False
 
     def __str__(self) -> str:
-        return f"{self.value:,}" if self.exact else f"≈ {self.value:,}"
+        if self.exact:
+            return f"{self.value:,}"
+        return f"more than {self.value - 1:,}" if self.at_least else f"≈ {self.value:,}"
+
+
+def _beyond(counted: int, estimate: int | None) -> RowCount:
+    """What is known of a count that stopped at its cap (`counted` rows): the estimate, unless it is lower than
+    what was counted (statistics from before those rows) — then only that there are more than the cap."""
+    if estimate is None or estimate < counted:
+        return RowCount(counted, exact=False, at_least=True)
+    return RowCount(estimate, exact=False)
 
 
 def exact_count_limit() -> int:
@@ -91,7 +103,7 @@ def estimated_count(queryset: QuerySet, *, limit: int | None = None, selective: 
     if not postgres:
         # The embedded SQLite default holds small tables: an exact count is affordable there.
         return RowCount(queryset.order_by().count(), exact=True)
-    return RowCount(max(counted, planner_estimate(queryset) or 0), exact=False)
+    return _beyond(counted, planner_estimate(queryset))
 
 
 def counts_by_value(
@@ -126,7 +138,9 @@ def counts_by_value(
         )
         rows = cursor.fetchall()
     return {
-        value: RowCount(counted, exact=True) if counted <= limit else RowCount(max(counted, int(estimate or 0)), False)
+        value: RowCount(counted, exact=True)
+        if counted <= limit
+        else _beyond(counted, None if estimate is None else int(estimate))
         for value, counted, estimate in rows
     }
 
@@ -139,9 +153,13 @@ class EstimatedCountPaginator(Paginator):
     """
 
     selective = False
+    # The operator asked for the exact count (the run list's "count exactly" link): one COUNT(*), however big.
+    exact = False
 
     @cached_property
     def row_count(self) -> RowCount:
+        if self.exact:
+            return RowCount(self.object_list.order_by().count(), exact=True)
         return estimated_count(self.object_list, selective=self.selective)
 
     @cached_property

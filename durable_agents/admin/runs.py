@@ -68,6 +68,8 @@ ERROR_PREVIEW = 90
 # the whole table when they are rare. Sorting by an expression no index serves makes it fetch the matches
 # through their own indexes and keep the newest (a top-N sort) instead.
 SELECTIVE_FILTERS = ("stuck", "aging", "wait", "error_type")
+# ?count=exact: the list's count exact, whatever it costs (the operator asked for it; the link is beside an estimate).
+EXACT_COUNT_PARAMETER = "count"
 
 
 def _unindexed(part: Any) -> Any:
@@ -201,6 +203,7 @@ class RunAdmin(admin.ModelAdmin):
     def get_paginator(self, request: HttpRequest, queryset: QuerySet[Run], per_page: int, **kwargs: Any) -> Any:
         paginator = self.paginator(queryset, per_page, **kwargs)
         paginator.selective = any(request.GET.get(name) for name in SELECTIVE_FILTERS)
+        paginator.exact = getattr(request, "durable_exact_count", False)
         return paginator
 
     # Runs are created by workflows and changed by the engine; the admin only reads and calls the API.
@@ -321,6 +324,11 @@ class RunAdmin(admin.ModelAdmin):
         refused = refuse_nul(request)
         if refused is not None:
             return refused
+        if request.GET.get(EXACT_COUNT_PARAMETER) == "exact":
+            # Not a filter: taken out before the changelist reads its filters from the query string.
+            request.GET = request.GET.copy()
+            del request.GET[EXACT_COUNT_PARAMETER]
+            request.durable_exact_count = True
         context = {"title": "Runs", "overview": build_overview(), **(extra_context or {})}
         return show_direction_controls(super().changelist_view(request, context))
 
