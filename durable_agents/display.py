@@ -34,9 +34,9 @@ def when_html(value: datetime | None, *, precise: bool = False) -> SafeString:
 
 
 def human_duration(seconds: float) -> str:
-    """A short human duration: 0, 250ms, 1.5s, 2m30s, 3h, 2d4h."""
+    """A short human duration, always with its unit: 0s, 250ms, 1.5s, 2m30s, 3h, 2d4h."""
     if seconds <= 0:
-        return "0"
+        return "0s"
     if seconds < 1:
         return f"{seconds * 1000:.0f}ms"
     if seconds < 60:
@@ -53,7 +53,9 @@ def human_duration(seconds: float) -> str:
 
 
 def ago_text(value: datetime | None, now: datetime) -> str:
-    """How long before `now` the moment was, e.g. "2.9s ago", "4m ago"; "" for None."""
+    """How long before `now` the moment was, e.g. "just now" (under a second), "2.9s ago", "4m ago"; "" for None."""
     if value is None:
         return ""
+    if (now - value).total_seconds() < 1:
+        return "just now"
     return f"{human_duration((now - value).total_seconds())} ago"

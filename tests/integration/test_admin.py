@@ -591,7 +591,7 @@ def test_bulk__cancel_reports_a_run_a_worker_holds_as_asked_to_stop_not_cancelle
 
 def test_timeline__durations_read_like_an_operator_writes_them():
     assert [human_duration(s) for s in (0, 0.25, 1.5, 150, 7200, 93600)] == [
-        "0",
+        "0s",
         "250ms",
         "1.5s",
         "2m30s",

@@ -1,11 +1,11 @@
 """One timestamp format across the console: the current zone, named; milliseconds where asked."""
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from django.template import engines
 from django.utils import timezone
 
-from durable_agents.display import when_html, when_text
+from durable_agents.display import ago_text, human_duration, when_html, when_text
 
 MOMENT = datetime(2026, 12, 1, 12, 3, 7, 123456, tzinfo=UTC)
 
@@ -26,3 +26,10 @@ def test_the_template_filters_render_a_dash_for_nothing():
     out = rendered.render({"a": MOMENT, "b": None})
     moment = '<time datetime="2026-12-01T12:03:07.123456+00:00">2026-12-01 12:03:07 UTC</time>'
     assert out == f'{moment} | <span class="durable-quiet">—</span>'
+
+
+def test_every_duration_carries_its_unit_and_a_moment_ago_reads_as_just_now():
+    assert human_duration(0) == "0s" and human_duration(-0.2) == "0s", "a bare 0 has no unit ('heartbeat 0 ago')"
+    assert ago_text(MOMENT, MOMENT) == "just now"
+    assert ago_text(MOMENT - timedelta(milliseconds=400), MOMENT) == "just now"
+    assert ago_text(MOMENT - timedelta(seconds=2.9), MOMENT) == "2.9s ago"
