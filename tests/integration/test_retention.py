@@ -352,7 +352,7 @@ def test_prune__stop_after_starts_no_batch_past_its_time(monkeypatch):
     monkeypatch.setattr(engine_prune, "time", type("Clock", (), {"monotonic": staticmethod(lambda: next(seconds))}))
     monkeypatch.setattr(engine_prune, "_sleep", lambda seconds: None)
     # A windowed pass begins at a random id; from the smallest, its first page is full and no clock read is spent
-    # going round (test_attacks19b tests the random start and the wrap).
+    # going round (test_prune_pace.py tests the random start and the wrap).
     monkeypatch.setattr(engine_prune, "window_start", lambda: uuid.UUID(int=0))
     ids = old_runs(6)
     with retained(RETENTION_DUTY_CYCLE=0.5):

@@ -122,7 +122,8 @@ def test_schedule__concurrent_sweeps_start_each_slot_once():
 
 def test_schedule__after_a_gap_skip_starts_the_latest_slot_and_catch_up_each_within_its_limit():
     api.schedule("skipper", "record", cron="0 * * * *", missed="skip")
-    # Runs stay pending here (no worker): allow overlap, so catching up starts each owed slot (see test_attacks19b).
+    # Runs stay pending here (no worker): allow overlap, so catching up starts each owed slot
+    # (see test_schedules_overlap.py).
     api.schedule("catcher", "record", cron="0 * * * *", missed="catch_up", catch_up_limit=10, overlap="allow")
     api.schedule("bounded", "record", cron="0 * * * *", missed="catch_up", catch_up_limit=3, overlap="allow")
     begin = clock.now()

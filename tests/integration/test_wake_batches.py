@@ -149,7 +149,7 @@ def test_with_a_model_queue_a_batch_holds_the_default_queue_s_runs_only():
         model_bound = _start(2, "approve_briefed", {})
         plain += _start(1, "eager", {"steps": 1})
     assert batches == [(plain, {})]
-    # Model-bound runs each get a message of their own (tests/integration/test_attacks_wake_batches.py).
+    # Model-bound runs each get a message of their own (tests/integration/test_wake_batches_as_single_deliveries.py).
     assert woken == [(run_id, {"queue": MODEL_QUEUE}) for run_id in model_bound]
 
 

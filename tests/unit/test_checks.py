@@ -360,7 +360,8 @@ def test_check_delayed_delivery__quorum_queues_without_quorum_detection_are_a_wa
     ],
 )
 def test_check_serializer__pickle_is_a_warning(serializer, accept):
-    # Accepting pickle only, workers also refuse the durable tasks' JSON: that is E008 (tests/unit/test_attacks15.py).
+    # Accepting pickle only, workers also refuse the durable tasks' JSON: that is E008
+    # (tests/unit/test_checks_against_stalled_runs.py).
     refuses_json = "json" not in accept
     with override_settings(CELERY_TASK_SERIALIZER=serializer, CELERY_ACCEPT_CONTENT=accept):
         assert ids() == ["durable_agents.E008"] * refuses_json + ["durable_agents.W002"]

@@ -1,11 +1,11 @@
-"""Attacks on the batch's cross-run claim (hotpath.commit_and_claim_next, eager.Batch, tasks.advance_many) and its
+"""The batch's cross-run claim (hotpath.commit_and_claim_next, eager.Batch, tasks.advance_many) and its
 interactions with child runs, concurrency keys, cancels and retention.
 
-The claim under attack (engine/eager.py, DESIGN.md §2): the claim a run's last commit makes for the batch's next run
-is a claim like any other — a new fencing token, an attempt counted, one claim and one fenced checkpoint per step; a
-LOST commit claims nothing; a step body runs again only after a death or a lost lease, and a worker paused between a
-claim and the step body proves its lease before running it; effects once; no run is left without a wake-up (or the
-sweep's); concurrency keys never exceeded; no duplicate child.
+The claim (engine/eager.py, DESIGN.md §2): the claim a run's last commit makes for the batch's next run is a claim
+like any other — a new fencing token, an attempt counted, one claim and one fenced checkpoint per step; a LOST commit
+claims nothing; a step body runs again only after a death or a lost lease, and a worker paused between a claim and
+the step body proves its lease before running it; effects once; no run is left without a wake-up (or the sweep's);
+concurrency keys never exceeded; no duplicate child.
 
 In-process tests drive `tasks.advance_many` with a recording WAKER; worker tests run real `celery worker` processes.
 """

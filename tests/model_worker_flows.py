@@ -1,5 +1,6 @@
-"""Workflows for tests/integration/test_attacks_model_worker.py, imported by the test process and by its workers
-(`--include tests.attack14_flows`).
+"""Workflows for the model worker tests (tests/integration/test_model_worker_gevent_pool.py and
+test_model_worker_billed_answers.py), imported by the test process and by its workers
+(`--include tests.model_worker_flows`).
 
 * ATTACK_CONVERSATION: one agent step with a read-only tool, `wait_at_gate`, which waits (I/O-bound, as the README
   allows on the model worker: it polls Redis) until the test opens the gate. The fake model asks for the tool when

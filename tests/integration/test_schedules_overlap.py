@@ -1,5 +1,8 @@
-"""Attacks on issue 19c: overlap="skip" asks every live run a schedule started (`Run.schedule`, commit 3ad30dd),
-and migration 0018 names the runs a schedule started before it from their slot keys."""
+"""A schedule's overlap="skip" sees every live run the schedule started (`Run.schedule`), not only the last:
+under catch-up, after switching policy, across resumes, reruns, forks, redefinitions, concurrency-key queues and
+racing sweeps; slots missed while a run was live are all counted. Migration 0018 names the runs a schedule started
+before it from their slot keys, so those are seen too.
+"""
 
 from __future__ import annotations
 
@@ -14,9 +17,11 @@ from django.db import connections
 
 from durable_agents import api, clock
 from durable_agents.engine.schedules import slot_key, start_due_schedules
+from durable_agents.engine.sweep import sweep
 from durable_agents.models import Run, Schedule
+from durable_agents.states import FINISHED_RUN_STATUSES
 from durable_agents.testing import drive
-from tests.integration.test_schedules import sweep_hours
+from tests.integration.test_schedules import slots_between, sweep_hours
 
 pytestmark = pytest.mark.django_db(transaction=True)
 migration = importlib.import_module("durable_agents.migrations.0018_run_schedule")
@@ -227,3 +232,116 @@ def test_schedule__two_sweeps_racing_see_a_live_run_that_is_not_the_last():
     assert not errors and started == [0, 0], (errors, started)
     assert Run.objects.get(pk=older.pk).status == "pending"
     assert Schedule.objects.get(name="race").overlap_skipped == 1
+
+
+# Schedules: overlap="skip" under catch_up
+
+
+def live_runs(name: str):
+    return Run.objects.filter(idempotency_key__startswith=f"schedule:{name}:").exclude(status__in=FINISHED_RUN_STATUSES)
+
+
+def test_schedule__overlap_skip_under_catch_up_never_starts_two_runs_at_once():
+    """overlap="skip" (the default) promises a slot is not started while the schedule's run is live. Catching up
+    five missed slots in one sweep started five runs at once, each overlapping the others: under "skip" the oldest
+    owed slot starts and the rest, which would overlap it, are passed over and counted."""
+    api.schedule("catcher", "record", cron="0 * * * *", missed="catch_up", catch_up_limit=10)
+    begin = clock.now()
+    clock.advance(timedelta(hours=5, minutes=30))
+    owed = slots_between("0 * * * *", begin, clock.now())
+    assert len(owed) in (5, 6)
+    assert sweep().scheduled == 1, "catching up under overlap='skip' started runs that overlap each other"
+    assert live_runs("catcher").count() == 1
+    schedule = Schedule.objects.get(name="catcher")
+    assert schedule.overlap_skipped == len(owed) - 1, "the owed slots passed over are counted"
+    assert schedule.last_slot == owed[0] and schedule.last_run.idempotency_key.endswith(
+        owed[0].strftime("%Y-%m-%dT%H:%M:%SZ")
+    ), "the oldest owed slot is the one started, and the schedule's last run is its run"
+    assert schedule.next_slot > clock.now(), "the passed-over slots are not owed later"
+    drive(schedule.last_run_id)
+    clock.advance(timedelta(hours=1))
+    assert sweep().scheduled == 1, "the next slot after the run ended starts"
+
+
+def test_schedule__switching_to_overlap_skip_sees_every_live_run_not_only_the_last():
+    api.schedule("switcher", "record", cron="0 * * * *", overlap="allow")
+    clock.advance(timedelta(hours=1))
+    assert sweep().scheduled == 1
+    clock.advance(timedelta(hours=1))
+    assert sweep().scheduled == 1
+    first, last = sorted(live_runs("switcher"), key=lambda run: run.idempotency_key)
+    drive(last.id)  # the last run ends; the first is still pending
+    api.schedule("switcher", "record", cron="0 * * * *", overlap="skip")
+    clock.advance(timedelta(hours=1))
+    assert sweep().scheduled == 0, "a slot started beside a live run of the schedule under overlap='skip'"
+
+
+def test_schedule__slots_missed_while_the_last_run_was_live_are_all_counted():
+    """Beat down five hours while the last run was live: under missed="skip" only the latest slot is "due", and the
+    four before it vanished from every count (no run to carry a `scheduled` event). Each was due while the run
+    was live: overlap_skipped counts them all, or the admin shows one slot passed over where five were."""
+    api.schedule("tight", "record", cron="0 * * * *")
+    clock.advance(timedelta(hours=1))
+    assert sweep().scheduled == 1
+    passed = clock.now()
+    clock.advance(timedelta(hours=5, minutes=30))
+    assert sweep().scheduled == 0
+    owed = slots_between("0 * * * *", passed, clock.now())
+    assert Schedule.objects.get(name="tight").overlap_skipped == len(owed), "slots passed over went uncounted"
+
+
+def test_schedule__concurrent_sweeps_and_a_finishing_run_neither_double_nor_lose_a_slot_under_skip():
+    """Three sweeps at once, catching up seven minutely slots a round, while another thread drives the live run to
+    its end: under overlap="skip" at most one run of the schedule is live after any round, and every slot is
+    either started once or counted as passed over (started + overlap_skipped = slots due)."""
+    api.schedule("racing", "record", cron="* * * * *", missed="catch_up", catch_up_limit=100)
+    begin = clock.now()
+    barrier = threading.Barrier(5)
+    errors: list[BaseException] = []
+    live_after_round: list[int] = []
+
+    def guarded(body):
+        def run() -> None:
+            try:
+                body()
+            except BaseException as exc:  # noqa: BLE001 - reported below, in the test's thread
+                errors.append(exc)
+                barrier.abort()
+            finally:
+                connections.close_all()
+
+        return run
+
+    def sweeper() -> None:
+        for _ in range(6):
+            barrier.wait(timeout=60)
+            start_due_schedules(clock.now())
+            barrier.wait(timeout=60)
+
+    def finisher() -> None:
+        for _ in range(6):
+            barrier.wait(timeout=60)
+            for run_id in live_runs("racing").values_list("id", flat=True):
+                drive(run_id)
+            barrier.wait(timeout=60)
+
+    def mover() -> None:
+        for _ in range(6):
+            barrier.wait(timeout=60)
+            barrier.wait(timeout=60)
+            live_after_round.append(live_runs("racing").count())
+            clock.advance(timedelta(minutes=7))
+
+    threads = [threading.Thread(target=guarded(sweeper)) for _ in range(3)]
+    threads += [threading.Thread(target=guarded(finisher)), threading.Thread(target=guarded(mover))]
+    clock.advance(timedelta(minutes=7))
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=180)
+    assert not errors, f"a thread failed: {errors[0]!r}"
+    assert max(live_after_round) <= 1, f"two runs of the schedule were live at once: {live_after_round}"
+    due = slots_between("* * * * *", begin, clock.now() - timedelta(minutes=7))
+    started = Run.objects.filter(idempotency_key__startswith="schedule:racing:").count()
+    skipped = Schedule.objects.get(name="racing").overlap_skipped
+    assert started + skipped == len(due), f"{started} started + {skipped} passed over, but {len(due)} slots were due"

@@ -1,8 +1,9 @@
-"""Attacks on batched wake-ups (engine/wake.py wake_on_commit, _WakeBatch; tasks.advance_many).
+"""Batched wake-ups (engine/wake.py wake_on_commit, _WakeBatch; tasks.advance_many) behave as deliveries of
+single runs.
 
-The claim: a batch is only a delivery of several runs. Whatever Django does with a run's own on-commit hook — the
-order among the transaction's other hooks, a savepoint's rollback, TestCase.captureOnCommitCallbacks — it does to
-the run's place in a batch; whatever a message does to a lone run, a batch does to each of its runs.
+A batch is only a delivery of several runs. Whatever Django does with a run's own on-commit hook — the order among
+the transaction's other hooks, a savepoint's rollback, TestCase.captureOnCommitCallbacks — it does to the run's place
+in a batch; whatever a message does to a lone run, a batch does to each of its runs.
 """
 
 from __future__ import annotations
