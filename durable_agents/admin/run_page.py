@@ -29,7 +29,7 @@ from durable_agents.admin.timeline import (
     human_duration,
     render_timeline,
 )
-from durable_agents.display import when_text
+from durable_agents.display import ago_text, when_text
 from durable_agents.errors import UnknownWorkflowError
 from durable_agents.models import (
     ACTIVE_RUN_STATUSES,
@@ -108,7 +108,7 @@ class RunningStep:
     # The heartbeat of the worker the lease names (None: never seen), how long ago it was heard from, and
     # whether it was heard from after the lease ran out.
     node_seen: ProcessHeartbeat | None = None
-    node_seen_for: str = ""
+    node_seen_ago: str = ""  # "just now", "12s ago"
     node_alive: bool = False
 
     @property
@@ -319,7 +319,7 @@ def _running_step(run: Run, steps: list[Step], now: datetime) -> RunningStep | N
         lease_expires_at=expires,
         expired_for=human_duration((now - expires).total_seconds()) if expired and expires else "",
         node_seen=seen,
-        node_seen_for=human_duration((now - seen.last_seen).total_seconds()) if seen else "",
+        node_seen_ago=ago_text(seen.last_seen, now) if seen else "",
         # Heard from since the lease ran out: the worker lives and only the process holding the lease is silent.
         node_alive=seen is not None and expires is not None and seen.last_seen > expires,
     )

@@ -241,7 +241,7 @@ def test_run_page__a_stuck_run_reads_as_many_queries_as_a_finished_one(operator)
 @pytest.mark.parametrize(
     ("heard", "says"),
     [
-        (timedelta(0), "is alive (heartbeat"),  # it beat since the lease ran out: a pool process died
+        (timedelta(0), "is alive (heartbeat just now)"),  # it beat since the lease ran out: a pool process died
         (DEAD_FOR, "went silent too (last heartbeat 9m"),  # heard from last as it claimed: it died with its process
         (None, "no heartbeat from worker"),
     ],
