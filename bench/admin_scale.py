@@ -24,19 +24,16 @@ import subprocess
 import sys
 import time
 from decimal import Decimal
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+try:
+    from bench._setup import configure
+except ModuleNotFoundError:  # run as `python bench/x.py`: the repository root is not on sys.path yet
+    from _setup import configure
+
 DATABASE_URL = os.environ.get("BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/durable_admin_scale")
 DB_NAME = DATABASE_URL.rsplit("/", 1)[-1]
-os.environ.update(
-    DJANGO_SETTINGS_MODULE="project.settings",
-    DJANGO_LOCAL_SECRET_KEY="1",  # a random key for this machine (project/settings.py)
-    DATABASE_URL=DATABASE_URL,
-    DURABLE_LOG_LEVEL="ERROR",
-)
+ROOT = configure(DB_NAME, DATABASE_URL=DATABASE_URL)  # its database is kept between runs (prepare_database)
 GOAL_QUERIES, GOAL_MS = 15, 300.0
 WORKFLOWS = ["noop", "refund_agent", "billing", "onboarding", "report"]
 ERROR_TYPES = ["ValueError", "BudgetExceededError", "ModelRequestError", "EffectOutcomeUnknownError"]

@@ -26,8 +26,6 @@ from __future__ import annotations
 import argparse
 import os
 import resource
-import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -35,36 +33,22 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+try:
+    from bench._setup import prepare
+except ModuleNotFoundError:  # run as `python bench/x.py`: the repository root is not on sys.path yet
+    from _setup import prepare
+
 DB_NAME = os.environ.get("BENCH_DB_NAME", "durable_bench_scale")
 BROKER = os.environ.get("BENCH_BROKER_URL", "redis://127.0.0.1:6379/12")
 MODEL_QUEUE = "durable-model"
 STARTERS = 8
-os.environ.update(
-    DJANGO_SETTINGS_MODULE="project.settings",
-    DJANGO_LOCAL_SECRET_KEY="1",  # a random key for this machine (project/settings.py)
-    DATABASE_URL=f"postgres://postgres@127.0.0.1:5432/{DB_NAME}",
-    CELERY_BROKER_URL=BROKER,
+ROOT = prepare(
+    DB_NAME,
+    BROKER,
     SCALE_REDIS_URL="redis://127.0.0.1:6379/12",  # the effect counter, when the broker is RabbitMQ
-    DURABLE_LOG_LEVEL="ERROR",
     DURABLE_SWEEP_SECONDS="1",
     DURABLE_MODEL_QUEUE=MODEL_QUEUE,
 )
-
-
-def _prepare_database() -> None:
-    psql = ["psql", "-h", "127.0.0.1", "-U", "postgres", "-qc"]
-    subprocess.run([*psql, f"DROP DATABASE IF EXISTS {DB_NAME}"], check=True, capture_output=True)
-    subprocess.run([*psql, f"CREATE DATABASE {DB_NAME}"], check=True)
-    subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, check=True)
-
-
-_prepare_database()
-
-import django  # noqa: E402
-
-django.setup()
 
 import redis  # noqa: E402
 from django.db import connection  # noqa: E402

@@ -19,41 +19,27 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+try:
+    from bench._setup import prepare
+except ModuleNotFoundError:  # run as `python bench/x.py`: the repository root is not on sys.path yet
+    from _setup import prepare
+
 DB_NAME = os.environ.get("BENCH_DATABASE", "durable_bench_children")
 BROKER = os.environ.get("BENCH_BROKER_URL", "redis://127.0.0.1:6379/13")
-os.environ.update(
+ROOT = prepare(
+    DB_NAME,
+    BROKER,
     DJANGO_SETTINGS_MODULE="tests.settings",  # its test app has the fan-out workflows (tests/testapp/family.py)
-    DJANGO_LOCAL_SECRET_KEY="1",
-    DATABASE_URL=f"postgres://postgres@127.0.0.1:5432/{DB_NAME}",
-    CELERY_BROKER_URL=BROKER,
-    DURABLE_LOG_LEVEL="ERROR",
     DURABLE_LEASE_SECONDS="5",
     DURABLE_SWEEP_SECONDS="0.5",
     # The library's default (the test settings' 1 s would re-wake a backlog of 1,000 runs again and again).
     DURABLE_TEST_SETTINGS='{"IDLE_RESWEEP_SECONDS": 10.0}',
 )
 
-
-def _psql(sql: str) -> None:
-    subprocess.run(["psql", "-h", "127.0.0.1", "-U", "postgres", "-qc", sql], check=True, capture_output=True)
-
-
-_psql(f"DROP DATABASE IF EXISTS {DB_NAME}")
-_psql(f"CREATE DATABASE {DB_NAME}")
-subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, check=True)
-
-import django  # noqa: E402
-
-django.setup()
-
+import django  # noqa: E402  (django.utils.timezone below)
 import redis  # noqa: E402
 from django.test.utils import override_settings  # noqa: E402
 

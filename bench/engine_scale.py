@@ -16,42 +16,21 @@ Uses its own database, `durable_bench_engine`, and Redis DB 14. Prints figures; 
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import subprocess
-import sys
 import time
 import uuid
 from datetime import timedelta
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+try:
+    from bench._setup import prepare
+except ModuleNotFoundError:  # run as `python bench/x.py`: the repository root is not on sys.path yet
+    from _setup import prepare
+
 DB_NAME = "durable_bench_engine"
 BROKER = "redis://127.0.0.1:6379/14"
-os.environ.update(
-    DJANGO_SETTINGS_MODULE="project.settings",
-    DJANGO_LOCAL_SECRET_KEY="1",  # a random key for this machine (project/settings.py)
-    DATABASE_URL=f"postgres://postgres@127.0.0.1:5432/{DB_NAME}",
-    CELERY_BROKER_URL=BROKER,
-    DURABLE_LOG_LEVEL="ERROR",
-    DURABLE_LEASE_SECONDS="2",
-    DURABLE_SWEEP_SECONDS="0.5",
-    DURABLE_IDLE_RESWEEP_SECONDS="1",
+ROOT = prepare(
+    DB_NAME, BROKER, DURABLE_LEASE_SECONDS="2", DURABLE_SWEEP_SECONDS="0.5", DURABLE_IDLE_RESWEEP_SECONDS="1"
 )
-
-
-def _psql(sql: str) -> None:
-    subprocess.run(["psql", "-h", "127.0.0.1", "-U", "postgres", "-qc", sql], check=True, capture_output=True)
-
-
-_psql(f"DROP DATABASE IF EXISTS {DB_NAME}")
-_psql(f"CREATE DATABASE {DB_NAME}")
-subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, check=True)
-
-import django  # noqa: E402
-
-django.setup()
 
 import redis  # noqa: E402
 from django.db import connection, transaction  # noqa: E402

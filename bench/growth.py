@@ -14,41 +14,18 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
-import sys
 import time
 import uuid
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+try:
+    from bench._setup import prepare
+except ModuleNotFoundError:  # run as `python bench/x.py`: the repository root is not on sys.path yet
+    from _setup import prepare
+
 DB_NAME = os.environ.get("BENCH_DATABASE", "durable_growth")
-os.environ.update(
-    DJANGO_SETTINGS_MODULE="project.settings",
-    DJANGO_LOCAL_SECRET_KEY="1",
-    DATABASE_URL=f"postgres://postgres@127.0.0.1:5432/{DB_NAME}",
-    CELERY_BROKER_URL=os.environ.get("BENCH_BROKER_URL", "redis://127.0.0.1:6379/13"),
-    DURABLE_LOG_LEVEL="ERROR",
-)
 PER = 1_000_000
-
-
-def psql(sql: str) -> None:
-    subprocess.run(["psql", "-h", "127.0.0.1", "-U", "postgres", "-qc", sql], check=True, capture_output=True)
-
-
-def prepare_database() -> None:
-    psql(f"DROP DATABASE IF EXISTS {DB_NAME}")
-    psql(f"CREATE DATABASE {DB_NAME}")
-    subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, check=True)
-
-
-if __name__ == "__main__":
-    prepare_database()
-
-import django  # noqa: E402
-
-django.setup()
+# A fresh database when run; imported, the bench's database as it is.
+prepare(DB_NAME, os.environ.get("BENCH_BROKER_URL", "redis://127.0.0.1:6379/13"), reset=__name__ == "__main__")
 
 from django.db import connection  # noqa: E402
 

@@ -18,38 +18,29 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
-import sys
 from collections import Counter
 from datetime import timedelta
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+try:
+    from bench._setup import configure, reset_database
+except ModuleNotFoundError:  # run as `python bench/x.py`: the repository root is not on sys.path yet
+    from _setup import configure, reset_database
+
 DB_NAME = "durable_bench_journal_faults"
 CLIENT = "bench-journal-faults"
 DB_URL = f"postgres://postgres@127.0.0.1:5432/{DB_NAME}"
-os.environ.update(
-    DJANGO_SETTINGS_MODULE="project.settings",
-    DATABASE_URL=DB_URL,
+configure(
+    DB_NAME,
+    # No broker: runs are driven in this process; wake-ups that find no broker are left to the sweep.
+    "memory://",
     DJANGO_DB_POOL="4",
     DJANGO_DB_APPLICATION_NAME=CLIENT,
     DURABLE_LOG_LEVEL="CRITICAL",
     DJANGO_SECRET_KEY=os.environ.get("DJANGO_SECRET_KEY", "bench-only-not-a-secret"),
     ANTHROPIC_API_KEY="sk-ant-bench",
-    # No broker: runs are driven in this process; wake-ups that find no broker are left to the sweep.
-    CELERY_BROKER_URL="memory://",
 )
 USAGE = ("input_tokens", "output_tokens", "cache_write_tokens", "cache_read_tokens")
 SERVED = ("input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
-
-
-def _prepare_database() -> None:
-    psql = ["psql", "-h", "127.0.0.1", "-U", "postgres", "-qc"]
-    subprocess.run([*psql, f"DROP DATABASE IF EXISTS {DB_NAME}"], check=True, capture_output=True)
-    subprocess.run([*psql, f"CREATE DATABASE {DB_NAME}"], check=True)
-    env = {k: v for k, v in os.environ.items() if k not in ("DJANGO_DB_POOL", "DJANGO_DB_APPLICATION_NAME")}
-    subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env, check=True)
 
 
 def _end_this_client() -> int:
@@ -68,7 +59,10 @@ def main() -> None:
     parser.add_argument("--ticks", type=int, default=12, help="model turns per run")
     parser.add_argument("--every", type=int, default=3, help="end the connections before every N-th answer")
     args = parser.parse_args()
-    _prepare_database()
+    # `manage.py migrate` without the connection pool and without the bench's application_name.
+    reset_database(
+        DB_NAME, {k: v for k, v in os.environ.items() if k not in ("DJANGO_DB_POOL", "DJANGO_DB_APPLICATION_NAME")}
+    )
 
     import logging
 

@@ -27,31 +27,19 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+try:
+    from bench._setup import configure, reset_database
+except ModuleNotFoundError:  # run as `python bench/x.py`: the repository root is not on sys.path yet
+    from _setup import configure, reset_database
+
 DB_NAME = os.environ.get("BENCH_DATABASE", "durable_prune_bench")
 BROKER = os.environ.get("BENCH_BROKER_URL", "redis://127.0.0.1:6379/9")
-os.environ.update(
-    DJANGO_SETTINGS_MODULE="project.settings",
-    DJANGO_LOCAL_SECRET_KEY="1",
-    DATABASE_URL=f"postgres://postgres@127.0.0.1:5432/{DB_NAME}",
-    CELERY_BROKER_URL=BROKER,
-    DURABLE_LOG_LEVEL="ERROR",
-)
-
-
-def prepare() -> None:
-    psql = ["psql", "-h", "127.0.0.1", "-U", "postgres", "-qc"]
-    subprocess.run([*psql, f"DROP DATABASE IF EXISTS {DB_NAME}"], check=True, capture_output=True)
-    subprocess.run([*psql, f"CREATE DATABASE {DB_NAME}"], check=True)
-    subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, check=True)
-    subprocess.run(["redis-cli", "-u", BROKER, "flushdb"], check=True, capture_output=True)
-
+ROOT = configure(DB_NAME, BROKER)
 
 if __name__ == "__main__" and "--reuse" not in sys.argv:
-    prepare()
+    reset_database(DB_NAME)
+    subprocess.run(["redis-cli", "-u", BROKER, "flushdb"], check=True, capture_output=True)
 
 import django  # noqa: E402
 

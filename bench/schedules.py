@@ -14,26 +14,17 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
-import sys
 import time
 from datetime import timedelta
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+try:
+    from bench._setup import configure, reset_database
+except ModuleNotFoundError:  # run as `python bench/x.py`: the repository root is not on sys.path yet
+    from _setup import configure, reset_database
+
 DATABASE_URL = os.environ.get("BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/durable_bench_schedules")
 DB_NAME = DATABASE_URL.rsplit("/", 1)[-1]
-os.environ.update(
-    DJANGO_SETTINGS_MODULE="project.settings",
-    DJANGO_LOCAL_SECRET_KEY="1",
-    DATABASE_URL=DATABASE_URL,
-    DURABLE_LOG_LEVEL="ERROR",
-)
-
-
-def psql(sql: str) -> None:
-    subprocess.run(["psql", "-h", "127.0.0.1", "-U", "postgres", "-d", "postgres", "-qc", sql], check=True)
+configure(DB_NAME, DATABASE_URL=DATABASE_URL)
 
 
 def passes(sweep, repeat: int) -> list[float]:
@@ -52,14 +43,10 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=20)
     args = parser.parse_args()
 
-    psql(f"DROP DATABASE IF EXISTS {DB_NAME}")
-    psql(f"CREATE DATABASE {DB_NAME}")
+    reset_database(DB_NAME)
     import django
 
     django.setup()
-    from django.core.management import call_command
-
-    call_command("migrate", verbosity=0)
     from durable_agents import api, clock
     from durable_agents.engine.schedules import start_due_schedules
     from durable_agents.engine.sweep import sweep

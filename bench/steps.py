@@ -22,45 +22,23 @@ import argparse
 import json
 import os
 import subprocess
-import sys
 import time
 import uuid
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+try:
+    from bench._setup import prepare
+except ModuleNotFoundError:  # run as `python bench/x.py`: the repository root is not on sys.path yet
+    from _setup import prepare
+
 DB_NAME = os.environ.get("BENCH_DATABASE", "durable_bench")
-DBOS_PYTHON = ROOT / "bench" / ".venv-dbos" / "bin" / "python"
 STEP_GOAL, STEP_STRETCH, THROUGHPUT_GOAL = 1.0, 0.8, 2.5
 BROKER = os.environ.get("BENCH_BROKER_URL", "redis://127.0.0.1:6379/14")
 # A backend that went idle less than a second after its last report holds its statistics back for up to ten
 # seconds (PostgreSQL's PGSTAT_IDLE_INTERVAL): read the counters only once every backend has reported. The
 # workers' own heartbeats and lease renewals over that wait add a few transactions, spread over the steps.
 STATS_LAG = 11.0
-os.environ.update(
-    DJANGO_SETTINGS_MODULE="project.settings",
-    DJANGO_LOCAL_SECRET_KEY="1",  # a random key for this machine (project/settings.py)
-    DATABASE_URL=f"postgres://postgres@127.0.0.1:5432/{DB_NAME}",
-    CELERY_BROKER_URL=BROKER,
-    DURABLE_LOG_LEVEL="ERROR",
-)
-
-
-def _prepare_database() -> None:
-    subprocess.run(
-        ["psql", "-h", "127.0.0.1", "-U", "postgres", "-qc", f"DROP DATABASE IF EXISTS {DB_NAME}"],
-        check=True,
-        capture_output=True,
-    )
-    subprocess.run(["psql", "-h", "127.0.0.1", "-U", "postgres", "-qc", f"CREATE DATABASE {DB_NAME}"], check=True)
-    subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, check=True)
-
-
-_prepare_database()
-
-import django  # noqa: E402
-
-django.setup()
+ROOT = prepare(DB_NAME, BROKER)
+DBOS_PYTHON = ROOT / "bench" / ".venv-dbos" / "bin" / "python"
 
 import redis  # noqa: E402
 from django.db import connection, transaction  # noqa: E402

@@ -17,44 +17,27 @@ import argparse
 import os
 import queue
 import socket
-import subprocess
-import sys
 from dataclasses import dataclass
 from decimal import Decimal
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+try:
+    from bench._setup import prepare
+except ModuleNotFoundError:  # run as `python bench/x.py`: the repository root is not on sys.path yet
+    from _setup import prepare
+
 DB_NAME = "durable_bench_tokens"
 BROKER = os.environ.get("BENCH_BROKER_URL", "redis://127.0.0.1:6379/11")
-os.environ.update(
-    DJANGO_SETTINGS_MODULE="project.settings",
-    DJANGO_LOCAL_SECRET_KEY="1",  # a random key for this machine (project/settings.py)
-    DATABASE_URL=f"postgres://postgres@127.0.0.1:5432/{DB_NAME}",
-    CELERY_BROKER_URL=BROKER,
-    DURABLE_LOG_LEVEL="ERROR",
+USAGE = ("input_tokens", "output_tokens", "cache_write_tokens", "cache_read_tokens")
+SERVED = ("input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
+ROOT = prepare(
+    DB_NAME,
+    BROKER,
     # A killed worker's run is taken over within seconds: short leases, frequent sweeps.
     DURABLE_LEASE_SECONDS="2",
     DURABLE_SWEEP_SECONDS="0.5",
     DURABLE_IDLE_RESWEEP_SECONDS="1",
 )
-USAGE = ("input_tokens", "output_tokens", "cache_write_tokens", "cache_read_tokens")
-SERVED = ("input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
-
-
-def _prepare_database() -> None:
-    psql = ["psql", "-h", "127.0.0.1", "-U", "postgres", "-qc"]
-    subprocess.run([*psql, f"DROP DATABASE IF EXISTS {DB_NAME}"], check=True, capture_output=True)
-    subprocess.run([*psql, f"CREATE DATABASE {DB_NAME}"], check=True)
-    subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, check=True)
-
-
-_prepare_database()
-
-import django  # noqa: E402
-
-django.setup()
 
 import redis  # noqa: E402
 

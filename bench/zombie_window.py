@@ -23,30 +23,21 @@ import multiprocessing
 import os
 import socket
 import statistics
-import subprocess
-import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+try:
+    from bench._setup import configure, reset_database
+except ModuleNotFoundError:  # run as `python bench/x.py`: the repository root is not on sys.path yet
+    from _setup import configure, reset_database
+
 DB_NAME = "durable_bench_window"
-os.environ.update(
-    DJANGO_SETTINGS_MODULE="project.settings",
-    DATABASE_URL=f"postgres://postgres@127.0.0.1:5432/{DB_NAME}",
-    DURABLE_LOG_LEVEL="ERROR",
+configure(
+    DB_NAME,
+    # No broker: runs are driven in this process; wake-ups that find no broker are left to the sweep.
+    "memory://",
     DJANGO_SECRET_KEY=os.environ.get("DJANGO_SECRET_KEY", "bench-only-not-a-secret"),
     ANTHROPIC_API_KEY="sk-ant-bench",
-    # No broker: runs are driven in this process; wake-ups that find no broker are left to the sweep.
-    CELERY_BROKER_URL="memory://",
 )
-
-
-def _prepare_database() -> None:
-    psql = ["psql", "-h", "127.0.0.1", "-U", "postgres", "-qc"]
-    subprocess.run([*psql, f"DROP DATABASE IF EXISTS {DB_NAME}"], check=True, capture_output=True)
-    subprocess.run([*psql, f"CREATE DATABASE {DB_NAME}"], check=True)
-    subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, check=True)
 
 
 def _burn() -> None:
@@ -60,7 +51,7 @@ def main() -> None:
     parser.add_argument("--ticks", type=int, default=20, help="model turns per run")
     parser.add_argument("--burn", type=int, default=0, help="CPU-bound processes to run beside it")
     args = parser.parse_args()
-    _prepare_database()
+    reset_database(DB_NAME)
 
     import django
 
