@@ -55,7 +55,7 @@ class BilledFake(FakeAnthropic):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.billed: list[tuple[str, dict[str, Any]]] = []
+        self.priced: list[tuple[str, dict[str, Any]]] = []  # (model, usage) of every message served
 
     def start(self) -> BilledFake:
         super().start()
@@ -63,20 +63,20 @@ class BilledFake(FakeAnthropic):
         self._server.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return self
 
-    def _message(self, request: RecordedRequest, reply: Reply) -> dict[str, Any]:
-        message = super()._message(request, reply)
-        self.billed.append((message["model"], message["usage"]))
-        return message
+    def _message(self, request: RecordedRequest, reply: Reply, *rest: Any) -> tuple[dict[str, Any], list[bool]]:
+        message, truncated = super()._message(request, reply, *rest)
+        self.priced.append((message["model"], message["usage"]))
+        return message, truncated
 
     def reset(self) -> None:
         super().reset()
-        self.billed.clear()
+        self.priced.clear()
 
     def billed_tokens(self) -> int:
-        return sum(u[name] for _model, u in self.billed for name in SERVED)
+        return sum(u[name] for _model, u in self.priced for name in SERVED)
 
     def billed_cost(self) -> Decimal:
-        return sum((cost_usd(model, Usage(*(u[name] for name in SERVED))) for model, u in self.billed), Decimal(0))
+        return sum((cost_usd(model, Usage(*(u[name] for name in SERVED))) for model, u in self.priced), Decimal(0))
 
 
 @dataclass(frozen=True)
