@@ -392,8 +392,9 @@ def _problems(presence: Presence, stuck: int, backlog: Backlog | None = None) ->
 
 
 def _saturated(workers: tuple[WorkerSeen, ...], *, waiting_for_the_pool: bool = False) -> tuple[str, ...]:
-    """ "the worker celery@m-1 (model) is saturated: 8 of 8 slots busy, 40 tasks waiting for a database connection
-    (pool of 8)", for each saturated worker (`waiting_for_the_pool`: only those whose tasks wait for a connection)."""
+    """For each saturated worker (`waiting_for_the_pool`: only those whose tasks wait for a connection), e.g. "the
+    worker celery@m-1 (model) is saturated: 8 of 8 slots busy, 40 tasks waiting for a database connection (pool of
+    8) — add workers or concurrency for its queue, or a bigger database pool"."""
     return tuple(
         f"the worker {w.hostname} ({', '.join(w.queues) or '-'}) is saturated: {w.load.text} — add workers or "
         "concurrency for its queue" + (", or a bigger database pool" if w.load.pool_waiting else "")
@@ -403,7 +404,7 @@ def _saturated(workers: tuple[WorkerSeen, ...], *, waiting_for_the_pool: bool = 
 
 
 def _growing(backlog: Backlog) -> tuple[str, ...]:
-    """ "backlog growing: 4,549 wake-ups on 'model', up from 3,100 a pass ago"."""
+    """E.g. "backlog growing: 4,549 wake-ups on 'model', up from 3,100 a pass ago"."""
     return tuple(
         f"backlog growing: {now:,} wake-ups on {queue!r}, up from {before:,} a pass ago"
         for queue, now, before in backlog.growing

@@ -192,7 +192,7 @@ def _health_gauges(now: datetime) -> Iterator[GaugeMetricFamily]:
 def _worker_gauges(presence: Presence) -> Iterator[GaugeMetricFamily]:
     """How busy each live worker was at its last beat; a worker that measured nothing (the previous release) has no
     sample, never 0."""
-    measured = [w for w in presence.live_workers if w.load is not None]
+    measured = [(w, w.load) for w in presence.live_workers if w.load is not None]
     busy = GaugeMetricFamily(
         "durable_worker_slots_busy", "Tasks the worker was executing at its last heartbeat.", labels=["worker"]
     )
@@ -205,14 +205,11 @@ def _worker_gauges(presence: Presence) -> Iterator[GaugeMetricFamily]:
         "pool is in their main process: gevent, threads, solo).",
         labels=["worker"],
     )
-    for worker in measured:
-        load = worker.load
-        assert load is not None
-        name = worker.hostname
-        busy.add_metric([name], float(load.slots_busy or 0))
-        slots.add_metric([name], float(load.slots or 0))
+    for worker, load in measured:
+        busy.add_metric([worker.hostname], float(load.slots_busy or 0))
+        slots.add_metric([worker.hostname], float(load.slots or 0))
         if load.pool_waiting is not None:
-            waiting.add_metric([name], float(load.pool_waiting))
+            waiting.add_metric([worker.hostname], float(load.pool_waiting))
     yield busy
     yield slots
     yield waiting
