@@ -125,12 +125,13 @@ def _ask(names: list[str]) -> dict[str, int] | None:
         return None
 
 
-def backlog() -> dict[str | None, int] | None:
+def backlog(depths: dict[str, int] | None = None) -> dict[str | None, int] | None:
     """Messages waiting on each run queue, as the sweep takes them (`sweep(backlog=)`): None keys the default queue,
-    MODEL_QUEUE's name the model queue; None if the broker could not be asked."""
+    MODEL_QUEUE's name the model queue; None if the broker could not be asked. `depths`: what queue_depths() already
+    measured (beat's pass records it too); without it the broker is asked here."""
     names = run_queues()
-    depths = queue_depths(names)
-    if depths is None:
+    depths = depths if depths is not None else queue_depths(names)
+    if depths is None or any(name not in depths for name in names):
         return None
     model = {settings.MODEL_QUEUE: depths[settings.MODEL_QUEUE]} if settings.MODEL_QUEUE else {}
     return {None: depths[names[0]], **model}

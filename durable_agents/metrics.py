@@ -1,5 +1,6 @@
 """Prometheus metrics, computed from the database at scrape time: runs by status, stuck runs, the oldest
-running and waiting runs, step latency and retries — per workflow; and the sweep's lag and the live workers.
+running and waiting runs, step latency and retries — per workflow; the sweep's lag, the live workers and how busy
+each is (durable_worker_slots_busy, durable_worker_slots, durable_worker_pool_waiting, labelled by worker hostname).
 
 Postgres is the source of truth and workers are many short-lived processes, so nothing is counted in
 process memory: a custom collector runs a handful of aggregate queries when Prometheus scrapes. Step
@@ -50,7 +51,7 @@ except ImportError as missing:  # an optional extra: say which
 
 from durable_agents import clock
 from durable_agents.conf import settings
-from durable_agents.health import read_backlog, read_presence
+from durable_agents.health import Presence, read_backlog, read_presence
 from durable_agents.models import Event, Run, RunStatus, Step
 from durable_agents.workflows import registry
 
@@ -168,7 +169,8 @@ def _health_gauges(now: datetime) -> Iterator[GaugeMetricFamily]:
     )
     workers.add_metric([], len(presence.live_workers))
     yield workers
-    backlog = read_backlog(now)
+    yield from _worker_gauges(presence)
+    backlog = read_backlog(now, presence)
     oldest = GaugeMetricFamily(
         "durable_oldest_runnable_seconds",
         "How long the oldest run a worker could take now has waited for one (0: none waits); workers are behind "
@@ -185,6 +187,32 @@ def _health_gauges(now: datetime) -> Iterator[GaugeMetricFamily]:
         for queue, depth in sorted(backlog.queued.items()):
             queued.add_metric([queue], depth)
         yield queued
+
+
+def _worker_gauges(presence: Presence) -> Iterator[GaugeMetricFamily]:
+    """How busy each live worker was at its last beat; a worker that measured nothing (the previous release) has no
+    sample, never 0."""
+    measured = [(w, w.load) for w in presence.live_workers if w.load is not None]
+    busy = GaugeMetricFamily(
+        "durable_worker_slots_busy", "Tasks the worker was executing at its last heartbeat.", labels=["worker"]
+    )
+    slots = GaugeMetricFamily(
+        "durable_worker_slots", "The worker's concurrency (pool processes or greenlets).", labels=["worker"]
+    )
+    waiting = GaugeMetricFamily(
+        "durable_worker_pool_waiting",
+        "Tasks of the worker waiting for a connection of its database pool at its last heartbeat (only workers whose "
+        "pool is in their main process: gevent, threads, solo).",
+        labels=["worker"],
+    )
+    for worker, load in measured:
+        busy.add_metric([worker.hostname], float(load.slots_busy or 0))
+        slots.add_metric([worker.hostname], float(load.slots or 0))
+        if load.pool_waiting is not None:
+            waiting.add_metric([worker.hostname], float(load.pool_waiting))
+    yield busy
+    yield slots
+    yield waiting
 
 
 def _per_workflow(name: str, documentation: str, workflows: list[str], values: dict[str, float]) -> GaugeMetricFamily:

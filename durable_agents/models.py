@@ -6,7 +6,7 @@ import json
 import uuid
 
 from django.db import models
-from django.db.models import Q
+from django.db.models import Q, Value
 from django.db.models.functions import Now
 
 from durable_agents.states import (
@@ -543,6 +543,10 @@ class ProcessHeartbeat(models.Model):
     The sweep writes the row named "sweep" at the end of every pass; each Celery worker writes its own
     ("worker:<hostname>:<pid>") every WORKER_HEARTBEAT_SECONDS from a thread of its main process, and deletes
     it on a warm shutdown. A tiny table: `durable_status`, the metrics and the console read all of it.
+
+    `load` is what the process measured as it beat: the sweep, the broker's queue depths at its pass
+    ({"queued": {"celery": 12}, "measured_at": ..., "previous": {...}}; queued null: the broker did not answer);
+    a worker, how busy it is ({"slots_busy": 8, "slots": 8, "pool": {"size": 1, "waiting": 40, ...}}).
     """
 
     class Kind(models.TextChoices):
@@ -556,6 +560,7 @@ class ProcessHeartbeat(models.Model):
     queues = models.JSONField(default=list, blank=True)
     started_at = models.DateTimeField(db_default=Now())
     last_seen = models.DateTimeField(db_default=Now())
+    load = models.JSONField(default=dict, db_default=Value({}, output_field=models.JSONField()), blank=True)
 
     class Meta:
         ordering = ["kind", "name"]

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 from celery import shared_task
 from celery.exceptions import OperationalError as BrokerError
 from celery.signals import beat_init, celeryd_init, worker_init, worker_ready, worker_shutdown
+from celery.worker import state as worker_state
 from django.db import InterfaceError, OperationalError
 
 from durable_agents import broker, preflight, retention
@@ -181,8 +182,9 @@ def _plain_steps_queue() -> set[str]:
 def sweep() -> dict[str, int]:
     """Re-wake lost runs and settle cancellations (scheduled by celery beat); backs off while the broker holds a
     backlog of wake-ups."""
-    backlog = broker.backlog()
-    return _dropping_dead_connections(lambda: engine_sweep.sweep(backlog=backlog).as_dict())
+    queued = broker.queue_depths()
+    backlog = None if queued is None else broker.backlog(queued)
+    return _dropping_dead_connections(lambda: engine_sweep.sweep(backlog=backlog, queued=queued).as_dict())
 
 
 # No acks_late: a pass killed midway leaves whole batches (each one transaction); the next scheduled pass goes on.
@@ -290,7 +292,15 @@ def _start_heartbeat(sender: Any = None, **_: Any) -> None:
     global _heartbeat
     hostname = getattr(sender, "hostname", None) or "celery"
     queues = [queue.name for queue in getattr(getattr(sender, "task_consumer", None), "queues", None) or []]
-    _heartbeat = engine_heartbeats.WorkerHeartbeat(hostname, pid=os.getpid(), queues=queues).start()
+    _heartbeat = engine_heartbeats.WorkerHeartbeat(
+        hostname, pid=os.getpid(), queues=queues, slots=lambda: _slots(sender)
+    ).start()
+
+
+def _slots(consumer: Any) -> tuple[int, int]:
+    """(tasks executing, concurrency) of this worker: Celery's own count of the requests it accepted and has not
+    finished (kept in the main process for every pool), against its pool's size (prefork: processes; gevent: limit)."""
+    return len(worker_state.active_requests), int(getattr(consumer.pool, "num_processes", 0) or 0)
 
 
 @worker_shutdown.connect

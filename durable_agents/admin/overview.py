@@ -1,5 +1,6 @@
 """The console's overview: runs by status, stuck runs, the oldest running and the oldest waiting run, and the
-system's health (the sweep's lag, live workers and the verdict of health.system_health).
+system's health (the sweep's lag, live workers and how busy each is, the backlog the sweep measured, the oldest
+runnable run's wait, and the verdict of health.system_health).
 
 A fixed handful of indexed queries whatever the table size: the statuses are counted in one statement (each
 stopping at the exact-count limit, estimated beyond it), stuck runs once for the card and the verdict.
@@ -60,10 +61,10 @@ def build_overview() -> Overview:
             estimated_count(Wait.objects.open().filter(deadline__lt=DbNow())),
             _link(WaitDeadlineFilter.parameter_name, "overdue"),
         ),
-        # The cards above count runs by status and stuck runs their own way: not again here. The run list's query
-        # budget leaves no room for the backlog's, nor its page load for a slow broker: durable_status and the
-        # metrics report it.
-        health=system_health(count_by_status=False, stuck=stuck.value, backlog=False),
+        # The cards above count runs by status and stuck runs their own way: not again here. The page never waits on
+        # a slow broker: the queue depths are what the sweep measured at its last pass, and the oldest runnable run
+        # is read with the heartbeat rows (no query of its own: the run list's query budget holds).
+        health=system_health(count_by_status=False, stuck=stuck.value, ask_broker=False),
     )
 
 

@@ -91,14 +91,17 @@ def _by_queue(runs: QuerySet[Run]) -> list[tuple[str | None, QuerySet[Run]]]:
     return [(model_queue, runs.filter(model_bound)), (None, runs.filter(~model_bound | Q(next_kind__isnull=True)))]
 
 
-def sweep(*, backlog: Mapping[str | None, int] | None = None) -> SweepReport:
+def sweep(*, backlog: Mapping[str | None, int] | None = None, queued: Mapping[str, int] | None = None) -> SweepReport:
     """One pass: wake lost runs, finish cancellations nobody is left to finish, run due waits, queue notices.
 
     `backlog`: the messages waiting on each of the broker's run queues, keyed None for the default queue
     (broker.backlog(); None: unknown). Of the runs whose message may just be waiting on their queue (no progress for
     IDLE_RESWEEP_SECONDS), only those beyond its depth are re-woken, the oldest first: a queue is served in order, so
     nothing that waits is lost — once the queue drains below them they are re-woken, and at the latest after
-    RESWEEP_BACKOFF_MAX_SECONDS. Runs whose holder died (lease expired) are re-woken all the same."""
+    RESWEEP_BACKOFF_MAX_SECONDS. Runs whose holder died (lease expired) are re-woken all the same.
+
+    `queued`: the same measurement by queue name (broker.queue_depths()), recorded on the sweep's heartbeat row as
+    measured when the pass began, for the console (None: unknown)."""
     now = clock.now()
     idle = timedelta(seconds=float(settings.IDLE_RESWEEP_SECONDS))
     lease_free = Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now)
@@ -158,7 +161,7 @@ def sweep(*, backlog: Mapping[str | None, int] | None = None) -> SweepReport:
     scheduled = start_due_schedules(now)
     prune_heartbeats(now)
     # Last, so the row says when a pass last completed: a sweep that fails every time shows as late.
-    record_sweep()
+    record_sweep(queued, measured_at=now)
     return SweepReport(
         woken=len(ids),
         cancelled=cancelled,

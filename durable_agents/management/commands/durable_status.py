@@ -1,6 +1,6 @@
 """durable_status [--json]: is the system healthy? The last sweep and its lag, live workers, runs by status,
-stuck runs, the broker's queues and the oldest runnable run's wait, and a one-line verdict naming the likely cause
-("is celery beat up?", "workers are behind").
+stuck runs, how busy each worker is, the broker's queues and the oldest runnable run's wait, and a one-line verdict
+naming the likely cause ("is celery beat up?", "the worker ... is saturated", "workers are behind").
 
 Exit code 0 when healthy, 1 when not (for scripts and probes), 2 on a usage mistake.
 """
@@ -39,20 +39,22 @@ class Command(DurableCommand):
         self.stdout.write(f"live workers: {len(p.live_workers)}")
         for worker in p.live_workers:
             queues = ",".join(worker.queues) or "-"
+            busy = f"  {worker.load.text}" if worker.load is not None else ""
             self.stdout.write(
-                f"  {worker.hostname} pid {worker.pid}  queues {queues}  last seen {ago(worker.seconds_ago)} ago"
+                f"  {worker.hostname} pid {worker.pid}  queues {queues}  last seen {ago(worker.seconds_ago)} ago{busy}"
             )
         counts = "  ".join(f"{status} {n}" for status, n in (health.by_status or {}).items())
         self.stdout.write(f"runs: {counts}")
         self.stdout.write(f"stuck runs: {health.stuck}")
-        if health.backlog is not None:
-            queued = health.backlog.queued
-            depths = (
-                "unknown (the broker did not answer)"
-                if queued is None
-                else "  ".join(f"{q} {n}" for q, n in queued.items())
-            )
-            oldest = health.backlog.oldest_runnable_seconds
-            self.stdout.write(f"queued messages: {depths}")
+        backlog = health.backlog
+        if backlog is not None:
+            if backlog.queued is None:
+                self.stdout.write(f"queued messages: unknown ({backlog.unknown_why})")
+            else:
+                self.stdout.write(f"queued messages: {'  '.join(f'{q} {n}' for q, n in backlog.queued.items())}")
+            if backlog.growing:
+                grew = "  ".join(f"{q} {n:,}, up from {before:,}" for q, n, before in backlog.growing)
+                self.stdout.write(f"growing since the sweep's pass before: {grew}")
+            oldest = backlog.oldest_runnable_seconds
             self.stdout.write(f"oldest runnable run waiting: {'none' if oldest is None else ago(oldest)}")
         self.stdout.write(f"verdict: {health.verdict}")
