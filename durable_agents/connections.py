@@ -46,11 +46,23 @@ def fresh_connection() -> bool:
 
 
 def drop_connections() -> None:
-    """After a database connection error outside any transaction (a task that failed): drop every connection of
-    this thread, and test the idle ones of their pools as `fresh_connection` does — so that the next task does not
-    meet the next dead one (one failure per worker after a restart, not one per pooled connection)."""
+    """After a database error (a task that failed): drop every dead connection of this thread, and test the idle
+    ones of their pools as `fresh_connection` does — so that the next task does not meet the next dead one (one
+    failure per worker after a restart, not one per pooled connection). A connection that works (the error was a
+    statement timeout, a deadlock) is kept, and so is one inside a transaction, which cannot move to another."""
     for each in connections.all(initialized_only=True):
-        _drop(each)
+        if not each.in_atomic_block and _is_dead(each):
+            _drop(each)
+
+
+def _is_dead(each: BaseDatabaseWrapper) -> bool:
+    raw = each.connection
+    if raw is None:
+        return False
+    broken = getattr(raw, "broken", None)  # psycopg 3: the connection was lost
+    if broken is None:
+        return True  # a driver that cannot tell: dropped, to be safe
+    return bool(broken or raw.closed)
 
 
 def _drop(each: BaseDatabaseWrapper) -> None:

@@ -26,7 +26,7 @@ from django.core.files.storage.handler import InvalidStorageError
 from django.core.serializers.json import DjangoJSONEncoder
 
 from durable_agents.conf import settings
-from durable_agents.errors import InputTooLargeError, InvalidInputError, PermanentError
+from durable_agents.errors import InputTooLargeError, InvalidInputError, PermanentError, RunNotFoundError
 from durable_agents.models import Payload
 from durable_agents.storable import check_json
 
@@ -163,7 +163,9 @@ def copy_payloads(source_id: uuid.UUID | str, target_id: uuid.UUID | str, refs: 
     pooler: DISABLE_SERVER_SIDE_CURSORS)."""
     shas = [ref.removeprefix(PAYLOAD_REF) for ref in refs if ref.startswith(PAYLOAD_REF)]
     for pk in list(Payload.objects.filter(run_id=source_id, sha256__in=shas).values_list("pk", flat=True)):
-        payload = Payload.objects.get(pk=pk)
+        payload = Payload.objects.filter(pk=pk).first()
+        if payload is None:  # the source run was deleted meanwhile (retention, an operator)
+            raise RunNotFoundError(f"run {source_id} was deleted while it was being forked: nothing was forked")
         Payload.objects.bulk_create(
             [Payload(run_id=target_id, sha256=payload.sha256, data=payload.data, size=payload.size)],
             ignore_conflicts=True,

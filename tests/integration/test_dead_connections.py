@@ -25,10 +25,10 @@ import psycopg
 import pytest
 import redis
 from django.conf import settings
-from django.db import connection
+from django.db import OperationalError, connection, transaction
 from django.test.utils import override_settings
 
-from durable_agents import api, clock
+from durable_agents import api, clock, tasks
 from durable_agents.engine.sweep import sweep
 from durable_agents.models import Run
 from durable_agents.testing import wait_for, wait_for_run
@@ -128,3 +128,24 @@ def test_worker__a_step_whose_broker_connection_closed_commits_once_and_its_rede
 
     steps = sorted(Execution.objects.filter(run_id=run.id).values_list("step_id", flat=True))
     assert steps == ["after", "slow"], f"steps executed: {steps} (a redelivered wake-up ran a committed step again)"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_statement_timeout_is_no_dead_connection_and_an_open_transaction_is_kept():
+    # A task called inside the caller's transaction (or a statement timeout, a deadlock: OperationalErrors of a
+    # connection that works) must not drop the connection: the caller's transaction would be lost with it.
+    def slow() -> None:
+        with connection.cursor() as cursor:
+            cursor.execute("SET LOCAL statement_timeout = 50")
+            cursor.execute("SELECT pg_sleep(1)")
+
+    with transaction.atomic():
+        run = api.start("noop", {"steps": 1})
+        with pytest.raises(OperationalError), transaction.atomic():
+            tasks._dropping_dead_connections(slow)
+        assert Run.objects.filter(pk=run.id).exists(), "the caller's transaction goes on"
+    assert Run.objects.filter(pk=run.id).exists()
+
+    with pytest.raises(OperationalError):
+        tasks._dropping_dead_connections(lambda: transaction.atomic()(slow)())
+    assert connection.connection is not None, "a connection that only timed out a statement is kept"

@@ -10,17 +10,20 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 from pathlib import Path
 
 import pytest
 from django.conf import settings
 from django.core.files.base import ContentFile
 from django.core.files.storage import default_storage
+from django.db import connections
 from django.test.utils import override_settings
 
 from durable_agents import api
+from durable_agents.engine import payloads as payloads_module
 from durable_agents.engine.payloads import load_result, store_result
-from durable_agents.errors import PermanentError
+from durable_agents.errors import PermanentError, RunNotFoundError
 from durable_agents.models import Effect, EffectStatus, Payload, Run, RunStatus, Step
 from durable_agents.testing import drive, wait_for_run
 from tests.testapp.models import Execution, LedgerEntry
@@ -123,6 +126,27 @@ def test_fork__the_fork_owns_copies_of_its_out_of_row_results():
     fork = drive(fork.id)
     assert fork.status == RunStatus.COMPLETED, f"the fork lost its copied result: {fork.error}"
     assert Step.objects.get(run=fork, step_id="reads_big").result == {"length": 5000}
+
+
+@override_settings(DURABLE_AGENTS=SMALL_INLINE)
+def test_fork__a_source_deleted_while_it_is_forked_is_a_clear_error_and_nothing_is_forked(monkeypatch):
+    source = drive(api.start("big", {"size": 5000}).id)
+    keys = payloads_module.Payload.objects.filter  # the fork reads the payloads' keys, then each payload by key
+
+    def deleted_meanwhile(*args, **kwargs):
+        if set(kwargs) == {"pk"}:  # between the two reads: another connection deletes the source, and commits
+            deleter = threading.Thread(
+                target=lambda: (Run.objects.filter(pk=source.id).delete(), connections.close_all())
+            )
+            deleter.start()
+            deleter.join()
+        return keys(*args, **kwargs)
+
+    monkeypatch.setattr(payloads_module.Payload.objects, "filter", deleted_meanwhile)
+    with pytest.raises(RunNotFoundError, match="deleted while it was being forked"):
+        api.fork(source.id, "reads_big")
+    monkeypatch.undo()
+    assert not Run.objects.exists(), "no fork is left half made"
 
 
 # --- Item 8: results Postgres cannot store --------------------------------------------------------------------
