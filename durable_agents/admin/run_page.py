@@ -19,6 +19,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from durable_agents.admin.filters import stuck_reason
+from durable_agents.admin.statuses import wait_badge, wait_status_text
 from durable_agents.admin.timeline import (
     Attempt,
     EffectMark,
@@ -44,7 +45,6 @@ from durable_agents.models import (
     StepStatus,
     Turn,
     Wait,
-    WaitKind,
     WaitStatus,
 )
 from durable_agents.operations import concurrency_note
@@ -180,9 +180,10 @@ class RunPage:
         return next((w for w in self.waits if w.status == WaitStatus.OPEN), None)
 
     @property
-    def wait_rows(self) -> list[tuple[Wait, str]]:
-        """Each wait with the status to show: a wait still open on a finished run went with it."""
-        return [(w, _wait_status(w, self.run)) for w in self.waits]
+    def wait_rows(self) -> list[tuple[Wait, str, str]]:
+        """Each wait with the status to show (a wait still open on a finished run went with it; a met join is
+        joined) and its badge."""
+        return [(w, text, wait_badge(text)) for w in self.waits for text in [wait_status_text(w, self.run)]]
 
     @property
     def next_step(self) -> Step | None:
@@ -543,14 +544,6 @@ def _step_status(step: Step, run: Run, undone: list[Effect]) -> str:
     return step.status
 
 
-def _wait_status(wait: Wait, run: Run) -> str:
-    if wait.status == WaitStatus.OPEN and run.is_finished:
-        return f"{run.status} with its run"
-    if wait.status == WaitStatus.APPROVED and wait.kind == WaitKind.CHILDREN:
-        return "joined"  # its children met the join: nobody approved anything
-    return wait.status
-
-
 def _effect_label(effect: Effect) -> str:
     parts = [
         f"{effect.tool} {effect.status}",
@@ -569,7 +562,7 @@ def _wait_end(wait: Wait, run: Run) -> datetime | None:
 
 
 def _wait_label(wait: Wait, run: Run) -> str:
-    parts = [f"{wait.kind} {wait.name}".strip(), _wait_status(wait, run)]
+    parts = [f"{wait.kind} {wait.name}".strip(), wait_status_text(wait, run)]
     if wait.deadline:
         parts.append(f"deadline {when_text(wait.deadline)}")
     if wait.decided_by:

@@ -160,6 +160,7 @@ class _Row:
     attempts: list[Attempt] = field(default_factory=list)
     stuck: list[Stuck] = field(default_factory=list)
     effects: list[EffectMark] = field(default_factory=list)
+    open_wait: bool = False
 
 
 def render_timeline(
@@ -187,6 +188,7 @@ def render_timeline(
         rows[key(retry)].retries.append(retry)
     for wait in history.waits:
         rows[key(wait)].waits.append((wait.began, wait.ended or now, wait.label))
+        rows[key(wait)].open_wait |= wait.ended is None
     for attempt in history.attempts:
         rows[key(attempt)].attempts.append(attempt)
     for stretch in history.stuck:
@@ -264,6 +266,10 @@ def _span(step: Step, now: datetime, row: _Row | None) -> tuple[datetime, dateti
     if began is None:
         return None
     ended = step.finished_at or (now if step.status in (StepStatus.RUNNING, StepStatus.WAITING) else began)
+    if step.status == StepStatus.WAITING and not step.finished_at and row and row.waits and not row.open_wait:
+        # Its waits closed (cancelled with the run, decided, expired): the step stopped waiting when the last
+        # one did. The engine keeps a cancelled run's step row waiting, so a resume asks again.
+        ended = max(closed for _, closed, _ in row.waits)
     return began, max(ended, began)
 
 
