@@ -31,6 +31,7 @@ from durable_agents.admin.timeline import (
     render_timeline,
 )
 from durable_agents.display import ago_text, when_text
+from durable_agents.engine.admission import holding
 from durable_agents.errors import UnknownWorkflowError
 from durable_agents.models import (
     ACTIVE_RUN_STATUSES,
@@ -168,6 +169,10 @@ class RunPage:
     parent: Run | None = None
     children: list[Run] = field(default_factory=list)
     children_by_status: dict[str, int] = field(default_factory=dict)
+    # Concurrency key: for a queued run, the runs holding its key; for a holder, the queue behind it.
+    key_holders: list[Run] = field(default_factory=list)
+    queued_behind: int = 0
+    next_in_queue: Run | None = None
 
     @property
     def children_count(self) -> int:
@@ -301,6 +306,7 @@ def build_run_page(run: Run, *, now: datetime) -> RunPage:
         waits=waits,
         running=running,
         **_family(run),
+        **_key_queue(run),
     )
 
 
@@ -311,6 +317,21 @@ def _family(run: Run) -> dict[str, Any]:
     by_status = {row["status"]: row["n"] for row in kids.order_by().values("status").annotate(n=Count("id"))}
     shown = list(kids.order_by("parent_step", "child_index")[:CHILDREN_SHOWN]) if by_status else []
     return {"parent": parent, "children": shown, "children_by_status": by_status}
+
+
+def _key_queue(run: Run) -> dict[str, Any]:
+    """A queued run waits for the runs holding its key (one query); a run holding a key has a queue behind
+    it (two queries: how many, and the next). Nothing for a run without a key or one that has released it."""
+    key = run.concurrency_key
+    if key is None or run.is_finished:
+        return {}
+    if run.is_queued:
+        held = Run.objects.filter(holding(key)).order_by("admitted_at", "id")
+        return {"key_holders": list(held.only("id", "workflow", "status", "concurrency_key")[:5])}
+    queue = Run.objects.queued().filter(concurrency_key=key)
+    behind = queue.count()
+    following = queue.order_by("created_at", "id").only("id", "workflow", "status").first() if behind else None
+    return {"queued_behind": behind, "next_in_queue": following}
 
 
 def _running_step(run: Run, steps: list[Step], now: datetime) -> RunningStep | None:

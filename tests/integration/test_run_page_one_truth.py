@@ -100,3 +100,19 @@ def test_children_join__reads_joined_with_what_the_children_came_to_on_the_wait_
     listed = operator.get(reverse("admin:durable_agents_wait_changelist") + "?state=all&kind=children").content.decode()
     text = re.sub(r"<[^>]+>", " ", listed)
     assert "joined" in text and "Approved" not in text, "the list of waits calls a join approved"
+
+
+@pytest.mark.django_db(transaction=True)  # admission hands the key on at commit
+def test_key_queued_run__names_and_links_the_run_holding_its_key_and_the_holder_shows_its_queue(operator):
+    holder, first, second = (api.start("keyed", {"customer": "c-7"}) for _ in range(3))
+    assert Run.objects.get(pk=holder.id).admitted_at is not None and Run.objects.get(pk=first.id).is_queued
+
+    queued = page(operator, Run.objects.get(pk=second.pk))
+    waiting_for = section(queued, "open-wait")
+    assert "nothing" not in waiting_for, waiting_for
+    holder_url = reverse("admin:durable_agents_run_change", args=[holder.pk])
+    assert "concurrency key" in waiting_for and "c-7" in waiting_for and f'href="{holder_url}"' in waiting_for
+
+    held = section(page(operator, Run.objects.get(pk=holder.pk)), "concurrency-key")
+    first_url = reverse("admin:durable_agents_run_change", args=[first.pk])
+    assert "2 runs queued behind it" in held and f'href="{first_url}"' in held, held
