@@ -49,6 +49,7 @@ from durable_agents.models import (
     WaitStatus,
 )
 from durable_agents.operations import concurrency_note
+from durable_agents.states import is_executing
 from durable_agents.workflows import registry
 
 # Steps shown: this many plan positions, most of them before the cursor (where problems are).
@@ -336,9 +337,20 @@ def _key_queue(run: Run) -> dict[str, Any]:
 
 def _running_step(run: Run, steps: list[Step], now: datetime) -> RunningStep | None:
     """The live step under the cursor of a run a worker holds (or held: its lease may have run out)."""
-    if run.status != RunStatus.RUNNING or not run.lease_owner or run.cursor >= run.step_count:
-        return None
-    step = next((s for s in steps if s.position == run.cursor and s.status != StepStatus.SUPERSEDED), None)
+    step = next(
+        (
+            s
+            for s in steps
+            if is_executing(
+                step_status=s.status,
+                position=s.position,
+                run_status=run.status,
+                cursor=run.cursor,
+                lease_owner=run.lease_owner,
+            )
+        ),
+        None,
+    )
     if step is None:
         return None
     expires = run.lease_expires_at

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import re
 from datetime import timedelta
+from io import StringIO
 
 import pytest
+from django.core.management import call_command
 from django.test import Client
 from django.urls import reverse
 
@@ -17,7 +19,7 @@ from durable_agents.models import Effect, EffectStatus, Run, RunStatus, Step, St
 from durable_agents.testing import drive
 from durable_agents.testing.runs import take_lease
 from tests.integration.test_admin import login
-from tests.integration.test_run_page import DEAD_FOR, page, section, svg_of
+from tests.integration.test_run_page import DEAD_FOR, killed_mid_step, page, section, svg_of
 
 pytestmark = pytest.mark.django_db
 
@@ -116,3 +118,13 @@ def test_key_queued_run__names_and_links_the_run_holding_its_key_and_the_holder_
     held = section(page(operator, Run.objects.get(pk=holder.pk)), "concurrency-key")
     first_url = reverse("admin:durable_agents_run_change", args=[first.pk])
     assert "2 runs queued behind it" in held and f'href="{first_url}"' in held, held
+
+
+def test_durable_show__prints_the_executing_step_as_running_as_the_run_page_does(operator):
+    run, _ = killed_mid_step()
+    out = StringIO()
+    call_command("durable_show", str(run.id), stdout=out)
+
+    line = next(line for line in out.getvalue().splitlines() if re.match(r"\s+2\s", line))
+    assert " running " in line and "pending" not in line and "attempts 1" in line, line
+    assert re.search(r'class="durable-badge durable-running"[^>]*>running<', section(page(operator, run), "step-2"))
