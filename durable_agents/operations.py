@@ -36,6 +36,7 @@ from durable_agents.models import (
     Wait,
     WaitStatus,
 )
+from durable_agents.states import StepStatus, is_executing
 from durable_agents.storable import check_text, shown, whole_number
 
 # The admin and the demo print a run id's first 8 characters; 6 keep a typo from matching a run by chance.
@@ -252,8 +253,18 @@ def describe_run(run_id: uuid.UUID | str, *, events: int = 200) -> dict[str, Any
                 "kind": s.kind,
                 "position": s.position,
                 "number": s.position + 1,
-                "status": s.status,
-                "attempts": s.attempts,
+                # As the run page says it: the step a worker executes now reads running, its attempt counted.
+                **(
+                    {"status": StepStatus.RUNNING.value, "attempts": max(s.attempts, run.attempt)}
+                    if is_executing(
+                        step_status=s.status,
+                        position=s.position,
+                        run_status=run.status,
+                        cursor=run.cursor,
+                        lease_owner=run.lease_owner,
+                    )
+                    else {"status": s.status, "attempts": s.attempts}
+                ),
                 "started_at": _iso(s.started_at),
                 "finished_at": _iso(s.finished_at),
                 "duration_ms": _ms(s),

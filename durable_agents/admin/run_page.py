@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -19,6 +19,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from durable_agents.admin.filters import stuck_reason
+from durable_agents.admin.statuses import wait_badge, wait_status_text
 from durable_agents.admin.timeline import (
     Attempt,
     EffectMark,
@@ -30,10 +31,12 @@ from durable_agents.admin.timeline import (
     render_timeline,
 )
 from durable_agents.display import ago_text, when_text
+from durable_agents.engine.admission import holding
 from durable_agents.errors import UnknownWorkflowError
 from durable_agents.models import (
     ACTIVE_RUN_STATUSES,
     Effect,
+    EffectKind,
     EffectStatus,
     Event,
     ProcessHeartbeat,
@@ -43,10 +46,10 @@ from durable_agents.models import (
     StepStatus,
     Turn,
     Wait,
-    WaitKind,
     WaitStatus,
 )
 from durable_agents.operations import concurrency_note
+from durable_agents.states import is_executing
 from durable_agents.workflows import registry
 
 # Steps shown: this many plan positions, most of them before the cursor (where problems are).
@@ -132,6 +135,9 @@ class StepRow:
     started: datetime | None
     failures: list[Failure]
     undone: list[Effect]
+    # Attempts whose worker died holding the step, each with what it applied: "attempt 1 killed after applying
+    # issue_refund".
+    lost: list[Attempt] = field(default_factory=list)
 
 
 @dataclass
@@ -157,11 +163,17 @@ class RunPage:
     waits: list[Wait] = field(default_factory=list)
     running: RunningStep | None = None
     failed_count_shown: int = 0
-    failures: dict[str, list[Failure]] = field(default_factory=dict)
+    # By step row (pk): a superseded row keeps the failures and killed attempts it had before a re-plan.
+    failures: dict[int | None, list[Failure]] = field(default_factory=dict)
+    attempts_by_row: dict[int | None, list[Attempt]] = field(default_factory=dict)
     # Child runs: the parent that started this run, and this run's children (counts by status, the first few).
     parent: Run | None = None
     children: list[Run] = field(default_factory=list)
     children_by_status: dict[str, int] = field(default_factory=dict)
+    # Concurrency key: for a queued run, the runs holding its key; for a holder, the queue behind it.
+    key_holders: list[Run] = field(default_factory=list)
+    queued_behind: int = 0
+    next_in_queue: Run | None = None
 
     @property
     def children_count(self) -> int:
@@ -174,9 +186,10 @@ class RunPage:
         return next((w for w in self.waits if w.status == WaitStatus.OPEN), None)
 
     @property
-    def wait_rows(self) -> list[tuple[Wait, str]]:
-        """Each wait with the status to show: a wait still open on a finished run went with it."""
-        return [(w, _wait_status(w, self.run)) for w in self.waits]
+    def wait_rows(self) -> list[tuple[Wait, str, str]]:
+        """Each wait with the status to show (a wait still open on a finished run went with it; a met join is
+        joined) and its badge."""
+        return [(w, text, wait_badge(text)) for w in self.waits for text in [wait_status_text(w, self.run)]]
 
     @property
     def next_step(self) -> Step | None:
@@ -195,16 +208,18 @@ class RunPage:
 
     def _step_row(self, step: Step) -> StepRow:
         live = step.status != StepStatus.SUPERSEDED
-        failures = list(self.failures.get(step.step_id, [])) if live else []
+        failures = list(self.failures.get(step.pk, []))
         if step.status == StepStatus.FAILED and failures and not failures[-1].retried:
             failures.pop()  # the step's own error says it
         undone = [e for e in self.effects if e.step_id == step.pk and _undone(e)] if live else []
         status = _step_status(step, self.run, undone)
-        seen = max((f.attempt for f in self.failures.get(step.step_id, [])), default=0) if live else 0
+        drawn = self.attempts_by_row.get(step.pk, [])
+        lost = [a for a in drawn if a.outcome == "killed"]
+        seen = max([f.attempt for f in self.failures.get(step.pk, [])] + [a.number for a in drawn], default=0)
         attempts, started = max(step.attempts, seen), step.started_at
         if self.running is not None and self.running.step.pk == step.pk:
             status, attempts, started = StepStatus.RUNNING, self.running.attempt, self.running.started or started
-        return StepRow(step, as_text(step.result), status, attempts, started, failures, undone)
+        return StepRow(step, as_text(step.result), status, attempts, started, failures, undone, lost)
 
 
 HISTORY_KINDS = ("step_retry", "failed", "lease_takeover", "swept")
@@ -249,13 +264,18 @@ def build_run_page(run: Run, *, now: datetime) -> RunPage:
         .order_by("-id")[:WAITS_SHOWN]
     )
     failures = [_failure(e) for e in history if e.kind in ("step_retry", "failed")]
-    by_step: dict[str, list[Failure]] = defaultdict(list)
+    row_of = RowOf.of(steps)
+    by_row: dict[int | None, list[Failure]] = defaultdict(list)
     for failure in failures:
-        by_step[failure.event.step_id].append(failure)
+        by_row[row_of(failure.event.step_id, _moment(_detail(failure.event).get("started_at")))].append(failure)
     running = _running_step(run, steps, now)
+    drawn = _history(run, steps, history, waits, effects[::-1], running, now)
+    attempts_by_row: dict[int | None, list[Attempt]] = defaultdict(list)
+    for attempt in drawn.attempts:
+        attempts_by_row[attempt.row].append(attempt)
     timeline = render_timeline(
         steps,
-        _history(run, steps, history, waits, effects[::-1], running, now),
+        drawn,
         now=now,
         origin=run.started_at or run.created_at,
         active=run.status in ACTIVE_RUN_STATUSES,
@@ -277,7 +297,8 @@ def build_run_page(run: Run, *, now: datetime) -> RunPage:
         retries=failures[-RETRIES_LISTED:][::-1],
         retry_count_shown=sum(f.retried for f in failures),
         failed_count_shown=sum(not f.retried for f in failures),
-        failures=dict(by_step),
+        failures=dict(by_row),
+        attempts_by_row=dict(attempts_by_row),
         turns=[(t, as_text(_transcript(t.content)), as_text(t.tool_results)) for t in reversed(turns)],
         effects=effects[::-1],
         events=[(e, as_text(e.detail)) for e in reversed(events)],
@@ -286,6 +307,7 @@ def build_run_page(run: Run, *, now: datetime) -> RunPage:
         waits=waits,
         running=running,
         **_family(run),
+        **_key_queue(run),
     )
 
 
@@ -298,11 +320,37 @@ def _family(run: Run) -> dict[str, Any]:
     return {"parent": parent, "children": shown, "children_by_status": by_status}
 
 
+def _key_queue(run: Run) -> dict[str, Any]:
+    """A queued run waits for the runs holding its key (one query); a run holding a key has a queue behind
+    it (two queries: how many, and the next). Nothing for a run without a key or one that has released it."""
+    key = run.concurrency_key
+    if key is None or run.is_finished:
+        return {}
+    if run.is_queued:
+        held = Run.objects.filter(holding(key)).order_by("admitted_at", "id")
+        return {"key_holders": list(held.only("id", "workflow", "status", "concurrency_key")[:5])}
+    queue = Run.objects.queued().filter(concurrency_key=key)
+    behind = queue.count()
+    following = queue.order_by("created_at", "id").only("id", "workflow", "status").first() if behind else None
+    return {"queued_behind": behind, "next_in_queue": following}
+
+
 def _running_step(run: Run, steps: list[Step], now: datetime) -> RunningStep | None:
     """The live step under the cursor of a run a worker holds (or held: its lease may have run out)."""
-    if run.status != RunStatus.RUNNING or not run.lease_owner or run.cursor >= run.step_count:
-        return None
-    step = next((s for s in steps if s.position == run.cursor and s.status != StepStatus.SUPERSEDED), None)
+    step = next(
+        (
+            s
+            for s in steps
+            if is_executing(
+                step_status=s.status,
+                position=s.position,
+                run_status=run.status,
+                cursor=run.cursor,
+                lease_owner=run.lease_owner,
+            )
+        ),
+        None,
+    )
     if step is None:
         return None
     expires = run.lease_expires_at
@@ -325,6 +373,31 @@ def _running_step(run: Run, steps: list[Step], now: datetime) -> RunningStep | N
     )
 
 
+@dataclass(frozen=True)
+class RowOf:
+    """Which row of a step id a moment of its history belongs to. A re-plan keeps the superseded rows under
+    the same step id: what began before a row was superseded (its `updated_at`) is that row's, later the live
+    row's. None: the step is outside the page's window."""
+
+    superseded: dict[str, list[Step]]
+    live: dict[str, int]
+
+    @classmethod
+    def of(cls, steps: list[Step]) -> RowOf:
+        superseded: dict[str, list[Step]] = defaultdict(list)
+        for step in sorted(steps, key=lambda s: s.pk):
+            if step.status == StepStatus.SUPERSEDED:
+                superseded[step.step_id].append(step)
+        return cls(dict(superseded), {s.step_id: s.pk for s in steps if s.status != StepStatus.SUPERSEDED})
+
+    def __call__(self, step_id: str, moment: datetime | None) -> int | None:
+        if moment is not None:
+            for step in self.superseded.get(step_id, ()):
+                if moment <= step.updated_at:
+                    return step.pk
+        return self.live.get(step_id)
+
+
 def _history(
     run: Run,
     steps: list[Step],
@@ -334,26 +407,28 @@ def _history(
     running: RunningStep | None,
     now: datetime,
 ) -> History:
-    """What the timeline draws besides the steps' rows: every attempt the events and the run's lease tell."""
-    shown = {step.step_id for step in steps}
+    """What the timeline draws besides the steps' rows: every attempt the events and the run's lease tell,
+    each on the row (live or superseded) it belongs to, saying which effects it applied."""
+    row_of = RowOf.of(steps)
     attempts: list[Attempt] = []
     stuck: list[Stuck] = []
     for event in events:
-        if event.step_id not in shown:
-            continue
         if event.kind in ("step_retry", "failed"):
             detail = _detail(event)
             began = _moment(detail.get("started_at"))
-            if began is not None:
+            row = row_of(event.step_id, began)
+            if began is not None and row is not None:
                 note = _error_line(detail.get("error")) + (", retried" if event.kind == "step_retry" else "")
                 attempt = _number(detail.get("attempt"))
                 ended = event.created_at
-                attempts.append(Attempt(event.step_id, attempt, min(began, ended), ended, "failed", note=note))
+                attempts.append(Attempt(event.step_id, attempt, min(began, ended), ended, "failed", note=note, row=row))
         elif event.kind == "lease_takeover":
             attempts_stuck = _taken_over(event)
-            if attempts_stuck is not None:
-                attempts.append(attempts_stuck[0])
-                stuck.append(attempts_stuck[1])
+            row = row_of(event.step_id, attempts_stuck[0].began) if attempts_stuck else None
+            if attempts_stuck is not None and row is not None:
+                attempts.append(replace(attempts_stuck[0], row=row))
+                stuck.append(replace(attempts_stuck[1], row=row))
+    attempts = [replace(a, did=_applied_during(a, effects)) for a in attempts]
     # An attempt never ends before it begins on the drawing, whatever clocks wrote its times.
     if running is not None and running.started is not None:
         step_id, expires = running.step.step_id, running.lease_expires_at
@@ -367,6 +442,7 @@ def _history(
                     "lease expired",
                     running.worker,
                     f"its lease ran out at {when_text(expires)}; the worker is presumed dead",
+                    row=running.step.pk,
                 )
             )
             stuck.append(
@@ -376,30 +452,53 @@ def _history(
                     now,
                     f"stuck {running.expired_for}: the lease of {running.worker} expired at {when_text(expires)} "
                     "and no worker has taken the run over (is the sweep, celery beat, running?)",
+                    row=running.step.pk,
                 )
             )
         else:
             began = min(running.started, now)  # a claim stamped after this page's now (clocks apart) began by now
-            attempts.append(Attempt(step_id, running.attempt, began, now, "running", running.worker))
+            attempts.append(
+                Attempt(step_id, running.attempt, began, now, "running", running.worker, row=running.step.pk)
+            )
     return History(
         retries=[
-            Retry(e.step_id, e.created_at, _number(_detail(e).get("attempt")), _error_line(_detail(e).get("error")))
+            Retry(
+                e.step_id,
+                e.created_at,
+                _number(_detail(e).get("attempt")),
+                _error_line(_detail(e).get("error")),
+                row=row_of(e.step_id, e.created_at),
+            )
             for e in events
-            if e.kind == "step_retry" and e.step_id in shown
+            if e.kind == "step_retry"
         ],
         waits=[
-            WaitSpan(w.step.step_id, w.created_at, _wait_end(w, run), _wait_label(w, run))
+            WaitSpan(w.step.step_id, w.created_at, _wait_end(w, run), _wait_label(w, run), row=w.step.pk)
             for w in waits
-            if w.step is not None and w.step.step_id in shown
+            if w.step is not None
         ],
         attempts=attempts,
         stuck=stuck,
         effects=[
-            EffectMark(e.step.step_id, e.applied_at or e.created_at, _effect_label(e))
+            EffectMark(e.step.step_id, e.applied_at or e.created_at, _effect_label(e), row=e.step.pk)
             for e in effects
-            if e.step is not None and e.step.step_id in shown
+            if e.step is not None
         ],
     )
+
+
+def _applied_during(attempt: Attempt, effects: list[Effect]) -> str:
+    """`after applying issue_refund`: the effects of the attempt's row applied while it held the step. An
+    attempt that died after an effect landed did not do nothing; the re-executed step reuses that effect."""
+    tools = [
+        e.tool
+        for e in effects
+        if e.step_id == attempt.row
+        and e.kind == EffectKind.EFFECT
+        and e.status in (EffectStatus.APPLIED, EffectStatus.COMPENSATED)
+        and attempt.began <= (e.applied_at or e.created_at) <= attempt.ended
+    ]
+    return f"after applying {', '.join(dict.fromkeys(tools))}" if tools else ""
 
 
 def _taken_over(event: Event) -> tuple[Attempt, Stuck] | None:
@@ -478,14 +577,6 @@ def _step_status(step: Step, run: Run, undone: list[Effect]) -> str:
     return step.status
 
 
-def _wait_status(wait: Wait, run: Run) -> str:
-    if wait.status == WaitStatus.OPEN and run.is_finished:
-        return f"{run.status} with its run"
-    if wait.status == WaitStatus.APPROVED and wait.kind == WaitKind.CHILDREN:
-        return "joined"  # its children met the join: nobody approved anything
-    return wait.status
-
-
 def _effect_label(effect: Effect) -> str:
     parts = [
         f"{effect.tool} {effect.status}",
@@ -504,7 +595,7 @@ def _wait_end(wait: Wait, run: Run) -> datetime | None:
 
 
 def _wait_label(wait: Wait, run: Run) -> str:
-    parts = [f"{wait.kind} {wait.name}".strip(), _wait_status(wait, run)]
+    parts = [f"{wait.kind} {wait.name}".strip(), wait_status_text(wait, run)]
     if wait.deadline:
         parts.append(f"deadline {when_text(wait.deadline)}")
     if wait.decided_by:

@@ -81,6 +81,7 @@ class WaitSpan:
     began: datetime
     ended: datetime | None
     label: str
+    row: int | None = None  # the pk of the step row it belongs to; None: the live row of step_id
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,7 @@ class Retry:
     at: datetime
     attempt: int
     error: str
+    row: int | None = None  # the pk of the step row it belongs to; None: the live row of step_id
 
 
 @dataclass(frozen=True)
@@ -109,6 +111,13 @@ class Attempt:
     outcome: str
     worker: str = ""
     note: str = ""
+    row: int | None = None  # the pk of the step row it belongs to; None: the live row of step_id
+    did: str = ""  # what it changed in the world, e.g. "after applying issue_refund"
+
+    @property
+    def summary(self) -> str:
+        """`attempt 1 killed after applying issue_refund`: what the attempt came to, and what it did."""
+        return " ".join(filter(None, [f"attempt {self.number} {self.outcome}", self.did]))
 
 
 @dataclass(frozen=True)
@@ -120,6 +129,7 @@ class Stuck:
     began: datetime
     ended: datetime
     label: str
+    row: int | None = None  # the pk of the step row it belongs to; None: the live row of step_id
 
 
 @dataclass(frozen=True)
@@ -129,6 +139,7 @@ class EffectMark:
     step_id: str
     at: datetime
     label: str
+    row: int | None = None  # the pk of the step row it belongs to; None: the live row of step_id
 
 
 @dataclass(frozen=True)
@@ -149,6 +160,7 @@ class _Row:
     attempts: list[Attempt] = field(default_factory=list)
     stuck: list[Stuck] = field(default_factory=list)
     effects: list[EffectMark] = field(default_factory=list)
+    open_wait: bool = False
 
 
 def render_timeline(
@@ -165,18 +177,27 @@ def render_timeline(
 
     `origin` is where the axis starts when nothing has happened yet (the run's creation).
     """
-    rows: dict[str, _Row] = defaultdict(_Row)
+    # A re-plan keeps the superseded rows under the same step id: a mark names its row, or goes to the live one.
+    live = {step.step_id: step.pk for step in steps if step.status != StepStatus.SUPERSEDED}
+
+    def key(mark: WaitSpan | Retry | Attempt | Stuck | EffectMark) -> int | None:
+        return mark.row if mark.row is not None else live.get(mark.step_id)
+
+    rows: dict[int | None, _Row] = defaultdict(_Row)
     for retry in history.retries:
-        rows[retry.step_id].retries.append(retry)
+        rows[key(retry)].retries.append(retry)
     for wait in history.waits:
-        rows[wait.step_id].waits.append((wait.began, wait.ended or now, wait.label))
+        rows[key(wait)].waits.append((wait.began, wait.ended or now, wait.label))
+        rows[key(wait)].open_wait |= wait.ended is None
     for attempt in history.attempts:
-        rows[attempt.step_id].attempts.append(attempt)
+        rows[key(attempt)].attempts.append(attempt)
     for stretch in history.stuck:
-        rows[stretch.step_id].stuck.append(stretch)
+        rows[key(stretch)].stuck.append(stretch)
     for effect in history.effects:
-        rows[effect.step_id].effects.append(effect)
-    spans = [_span(step, now, rows.get(step.step_id)) for step in steps]
+        rows[key(effect)].effects.append(effect)
+    shown = {step.pk for step in steps}
+    rows = defaultdict(_Row, {pk: row for pk, row in rows.items() if pk in shown})  # the window's steps only
+    spans = [_span(step, now, rows.get(step.pk)) for step in steps]
     moments = [t for span in spans if span for t in span]
     for row in rows.values():
         moments += [r.at for r in row.retries] + [e.at for e in row.effects]
@@ -213,9 +234,7 @@ def render_timeline(
     parts += _axis(start, total, rows_top, height - FOOTER)
     for index, (step, span) in enumerate(zip(steps, spans, strict=True)):
         top = rows_top + index * ROW_HEIGHT
-        # History belongs to the live plan element; a superseded one is drawn as its own span only.
-        live = step.status != StepStatus.SUPERSEDED
-        marks = rows.get(step.step_id, _Row()) if live else _Row()
+        marks = rows.get(step.pk, _Row())
         parts += _row(step, span, marks, top=top, index=index, x=x)
     if not steps:
         parts.append(f'<text x="{LABEL_WIDTH}" y="{rows_top + 14}" fill="#666">this run has no steps</text>')
@@ -247,6 +266,10 @@ def _span(step: Step, now: datetime, row: _Row | None) -> tuple[datetime, dateti
     if began is None:
         return None
     ended = step.finished_at or (now if step.status in (StepStatus.RUNNING, StepStatus.WAITING) else began)
+    if step.status == StepStatus.WAITING and not step.finished_at and row and row.waits and not row.open_wait:
+        # Its waits closed (cancelled with the run, decided, expired): the step stopped waiting when the last
+        # one did. The engine keeps a cancelled run's step row waiting, so a resume asks again.
+        ended = max(closed for _, closed, _ in row.waits)
     return began, max(ended, began)
 
 
@@ -339,7 +362,16 @@ def _row(
             f'<text x="{LABEL_WIDTH + 4}" y="{top + 15}" fill="#888" font-style="italic">'
             f"not started ({escape(step.status)})</text>"
         )
-    elif span is not None:
+    elif span is None:
+        # Only other attempts are drawn (a re-plan superseded the row, or its attempts all failed or died):
+        # the row says what the last of them came to, so it never reads as a step that did nothing.
+        label_x = max(rights) + 4
+        text = marks.attempts[-1].summary + ("; superseded" if superseded else "")
+        parts.append(
+            f'<text class="attempt-summary" x="{min(label_x, WIDTH - 300):.1f}" y="{top + 15}" fill="#555">'
+            f"{escape(text)}</text>"
+        )
+    else:
         # The duration goes right of everything drawn on the row.
         label_x = max(rights) + 4
         seconds = (span[1] - span[0]).total_seconds()
@@ -371,7 +403,7 @@ def _rect(css: str, left: float, right: float, y: float, height: float, paint: s
 
 def _attempt(attempt: Attempt, x: Callable[[datetime], float], y: float) -> str:
     seconds = human_duration((attempt.ended - attempt.began).total_seconds())
-    parts = [f"{attempt.step_id}: attempt {attempt.number} {attempt.outcome}", seconds]
+    parts = [f"{attempt.step_id}: {attempt.summary}", seconds]
     if attempt.worker:
         parts.append(f"worker {attempt.worker}")
     if attempt.note:

@@ -25,6 +25,7 @@ from durable_agents.admin.actions import BULK_LIMIT, comment_field, stale_decisi
 from durable_agents.admin.forbidden import forbidden
 from durable_agents.admin.guards import refuse_nul, show_direction_controls
 from durable_agents.admin.questions import asks
+from durable_agents.admin.statuses import join_outcome, wait_badge, wait_status_text
 from durable_agents.clock import DbNow
 from durable_agents.decisions import describe_closed, wait_label
 from durable_agents.display import ago_text, when_html, when_text
@@ -180,7 +181,7 @@ def _now(wait: Wait) -> Any:
 
 @admin.register(Wait)
 class WaitAdmin(admin.ModelAdmin):
-    list_display = ("id", "asks_column", "run_link", "age", "deadline_column", "reminders_sent", "status")
+    list_display = ("id", "asks_column", "run_link", "age", "deadline_column", "reminders_sent", "status_column")
     list_display_links = ("id",)
     list_filter = (OpenApprovalFilter, "kind")
     list_select_related = ("run",)
@@ -206,6 +207,11 @@ class WaitAdmin(admin.ModelAdmin):
     def run_link(self, wait: Wait) -> str:
         url = reverse("admin:durable_agents_run_change", args=[wait.run_id])
         return format_html('<a href="{}">{} {}</a>', url, str(wait.run_id)[:8], wait.run.workflow)
+
+    @admin.display(description="status", ordering="status")
+    def status_column(self, wait: Wait) -> str:
+        # The words the run page uses: a met join is joined, not "Approved".
+        return wait_status_text(wait)
 
     @admin.display(description="age", ordering="created_at")
     def age(self, wait: Wait) -> str:
@@ -246,6 +252,9 @@ class WaitAdmin(admin.ModelAdmin):
             "opts": Wait._meta,
             "wait": wait,
             "asks": asks(wait),
+            "status_text": wait_status_text(wait),
+            "status_badge": wait_badge(wait_status_text(wait)),
+            "outcome": join_outcome(wait),
             "may_decide": may_decide,
             "decide_permission": DECIDE_PERMISSION,
             "form": WaitDecisionForm(initial={"args_hash": wait.args_hash}) if may_decide and decidable else None,
