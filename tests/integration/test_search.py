@@ -11,6 +11,7 @@ from django.db import connection
 from durable_agents import api
 from durable_agents.errors import InvalidInputError
 from durable_agents.models import Run
+from durable_agents.testing import drive
 from tests.integration.test_admin import LIST, ids, listed, login, page_url
 from tests.integration.test_run_list import row_of
 
@@ -46,6 +47,14 @@ def test_fork__with_new_input_searches_by_that_input(orders):
     same = api.fork(first.id, "work")
     assert Run.objects.get(pk=fork.pk).search == {"order_id": "A-2001"}
     assert Run.objects.get(pk=same.pk).search == {"order_id": "A-1001", "customer": "c-1"}
+
+
+def test_children__are_found_by_their_own_input():
+    parent = api.start("fan_searchable", {"orders": ["C-1", "C-2"]})
+    drive(parent.id)
+    children = Run.objects.filter(parent=parent).order_by("child_index")
+    assert [child.search for child in children] == [{"order_id": "C-1"}, {"order_id": "C-2"}]
+    assert list(api.runs(search={"order_id": "C-2"})) == [children[1]]
 
 
 def test_runs__finds_by_every_given_field(orders):
