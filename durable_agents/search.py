@@ -23,6 +23,7 @@ from django.db.models.fields.json import KeyTextTransform
 from django.db.models.lookups import Exact
 
 from durable_agents.errors import DefinitionError, InvalidInputError
+from durable_agents.storable import check_text, shown
 
 # A key of the input, or a dotted path of keys into nested objects; never "__" (the ORM's separator), ":" or "="
 # (the admin's and the shell's separators).
@@ -78,13 +79,15 @@ def check_filters(search: Any) -> dict[str, str]:
     for field, value in search.items():
         if not is_field_name(field):
             raise InvalidInputError(
-                f"{field!r} is not a search field name: a workflow's search names input keys such as 'order_id' "
-                "or 'order.id'"
+                f"{shown(field)} is not a search field name: a workflow's search names input keys such as "
+                "'order_id' or 'order.id'"
             )
         if not isinstance(value, str):
             raise InvalidInputError(f"the search value of {field!r} must be a string (values are stored as text)")
         if not value:
             raise InvalidInputError(f"the search value of {field!r} must not be empty")
+        # No run holds a longer value (attributes_of leaves those out), nor one Postgres cannot store.
+        check_text(value, f"the search value of {field!r}", max_chars=MAX_VALUE_CHARS)
     return dict(search)
 
 

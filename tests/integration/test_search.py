@@ -73,6 +73,9 @@ def test_runs__finds_by_every_given_field(orders):
         ({"order_id": 7}, "search value of 'order_id' must be a string"),
         ({"order_id": ""}, "search value of 'order_id' must not be empty"),
         ("order_id=A-1", "search is a mapping of field names to values"),
+        ({"order_id": "A\x00"}, r"search value of 'order_id' contains \\u0000"),
+        ({"order_id": "A" * 201}, "at most 200 fit"),
+        ({"order_id" * 20: "A"}, "is not a search field name"),
     ],
 )
 def test_runs__bad_search_says_what_to_give(search, message):
