@@ -99,9 +99,12 @@ def test_admin_search__field_colon_value_matches_that_field_only(orders):
 def test_admin_search__ids_and_keys_are_still_found(orders):
     first, _, _ = orders
     keyed = api.start("noop", {"steps": 1}, idempotency_key="order-77")
+    # A key with colons reads like field:value: it is still found by the key.
+    slot = api.start("noop", {"steps": 1}, idempotency_key="schedule:nightly:2026-12-03T02:00")
     client = login("operator-search-ids")
     assert ids(listed(client, f"q={str(first.pk)[:8]}")) == {first.pk}
     assert ids(listed(client, "q=order-77")) == {keyed.pk}
+    assert ids(listed(client, "q=schedule:nightly:2026-12-03T02:00")) == {slot.pk}
 
 
 def test_admin_list__shows_the_search_attributes_in_a_column(orders):
