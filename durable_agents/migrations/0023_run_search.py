@@ -2,9 +2,9 @@
 # 11+ a constant default is stored in the catalog, no rewrite) and its GIN index is built CONCURRENTLY on Postgres.
 # Not atomic; run again after an interruption, it finishes. Runs started before it have no search attributes.
 
-import durable_agents.models
 from django.db import migrations, models
 
+import durable_agents.models
 from durable_agents.migrations._operations import AddFieldWithoutBlockingWrites, AddIndexWithoutBlockingWrites
 
 
@@ -12,17 +12,19 @@ class Migration(migrations.Migration):
     atomic = False
 
     dependencies = [
-        ('durable_agents', '0022_database_defaults'),
+        ("durable_agents", "0022_database_defaults"),
     ]
 
     operations = [
         AddFieldWithoutBlockingWrites(
-            model_name='run',
-            name='search',
+            model_name="run",
+            name="search",
             field=models.JSONField(blank=True, db_default={}, default=dict),
         ),
         AddIndexWithoutBlockingWrites(
-            model_name='run',
-            index=durable_agents.models.JsonContainsIndex(fields=['search'], name='durable_run_search', opclasses=['jsonb_path_ops']),
+            model_name="run",
+            index=durable_agents.models.JsonContainsIndex(
+                fields=["search"], name="durable_run_search", opclasses=["jsonb_path_ops"]
+            ),
         ),
     ]
