@@ -11,8 +11,11 @@ Example::
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
+
+from django.db.models import QuerySet
 
 from durable_agents.agents.loop import agent
 from durable_agents.agents.participants import FunctionParticipant, ScriptedParticipant, participants
@@ -66,6 +69,7 @@ from durable_agents.errors import (
 from durable_agents.judge import judge
 from durable_agents.models import Effect, MissedSlots, Overlap, Run, RunStatus, Schedule, StepStatus
 from durable_agents.planner import planner
+from durable_agents.search import check_filters
 from durable_agents.storable import check_json, check_text, whole_number
 from durable_agents.tools import Field, Tool, tool
 from durable_agents.waits import approval, sleep, wait_for_signal
@@ -133,6 +137,7 @@ __all__ = [
     "resolve_effect",
     "resume",
     "resume_schedule",
+    "runs",
     "schedule",
     "send_signal",
     "set_budget",
@@ -190,6 +195,21 @@ def start(
 def get(run_id: uuid.UUID | str) -> Run:
     """The run with that id; RunNotFoundError if there is none."""
     return get_run(run_id)
+
+
+def runs(*, workflow: str | None = None, search: Mapping[str, str] | None = None) -> QuerySet[Run]:
+    """Runs, newest first: of one `workflow`, and whose search attributes hold every `field: value` of `search`
+    (the fields the workflow declares with `workflow(..., search=(...))`; on Postgres a GIN index serves it).
+
+    Example: ``api.runs(search={"order_id": "A-1001"}).first()``
+    """
+    found = Run.objects.all()
+    if workflow is not None:
+        check_text(workflow, "a workflow name")
+        found = found.filter(workflow=workflow)
+    if search is not None:
+        found = found.matching_search(check_filters(search))
+    return found.order_by("-created_at")
 
 
 def cancel(run_id: uuid.UUID | str, reason: str = "", *, compensate: bool = False, actor: str = "") -> Run:

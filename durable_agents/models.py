@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 import uuid
 
-from django.db import models
+from django.db import connections, models
 from django.db.models import Q, Value
 from django.db.models.functions import Now
 
+from durable_agents import search as search_attributes
 from durable_agents.states import (
     ACTIVE_RUN_STATUSES,
     FINISHED_RUN_STATUSES,
@@ -82,6 +83,24 @@ class RunQuerySet(models.QuerySet["Run"]):
     def queued(self) -> RunQuerySet:
         """Pending behind a concurrency key: not admitted yet (engine/admission.py)."""
         return self.filter(QUEUED)
+
+    def matching_search(self, search: dict[str, str]) -> RunQuerySet:
+        """Runs whose search attributes hold every `field: value` given (search.py; the GIN index on Postgres)."""
+        return self.filter(search_attributes.matching(search, connections[self.db].vendor))
+
+    def holding_search_value(self, value: str, fields: list[str]) -> RunQuerySet:
+        """Runs with `value` in any of the search `fields`."""
+        return self.filter(search_attributes.holding(value, fields, connections[self.db].vendor))
+
+
+class JsonContainsIndex(models.Index):
+    """An index for `field__contains` on Postgres: GIN with the opclass given (`jsonb_path_ops`: smaller and faster
+    than the default, for `@>` only). Other databases have no `@>` and get a plain index, which their SQL accepts."""
+
+    def create_sql(self, model, schema_editor, using="", **kwargs):
+        if schema_editor.connection.vendor == "postgresql":
+            using = " USING gin"
+        return super().create_sql(model, schema_editor, using=using, **kwargs)
 
 
 class Run(models.Model):
@@ -175,6 +194,9 @@ class Run(models.Model):
     # overlap policy asks "is any run of mine still live?" of the index below, whatever the schedule's history.
     # A database default too: processes still on the previous version insert runs while migration 0018 applies.
     schedule = models.CharField(max_length=200, blank=True, default="", db_default="")
+    # Search attributes (search.py): the values of the fields its workflow declares searchable, read from the input
+    # at start, as strings ({"order_id": "A-1001"}); the admin, durable_runs and api.runs find runs by them.
+    search = models.JSONField(default=dict, db_default={}, blank=True)
 
     objects = RunQuerySet.as_manager()
 
@@ -245,6 +267,8 @@ class Run(models.Model):
             ),
             # Families whose saga is owed to their children (the sweep's share): few, whatever the table's size.
             models.Index(fields=["updated_at"], condition=Q(family_undo=True), name="durable_run_family_undo"),
+            # `search @> {"order_id": "A-1001"}` at a million runs: a few pages of the index, whatever the table.
+            JsonContainsIndex(fields=["search"], opclasses=["jsonb_path_ops"], name="durable_run_search"),
         ]
 
     def __str__(self) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -36,6 +36,7 @@ from durable_agents.models import (
     Wait,
     WaitStatus,
 )
+from durable_agents.search import check_filters, parse_filter
 from durable_agents.states import StepStatus, is_executing
 from durable_agents.storable import check_text, shown, whole_number
 
@@ -111,9 +112,11 @@ def list_runs(
     version_drift: bool = False,
     limit: int | str = 100,
     parent: str | None = None,
+    search: Mapping[str, str] | None = None,
 ) -> QuerySet[Run]:
     """Runs, newest first, filtered as an operator asks. `limit` is 1 or more (a count, not an index); `parent`
-    (a run id or unique prefix) lists that run's children."""
+    (a run id or unique prefix) lists that run's children; `search` ({field: value}) those whose search
+    attributes hold every value given."""
     limit = whole_number(limit, "--limit (how many runs to list)", low=1)
     if workflow:
         check_text(workflow, "--workflow")
@@ -126,12 +129,26 @@ def list_runs(
         runs = runs.filter(workflow=workflow)
     if parent:
         runs = runs.filter(parent_id=find_run(parent).id)
+    if search:
+        runs = runs.matching_search(check_filters(search))
     now = clock.now()
     if stuck:
         runs = runs.stuck(now=now, stuck_after=timedelta(seconds=float(settings.STUCK_AFTER_SECONDS)))
     if older_than is not None:
         runs = runs.filter(created_at__lt=now - older_than)
     return runs.order_by("-created_at")[:limit]
+
+
+def search_filters(texts: Iterable[str]) -> dict[str, str]:
+    """`--search field=value` options (each once or more) as the filters `list_runs` takes."""
+    filters: dict[str, str] = {}
+    for text in texts:
+        parsed = parse_filter(text)
+        if parsed is None:
+            raise InvalidInputError(f"--search takes field=value, e.g. --search order_id=A-1001; got {shown(text)}")
+        field, value = parsed
+        filters[field] = value
+    return check_filters(filters)
 
 
 CHILDREN_SHOWN = 50
@@ -171,6 +188,7 @@ def run_summary(run: Run) -> dict[str, Any]:
         "steps": run.step_count,
         "idempotency_key": run.idempotency_key,
         "concurrency_key": run.concurrency_key,
+        "search": run.search,
         "created_at": _iso(run.created_at),
         "updated_at": _iso(run.updated_at),
         "finished_at": _iso(run.finished_at),

@@ -27,6 +27,7 @@ from typing import Any
 from durable_agents.conf import settings
 from durable_agents.durations import MAX_DURATION, parse_duration
 from durable_agents.errors import DefinitionError, InvalidInputError, UnknownWorkflowError
+from durable_agents.search import attributes_of, check_declaration
 from durable_agents.states import FINISHED_RUN_STATUSES
 from durable_agents.tools import Tool
 
@@ -170,8 +171,11 @@ class Workflow:
     # How long finished runs are kept, by status ("30d", a timedelta, None: for ever), unless RETENTION in the
     # settings names this workflow (retention.py); a status left out falls back to RETENTION["default"].
     retention: Mapping[str, str | timedelta | None] | None = None
+    # Input fields a run is found by (search.py): stored on the run at start as `{field: value}` strings.
+    search: Sequence[str] = ()
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "search", check_declaration(self.name, self.search))
         if self.retention is not None:
             object.__setattr__(self, "retention", self._retention_ages(self.retention))
         limit = self.concurrency_limit
@@ -257,6 +261,10 @@ class Workflow:
             if definition.name == name:
                 return definition
         raise DefinitionError(f"workflow {self.label} has no step named {name!r}")
+
+    def search_attributes(self, run_input: Any) -> dict[str, str]:
+        """The values of this workflow's search fields in `run_input`, as stored on its run (search.py)."""
+        return attributes_of(self.search, run_input)
 
     def retry_policy(self, definition: StepDef) -> RetryPolicy:
         return definition.retry or self.retry
@@ -351,6 +359,10 @@ class Registry:
     def versions(self, name: str) -> list[int]:
         return sorted(self._workflows.get(name, {}))
 
+    def search_fields(self) -> list[str]:
+        """Every field some registered workflow version declares searchable: where the admin looks for a bare value."""
+        return sorted({name for versions in self._workflows.values() for d in versions.values() for name in d.search})
+
 
 registry = Registry()
 
@@ -371,17 +383,21 @@ def workflow(
     concurrency_key: Callable[[Any], str | None] | None = None,
     concurrency_limit: int = 1,
     retention: Mapping[str, str | timedelta | None] | None = None,
+    search: Sequence[str] = (),
     replace: bool = False,
 ) -> Workflow:
     """Define and register a workflow. `plan(input)` builds a dynamic plan; by default each step runs once.
     `concurrency_key(input)` (with `concurrency_limit`) lets at most that many runs per key be in flight.
     `retention` keeps its finished runs this long by status (`{"completed": "30d"}`), unless the settings'
-    RETENTION names the workflow.
+    RETENTION names the workflow. `search` names input fields (top-level keys, or dotted paths such as
+    `"order.id"`) whose values each run stores, so the admin, `durable_runs --search` and `api.runs(search=)` find
+    the run by them.
 
     Example::
 
         workflow("noop", steps=[call("tick", tick)],
                  plan=lambda inp: [PlannedStep(f"tick-{i}", "tick") for i in range(inp["steps"])])
+        workflow("refund_agent", steps=[...], search=("order_id", "customer"))
     """
     definition = Workflow(
         name=name,
@@ -398,5 +414,6 @@ def workflow(
         concurrency_key=concurrency_key,
         concurrency_limit=concurrency_limit,
         retention=retention,
+        search=search,
     )
     return registry.register(definition, replace=replace)

@@ -143,6 +143,7 @@ def spawn(parent: Run, step: Step, workflow: str, inputs: Sequence[Any], *, leas
                 concurrency_limit=limit,
                 effect_scope=scopes[input_hash].pop(0) if scopes.get(input_hash) else "",
                 slot_of_id=slots.get(key) if key is not None else None,
+                search=definition.search_attributes(child_input),
             )
             runs.append(child)
             rows.extend(plan_row(child.id, definition, element, position) for position, element in enumerate(plan))

@@ -244,9 +244,11 @@ def fork_run(run_id: uuid.UUID | str, at_step: str, *, input: Any = None, actor:
     if input is not None and not isinstance(input, dict | list):
         raise InvalidInputError("a fork's input must be a JSON object or list")
     key = source.concurrency_key
+    search = source.search
     if input is not None:
         definition = registry.get(source.workflow, source.workflow_version)
         definition.build_plan(new_input)  # the workflow's own checks
+        search = definition.search_attributes(new_input)
         if definition.concurrency_key is not None:
             # New input, new work: the key is the one that input has (another customer's fork queues on theirs).
             key, _limit = concurrency_of(definition, new_input, None, source.concurrency_limit)
@@ -272,6 +274,7 @@ def fork_run(run_id: uuid.UUID | str, at_step: str, *, input: Any = None, actor:
             concurrency_limit=source.concurrency_limit,
             # A fork of a slot's run is that slot's work: its schedule's overlap policy sees it (engine/schedules.py).
             schedule=source.schedule,
+            search=search,
         )
         transitions.copy_plan_txn(steps, fork.id, target.position)
         _rely_on_copied_checkpoints(source, fork, target)

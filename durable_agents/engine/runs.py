@@ -71,6 +71,7 @@ def start_run(
         concurrency_key=key,
         concurrency_limit=limit,
         schedule=schedule,
+        search=definition.search_attributes(run_input),
     )
     rows = [plan_row(run.id, definition, element, position) for position, element in enumerate(plan)]
     try:

@@ -119,6 +119,8 @@ refund_agent = workflow(
     version=1,
     description='A support agent resolves a refund request: {"order_id": "A-1001", "message": "..."}',
     validate_input=validate_input,
+    # The admin's search box finds a refund by its order number ("A-1001", or "order_id:A-1001").
+    search=("order_id",),
     steps=[
         call("load_order", load_order, fresh_for=ORDER_FRESH_FOR),
         # The agent acts on the order loaded above: resumed past its freshness budget (say, a refund approved

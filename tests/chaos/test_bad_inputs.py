@@ -241,6 +241,12 @@ CLI_CASES = [
     ("runs-older-than-400-digits", lambda w: ["durable_runs", "--older-than", "9" * 400 + "s"], "invalid dur"),
     ("runs-workflow-undecodable", lambda w: ["durable_runs", "--workflow", BAD_BYTE], "--workflow contains"),
     (
+        "runs-search-undecodable",
+        lambda w: ["durable_runs", "--search", f"order_id={BAD_BYTE}"],
+        "the search value of 'order_id' contains a lone surrogate",
+    ),
+    ("runs-search-no-equals", lambda w: ["durable_runs", "--search", "A-1001"], "--search takes field=value"),
+    (
         "budget-tokens-1e20",
         lambda w: ["durable_budget", str(w.pending.id), "--tokens", "1e20"],
         "a token budget is a whole number >= 0, at most 9223372036854775807; got '1e20'",

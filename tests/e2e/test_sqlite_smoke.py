@@ -58,3 +58,36 @@ def test_sqlite__noop_run_completes_on_embedded_defaults(tmp_path):
     assert [s["status"] for s in shown["step_rows"]] == ["done"] * 5
     assert len(status["live_workers"]) == 1, status
     assert (tmp_path / "durable_agents.sqlite3").exists(), "the embedded default is a SQLite file under var/"
+
+
+def test_sqlite__a_run_is_found_by_its_search_attributes(tmp_path):
+    """SQLite has no `@>`: the search matches each key exactly (a scan), with the same answers as on Postgres."""
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "CELERY_BROKER_URL")}
+    env.update(
+        DJANGO_SETTINGS_MODULE="project.settings",
+        DURABLE_VAR_DIR=str(tmp_path),
+        CELERY_BROKER_URL="filesystem://",
+        DJANGO_LOCAL_SECRET_KEY="1",
+    )
+
+    def manage(*args: str, code: int = 0) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run(
+            [sys.executable, "manage.py", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+        )
+        assert result.returncode == code, result.stderr
+        return result
+
+    manage("migrate", "--verbosity", "0")
+    wanted = manage("durable_start", "refund_agent", "--input", '{"order_id": "A-1001", "message": "hi"}').stdout
+    manage("durable_start", "refund_agent", "--input", '{"order_id": "A-1002", "message": "A-1001"}')
+
+    found = json.loads(manage("durable_runs", "--search", "order_id=A-1001", "--json").stdout)
+    assert [row["id"] for row in found] == [wanted.strip()]
+    assert found[0]["search"] == {"order_id": "A-1001"}
+    assert json.loads(manage("durable_runs", "--search", "order_id=A-404", "--json").stdout) == []
+    # The admin's bare-value search, on SQLite.
+    script = (
+        "from durable_agents.models import Run; "
+        "print(list(Run.objects.holding_search_value('A-1001', ['customer', 'order_id']).values_list('id', flat=True)))"
+    )
+    assert wanted.strip() in manage("shell", "-c", script).stdout

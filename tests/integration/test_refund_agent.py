@@ -48,6 +48,14 @@ def start(number: str) -> Run:
     return api.start("refund_agent", CASE[number].run_input)
 
 
+def test_refund_agent__is_found_by_its_order_number():
+    number = next(iter(CASE))
+    run = start(number)
+    start(next(n for n in CASE if n != number))
+    assert Run.objects.get(pk=run.pk).search == {"order_id": number}, "refund_agent declares search=('order_id',)"
+    assert list(api.runs(search={"order_id": number})) == [run]
+
+
 def refunds_of(number: str) -> list[Decimal]:
     refunds = Refund.objects.filter(order__number=number).exclude(idempotency_key__startswith=SEEDED).order_by("id")
     return [refund.amount for refund in refunds]

@@ -173,6 +173,8 @@ def list_queries() -> list[str]:
         f"created_at__year={today.year}&created_at__month={today.month}&created_at__day={today.day}",
         "q=0123abcd",
         "q=order-3",
+        "q=A-1001",
+        "q=order_id:A-1001",
         "p=2",
     ]
 

@@ -132,3 +132,8 @@ def _noop_items(ctx: StepContext) -> list[Any]:
 
 # bench/children.py: one parent fanning out to n `noop` runs.
 workflow("fan_noop", steps=[children("fan", workflow="noop", each=_noop_items)])
+# Child runs found by their own order numbers (tests/integration/test_search.py).
+workflow(
+    "fan_searchable",
+    steps=[children("fan", workflow="searchable", each=lambda ctx: [{"order_id": o} for o in ctx.input["orders"]])],
+)

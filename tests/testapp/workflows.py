@@ -57,6 +57,9 @@ workflow(
     description="N steps that record each execution",
 )
 
+# Found by its order number (tests/integration/test_search.py).
+workflow("searchable", steps=[call("work", _record_step)], search=("order_id", "customer", "order.id"))
+
 
 def _flaky(ctx: StepContext) -> dict[str, Any]:
     runs = record_execution(ctx)

@@ -63,6 +63,7 @@ PUBLIC_API = [
     "resolve_effect",
     "resume",
     "resume_schedule",
+    "runs",
     "schedule",
     "pause_schedule",
     "unschedule",

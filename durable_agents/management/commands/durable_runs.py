@@ -1,4 +1,5 @@
-"""durable_runs [--status S] [--workflow W] [--stuck] [--older-than 2h] [--limit N] [--json]: list runs.
+"""durable_runs [--status S] [--workflow W] [--stuck] [--older-than 2h] [--search field=value] [--limit N] [--json]:
+list runs.
 
 Each row says where the run is (steps numbered from 1, as in the admin) and, for a waiting run, the id of its
 open wait, which `durable_decide` takes.
@@ -11,6 +12,7 @@ from typing import Any
 from durable_agents import operations
 from durable_agents.durations import parse_duration
 from durable_agents.management.commands._base import DurableCommand, step_progress
+from durable_agents.search import as_text
 
 
 class Command(DurableCommand):
@@ -28,6 +30,12 @@ class Command(DurableCommand):
         # Checked by list_runs (1 or more, a bigint), so "-1" or "abc" is one line saying what to give.
         parser.add_argument("--limit", default="100", help="list at most this many runs (100)")
         parser.add_argument("--parent", help="only the child runs of this run (an id or a unique prefix)")
+        parser.add_argument(
+            "--search",
+            action="append",
+            default=[],
+            help="field=value: runs whose search attribute has this value, e.g. order_id=A-1001 (repeat to AND)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         older = parse_duration(options["older_than"]) if options["older_than"] else None
@@ -39,6 +47,7 @@ class Command(DurableCommand):
             version_drift=options["version_drift"],
             limit=options["limit"],
             parent=options["parent"],
+            search=operations.search_filters(options["search"]),
         )
         rows = operations.summarize_runs(runs)
         if options["json"]:
@@ -50,6 +59,7 @@ class Command(DurableCommand):
             self.stdout.write(
                 f"{row['id']}  {row['workflow']}@{row['version']}  {row['status']:<9}  "
                 f"{step_progress(row)}  created {row['created_at']}{_open_wait(row['open_wait'])}"
+                f"{_search(row['search'])}"
             )
 
 
@@ -58,3 +68,7 @@ def _open_wait(wait: dict[str, Any] | None) -> str:
         return ""
     what = f"{wait['kind']} {wait['name']}" if wait["name"] else wait["kind"]
     return f"  wait {wait['id']} ({what})"
+
+
+def _search(attributes: dict[str, str]) -> str:
+    return f"  [{as_text(attributes)}]" if attributes else ""
