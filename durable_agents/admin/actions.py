@@ -23,12 +23,15 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 
 from durable_agents import api
+from durable_agents.admin.action_form import RunActionForm
+from durable_agents.admin.audit import noted, record, record_each
 from durable_agents.admin.forbidden import forbidden
+from durable_agents.admin.run_forms import ForkForm, SignalForm, deliver, fork, has_open_approval, open_signal_wait
 from durable_agents.agents.participants import participants
 from durable_agents.decisions import describe_closed, wait_label
 from durable_agents.engine.records import let_go
 from durable_agents.engine.wake import MODEL_BOUND_KINDS
-from durable_agents.errors import DurableAgentsError, UnknownWorkflowError, WaitClosedError
+from durable_agents.errors import DurableAgentsError, InvalidInputError, UnknownWorkflowError, WaitClosedError
 from durable_agents.models import EffectKind, EffectStatus, Run, RunStatus, Step, StepKind, Wait
 from durable_agents.states import RUN_RULES, RunOp
 from durable_agents.storable import BIGINT_MAX
@@ -43,18 +46,6 @@ def comment_field(help_text: str) -> forms.CharField:
     return forms.CharField(
         required=False, max_length=2000, widget=forms.Textarea(attrs={"rows": 3, "cols": 70}), help_text=help_text
     )
-
-
-class RunActionForm(forms.Form):
-    """An action's form; bare, it is a confirmation."""
-
-    def __init__(self, *args: Any, run: Run | None = None, **kwargs: Any) -> None:
-        self.run = run
-        super().__init__(*args, **kwargs)
-
-    def stale_reason(self) -> str | None:
-        """Why what this form showed no longer holds (then nothing is done), or None."""
-        return None
 
 
 class CancelForm(RunActionForm):
@@ -258,6 +249,15 @@ class RunAction:
     when: Callable[[Run], bool] | None = None
     # What happened, said of the run the action returned: "done" only when the change itself is made.
     outcome: Callable[[Run], str] = lambda run: "done"
+    # What the audit trail says was done, from the form's data and the run the action returned.
+    logged: Callable[[dict[str, Any], Run], str] | None = None
+    # Errors in what the operator typed: the form is shown again with it, and the error (nothing is lost).
+    keeps_input_on: tuple[type[Exception], ...] = ()
+    # The action made a new run (a fork): the operator is taken to it.
+    opens_result: bool = False
+
+    def log_message(self, data: dict[str, Any], after: Run) -> str:
+        return self.logged(data, after) if self.logged is not None else self.label
 
     @property
     def permission(self) -> str:
@@ -315,6 +315,25 @@ def _decided(run: Run) -> str:
     return "recorded — the run is scheduled to resume; a worker will pick it up"
 
 
+def _budget_logged(data: dict[str, Any], after: Run) -> str:
+    parts = [f"{after.token_budget} tokens" if data.get("tokens") is not None else ""]
+    parts.append(f"${after.cost_budget_usd}" if data.get("cost_usd") is not None else "")
+    return "Set the budget to " + " and ".join(p for p in parts if p)
+
+
+def _decision_logged(verb: str) -> Callable[[dict[str, Any], Run], str]:
+    return lambda data, after: noted(f"{verb} {wait_label(data['wait'])}", "comment", data.get("comment"))
+
+
+def _resolve_logged(data: dict[str, Any], after: Run) -> str:
+    how = "applied" if data["outcome"] == "applied" else "not applied"
+    return noted(f"Recorded effect {data['effect']} as {how}", "reason", data.get("reason"))
+
+
+def _signal_waits(run: Run) -> bool:
+    return open_signal_wait(run) is not None
+
+
 ACTIONS: dict[str, RunAction] = {
     action.slug: action
     for action in [
@@ -328,6 +347,7 @@ ACTIONS: dict[str, RunAction] = {
             lambda run, data, actor: api.resume(run.pk, actor=actor),
             when=lambda run: not _compensated(run),
             outcome=_scheduled,
+            logged=lambda data, after: "Resumed",
         ),
         RunAction(
             "retry",
@@ -338,6 +358,7 @@ ACTIONS: dict[str, RunAction] = {
             lambda run, data, actor: api.resume(run.pk, actor=actor),
             when=lambda run: not _compensated(run),
             outcome=_scheduled,
+            logged=lambda data, after: "Retried the failed step",
         ),
         RunAction(
             "cancel",
@@ -349,6 +370,7 @@ ACTIONS: dict[str, RunAction] = {
             CancelForm,
             destructive=True,
             outcome=_cancel_outcome,
+            logged=lambda data, after: noted("Cancelled (without compensation)", "reason", data.get("reason")),
         ),
         RunAction(
             "compensate",
@@ -361,6 +383,7 @@ ACTIONS: dict[str, RunAction] = {
             CancelForm,
             destructive=True,
             outcome=_cancel_outcome,
+            logged=lambda data, after: noted("Cancelled (with compensation)", "reason", data.get("reason")),
         ),
         RunAction(
             "budget",
@@ -373,6 +396,7 @@ ACTIONS: dict[str, RunAction] = {
             ),
             BudgetForm,
             when=_uses_a_model,
+            logged=_budget_logged,
         ),
         RunAction(
             "swap",
@@ -383,6 +407,7 @@ ACTIONS: dict[str, RunAction] = {
             lambda run, data, actor: api.swap_participant(run.pk, data["participant"], actor=actor),
             SwapForm,
             when=_uses_a_model,
+            logged=lambda data, after: f"Swapped the participant to {data['participant']}",
         ),
         RunAction(
             "approve",
@@ -393,7 +418,10 @@ ACTIONS: dict[str, RunAction] = {
             "approve path. If the run has moved on to another request meanwhile, nothing is decided.",
             lambda run, data, actor: _decide(run, True, data, actor),
             DecisionForm,
+            # A signal or timer wait is no decision: a signal is delivered ("Deliver signal"), a timer fires.
+            when=has_open_approval,
             outcome=_decided,
+            logged=_decision_logged("Approved"),
         ),
         RunAction(
             "reject",
@@ -405,7 +433,9 @@ ACTIONS: dict[str, RunAction] = {
             lambda run, data, actor: _decide(run, False, data, actor),
             DecisionForm,
             destructive=True,
+            when=has_open_approval,
             outcome=_decided,
+            logged=_decision_logged("Rejected"),
         ),
         RunAction(
             "replan",
@@ -420,6 +450,7 @@ ACTIONS: dict[str, RunAction] = {
             # A saga (compensating, or compensated) is never re-run into: fork it instead.
             when=lambda run: not run.finish_as,
             outcome=_scheduled,
+            logged=lambda data, after: f"Reset to step {data['step_id']} (it and every step after it run again)",
         ),
         RunAction(
             "resolve",
@@ -434,6 +465,39 @@ ACTIONS: dict[str, RunAction] = {
             ResolveEffectForm,
             destructive=True,
             when=lambda run: unresolved_effects(run).exists(),
+            logged=_resolve_logged,
+        ),
+        RunAction(
+            "signal",
+            "Deliver signal",
+            # No permission of its own yet (adding one needs a migration): delivering what a wait waits for is
+            # deciding it.
+            "decide_wait",
+            (RunStatus.WAITING,),
+            "The signal, with its JSON payload, is delivered to the wait shown below with your name; the run wakes "
+            "and its step's result carries the payload. If the wait closed meanwhile, nothing is sent.",
+            deliver,
+            SignalForm,
+            when=_signal_waits,
+            outcome=lambda run: "delivered — the run is scheduled to resume; a worker will pick it up",
+            logged=lambda data, after: f"Delivered signal {data['name']!r}",
+            keeps_input_on=(InvalidInputError,),
+        ),
+        RunAction(
+            "fork",
+            "Fork from a step",
+            # A fork re-runs steps, as a re-plan does (a permission of its own needs a migration).
+            "replan_run",
+            tuple(RunStatus.values),
+            "A new run copies this run's checkpoints before the chosen step and executes from there; this run is "
+            "left as it is. With this run's input the fork reuses the effects it applied; with new input it "
+            "applies its own.",
+            fork,
+            ForkForm,
+            outcome=lambda run: f"started run {run.pk}",
+            logged=lambda data, after: f"Forked at step {data['step_id']} into run {after.pk}",
+            keeps_input_on=(InvalidInputError,),
+            opens_result=True,
         ),
     ]
 }
@@ -455,7 +519,11 @@ def run_action_view(model_admin: admin.ModelAdmin, request: HttpRequest, object_
     if not model_admin.has_view_permission(request, run) or not action.is_allowed(request.user):
         return forbidden(request, action.permission, f"{action.label.lower()} runs", site=model_admin.admin_site)
     run_url = reverse("admin:durable_agents_run_change", args=[run.pk])
-    form = action.form_class(request.POST if request.method == "POST" else None, run=run)
+    # A GET may preset fields, as the admin's add page does (the steps table links "Reset to here" with its step).
+    initial = (
+        {} if request.method == "POST" else {k: v for k, v in request.GET.items() if k in action.form_class.base_fields}
+    )
+    form = action.form_class(request.POST if request.method == "POST" else None, run=run, initial=initial)
     # Before the status check: "the request you saw was decided by X" says more than "the run is pending".
     stale = form.stale_reason()
     if stale:
@@ -467,13 +535,23 @@ def run_action_view(model_admin: admin.ModelAdmin, request: HttpRequest, object_
     if request.method == "POST" and form.is_valid():
         try:
             after = action.perform(run, form.cleaned_data, request.user.get_username())
+        except action.keeps_input_on as exc:
+            # What the operator typed is refused (a payload too large, unstorable): shown again, with why.
+            form.add_error(None, f"{action.label} refused: {exc}")
         except DurableAgentsError as exc:
             messages.error(request, f"{action.label} failed: {exc}")
+            return HttpResponseRedirect(run_url)
         else:
+            done = action.log_message(form.cleaned_data, after)
+            record(request, run, done)
+            if action.opens_result and after.pk != run.pk:
+                record(request, after, f"{done} (from run {run.pk})", added=True)
+                messages.success(request, f"{action.label}: {action.outcome(after)}, from run {run.pk}.")
+                return HttpResponseRedirect(reverse("admin:durable_agents_run_change", args=[after.pk]))
             messages.success(
                 request, f"{action.label}: {action.outcome(after)} (run {run.pk}). It is recorded in the run's events."
             )
-        return HttpResponseRedirect(run_url)
+            return HttpResponseRedirect(run_url)
     context = {
         **model_admin.admin_site.each_context(request),
         "title": f"{action.label}: run {str(run.pk)[:8]}",
@@ -509,7 +587,7 @@ def resume_selected(model_admin: admin.ModelAdmin, request: HttpRequest, queryse
     if rows is None:
         return
     may_retry = ACTIONS["retry"].is_allowed(request.user)
-    done, failures = 0, []
+    done, failures, resumed = 0, [], []
     for pk, status in rows:
         if status == RunStatus.FAILED and not may_retry:
             failures.append(f"Run {pk} failed: retrying it needs the permission {ACTIONS['retry'].permission}.")
@@ -520,6 +598,8 @@ def resume_selected(model_admin: admin.ModelAdmin, request: HttpRequest, queryse
             failures.append(f"Run {pk}: {exc}")
         else:
             done += 1
+            resumed.append(pk)
+    record_each(request, Run, resumed, "Resumed (bulk action)")
     _report(request, "Resume scheduled (a worker picks each up) for", done, failures)
 
 
@@ -535,7 +615,7 @@ def cancel_selected(
     if request.POST.get("confirm") == "yes" and form.is_valid():
         compensate = request.POST.get("compensate") == "on"
         outcomes: Counter[str] = Counter()
-        failures = []
+        failures, cancelled = [], []
         actor = request.user.get_username()
         for pk, _status in rows:
             try:
@@ -544,6 +624,11 @@ def cancel_selected(
                 failures.append(f"Run {pk}: {exc}")
             else:
                 outcomes[BULK_CANCEL_VERBS[_cancelled_how(run)]] += 1
+                cancelled.append(pk)
+        how = "with compensation" if compensate else "without compensation"
+        record_each(
+            request, Run, cancelled, noted(f"Cancelled ({how}, bulk action)", "reason", form.cleaned_data["reason"])
+        )
         # A run a worker holds is only asked to stop, a saga only begun: each outcome is reported as what it is.
         for verb, count in sorted(outcomes.items()):
             _report(request, verb, count, [])

@@ -66,6 +66,7 @@ PUBLIC_API = [
     "schedule",
     "pause_schedule",
     "unschedule",
+    "trigger_schedule",
     "send_signal",
     "set_budget",
     "sleep",
