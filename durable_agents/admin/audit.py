@@ -21,6 +21,7 @@ from django.http import HttpRequest
 
 # The operator actions a page shows (newest first); the admin's own history page has all of them.
 SHOWN = 50
+REPR_CHARS = 200  # LogEntry.object_repr
 
 
 def noted(text: str, what: str, value: Any) -> str:
@@ -31,22 +32,25 @@ def noted(text: str, what: str, value: Any) -> str:
 
 def record(request: HttpRequest, obj: Model, message: str, *, added: bool = False) -> None:
     """Log that the operator of `request` did `message` to `obj` (a change; `added`: it was created)."""
-    LogEntry.objects.log_actions(
-        user_id=request.user.pk,
-        queryset=[obj],
-        action_flag=ADDITION if added else CHANGE,
-        change_message=message,
-        single_object=True,
-    )
+    LogEntry.objects.bulk_create([_entry(request, obj, message, ADDITION if added else CHANGE)])
 
 
 def record_each(request: HttpRequest, model: type[Model], pks: Iterable[Any], message: str) -> None:
     """Log `message` once per object of `model` the operator changed in a bulk action (one INSERT)."""
     objects = list(model._default_manager.filter(pk__in=list(pks)))
-    if objects:
-        LogEntry.objects.log_actions(
-            user_id=request.user.pk, queryset=objects, action_flag=CHANGE, change_message=message
-        )
+    LogEntry.objects.bulk_create([_entry(request, obj, message, CHANGE) for obj in objects])
+
+
+def _entry(request: HttpRequest, obj: Model, message: str, flag: int) -> LogEntry:
+    # "Recent actions" shows an entry's object_repr, never its message: the repr carries what was done too.
+    return LogEntry(
+        user_id=request.user.pk,
+        content_type=ContentType.objects.get_for_model(type(obj)),
+        object_id=str(obj.pk),
+        object_repr=f"{obj} — {message}"[:REPR_CHARS],
+        action_flag=flag,
+        change_message=message,
+    )
 
 
 def recorded_for(obj: Model) -> list[LogEntry]:
