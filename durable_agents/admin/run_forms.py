@@ -12,7 +12,7 @@ from typing import Any
 from django import forms
 
 from durable_agents import api
-from durable_agents.admin.action_form import RunActionForm
+from durable_agents.admin.action_forms import RunActionForm
 from durable_agents.decisions import describe_closed
 from durable_agents.errors import WaitClosedError
 from durable_agents.models import Run, Step, StepKind, StepStatus, Wait, WaitKind

@@ -36,8 +36,9 @@ from django.utils.html import format_html
 from django.utils.safestring import mark_safe
 
 from durable_agents import clock
-from durable_agents.admin.actions import ACTIONS, actions_for, cancel_selected, resume_selected, run_action_view
+from durable_agents.admin.actions import ACTIONS, actions_for, run_action_view
 from durable_agents.admin.audit import recorded_for
+from durable_agents.admin.bulk import cancel_selected, resume_selected
 from durable_agents.admin.counting import EstimatedCountPaginator
 from durable_agents.admin.filters import (
     AgingFilter,

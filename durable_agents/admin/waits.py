@@ -21,7 +21,8 @@ from django.utils.text import Truncator
 from django.views.decorators.http import require_POST
 
 from durable_agents import api, clock
-from durable_agents.admin.actions import BULK_LIMIT, comment_field, stale_decision
+from durable_agents.admin.action_forms import comment_field, stale_decision
+from durable_agents.admin.actions import BULK_LIMIT
 from durable_agents.admin.audit import noted, record
 from durable_agents.admin.forbidden import forbidden
 from durable_agents.admin.guards import refuse_nul, show_direction_controls
