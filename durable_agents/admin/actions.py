@@ -377,7 +377,16 @@ def run_action_view(model_admin: admin.ModelAdmin, request: HttpRequest, object_
         messages.error(request, f"{action.label}: {stale}")
         return HttpResponseRedirect(run_url)
     if not action.applies(run):
-        messages.error(request, f"{action.label} does not apply to a {run.status} run.")
+        signal = open_signal_wait(run) if action.codename == "decide_wait" and action.slug != "signal" else None
+        if signal is not None:
+            # A page from before the fix, or an address typed by hand: say what to do instead.
+            messages.error(
+                request,
+                f"{action.label} applies to approvals; run {str(run.pk)[:8]} waits for signal {signal.name!r}: "
+                "use Deliver signal. Nothing was decided.",
+            )
+        else:
+            messages.error(request, f"{action.label} does not apply to a {run.status} run.")
         return HttpResponseRedirect(run_url)
     if request.method == "POST" and form.is_valid():
         try:

@@ -104,6 +104,14 @@ def test_signal__a_signal_wait_offers_deliver_not_approve_or_reject(operator):
     assert 'value="go"' in form, "the signal's name is prefilled from the open wait"
 
 
+def test_signal__approve_posted_on_a_signal_wait_says_to_deliver_and_decides_nothing(operator):
+    run, wait = waiting_on_signal()
+    response = operator.post(action_url(run, "approve"), {"wait": wait.pk, "comment": ""}, follow=True)
+    assert "waits for signal &#x27;go&#x27;: use Deliver signal" in response.content.decode()
+    wait.refresh_from_db()
+    assert wait.status == WaitStatus.OPEN and not LogEntry.objects.exists()
+
+
 def test_signal__an_approval_wait_still_offers_approve_and_no_deliver(operator):
     run = drive(api.start("approve_charge", {"order_id": "A-1"}).id)
     html = operator.get(page_url(run)).content.decode()
