@@ -12,6 +12,7 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Iterable
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.contrib.admin.models import ADDITION, CHANGE, LogEntry
@@ -19,9 +20,14 @@ from django.contrib.contenttypes.models import ContentType
 from django.db.models import Model
 from django.http import HttpRequest
 
+from durable_agents import clock
+from durable_agents.models import Event
+
 # The operator actions a page shows (newest first); the admin's own history page has all of them.
 SHOWN = 50
 REPR_CHARS = 200  # LogEntry.object_repr
+# A log entry and the event the engine recorded for the same action are this close in time (one request).
+LINK_WINDOW = timedelta(seconds=10)
 
 
 def noted(text: str, what: str, value: Any) -> str:
@@ -32,18 +38,22 @@ def noted(text: str, what: str, value: Any) -> str:
 
 def record(request: HttpRequest, obj: Model, message: str, *, added: bool = False) -> None:
     """Log that the operator of `request` did `message` to `obj` (a change; `added`: it was created)."""
-    LogEntry.objects.bulk_create([_entry(request, obj, message, ADDITION if added else CHANGE)])
+    LogEntry.objects.bulk_create([_entry(request, obj, message, ADDITION if added else CHANGE, clock.now())])
 
 
 def record_each(request: HttpRequest, model: type[Model], pks: Iterable[Any], message: str) -> None:
     """Log `message` once per object of `model` the operator changed in a bulk action (one INSERT)."""
     objects = list(model._default_manager.filter(pk__in=list(pks)))
-    LogEntry.objects.bulk_create([_entry(request, obj, message, CHANGE) for obj in objects])
+    if objects:
+        at = clock.now()
+        LogEntry.objects.bulk_create([_entry(request, obj, message, CHANGE, at) for obj in objects])
 
 
-def _entry(request: HttpRequest, obj: Model, message: str, flag: int) -> LogEntry:
+def _entry(request: HttpRequest, obj: Model, message: str, flag: int, at: datetime) -> LogEntry:
     # "Recent actions" shows an entry's object_repr, never its message: the repr carries what was done too.
+    # Stamped on the engine's clock, as its events are, so an entry finds its event (`with_events`).
     return LogEntry(
+        action_time=at,
         user_id=request.user.pk,
         content_type=ContentType.objects.get_for_model(type(obj)),
         object_id=str(obj.pk),
@@ -61,3 +71,18 @@ def recorded_for(obj: Model) -> list[LogEntry]:
         .select_related("user")
         .order_by("-action_time", "-id")[:SHOWN]
     )
+
+
+def with_events(entries: list[LogEntry], events: Iterable[Event]) -> list[tuple[LogEntry, Event | None]]:
+    """Each log entry with the event the engine recorded for the same action (same actor, nearest in time), so
+    the run page links the two instead of telling the action twice; None when the event is not among `events`."""
+    free = [e for e in events if e.actor]
+    linked = []
+    for entry in entries:
+        who = entry.user.get_username()
+        near = [e for e in free if e.actor == who and abs(e.created_at - entry.action_time) <= LINK_WINDOW]
+        event = min(near, key=lambda e: abs(e.created_at - entry.action_time), default=None)
+        if event is not None:
+            free.remove(event)
+        linked.append((entry, event))
+    return linked

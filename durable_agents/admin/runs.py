@@ -37,7 +37,7 @@ from django.utils.safestring import mark_safe
 
 from durable_agents import clock
 from durable_agents.admin.actions import ACTIONS, actions_for, run_action_view
-from durable_agents.admin.audit import recorded_for
+from durable_agents.admin.audit import recorded_for, with_events
 from durable_agents.admin.bulk import cancel_selected, resume_selected
 from durable_agents.admin.counting import EstimatedCountPaginator
 from durable_agents.admin.filters import (
@@ -355,7 +355,7 @@ class RunAdmin(admin.ModelAdmin):
             "page": page,
             "run_actions": actions_for(run, request.user),
             "step_actions": _step_actions(run, page, request.user),
-            "operator_actions": recorded_for(run),
+            "operator_actions": with_events(recorded_for(run), (event for event, _ in page.events)),
             **(extra_context or {}),
         }
         return show_direction_controls(TemplateResponse(request, "admin/durable_agents/run/run_page.html", context))

@@ -134,6 +134,9 @@ def test_signal__delivered_with_its_payload_logged_and_shown_in_recent_actions(o
     page = operator.get(page_url(run)).content.decode()
     section = page[page.index('id="operator-actions"') : page.index('id="events"')]
     assert "Delivered signal" in section and "operator" in section, "the run page shows who did what"
+    received = Event.objects.get(run=run, kind="signal_received")
+    assert f'href="#event-{received.pk}"' in section, "the log entry links the event the engine recorded"
+    assert f'id="event-{received.pk}"' in page
     drive(run.id)
     assert Run.objects.get(pk=run.pk).status == RunStatus.COMPLETED
 
