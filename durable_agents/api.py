@@ -30,6 +30,7 @@ from durable_agents.engine.runs import set_budget as _set_budget
 from durable_agents.engine.schedules import define_schedule, delete_schedule
 from durable_agents.engine.schedules import pause_schedule as _pause_schedule
 from durable_agents.engine.schedules import resume_schedule as _resume_schedule
+from durable_agents.engine.schedules import trigger_schedule as _trigger_schedule
 from durable_agents.engine.waits import decide_wait
 from durable_agents.engine.waits import send_signal as _send_signal
 from durable_agents.errors import (
@@ -146,6 +147,7 @@ __all__ = [
     "swap_participant",
     "tool",
     "tool_step",
+    "trigger_schedule",
     "unschedule",
     "wait_for_signal",
     "workflow",
@@ -251,11 +253,20 @@ def decide(
     return decide_wait(wait_id, approved=approved, by=by, comment=comment, via=via, run_id=run_id)
 
 
-def send_signal(run_id: uuid.UUID | str, name: str, payload: Any = None, *, by: str = "") -> Any:
-    """Deliver signal `name` (with a JSON payload) to a run; kept until the run waits for it."""
+def send_signal(
+    run_id: uuid.UUID | str, name: str, payload: Any = None, *, by: str = "", wait_id: int | None = None
+) -> Any:
+    """Deliver signal `name` (with a JSON payload) to a run; kept until the run waits for it.
+
+    With `wait_id` (the open signal wait an operator saw) it goes to that wait only, or raises WaitClosedError
+    and nothing is kept: a form posted twice delivers once, e.g.
+    ``send_signal(run.id, "paid", {"amount": 40}, by="alice", wait_id=wait.pk)``.
+    """
     if not check_text(name, "the signal name").strip():
         raise InvalidInputError("the signal name is empty; give the name the run waits for")
-    return _send_signal(run_id, name, payload, by=_actor(by, "the sender (by, --as)"))
+    if wait_id is not None and (isinstance(wait_id, bool) or not isinstance(wait_id, int)):
+        raise WaitNotFoundError(f"no wait has id {wait_id!r}; wait ids are whole numbers")
+    return _send_signal(run_id, name, payload, by=_actor(by, "the sender (by, --as)"), wait_id=wait_id)
 
 
 def fork(run_id: uuid.UUID | str, at_step: str, *, input: Any = None, actor: str = "") -> Run:  # noqa: A002
@@ -363,6 +374,18 @@ def pause_schedule(name: str) -> Schedule:
 def resume_schedule(name: str) -> Schedule:
     """Start the schedule's slots again, from the next one after now (the paused slots are not owed)."""
     return _resume_schedule(check_text(name, "the schedule name", max_chars=SCHEDULE_NAME_MAX_CHARS))
+
+
+def trigger_schedule(name: str, *, actor: str, token: str) -> Run:
+    """Start the schedule's workflow with its input now, beside its slots; the same `token` starts one run.
+
+    Example::
+
+        api.trigger_schedule("nightly-report", actor="alice", token=uuid.uuid4().hex)
+    """
+    check_text(name, "the schedule name", max_chars=SCHEDULE_NAME_MAX_CHARS)
+    check_text(token, "the trigger token")
+    return _trigger_schedule(name, actor=_actor(actor), token=token)
 
 
 def unschedule(name: str) -> None:

@@ -33,11 +33,11 @@ from durable_agents.models import (
     RunStatus,
     Schedule,
     Step,
+    StepStatus,
     Wait,
     WaitStatus,
 )
 from durable_agents.search import check_filters, parse_filter
-from durable_agents.states import StepStatus, is_executing
 from durable_agents.storable import check_text, shown, whole_number
 
 # The admin and the demo print a run id's first 8 characters; 6 keep a typo from matching a run by chance.
@@ -232,6 +232,29 @@ def concurrency_note(run: Run, position: int | None = None) -> str:
     return f"holds concurrency key {key!r} (limit {run.concurrency_limit})"
 
 
+def is_executing(step: Step, run: Run) -> bool:
+    """Whether a worker executes `step` now: the run's cursor, under a held lease. The engine writes the step's
+    row only when the attempt ends (a claim is one statement on the run), so its row still reads pending."""
+    return (
+        run.status == RunStatus.RUNNING
+        and bool(run.lease_owner)
+        and run.cursor < run.step_count
+        and step.position == run.cursor
+        and step.status != StepStatus.SUPERSEDED
+    )
+
+
+def step_status_shown(step: Step, run: Run) -> str:
+    """A step's status as the run page and `durable_show` both say it: an executing step is running (its row
+    reads pending), a step left waiting by a cancelled run was cancelled with it (its row stays waiting so a
+    resume re-asks)."""
+    if is_executing(step, run):
+        return StepStatus.RUNNING
+    if step.status == StepStatus.WAITING and run.status == RunStatus.CANCELLED:
+        return "cancelled"
+    return step.status
+
+
 def describe_run(run_id: uuid.UUID | str, *, events: int = 200) -> dict[str, Any]:
     """Everything an operator needs about one run (its id or a unique prefix): the row, its steps, its history."""
     run = find_run(run_id)
@@ -271,18 +294,9 @@ def describe_run(run_id: uuid.UUID | str, *, events: int = 200) -> dict[str, Any
                 "kind": s.kind,
                 "position": s.position,
                 "number": s.position + 1,
-                # As the run page says it: the step a worker executes now reads running, its attempt counted.
-                **(
-                    {"status": StepStatus.RUNNING.value, "attempts": max(s.attempts, run.attempt)}
-                    if is_executing(
-                        step_status=s.status,
-                        position=s.position,
-                        run_status=run.status,
-                        cursor=run.cursor,
-                        lease_owner=run.lease_owner,
-                    )
-                    else {"status": s.status, "attempts": s.attempts}
-                ),
+                "status": step_status_shown(s, run),
+                "row_status": s.status,
+                "attempts": max(s.attempts, run.attempt) if is_executing(s, run) else s.attempts,
                 "started_at": _iso(s.started_at),
                 "finished_at": _iso(s.finished_at),
                 "duration_ms": _ms(s),

@@ -189,19 +189,3 @@ INITIAL = {
     "wait": (WaitStatus.OPEN, WaitStatus.APPROVED),  # approved: a signal that arrived before it was awaited
     "effect": EffectStatus.PENDING,
 }
-
-
-def is_executing(*, step_status: str, position: int, run_status: str, cursor: int, lease_owner: str) -> bool:
-    """Whether a worker executes this step now: the live step under the cursor of a running run whose lease
-    is held (or was: it may have run out). The engine writes a step's row only when an attempt ends (a claim is
-    one statement on the run), so its row reads pending meanwhile; the run page and `durable_show` both ask
-    this, and both say "running"::
-
-        is_executing(step_status="pending", position=1, run_status="running", cursor=1, lease_owner="w:7")
-    """
-    return (
-        bool(lease_owner)
-        and run_status == RunStatus.RUNNING
-        and position == cursor
-        and step_status != StepStatus.SUPERSEDED
-    )

@@ -2,8 +2,9 @@
 
 Modules: `runs` (the ModelAdmin), `filters`, `counting` (counts that stay cheap at a million rows),
 `overview`, `run_page` (what the run page reads), `timeline` (its SVG), `actions` (resume, retry,
-cancel, budget, swap, approve, reject, re-plan — each through the public API), `waits` (the pending
-approvals queue), `schedules` (the scheduled runs, paused and resumed).
+cancel, budget, swap, approve, reject, deliver a signal, re-plan, fork — each through the public API) with their
+forms (`action_forms`, `run_forms`) and `bulk` (the list's), `audit` (each console action in the admin's log),
+`waits` (the pending approvals queue), `schedules` (the scheduled runs, paused, resumed and triggered now).
 """
 
 from durable_agents.admin.runs import RunAdmin

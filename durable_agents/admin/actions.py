@@ -1,98 +1,47 @@
 """Operator actions on runs: resume, retry the failed step, cancel (with or without compensation),
-set the budget, swap the participant, approve or reject a wait, re-plan from a step — one at a time
-from the run page, or in bulk from the list.
+set the budget, swap the participant, approve or reject a wait, deliver a signal, re-plan (reset) from a step,
+fork from a step — one at a time from the run page (`bulk` has the list's).
 
 Each action checks its own permission, confirms what it will do, then calls the public API with the
-operator as `actor` (the engine records the event). No status is written here. Domain errors become
-admin error messages, never a traceback.
+operator as `actor` (the engine records the event) and logs what it did in the admin's log (`audit`).
+No status is written here. Domain errors become admin error messages, never a traceback.
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from django import forms
 from django.contrib import admin, messages
-from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
-from django.db.models import Q, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
 
 from durable_agents import api
+from durable_agents.admin.action_forms import (
+    BudgetForm,
+    CancelForm,
+    DecisionForm,
+    ReplanForm,
+    ResolveEffectForm,
+    RunActionForm,
+    SwapForm,
+    unresolved_effects,
+)
+from durable_agents.admin.audit import noted, record
 from durable_agents.admin.forbidden import forbidden
-from durable_agents.agents.participants import participants
+from durable_agents.admin.run_forms import ForkForm, SignalForm, deliver, fork, has_open_approval, open_signal_wait
 from durable_agents.decisions import describe_closed, wait_label
 from durable_agents.engine.records import let_go
 from durable_agents.engine.wake import MODEL_BOUND_KINDS
-from durable_agents.errors import DurableAgentsError, UnknownWorkflowError, WaitClosedError
-from durable_agents.models import EffectKind, EffectStatus, Run, RunStatus, Step, StepKind, Wait
+from durable_agents.errors import DurableAgentsError, InvalidInputError, UnknownWorkflowError, WaitClosedError
+from durable_agents.models import Run, RunStatus, Step, StepKind, Wait
 from durable_agents.states import RUN_RULES, RunOp
-from durable_agents.storable import BIGINT_MAX
 from durable_agents.workflows import registry
 
 # Bulk actions act on at most this many runs at once; select fewer (filter first) for more.
 BULK_LIMIT = 500
-
-
-def comment_field(help_text: str) -> forms.CharField:
-    """The comment recorded with a decision (or a cancel's reason): optional, bounded, a small text area."""
-    return forms.CharField(
-        required=False, max_length=2000, widget=forms.Textarea(attrs={"rows": 3, "cols": 70}), help_text=help_text
-    )
-
-
-class RunActionForm(forms.Form):
-    """An action's form; bare, it is a confirmation."""
-
-    def __init__(self, *args: Any, run: Run | None = None, **kwargs: Any) -> None:
-        self.run = run
-        super().__init__(*args, **kwargs)
-
-    def stale_reason(self) -> str | None:
-        """Why what this form showed no longer holds (then nothing is done), or None."""
-        return None
-
-
-class CancelForm(RunActionForm):
-    reason = forms.CharField(
-        required=False,
-        max_length=1000,
-        widget=forms.Textarea(attrs={"rows": 3, "cols": 70}),
-        help_text="Recorded in the run's history with your name.",
-    )
-
-
-class BudgetForm(RunActionForm):
-    tokens = forms.IntegerField(
-        required=False, min_value=0, max_value=BIGINT_MAX, label="Token budget", help_text="Leave empty to keep."
-    )
-    cost_usd = forms.DecimalField(
-        required=False, min_value=0, max_digits=14, decimal_places=6, label="Cost budget (USD)"
-    )
-
-    def __init__(self, *args: Any, run: Run, **kwargs: Any) -> None:
-        super().__init__(*args, run=run, **kwargs)
-        self.fields["tokens"].initial = run.token_budget
-        self.fields["cost_usd"].initial = run.cost_budget_usd
-
-    def clean(self) -> dict[str, Any]:
-        data = super().clean()
-        if data.get("tokens") is None and data.get("cost_usd") is None:
-            raise forms.ValidationError("Give a token budget, a cost budget, or both.")
-        return data
-
-
-class SwapForm(RunActionForm):
-    participant = forms.ChoiceField(help_text="Answers this run's model turns from the next turn on.")
-
-    def __init__(self, *args: Any, run: Run, **kwargs: Any) -> None:
-        super().__init__(*args, run=run, **kwargs)
-        self.fields["participant"].choices = [(name, name) for name in participants.names()]
-        self.fields["participant"].initial = run.participant or None
 
 
 def _compensated(run: Run) -> bool:
@@ -114,122 +63,11 @@ def _uses_a_model(run: Run) -> bool:
     return any(step.kind in MODEL_STEP_KINDS for step in definition.steps)
 
 
-def unresolved_effects(run: Run) -> Any:
-    """The run's effects whose outcome nobody knows: external calls invoked without a recorded outcome."""
-    return (
-        run.effects.filter(kind=EffectKind.EFFECT)
-        .filter(Q(status=EffectStatus.PENDING, attempts__gt=0) | ~Q(needs_attention=""))
-        .exclude(status__in=(EffectStatus.APPLIED, EffectStatus.COMPENSATED))
-    )
-
-
-class ResolveEffectForm(RunActionForm):
-    effect = forms.ChoiceField(label="Effect", help_text="Invoked with no recorded outcome.")
-    outcome = forms.ChoiceField(
-        choices=[("applied", "It was applied (the receiving system did it)"), ("failed", "It was not applied")],
-        widget=forms.RadioSelect,
-    )
-    result = forms.JSONField(
-        required=False, label="Result (JSON)", help_text="If applied: what the receiving system returned."
-    )
-    reason = forms.CharField(
-        max_length=1000,
-        widget=forms.Textarea(attrs={"rows": 3, "cols": 70}),
-        help_text="How you know (for example: checked in the payment provider's dashboard). Recorded with your name.",
-    )
-
-    def __init__(self, *args: Any, run: Run, **kwargs: Any) -> None:
-        super().__init__(*args, run=run, **kwargs)
-        self.fields["effect"].choices = [
-            (e.idempotency_key, f"{e.tool}({e.args}) — key {e.idempotency_key}, {e.attempts} invocation(s)")
-            for e in unresolved_effects(run)
-        ]
-
-    def clean(self) -> dict[str, Any]:
-        data = super().clean()
-        if data.get("outcome") == "failed" and data.get("result") not in (None, ""):
-            raise forms.ValidationError("An effect that was not applied has no result: leave Result empty.")
-        return data
-
-
 def _resolve(run: Run, data: dict[str, Any], actor: str) -> Run:
     api.resolve_effect(
         data["effect"], data["outcome"] == "applied", result=data.get("result"), actor=actor, reason=data["reason"]
     )
     return run
-
-
-def stale_decision(wait: Wait, shown_args_hash: str | None) -> str | None:
-    """Why a decision form showing `wait` (and, for a tool call, the arguments hashing to `shown_args_hash`)
-    must decide nothing now, or None. Every decision form of the console checks this before deciding; the
-    API's compare-and-set is the last referee."""
-    if not wait.is_open:
-        return describe_closed(wait)
-    if shown_args_hash is not None and shown_args_hash != wait.args_hash:
-        return (
-            f"{wait_label(wait)} asks for another call than the one your page showed; nothing was decided. "
-            "Read it again, then decide."
-        )
-    return None
-
-
-class DecisionForm(RunActionForm):
-    """Approve or reject the one wait this form showed; its id travels with the form.
-
-    The form is bound to a wait, never to "whatever is open when it is posted": a run can close the wait
-    shown and open another (a larger refund, say) while the operator reads, and a decision must not land
-    on a request its decider never saw.
-    """
-
-    wait = forms.IntegerField(required=False, widget=forms.HiddenInput)
-    # The arguments shown (a tool approval's hash): a form whose call changed decides nothing.
-    args_hash = forms.CharField(required=False, widget=forms.HiddenInput)
-    comment = comment_field("Recorded with the decision.")
-
-    def __init__(self, *args: Any, run: Run, **kwargs: Any) -> None:
-        super().__init__(*args, run=run, **kwargs)
-        if self.is_bound:
-            # Only a wait of this run: a form edited to name another run's wait decides nothing.
-            posted = str(self.data.get("wait", ""))
-            self.shown_wait = Wait.objects.filter(run=run, pk=int(posted)).first() if posted.isdecimal() else None
-        else:
-            self.shown_wait = Wait.objects.open().filter(run=run).first()
-            self.fields["wait"].initial = self.shown_wait.pk if self.shown_wait else None
-            self.fields["args_hash"].initial = self.shown_wait.args_hash if self.shown_wait else ""
-        if self.shown_wait is not None:
-            self.fields["brief"] = forms.CharField(
-                required=False,
-                disabled=True,
-                initial=self.shown_wait.brief or self.shown_wait.question,
-                label=self.shown_wait.question[:80] or wait_label(self.shown_wait),
-                widget=forms.Textarea(attrs={"rows": 14, "cols": 90}),
-            )
-            self.order_fields(["wait", "args_hash", "brief", "comment"])
-
-    def clean(self) -> dict[str, Any]:
-        data = super().clean()
-        if self.shown_wait is None:
-            raise forms.ValidationError(
-                "This form names no request of this run; open the run page again and choose the action there."
-            )
-        data["wait"] = self.shown_wait
-        return data
-
-    def stale_reason(self) -> str | None:
-        if self.shown_wait is None:
-            return None
-        # Forms rendered before the hash travelled with them post none: the wait id alone binds those.
-        shown = self.data.get("args_hash") if self.is_bound and "args_hash" in self.data else None
-        return stale_decision(self.shown_wait, shown)
-
-
-class ReplanForm(RunActionForm):
-    step_id = forms.ChoiceField(label="From step", help_text="This step and all after it execute again.")
-
-    def __init__(self, *args: Any, run: Run, **kwargs: Any) -> None:
-        super().__init__(*args, run=run, **kwargs)
-        steps = Step.objects.live().filter(run=run).order_by("position").values_list("step_id", "status")
-        self.fields["step_id"].choices = [(step_id, f"{step_id} ({status})") for step_id, status in steps]
 
 
 def _decide(run: Run, approved: bool, data: dict[str, Any], actor: str) -> Run:
@@ -258,6 +96,15 @@ class RunAction:
     when: Callable[[Run], bool] | None = None
     # What happened, said of the run the action returned: "done" only when the change itself is made.
     outcome: Callable[[Run], str] = lambda run: "done"
+    # What the audit trail says was done, from the form's data and the run the action returned.
+    logged: Callable[[dict[str, Any], Run], str] | None = None
+    # Errors in what the operator typed: the form is shown again with it, and the error (nothing is lost).
+    keeps_input_on: tuple[type[Exception], ...] = ()
+    # The action made a new run (a fork): the operator is taken to it.
+    opens_result: bool = False
+
+    def log_message(self, data: dict[str, Any], after: Run) -> str:
+        return self.logged(data, after) if self.logged is not None else self.label
 
     @property
     def permission(self) -> str:
@@ -287,7 +134,7 @@ def _scheduled(run: Run) -> str:
     return "scheduled — a worker will pick the run up"
 
 
-def _cancelled_how(run: Run) -> str:
+def cancelled_how(run: Run) -> str:
     """What a cancel did: "done", "compensating" (a saga begun) or "requested" (a worker holds the run)."""
     if run.status == RunStatus.CANCELLED:
         return "done"
@@ -308,11 +155,30 @@ BULK_CANCEL_VERBS = {
 
 
 def _cancel_outcome(run: Run) -> str:
-    return CANCEL_OUTCOMES[_cancelled_how(run)]
+    return CANCEL_OUTCOMES[cancelled_how(run)]
 
 
 def _decided(run: Run) -> str:
     return "recorded — the run is scheduled to resume; a worker will pick it up"
+
+
+def _budget_logged(data: dict[str, Any], after: Run) -> str:
+    parts = [f"{after.token_budget} tokens" if data.get("tokens") is not None else ""]
+    parts.append(f"${after.cost_budget_usd}" if data.get("cost_usd") is not None else "")
+    return "Set the budget to " + " and ".join(p for p in parts if p)
+
+
+def _decision_logged(verb: str) -> Callable[[dict[str, Any], Run], str]:
+    return lambda data, after: noted(f"{verb} {wait_label(data['wait'])}", "comment", data.get("comment"))
+
+
+def _resolve_logged(data: dict[str, Any], after: Run) -> str:
+    how = "applied" if data["outcome"] == "applied" else "not applied"
+    return noted(f"Recorded effect {data['effect']} as {how}", "reason", data.get("reason"))
+
+
+def _signal_waits(run: Run) -> bool:
+    return open_signal_wait(run) is not None
 
 
 ACTIONS: dict[str, RunAction] = {
@@ -328,6 +194,7 @@ ACTIONS: dict[str, RunAction] = {
             lambda run, data, actor: api.resume(run.pk, actor=actor),
             when=lambda run: not _compensated(run),
             outcome=_scheduled,
+            logged=lambda data, after: "Resumed",
         ),
         RunAction(
             "retry",
@@ -338,6 +205,7 @@ ACTIONS: dict[str, RunAction] = {
             lambda run, data, actor: api.resume(run.pk, actor=actor),
             when=lambda run: not _compensated(run),
             outcome=_scheduled,
+            logged=lambda data, after: "Retried the failed step",
         ),
         RunAction(
             "cancel",
@@ -349,6 +217,7 @@ ACTIONS: dict[str, RunAction] = {
             CancelForm,
             destructive=True,
             outcome=_cancel_outcome,
+            logged=lambda data, after: noted("Cancelled (without compensation)", "reason", data.get("reason")),
         ),
         RunAction(
             "compensate",
@@ -361,6 +230,7 @@ ACTIONS: dict[str, RunAction] = {
             CancelForm,
             destructive=True,
             outcome=_cancel_outcome,
+            logged=lambda data, after: noted("Cancelled (with compensation)", "reason", data.get("reason")),
         ),
         RunAction(
             "budget",
@@ -373,6 +243,7 @@ ACTIONS: dict[str, RunAction] = {
             ),
             BudgetForm,
             when=_uses_a_model,
+            logged=_budget_logged,
         ),
         RunAction(
             "swap",
@@ -383,6 +254,7 @@ ACTIONS: dict[str, RunAction] = {
             lambda run, data, actor: api.swap_participant(run.pk, data["participant"], actor=actor),
             SwapForm,
             when=_uses_a_model,
+            logged=lambda data, after: f"Swapped the participant to {data['participant']}",
         ),
         RunAction(
             "approve",
@@ -393,7 +265,10 @@ ACTIONS: dict[str, RunAction] = {
             "approve path. If the run has moved on to another request meanwhile, nothing is decided.",
             lambda run, data, actor: _decide(run, True, data, actor),
             DecisionForm,
+            # A signal or timer wait is no decision: a signal is delivered ("Deliver signal"), a timer fires.
+            when=has_open_approval,
             outcome=_decided,
+            logged=_decision_logged("Approved"),
         ),
         RunAction(
             "reject",
@@ -405,7 +280,9 @@ ACTIONS: dict[str, RunAction] = {
             lambda run, data, actor: _decide(run, False, data, actor),
             DecisionForm,
             destructive=True,
+            when=has_open_approval,
             outcome=_decided,
+            logged=_decision_logged("Rejected"),
         ),
         RunAction(
             "replan",
@@ -420,6 +297,7 @@ ACTIONS: dict[str, RunAction] = {
             # A saga (compensating, or compensated) is never re-run into: fork it instead.
             when=lambda run: not run.finish_as,
             outcome=_scheduled,
+            logged=lambda data, after: f"Reset to step {data['step_id']} (it and every step after it run again)",
         ),
         RunAction(
             "resolve",
@@ -434,6 +312,39 @@ ACTIONS: dict[str, RunAction] = {
             ResolveEffectForm,
             destructive=True,
             when=lambda run: unresolved_effects(run).exists(),
+            logged=_resolve_logged,
+        ),
+        RunAction(
+            "signal",
+            "Deliver signal",
+            # No permission of its own yet (adding one needs a migration): delivering what a wait waits for is
+            # deciding it.
+            "decide_wait",
+            (RunStatus.WAITING,),
+            "The signal, with its JSON payload, is delivered to the wait shown below with your name; the run wakes "
+            "and its step's result carries the payload. If the wait closed meanwhile, nothing is sent.",
+            deliver,
+            SignalForm,
+            when=_signal_waits,
+            outcome=lambda run: "delivered — the run is scheduled to resume; a worker will pick it up",
+            logged=lambda data, after: f"Delivered signal {data['name']!r}",
+            keeps_input_on=(InvalidInputError,),
+        ),
+        RunAction(
+            "fork",
+            "Fork from a step",
+            # A fork re-runs steps, as a re-plan does (a permission of its own needs a migration).
+            "replan_run",
+            tuple(RunStatus.values),
+            "A new run copies this run's checkpoints before the chosen step and executes from there; this run is "
+            "left as it is. With this run's input the fork reuses the effects it applied; with new input it "
+            "applies its own.",
+            fork,
+            ForkForm,
+            outcome=lambda run: f"started run {run.pk}",
+            logged=lambda data, after: f"Forked at step {data['step_id']} into run {after.pk}",
+            keeps_input_on=(InvalidInputError,),
+            opens_result=True,
         ),
     ]
 }
@@ -455,25 +366,48 @@ def run_action_view(model_admin: admin.ModelAdmin, request: HttpRequest, object_
     if not model_admin.has_view_permission(request, run) or not action.is_allowed(request.user):
         return forbidden(request, action.permission, f"{action.label.lower()} runs", site=model_admin.admin_site)
     run_url = reverse("admin:durable_agents_run_change", args=[run.pk])
-    form = action.form_class(request.POST if request.method == "POST" else None, run=run)
+    # A GET may preset fields, as the admin's add page does (the steps table links "Reset to here" with its step).
+    initial = (
+        {} if request.method == "POST" else {k: v for k, v in request.GET.items() if k in action.form_class.base_fields}
+    )
+    form = action.form_class(request.POST if request.method == "POST" else None, run=run, initial=initial)
     # Before the status check: "the request you saw was decided by X" says more than "the run is pending".
     stale = form.stale_reason()
     if stale:
         messages.error(request, f"{action.label}: {stale}")
         return HttpResponseRedirect(run_url)
     if not action.applies(run):
-        messages.error(request, f"{action.label} does not apply to a {run.status} run.")
+        signal = open_signal_wait(run) if action.codename == "decide_wait" and action.slug != "signal" else None
+        if signal is not None:
+            # A page from before the fix, or an address typed by hand: say what to do instead.
+            messages.error(
+                request,
+                f"{action.label} applies to approvals; run {str(run.pk)[:8]} waits for signal {signal.name!r}: "
+                "use Deliver signal. Nothing was decided.",
+            )
+        else:
+            messages.error(request, f"{action.label} does not apply to a {run.status} run.")
         return HttpResponseRedirect(run_url)
     if request.method == "POST" and form.is_valid():
         try:
             after = action.perform(run, form.cleaned_data, request.user.get_username())
+        except action.keeps_input_on as exc:
+            # What the operator typed is refused (a payload too large, unstorable): shown again, with why.
+            form.add_error(None, f"{action.label} refused: {exc}")
         except DurableAgentsError as exc:
             messages.error(request, f"{action.label} failed: {exc}")
+            return HttpResponseRedirect(run_url)
         else:
+            done = action.log_message(form.cleaned_data, after)
+            record(request, run, done)
+            if action.opens_result and after.pk != run.pk:
+                record(request, after, f"{done} (from run {run.pk})", added=True)
+                messages.success(request, f"{action.label}: {action.outcome(after)}, from run {run.pk}.")
+                return HttpResponseRedirect(reverse("admin:durable_agents_run_change", args=[after.pk]))
             messages.success(
                 request, f"{action.label}: {action.outcome(after)} (run {run.pk}). It is recorded in the run's events."
             )
-        return HttpResponseRedirect(run_url)
+            return HttpResponseRedirect(run_url)
     context = {
         **model_admin.admin_site.each_context(request),
         "title": f"{action.label}: run {str(run.pk)[:8]}",
@@ -484,79 +418,3 @@ def run_action_view(model_admin: admin.ModelAdmin, request: HttpRequest, object_
         "run_url": run_url,
     }
     return TemplateResponse(request, "admin/durable_agents/run/action_form.html", context)
-
-
-def _selected(request: HttpRequest, queryset: QuerySet[Run]) -> list[tuple[Any, str]] | None:
-    rows = list(queryset.order_by().values_list("pk", "status")[: BULK_LIMIT + 1])
-    if len(rows) > BULK_LIMIT:
-        messages.error(request, f"Select at most {BULK_LIMIT} runs at once (filter the list first).")
-        return None
-    return rows
-
-
-def _report(request: HttpRequest, verb: str, done: int, failures: list[str]) -> None:
-    if done:
-        messages.success(request, f"{verb} {done} run{'s' if done != 1 else ''}; each is recorded in its events.")
-    for failure in failures[:10]:
-        messages.error(request, failure)
-    if len(failures) > 10:
-        messages.error(request, f"… and {len(failures) - 10} more runs could not be changed.")
-
-
-@admin.action(description="Resume / retry selected runs", permissions=["resume"])
-def resume_selected(model_admin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet[Run]) -> None:
-    rows = _selected(request, queryset)
-    if rows is None:
-        return
-    may_retry = ACTIONS["retry"].is_allowed(request.user)
-    done, failures = 0, []
-    for pk, status in rows:
-        if status == RunStatus.FAILED and not may_retry:
-            failures.append(f"Run {pk} failed: retrying it needs the permission {ACTIONS['retry'].permission}.")
-            continue
-        try:
-            api.resume(pk, actor=request.user.get_username())
-        except DurableAgentsError as exc:
-            failures.append(f"Run {pk}: {exc}")
-        else:
-            done += 1
-    _report(request, "Resume scheduled (a worker picks each up) for", done, failures)
-
-
-@admin.action(description="Cancel selected runs…", permissions=["cancel"])
-def cancel_selected(
-    model_admin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet[Run]
-) -> TemplateResponse | None:
-    """Cancel after a confirmation page listing the runs (optionally compensating their effects)."""
-    rows = _selected(request, queryset)
-    if rows is None:
-        return None
-    form = CancelForm(request.POST if request.POST.get("confirm") == "yes" else None)
-    if request.POST.get("confirm") == "yes" and form.is_valid():
-        compensate = request.POST.get("compensate") == "on"
-        outcomes: Counter[str] = Counter()
-        failures = []
-        actor = request.user.get_username()
-        for pk, _status in rows:
-            try:
-                run = api.cancel(pk, form.cleaned_data["reason"], compensate=compensate, actor=actor)
-            except DurableAgentsError as exc:
-                failures.append(f"Run {pk}: {exc}")
-            else:
-                outcomes[BULK_CANCEL_VERBS[_cancelled_how(run)]] += 1
-        # A run a worker holds is only asked to stop, a saga only begun: each outcome is reported as what it is.
-        for verb, count in sorted(outcomes.items()):
-            _report(request, verb, count, [])
-        _report(request, "", 0, failures)
-        return None
-    runs = list(queryset.order_by("-created_at").only("id", "workflow", "workflow_version", "status")[:BULK_LIMIT])
-    context = {
-        **model_admin.admin_site.each_context(request),
-        "title": f"Cancel {len(runs)} run{'s' if len(runs) != 1 else ''}?",
-        "opts": Run._meta,
-        "runs": runs,
-        "form": form,
-        "action_checkbox_name": ACTION_CHECKBOX_NAME,
-        "select_across": request.POST.get("select_across", "0"),
-    }
-    return TemplateResponse(request, "admin/durable_agents/run/bulk_cancel.html", context)

@@ -41,15 +41,13 @@ from durable_agents.models import (
     Event,
     ProcessHeartbeat,
     Run,
-    RunStatus,
     Step,
     StepStatus,
     Turn,
     Wait,
     WaitStatus,
 )
-from durable_agents.operations import concurrency_note
-from durable_agents.states import is_executing
+from durable_agents.operations import concurrency_note, is_executing, step_status_shown
 from durable_agents.workflows import registry
 
 # Steps shown: this many plan positions, most of them before the cursor (where problems are).
@@ -337,20 +335,7 @@ def _key_queue(run: Run) -> dict[str, Any]:
 
 def _running_step(run: Run, steps: list[Step], now: datetime) -> RunningStep | None:
     """The live step under the cursor of a run a worker holds (or held: its lease may have run out)."""
-    step = next(
-        (
-            s
-            for s in steps
-            if is_executing(
-                step_status=s.status,
-                position=s.position,
-                run_status=run.status,
-                cursor=run.cursor,
-                lease_owner=run.lease_owner,
-            )
-        ),
-        None,
-    )
+    step = next((s for s in steps if is_executing(s, run)), None)
     if step is None:
         return None
     expires = run.lease_expires_at
@@ -572,9 +557,7 @@ def _step_status(step: Step, run: Run, undone: list[Effect]) -> str:
     by a cancelled run was cancelled with it (the engine keeps its row waiting so a resume re-asks)."""
     if step.status == StepStatus.SKIPPED and undone:
         return "compensated"
-    if step.status == StepStatus.WAITING and run.status == RunStatus.CANCELLED:
-        return "cancelled"
-    return step.status
+    return step_status_shown(step, run)
 
 
 def _effect_label(effect: Effect) -> str:

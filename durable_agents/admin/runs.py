@@ -37,7 +37,9 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
 from durable_agents import clock
-from durable_agents.admin.actions import ACTIONS, actions_for, cancel_selected, resume_selected, run_action_view
+from durable_agents.admin.actions import ACTIONS, actions_for, run_action_view
+from durable_agents.admin.audit import recorded_for, with_events
+from durable_agents.admin.bulk import cancel_selected, resume_selected
 from durable_agents.admin.counting import EstimatedCountPaginator
 from durable_agents.admin.filters import (
     AgingFilter,
@@ -51,7 +53,8 @@ from durable_agents.admin.filters import (
 )
 from durable_agents.admin.guards import refuse_nul, show_direction_controls
 from durable_agents.admin.overview import build_overview
-from durable_agents.admin.run_page import build_run_page
+from durable_agents.admin.run_forms import forkable_steps
+from durable_agents.admin.run_page import RunPage, build_run_page
 from durable_agents.admin.timeline import human_duration
 from durable_agents.clock import DbNow
 from durable_agents.display import when_text
@@ -162,6 +165,16 @@ def _ym(day: date) -> str:
 def _now(run: Run) -> Any:
     """The database's time as read with the row (the list's queryset annotates it), else read now."""
     return getattr(run, "db_now", None) or clock.now()
+
+
+def _step_actions(run: Run, page: RunPage, user: Any) -> dict[str, Any] | None:
+    """The per-step links of the steps table the operator may follow: fork from a step, reset to it."""
+    fork, reset = ACTIONS["fork"], ACTIONS["replan"]
+    shown = {
+        "forkable": {s.step_id for s in forkable_steps(page.steps)} if fork.is_allowed(user) else set(),
+        "reset": reset.is_allowed(user) and reset.applies(run),
+    }
+    return shown if shown["forkable"] or shown["reset"] else None
 
 
 @admin.register(Run)
@@ -363,13 +376,16 @@ class RunAdmin(admin.ModelAdmin):
             return self._get_obj_does_not_exist_redirect(request, self.opts, object_id)
         if not self.has_view_permission(request, run):
             raise PermissionDenied
+        page = build_run_page(run, now=clock.now())
         context = {
             **self.admin_site.each_context(request),
             "title": f"Run {str(run.pk)[:8]} · {run.workflow}@{run.workflow_version}",
             "opts": self.opts,
             "original": run,
-            "page": build_run_page(run, now=clock.now()),
+            "page": page,
             "run_actions": actions_for(run, request.user),
+            "step_actions": _step_actions(run, page, request.user),
+            "operator_actions": with_events(recorded_for(run), (event for event, _ in page.events)),
             **(extra_context or {}),
         }
         return show_direction_controls(TemplateResponse(request, "admin/durable_agents/run/run_page.html", context))

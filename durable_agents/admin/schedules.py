@@ -1,42 +1,66 @@
-"""The schedules: what each starts and when, its last run, and pausing or resuming it (through the public API).
+"""The schedules: what each starts and when, its last run, and pausing, resuming or triggering it now (through the
+public API), from the list (bulk) or the schedule's own page; each is recorded in the admin's log.
 
-Schedules are defined in code (`api.schedule`), so the console neither adds, edits nor deletes them: it pauses
-and resumes, the operator's two levers, and a pause survives the app re-declaring the schedule at start-up.
+Schedules are defined in code (`api.schedule`), so the console neither adds, edits nor deletes them: it pauses,
+resumes and starts a run now, the operator's levers, and a pause survives the app re-declaring the schedule at
+start-up.
 """
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 from django.contrib import admin, messages
 from django.db.models import QuerySet
-from django.http import HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
 from django.template.defaultfilters import pluralize
-from django.urls import reverse
+from django.urls import path, reverse
 from django.utils.html import format_html
 
 from durable_agents import api
+from durable_agents.admin.audit import record, record_each
+from durable_agents.admin.forbidden import forbidden
 from durable_agents.admin.guards import refuse_nul, show_direction_controls
-from durable_agents.display import when_html
+from durable_agents.display import when_html, when_text
 from durable_agents.errors import DurableAgentsError
 from durable_agents.models import Schedule
 
+# Pausing, resuming and triggering share the one schedule permission (a trigger permission needs a migration).
 PAUSE_PERMISSION = "durable_agents.pause_schedule"
+PAUSED = "Paused: no slot starts until resumed"
+RESUMED = "Resumed from the next slot after now"
 
 
 def _toggle(request: HttpRequest, queryset: QuerySet[Schedule], pause: bool) -> None:
     verb = api.pause_schedule if pause else api.resume_schedule
-    done = 0
-    for name in queryset.values_list("name", flat=True):
+    done = []
+    for pk, name in queryset.values_list("pk", "name"):
         try:
             verb(name)
         except DurableAgentsError as exc:  # deleted meanwhile (a deploy dropped it)
             messages.error(request, f"Schedule {name}: {exc}")
         else:
-            done += 1
+            done.append(pk)
+    record_each(request, Schedule, done, PAUSED if pause else RESUMED)
     if done:
         what = "paused: no slot starts until resumed" if pause else "resumed from the next slot after now"
-        messages.success(request, f"{done} schedule{pluralize(done)} {what}.")
+        messages.success(request, f"{len(done)} schedule{pluralize(len(done))} {what}.")
+
+
+def _trigger(request: HttpRequest, schedule: Schedule, token: str) -> bool:
+    """Start the schedule's run now (the same token starts one); recorded, and reported as a message."""
+    try:
+        run = api.trigger_schedule(schedule.name, actor=request.user.get_username(), token=token)
+    except DurableAgentsError as exc:
+        messages.error(request, f"Schedule {schedule.name} started nothing: {exc}")
+        return False
+    record(request, schedule, f"Triggered now: started run {run.pk}")
+    url = reverse("admin:durable_agents_run_change", args=[run.pk])
+    messages.success(
+        request, format_html('Schedule {} started run <a href="{}">{}</a> now.', schedule.name, url, str(run.pk)[:8])
+    )
+    return True
 
 
 @admin.action(description="Pause selected schedules", permissions=["pause"])
@@ -47,6 +71,12 @@ def pause_selected(model_admin: Any, request: HttpRequest, queryset: QuerySet[Sc
 @admin.action(description="Resume selected schedules", permissions=["pause"])
 def resume_selected(model_admin: Any, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
     _toggle(request, queryset, pause=False)
+
+
+@admin.action(description="Trigger selected schedules now", permissions=["pause"])
+def trigger_selected(model_admin: Any, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
+    for schedule in queryset.order_by("name"):
+        _trigger(request, schedule, uuid.uuid4().hex)
 
 
 @admin.register(Schedule)
@@ -63,7 +93,8 @@ class ScheduleAdmin(admin.ModelAdmin):
     )
     list_filter = ("paused", "workflow", "missed", "overlap")
     search_fields = ("name", "workflow")
-    actions = [pause_selected, resume_selected]
+    actions = [pause_selected, resume_selected, trigger_selected]
+    change_form_template = "admin/durable_agents/schedule/change_form.html"
     readonly_fields = [f.name for f in Schedule._meta.fields]
 
     @admin.display(description="cron")
@@ -95,6 +126,49 @@ class ScheduleAdmin(admin.ModelAdmin):
         if refused is not None:
             return refused
         return show_direction_controls(super().changelist_view(request, extra_context))
+
+    def change_view(
+        self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        # A fresh token per page: the trigger button posted twice (a double click, a resent form) starts one run.
+        context = {
+            "may_operate": self.has_pause_permission(request),
+            "trigger_token": uuid.uuid4().hex,
+            **(extra_context or {}),
+        }
+        return show_direction_controls(super().change_view(request, object_id, form_url, context))
+
+    def get_urls(self) -> list[Any]:
+        operate = self.admin_site.admin_view(self.operate_view)
+        return [
+            path("<path:object_id>/operate/<slug:verb>/", operate, name="durable_agents_schedule_operate"),
+            *super().get_urls(),
+        ]
+
+    def operate_view(self, request: HttpRequest, object_id: str, verb: str) -> HttpResponse:
+        """POST only: pause, resume or trigger the schedule through the public API, recorded; then back to it."""
+        if verb not in ("pause", "resume", "trigger"):
+            raise Http404(f"no schedule operation {verb!r}")
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        schedule = self.get_object(request, object_id)
+        if schedule is None:
+            raise Http404("no schedule has that id")
+        if not self.has_pause_permission(request):
+            return forbidden(request, PAUSE_PERMISSION, f"{verb} schedules", site=self.admin_site)
+        page = reverse("admin:durable_agents_schedule_change", args=[schedule.pk])
+        if verb == "trigger":
+            _trigger(request, schedule, str(request.POST.get("token", "")))
+            return HttpResponseRedirect(page)
+        try:
+            after = api.pause_schedule(schedule.name) if verb == "pause" else api.resume_schedule(schedule.name)
+        except DurableAgentsError as exc:
+            messages.error(request, f"Schedule {schedule.name}: {exc}")
+            return HttpResponseRedirect(page)
+        record(request, schedule, PAUSED if verb == "pause" else RESUMED)
+        state = "paused" if after.paused else f"active, next slot {when_text(after.next_slot)}"
+        messages.success(request, f"Schedule {schedule.name}: {state}.")
+        return HttpResponseRedirect(page)
 
     def has_pause_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm(PAUSE_PERMISSION)

@@ -21,7 +21,9 @@ from django.utils.text import Truncator
 from django.views.decorators.http import require_POST
 
 from durable_agents import api, clock
-from durable_agents.admin.actions import BULK_LIMIT, comment_field, stale_decision
+from durable_agents.admin.action_forms import comment_field, stale_decision
+from durable_agents.admin.actions import BULK_LIMIT
+from durable_agents.admin.audit import noted, record
 from durable_agents.admin.forbidden import forbidden
 from durable_agents.admin.guards import refuse_nul, show_direction_controls
 from durable_agents.admin.questions import asks
@@ -115,6 +117,15 @@ def _decide_selected(
                 failures.append(f"{wait_label(wait)}: {exc}")
             else:
                 done += 1
+                record(
+                    request,
+                    wait.run,
+                    noted(
+                        f"{'Approved' if approved else 'Rejected'} {wait_label(wait)} (bulk action)",
+                        "comment",
+                        form.cleaned_data["comment"],
+                    ),
+                )
         if done:
             done_verb = "Approved" if approved else "Rejected"
             messages.success(
@@ -291,6 +302,7 @@ class WaitAdmin(admin.ModelAdmin):
             messages.error(request, f"Nothing was decided: {exc}")
         else:
             verb, route = ("Approved", "approve") if approved else ("Rejected", "reject")
+            record(request, wait.run, noted(f"{verb} {wait_label(wait)}", "comment", form.cleaned_data["comment"]))
             messages.success(
                 request,
                 f"{verb} {wait_label(wait)}, with your comment. Its run is scheduled to resume: a worker will pick "

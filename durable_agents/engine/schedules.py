@@ -74,6 +74,10 @@ class Slots:
     next_slot: datetime
 
 
+# A trigger's token (a uuid4 hex, 32): "schedule:<name up to 200>:now:<token>" fits Run.idempotency_key (255).
+TRIGGER_TOKEN_MAX_CHARS = 40
+
+
 def slot_key(name: str, slot: datetime) -> str:
     """The idempotency key of a slot's run: one run per (schedule, slot), whoever starts it."""
     return f"schedule:{name}:{slot.astimezone(UTC).strftime('%Y-%m-%dT%H:%M:%SZ')}"
@@ -303,6 +307,27 @@ def resume_schedule(name: str) -> Schedule:
             schedule.next_slot = slot_after(schedule.cron, schedule.timezone, now)
             schedule.save(update_fields=["paused", "next_slot", "updated_at"])
     return schedule
+
+
+def trigger_schedule(name: str, *, actor: str, token: str) -> Run:
+    """Start the schedule's workflow with its input now, beside its slots (which keep their times).
+
+    `token` names this request: the same token starts one run however often it is posted. The run carries the
+    schedule's name, so an overlap policy of "skip" passes over a slot due while it is live.
+    """
+    if not token or len(token) > TRIGGER_TOKEN_MAX_CHARS or not token.isalnum():
+        raise InvalidInputError(f"a trigger token is 1 to {TRIGGER_TOKEN_MAX_CHARS} letters or digits, got {token!r}")
+    schedule = Schedule.objects.filter(name=name).first()
+    if schedule is None:
+        raise ScheduleNotFoundError(f"no schedule is named {name!r}; `durable_schedules` lists them")
+    key = f"schedule:{name}:now:{token}"
+    with transaction.atomic():
+        existing = Run.objects.filter(idempotency_key=key).first()
+        if existing is not None:
+            return existing
+        run = start_run(schedule.workflow, schedule.input, idempotency_key=key, schedule=schedule.name)
+        record_event(run.id, "scheduled", actor=actor, schedule=schedule.name, triggered=True)
+    return run
 
 
 def delete_schedule(name: str) -> None:

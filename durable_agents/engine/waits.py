@@ -145,8 +145,14 @@ def _closed(wait: Wait) -> WaitClosedError:
     return WaitClosedError(f"wait {wait.pk} is already {wait.status}{who}{when}; nothing changed")
 
 
-def send_signal(run_id: uuid.UUID | str, name: str, payload: Any = None, *, by: str = "") -> Wait:
-    """Deliver signal `name` to a run: it wakes a run waiting for it, or is kept until the run asks."""
+def send_signal(
+    run_id: uuid.UUID | str, name: str, payload: Any = None, *, by: str = "", wait_id: int | None = None
+) -> Wait:
+    """Deliver signal `name` to a run: it wakes a run waiting for it, or is kept until the run asks.
+
+    With `wait_id` it goes to that open wait only, else nothing is kept: WaitClosedError (a form posted twice
+    delivers once; the second would otherwise be kept for the run's next wait on the same name).
+    """
     check_input(payload, "payload")  # a signal's payload is input to the run: storable JSON within the size limit
     run = get_run(run_id)
     if run.is_finished:
@@ -162,6 +168,10 @@ def send_signal(run_id: uuid.UUID | str, name: str, payload: Any = None, *, by: 
             # The timeout came first, however late the sweep runs: it applies; the signal is kept, late.
             _apply_deadline(waiting.pk, now)
             waiting = None
+        if wait_id is not None and (waiting is None or waiting.pk != wait_id):
+            raise WaitClosedError(
+                f"wait {wait_id} of run {run.id} no longer waits for signal {name!r}; nothing was sent"
+            )
         if waiting is not None:
             decision = {"payload": payload, "via": "signal"}
             if _close_txn(waiting, WaitOp.SIGNAL, WaitStatus.APPROVED, by=by, decision=decision):

@@ -67,6 +67,7 @@ PUBLIC_API = [
     "schedule",
     "pause_schedule",
     "unschedule",
+    "trigger_schedule",
     "send_signal",
     "set_budget",
     "sleep",
