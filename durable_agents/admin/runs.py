@@ -183,7 +183,6 @@ class RunAdmin(admin.ModelAdmin):
     list_display = [
         "short_id",
         "workflow_label",
-        "search_attributes",
         "status_badge",
         "error_summary",
         "current_step",
@@ -271,24 +270,20 @@ class RunAdmin(admin.ModelAdmin):
 
     @admin.display(description="workflow")
     def workflow_label(self, run: Run) -> str:
-        label = f"{run.workflow}@{run.workflow_version}"
+        """The workflow, and under it what the run is known by: its search attributes (`order_id: A-1001`), its
+        idempotency key and its concurrency key — in the cell, not columns of their own, so the list fits 1,280 px."""
+        lines = [(f"{field}: {value}", "search attribute") for field, value in sorted(run.search.items())]
         if run.idempotency_key:
-            label = format_html(
-                '{}<div class="durable-key durable-mono" title="idempotency key">{}</div>', label, run.idempotency_key
-            )
-        if run.concurrency_key is None:
-            return label
+            lines.append((run.idempotency_key, "idempotency key"))
+        if run.concurrency_key is not None:
+            lines.append((f"key {run.concurrency_key}", f"concurrency key (limit {run.concurrency_limit})"))
         return format_html(
-            '{}<div class="durable-key durable-mono" title="concurrency key (limit {})">key {}</div>',
-            label,
-            run.concurrency_limit,
-            run.concurrency_key,
+            "{}{}",
+            f"{run.workflow}@{run.workflow_version}",
+            format_html_join(
+                "", '<div class="durable-key durable-mono" title="{}">{}</div>', ((t, v) for v, t in lines)
+            ),
         )
-
-    @admin.display(description="search")
-    def search_attributes(self, run: Run) -> str:
-        """The run's search attributes, one `field: value` a line: what the business knows it by."""
-        return format_html_join("", '<div class="durable-key durable-mono">{}: {}</div>', sorted(run.search.items()))
 
     @admin.display(description="status")
     def status_badge(self, run: Run) -> str:

@@ -107,7 +107,7 @@ def test_admin_search__ids_and_keys_are_still_found(orders):
     assert ids(listed(client, "q=schedule:nightly:2026-12-03T02:00")) == {slot.pk}
 
 
-def test_admin_list__shows_the_search_attributes_in_a_column(orders):
+def test_admin_list__shows_the_search_attributes_under_the_workflow(orders):
     first, _, unnumbered = orders
     page = login("operator-search-column").get(LIST).content.decode()
     assert "order_id: A-1001" in row_of(page, first)
