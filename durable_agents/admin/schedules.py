@@ -81,6 +81,7 @@ def trigger_selected(model_admin: Any, request: HttpRequest, queryset: QuerySet[
 
 @admin.register(Schedule)
 class ScheduleAdmin(admin.ModelAdmin):
+    change_list_template = "admin/durable_agents/schedule/change_list.html"
     list_display = (
         "name",
         "workflow",
@@ -88,7 +89,7 @@ class ScheduleAdmin(admin.ModelAdmin):
         "next_slot_column",
         "last_run_link",
         "overlap_column",
-        "paused",
+        "state",
         "error",
     )
     list_filter = ("paused", "workflow", "missed", "overlap")
@@ -105,6 +106,12 @@ class ScheduleAdmin(admin.ModelAdmin):
     def overlap_column(self, schedule: Schedule) -> str:
         # How many slots were passed over because the last run was still live: a schedule too tight for its runs.
         return format_html("{} · skipped: {}", schedule.overlap, schedule.overlap_skipped)
+
+    @admin.display(description="state", ordering="paused")
+    def state(self, schedule: Schedule) -> str:
+        """Paused or active, in words: Django's boolean icon showed a paused schedule as a green tick."""
+        word = "paused" if schedule.paused else "active"
+        return format_html('<span class="durable-badge durable-{}">{}</span>', word, word)
 
     @admin.display(description="next slot", ordering="next_slot")
     def next_slot_column(self, schedule: Schedule) -> str:

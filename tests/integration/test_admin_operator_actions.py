@@ -357,3 +357,13 @@ def test_durable_show__an_executing_step_reads_running_as_on_the_run_page(operat
     html = operator.get(page_url(run)).content.decode()
     row = html.split('id="step-2"')[1].split("</tr>")[0]
     assert ">running</span>" in row, "the run page says the same"
+
+
+def test_schedule_list__a_paused_schedule_reads_paused_not_a_green_tick(operator):
+    api.schedule("nightly", "record", cron="0 3 * * *")
+    api.schedule("daily", "record", cron="0 4 * * *")
+    api.pause_schedule("nightly")
+    page = operator.get(reverse("admin:durable_agents_schedule_changelist")).content.decode()
+    assert "icon-yes.svg" not in page and "icon-no.svg" not in page, "a boolean icon says nothing about a schedule"
+    assert '<span class="durable-badge durable-paused">paused</span>' in page
+    assert '<span class="durable-badge durable-active">active</span>' in page
