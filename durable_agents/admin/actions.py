@@ -37,6 +37,7 @@ from durable_agents.engine.records import let_go
 from durable_agents.engine.wake import MODEL_BOUND_KINDS
 from durable_agents.errors import DurableAgentsError, InvalidInputError, UnknownWorkflowError, WaitClosedError
 from durable_agents.models import Run, RunStatus, Step, StepKind, Wait
+from durable_agents.operations import concurrency_note
 from durable_agents.states import RUN_RULES, RunOp
 from durable_agents.workflows import registry
 
@@ -131,6 +132,8 @@ RERUNNABLE = tuple(sorted(RUN_RULES[RunOp.RERUN].sources))
 
 
 def _scheduled(run: Run) -> str:
+    if run.is_queued:  # behind its concurrency key: no worker takes it before a holder ends
+        return f"scheduled — {concurrency_note(run)}"
     return "scheduled — a worker will pick the run up"
 
 
@@ -159,6 +162,8 @@ def _cancel_outcome(run: Run) -> str:
 
 
 def _decided(run: Run) -> str:
+    if run.is_queued:
+        return f"recorded — {concurrency_note(run)}"
     return "recorded — the run is scheduled to resume; a worker will pick it up"
 
 
@@ -326,7 +331,7 @@ ACTIONS: dict[str, RunAction] = {
             deliver,
             SignalForm,
             when=_signal_waits,
-            outcome=lambda run: "delivered — the run is scheduled to resume; a worker will pick it up",
+            outcome=lambda run: _decided(run).replace("recorded", "delivered", 1),
             logged=lambda data, after: f"Delivered signal {data['name']!r}",
             keeps_input_on=(InvalidInputError,),
         ),

@@ -367,3 +367,12 @@ def test_schedule_list__a_paused_schedule_reads_paused_not_a_green_tick(operator
     assert "icon-yes.svg" not in page and "icon-no.svg" not in page, "a boolean icon says nothing about a schedule"
     assert '<span class="durable-badge durable-paused">paused</span>' in page
     assert '<span class="durable-badge durable-active">active</span>' in page
+
+
+def test_resume__a_run_that_queues_behind_its_key_says_so_not_that_a_worker_picks_it_up(operator):
+    first, second = (api.start("keyed", {"customer": "c-9"}) for _ in range(2))
+    api.cancel(first.id)  # the second takes the key
+    response = operator.post(action_url(first, "resume"), {}, follow=True)
+    said = " ".join(str(message) for message in response.context["messages"])
+    assert "waiting for concurrency key 'c-9'" in said, said
+    assert "a worker will pick" not in said, said
