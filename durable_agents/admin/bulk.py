@@ -90,12 +90,15 @@ def cancel_selected(
             _report(request, verb, count, [])
         _report(request, "", 0, failures)
         return None
-    runs = list(queryset.order_by("-created_at").only("id", "workflow", "workflow_version", "status")[:BULK_LIMIT])
+    selected = list(queryset.order_by("-created_at").only("id", "workflow", "workflow_version", "status")[:BULK_LIMIT])
+    # Counted and confirmed: the runs a cancel can stop. A finished one is listed apart, left as it is.
+    runs = [run for run in selected if not run.is_finished]
     context = {
         **model_admin.admin_site.each_context(request),
         "title": f"Cancel {len(runs)} run{'s' if len(runs) != 1 else ''}?",
         "opts": Run._meta,
         "runs": runs,
+        "finished": [run for run in selected if run.is_finished],
         "form": form,
         "action_checkbox_name": ACTION_CHECKBOX_NAME,
         "select_across": request.POST.get("select_across", "0"),

@@ -376,3 +376,14 @@ def test_resume__a_run_that_queues_behind_its_key_says_so_not_that_a_worker_pick
     said = " ".join(str(message) for message in response.context["messages"])
     assert "waiting for concurrency key 'c-9'" in said, said
     assert "a worker will pick" not in said, said
+
+
+def test_bulk_cancel__the_confirmation_counts_only_the_runs_it_can_cancel(operator):
+    live = api.start("record", {"steps": 2})
+    done = drive(api.start("record", {"steps": 1}).id)
+    page = operator.post(
+        reverse("admin:durable_agents_run_changelist"),
+        {"action": "cancel_selected", "_selected_action": [live.pk, done.pk]},
+    ).content.decode()
+    assert "Cancel 1 run?" in page and "Yes, cancel 1 run" in page, "one of the two selected runs can be cancelled"
+    assert "already completed: left as it is" in page
