@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from urllib.parse import urlencode
 
+from django.db import connections
+
 from durable_agents.admin.counting import RowCount, counts_by_value, estimated_count
 from durable_agents.admin.filters import STATUS_PARAMETER, StuckFilter, WaitDeadlineFilter, stuck_runs
 from durable_agents.clock import DbNow
@@ -49,7 +51,10 @@ def build_overview() -> Overview:
     # (status, updated_at) index answers "waiting the longest".
     running = runs.filter(status=RunStatus.RUNNING).order_by("created_at")[:1]
     waiting = runs.filter(status=RunStatus.WAITING).order_by("updated_at")[:1]
-    oldest = {run.status: run for run in running.union(waiting, all=True)}
+    if connections[Run.objects.db].features.supports_slicing_ordering_in_compound:
+        oldest = {run.status: run for run in running.union(waiting, all=True)}
+    else:  # SQLite refuses a LIMIT inside a UNION: two statements there
+        oldest = {run.status: run for run in [*running, *waiting]}
     return Overview(
         by_status=[Card(status, counts[status], _link(STATUS_PARAMETER, status)) for status in RunStatus.values],
         stuck=Card("stuck", stuck, _link(StuckFilter.parameter_name, "yes")),

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 from django import template
+from django.urls import reverse
 from django.utils.safestring import SafeString
 
+from durable_agents.admin.overview import build_overview
 from durable_agents.display import ago_text, when_html
 
 register = template.Library()
@@ -28,3 +31,18 @@ def when_precise(value: datetime | None) -> SafeString:
 def ago(value: datetime | None, now: datetime) -> str:
     """`{{ run.updated_at|ago:page.now }}` → "4m12s ago", in the console's one duration style."""
     return ago_text(value, now)
+
+
+@register.inclusion_tag("admin/durable_agents/_overview.html", takes_context=True)
+def durable_overview(context: template.Context) -> dict[str, Any]:
+    """The console's overview (runs by status, stuck runs, health and load) on any admin page, e.g. the admin's
+    index, for staff who may view runs; its cards lead to the run list, filtered. Nothing for anyone else::
+
+        {% extends "admin/index.html" %}{% load durable %}
+        {% block content %}{% durable_overview %}{{ block.super }}{% endblock %}
+    """
+    request = context.get("request")
+    user = getattr(request, "user", None)
+    if user is None or not user.has_perm("durable_agents.view_run"):
+        return {"overview": None}
+    return {"overview": build_overview(), "runs_url": reverse("admin:durable_agents_run_changelist")}

@@ -209,3 +209,11 @@ def test_refund_agent__approval_given_after_the_order_went_stale_is_asked_again_
 
     assert run.status == RunStatus.COMPLETED and refunds_of("A-1002") == [Decimal("129.00")]
     assert len(emails_to("A-1002")) == 1
+
+
+def test_admin_index__opens_on_the_overview_then_the_apps_and_recent_actions(client, django_user_model):
+    admin = django_user_model.objects.create_superuser("oncall", password="correct horse battery")
+    client.force_login(admin)
+    html = client.get("/admin/").content.decode()
+    assert 'id="durable-overview"' in html and 'id="durable-health"' in html, "the console's landing page"
+    assert "Recent actions" in html and "/admin/durable_agents/run/?status__exact=" in html

@@ -1,0 +1,38 @@
+"""The console's landing page: `{% durable_overview %}` puts the overview (runs by status, stuck runs, health and
+load) on any admin page — the example project's admin index opens on it — for staff who may view runs."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth.models import AnonymousUser, Permission, User
+from django.template import engines
+from django.test import RequestFactory
+
+from durable_agents import api
+
+pytestmark = pytest.mark.django_db
+
+PAGE = engines["django"].from_string("{% load durable %}{% durable_overview %}")
+
+
+def _rendered_for(user) -> str:
+    request = RequestFactory().get("/admin/")
+    request.user = user
+    return PAGE.render({}, request)
+
+
+def test_overview_tag__shows_the_cards_and_health_with_links_to_the_run_list():
+    api.start("noop", {"steps": 1})
+    viewer = User.objects.create_user("viewer", is_staff=True)
+    viewer.user_permissions.add(Permission.objects.get(codename="view_run"))
+
+    html = _rendered_for(User.objects.get(pk=viewer.pk))
+
+    assert 'id="durable-overview"' in html and 'id="durable-health"' in html
+    assert 'href="/admin/durable_agents/run/?status__exact=pending"' in html, "a card leads to the run list, filtered"
+
+
+def test_overview_tag__shows_nothing_to_whoever_may_not_view_runs():
+    api.start("noop", {"steps": 1})
+    assert "durable-overview" not in _rendered_for(AnonymousUser())
+    assert "durable-overview" not in _rendered_for(User.objects.create_user("staff", is_staff=True))
