@@ -100,3 +100,21 @@ def answer(request: RecordedRequest) -> Reply:
     if first_user_text(request).startswith("slow") and not request.tool_results:
         return Reply.tool_use("wait_at_gate", {"order_id": "A-1"})
     return Reply.text("Your order was delivered.")
+
+
+def asked_after_journaled(requests: list[RecordedRequest], run_ids: list[str]) -> list[str]:
+    """The turns of `run_ids` asked of the fake after they were journaled ("<run>:<step> turn N, k time(s)"): what a
+    journal must never allow. A turn asked twice before its answer was journaled (a lease that lapsed on a busy
+    machine while the call was in flight) is allowed: at most the unjournaled turn is asked again."""
+    from durable_agents.models import Turn
+
+    asked: dict[tuple[str, int], list[float]] = {}
+    for request in requests:
+        asked.setdefault((request.conversation, request.turn), []).append(request.time)
+    late = []
+    for turn in Turn.objects.filter(run_id__in=run_ids, purpose="turn").select_related("step"):
+        key = (f"{turn.run_id}:{turn.step.step_id}", turn.index)
+        after = [t for t in asked.get(key, []) if t > turn.created_at.timestamp()]
+        if after:
+            late.append(f"{key[0]} turn {key[1]}, {len(after)} time(s)")
+    return late
