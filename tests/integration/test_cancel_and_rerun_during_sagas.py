@@ -23,7 +23,7 @@ from durable_agents.engine.advance import Outcome, advance
 from durable_agents.errors import InvalidTransitionError
 from durable_agents.models import Run, RunStatus, Step, StepStatus
 from durable_agents.testing import drive
-from tests.testapp.models import LedgerEntry
+from tests.integration.interleavings import ledger
 from tests.testapp.trust import HOOKS, hook
 from tests.testapp.workflows import _charge_step
 
@@ -70,19 +70,15 @@ workflow(
 # --- Helpers ------------------------------------------------------------------------------------------------
 
 
-def _ledger(order_id: str) -> list[tuple[str, int]]:
-    return list(LedgerEntry.objects.filter(order_id=order_id).order_by("id").values_list("kind", "amount"))
-
-
 def _net(order_id: str) -> Decimal:
-    return sum((amount for _, amount in _ledger(order_id)), Decimal(0))
+    return sum((amount for _, amount in ledger(order_id)), Decimal(0))
 
 
 def _charged_once(order_id: str) -> Run:
     """A two_charges run whose first charge (10.00) is applied; its cursor on charge-b; no worker holds it."""
     run = api.start("two_charges", {"order_id": order_id})
     assert advance(run.id) is Outcome.COMMITTED
-    assert _ledger(order_id) == [("charge", 10)]
+    assert ledger(order_id) == [("charge", 10)]
     return run
 
 
@@ -127,11 +123,11 @@ def test_rerun__racing_a_cancel_with_compensation_re_runs_skipped_steps_and_char
         transitions.rerun_txn = original
     run = drive(run.id)
     assert run.status == RunStatus.CANCELLED
-    assert ("charge", 20) not in _ledger("RR-1"), (
+    assert ("charge", 20) not in ledger("RR-1"), (
         "guarantee 9/2: a run cancelled with compensation applied a NEW charge (charge-b) after its saga was "
-        f"planned: {_ledger('RR-1')}"
+        f"planned: {ledger('RR-1')}"
     )
-    assert _net("RR-1") == 0, f"a compensated run ended cancelled with money still charged: {_ledger('RR-1')}"
+    assert _net("RR-1") == 0, f"a compensated run ended cancelled with money still charged: {ledger('RR-1')}"
 
 
 def test_cancel__a_requested_compensation_is_dropped_when_the_held_step_fails():
@@ -145,7 +141,7 @@ def test_cancel__a_requested_compensation_is_dropped_when_the_held_step_fails():
     run = drive(run.id)
     assert _net("CR-1") == 0, (
         "guarantee 9/8: an accepted cancel-with-compensation was silently dropped when the running step failed; "
-        f"run {run.status}, ledger {_ledger('CR-1')}"
+        f"run {run.status}, ledger {ledger('CR-1')}"
     )
 
 
@@ -159,7 +155,7 @@ def test_cancel__a_requested_compensation_is_dropped_when_the_held_step_is_the_l
     run = drive(run.id)
     assert not (run.status == RunStatus.COMPLETED and _net("CR-2") != 0), (
         "guarantee 9/8: a cancel(compensate=True) accepted as 'requested' ended as a completed run with its "
-        f"charge in place: {_ledger('CR-2')}"
+        f"charge in place: {ledger('CR-2')}"
     )
 
 
@@ -184,6 +180,6 @@ def test_cancel__a_request_recorded_before_an_on_failure_saga_cuts_that_saga_sho
     )
     assert not pending, (
         f"guarantee 9 (a saga is never cut short): the run ended {run.status} with compensation steps {pending} "
-        f"not done; ledger {_ledger('CS-1')}"
+        f"not done; ledger {ledger('CS-1')}"
     )
-    assert _net("CS-1") == 0, f"the charge was never refunded: {_ledger('CS-1')}"
+    assert _net("CS-1") == 0, f"the charge was never refunded: {ledger('CS-1')}"

@@ -13,15 +13,15 @@ import threading
 from typing import Any
 
 import pytest
-from django.db import connection, connections, transaction
+from django.db import connection, transaction
 
 from durable_agents import api, clock
 from durable_agents.api import call, workflow
 from durable_agents.engine.advance import Outcome, advance
 from durable_agents.models import Run, RunStatus, Step, StepStatus
 from durable_agents.testing import drive
+from tests.integration.interleavings import in_another_connection, joined, ledger
 from tests.integration.outside_carrier import CARRIER, _plain
-from tests.testapp.models import LedgerEntry
 from tests.testapp.trust import HOOKS
 from tests.testapp.workflows import _charge_step
 
@@ -41,35 +41,8 @@ def _clean():
 # --- Helpers ------------------------------------------------------------------------------------------------
 
 
-def _ledger(order_id: str) -> list[tuple[str, int]]:
-    return list(LedgerEntry.objects.filter(order_id=order_id).order_by("id").values_list("kind", "amount"))
-
-
 def _net(order_id: str) -> Any:
-    return sum((amount for _, amount in _ledger(order_id)), 0)
-
-
-def _start_in_another_connection(action) -> tuple[threading.Thread, dict[str, Any]]:
-    out: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            out["value"] = action()
-        except BaseException as exc:  # noqa: BLE001 - surfaced to the caller
-            out["error"] = exc
-        finally:
-            connections.close_all()
-
-    thread = threading.Thread(target=target)
-    thread.start()
-    return thread, out
-
-
-def _join(thread: threading.Thread, out: dict[str, Any]) -> Any:
-    thread.join()
-    if "error" in out:
-        raise out["error"]
-    return out.get("value")
+    return sum((amount for _, amount in ledger(order_id)), 0)
 
 
 def _until_blocked_on_a_lock(thread: threading.Thread, statement: str = "") -> None:
@@ -111,16 +84,16 @@ def test_claim__racing_a_cancel_with_compensation_ends_the_run_cancelled_with_it
     assert advance(run.id) is Outcome.COMMITTED  # charge-a applied; the run is pending, no worker holds it
     with transaction.atomic():
         api.cancel(run.id, "customer cancelled", compensate=True, actor="ops")  # holds the run's row lock
-        thread, out = _start_in_another_connection(lambda: advance(run.id))  # a worker got the run's message
+        thread, out = in_another_connection(lambda: advance(run.id))  # a worker got the run's message
         _until_blocked_on_a_lock(thread)
-    outcome = _join(thread, out)
+    outcome = joined(thread, out)
     run = drive(run.id)
     assert not (run.status == RunStatus.CANCELLED and _pending_compensation(run)), (
         "guarantee 9 (a saga, once started, finishes or stops visibly): a claim racing the cancel ended the run "
         f"{run.status} (worker outcome {outcome}) with compensation steps {_pending_compensation(run)} never "
-        f"run; ledger {_ledger('CL-1')}"
+        f"run; ledger {ledger('CL-1')}"
     )
-    assert _net("CL-1") == 0, f"the cancelled run's charge was never refunded: {_ledger('CL-1')}"
+    assert _net("CL-1") == 0, f"the cancelled run's charge was never refunded: {ledger('CL-1')}"
 
 
 # --- Cancel requests while a worker holds the run ---------------------------------------------------------------
@@ -151,5 +124,5 @@ def test_cancel__a_plain_cancel_after_a_requested_compensation_silently_drops_th
     run = drive(run.id)
     assert _net("CD-1") == 0, (
         "guarantee 9/8 (a cancel with compensation is honoured, nothing is dropped silently): a later plain cancel "
-        f"overwrote a requested compensation; run {run.status}, ledger {_ledger('CD-1')}"
+        f"overwrote a requested compensation; run {run.status}, ledger {ledger('CD-1')}"
     )

@@ -15,7 +15,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.db import connection, connections, transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from durable_agents import api, clock
@@ -23,8 +23,8 @@ from durable_agents.api import PlannedStep, StepContext, call, workflow
 from durable_agents.engine.advance import Outcome, advance
 from durable_agents.models import Effect, Run, RunStatus, Step, StepStatus
 from durable_agents.testing import drive, wait_for
+from tests.integration.interleavings import in_another_connection, joined, ledger
 from tests.integration.outside_carrier import CARRIER, _plain
-from tests.testapp.models import LedgerEntry
 from tests.testapp.trust import HOOKS
 from tests.testapp.workflows import _charge_step
 
@@ -44,38 +44,11 @@ def _clean():
 # --- Helpers ------------------------------------------------------------------------------------------------
 
 
-def _ledger(order_id: str) -> list[tuple[str, int]]:
-    return list(LedgerEntry.objects.filter(order_id=order_id).order_by("id").values_list("kind", "amount"))
-
-
-def _start_in_another_connection(action) -> tuple[threading.Thread, dict[str, Any]]:
-    out: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            out["value"] = action()
-        except BaseException as exc:  # noqa: BLE001 - surfaced to the caller
-            out["error"] = exc
-        finally:
-            connections.close_all()
-
-    thread = threading.Thread(target=target)
-    thread.start()
-    return thread, out
-
-
 def _someone_waits_for_a_lock() -> bool:
     """True while a transaction waits for a row lock another holds (read in the caller's own connection)."""
     with connection.cursor() as cursor:
         cursor.execute("SELECT count(*) FROM pg_locks WHERE NOT granted")
         return cursor.fetchone()[0] > 0
-
-
-def _join(thread: threading.Thread, out: dict[str, Any]) -> Any:
-    thread.join()
-    if "error" in out:
-        raise out["error"]
-    return out.get("value")
 
 
 def _until_blocked_on_a_lock(thread: threading.Thread, statement: str = "") -> None:
@@ -121,12 +94,12 @@ def test_claim__racing_a_migration_executes_the_plan_element_the_migration_repla
     assert advance(run.id) is Outcome.COMMITTED  # prepare done; cursor on bill, pending, no holder
     with transaction.atomic():
         api.migrate(run.id, 2, replan=True, actor="ops")  # holds the run's row lock
-        thread, out = _start_in_another_connection(lambda: advance(run.id))
+        thread, out = in_another_connection(lambda: advance(run.id))
         _until_blocked_on_a_lock(thread)
-    outcome = _join(thread, out)
-    assert ("charge", 99) not in _ledger("MG-1"), (
+    outcome = joined(thread, out)
+    assert ("charge", 99) not in ledger("MG-1"), (
         "guarantee 4/9 (one writer; a decision means what the decider saw): a claim racing the migration "
-        f"executed the superseded v1 plan element `bill` (outcome {outcome}); ledger {_ledger('MG-1')}"
+        f"executed the superseded v1 plan element `bill` (outcome {outcome}); ledger {ledger('MG-1')}"
     )
 
 
@@ -156,12 +129,12 @@ def test_effects__the_lease_proof_reads_the_run_without_waiting_for_a_saga_being
         original(self)
         StepContext.ensure_lease = original
         Run.objects.filter(pk=self.run_id).update(lease_expires_at=timezone.now() - timedelta(minutes=1))
-        state["thread"] = _start_in_another_connection(operator_cancels)
+        state["thread"] = in_another_connection(operator_cancels)
         planned.wait()  # the saga was planned (not committed) while this worker was paused
 
     def the_call_is_under_way(ctx):
         committed.set()
-        _join(*state["thread"])
+        joined(*state["thread"])
 
     HOOKS["atk2:sent:PS-1"] = the_call_is_under_way
     StepContext.ensure_lease = proves_then_pauses
@@ -205,7 +178,7 @@ def test_claim__racing_a_planners_commit_checkpoints_a_step_that_is_not_under_th
     def another_worker_claims_meanwhile(run_id, kind, **kwargs):
         event = original_event(run_id, kind, **kwargs)
         if kind == "planned":  # inside the planner's commit, the run's row locked
-            state["other"] = _start_in_another_connection(lambda: advance(run.id))
+            state["other"] = in_another_connection(lambda: advance(run.id))
             _until_blocked_on_a_lock(state["other"][0])
         return event
 
@@ -214,7 +187,7 @@ def test_claim__racing_a_planners_commit_checkpoints_a_step_that_is_not_under_th
         assert advance(run.id) is Outcome.COMMITTED  # the planner's plan
     finally:
         advance_module._extend, advance_module.record_event = original_extend, original_event
-    other = _join(*state["other"])
+    other = joined(*state["other"])
     run = Run.objects.get(pk=run.id)
     behind = list(
         Step.objects.live()

@@ -9,11 +9,10 @@ the guarantee. Where the obvious fix is to refuse the operator's action, the tes
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import pytest
-from django.db import connection, connections, transaction
+from django.db import connection, transaction
 
 from durable_agents import api, clock
 from durable_agents.api import PlannedStep, call, workflow
@@ -21,8 +20,8 @@ from durable_agents.engine.advance import Outcome, advance
 from durable_agents.errors import InvalidTransitionError
 from durable_agents.models import Effect, RunStatus
 from durable_agents.testing import drive, wait_for
+from tests.integration.interleavings import in_another_connection, joined, ledger
 from tests.integration.outside_carrier import CARRIER, _plain
-from tests.testapp.models import LedgerEntry
 from tests.testapp.trust import HOOKS
 from tests.testapp.workflows import _charge_step
 
@@ -42,28 +41,8 @@ def _clean():
 # --- Helpers ------------------------------------------------------------------------------------------------
 
 
-def _ledger(order_id: str) -> list[tuple[str, int]]:
-    return list(LedgerEntry.objects.filter(order_id=order_id).order_by("id").values_list("kind", "amount"))
-
-
 def _net(order_id: str) -> Any:
-    return sum((amount for _, amount in _ledger(order_id)), 0)
-
-
-def _start_in_another_connection(action) -> tuple[threading.Thread, dict[str, Any]]:
-    out: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            out["value"] = action()
-        except BaseException as exc:  # noqa: BLE001 - surfaced to the caller
-            out["error"] = exc
-        finally:
-            connections.close_all()
-
-    thread = threading.Thread(target=target)
-    thread.start()
-    return thread, out
+    return sum((amount for _, amount in ledger(order_id)), 0)
 
 
 def _someone_waits_for_a_lock() -> bool:
@@ -71,13 +50,6 @@ def _someone_waits_for_a_lock() -> bool:
     with connection.cursor() as cursor:
         cursor.execute("SELECT count(*) FROM pg_locks WHERE NOT granted")
         return cursor.fetchone()[0] > 0
-
-
-def _join(thread: threading.Thread, out: dict[str, Any]) -> Any:
-    thread.join()
-    if "error" in out:
-        raise out["error"]
-    return out.get("value")
 
 
 # --- Reliance: who may undo an effect several runs stand on ----------------------------------------------------
@@ -112,7 +84,7 @@ def test_reliance__the_first_run_to_let_go_keeps_standing_so_the_last_one_never_
     assert _net("RL-1") == 0, (
         "guarantee 9/2 (the last run to let go of an effect undoes it): the source and its fork were both cancelled "
         f"with compensation ({source.status}/{source.finish_as!r}, {fork.status}/{fork.finish_as!r}) and the "
-        f"charges stay: {_ledger('RL-1')}"
+        f"charges stay: {ledger('RL-1')}"
     )
 
 
@@ -133,9 +105,9 @@ def test_reliance__a_fork_of_a_fork_relies_on_effects_of_steps_after_its_fork_po
     drive(b.id)
     api.cancel(a.id, "customer cancelled", compensate=True, actor="ops")
     drive(a.id)
-    assert ("refund", -20) in _ledger("FF-1"), (
+    assert ("refund", -20) in ledger("FF-1"), (
         "guarantee 9/2 (a saga undoes an effect once no run that relies on it stands): A's c2 was kept for fork C, "
-        f"which forked before c2 and charged its own order; ledger {_ledger('FF-1')}, C's {_ledger('FF-2')}"
+        f"which forked before c2 and charged its own order; ledger {ledger('FF-1')}, C's {ledger('FF-2')}"
     )
 
 
@@ -171,16 +143,14 @@ def test_reliance__concurrent_sagas_of_a_source_and_its_fork_each_keep_the_share
     assert advance(b.id) is Outcome.COMMITTED  # B's own c2 (its own order)
     with transaction.atomic():
         api.cancel(a.id, "customer cancelled", compensate=True, actor="ops-a")  # uncommitted yet
-        other = _start_in_another_connection(
-            lambda: api.cancel(b.id, "customer cancelled", compensate=True, actor="ops-b")
-        )
+        other = in_another_connection(lambda: api.cancel(b.id, "customer cancelled", compensate=True, actor="ops-b"))
         # B's saga must be planned while A's is uncommitted: it either finished, or waits for A's locks.
         wait_for(lambda: not other[0].is_alive() or _someone_waits_for_a_lock(), timeout=30, what="B's cancel")
-    _join(*other)
+    joined(*other)
     a, b = drive(a.id), drive(b.id)
     assert _net("WS-1") == 0, (
         "guarantee 9/2 (the last run to let go of an effect undoes it): A and its fork were both cancelled with "
-        f"compensation ({a.status}, {b.status}) and each kept c1 for the other: {_ledger('WS-1')}"
+        f"compensation ({a.status}, {b.status}) and each kept c1 for the other: {ledger('WS-1')}"
     )
 
 
@@ -201,5 +171,5 @@ def test_reliance__a_fork_of_a_compensating_source_stands_on_charges_its_planned
     source = drive(source.id)
     assert not (fork.status == RunStatus.COMPLETED and _net("FK2-1") == 0), (
         "guarantee 9/2 (a saga never undoes an effect another standing run relies on): the source's saga refunded "
-        f"the charges the completed fork {fork.id} copied as checkpoints: {_ledger('FK2-1')}"
+        f"the charges the completed fork {fork.id} copied as checkpoints: {ledger('FK2-1')}"
     )

@@ -21,6 +21,7 @@ from durable_agents.engine.advance import Outcome, advance
 from durable_agents.errors import InvalidTransitionError
 from durable_agents.models import Run, RunStatus, Step
 from durable_agents.testing import drive
+from tests.integration.interleavings import ledger
 from tests.testapp.models import LedgerEntry
 from tests.testapp.trust import HOOKS, hook
 
@@ -72,19 +73,15 @@ workflow(
 # --- Helpers ------------------------------------------------------------------------------------------------
 
 
-def _ledger(order_id: str) -> list[tuple[str, int]]:
-    return list(LedgerEntry.objects.filter(order_id=order_id).order_by("id").values_list("kind", "amount"))
-
-
 def _net(order_id: str) -> Decimal:
-    return sum((amount for _, amount in _ledger(order_id)), Decimal(0))
+    return sum((amount for _, amount in ledger(order_id)), Decimal(0))
 
 
 def _charged_once(order_id: str) -> Run:
     """A two_charges run whose first charge (10.00) is applied; its cursor on charge-b; no worker holds it."""
     run = api.start("two_charges", {"order_id": order_id})
     assert advance(run.id) is Outcome.COMMITTED
-    assert _ledger(order_id) == [("charge", 10)]
+    assert ledger(order_id) == [("charge", 10)]
     return run
 
 
@@ -102,13 +99,13 @@ def test_fork__its_saga_does_not_undo_a_charge_it_applied_under_the_sources_fail
     ATTACK["refuse"] = False
     fork = api.fork(source.id, "charge", actor="ops")
     assert advance(fork.id) is Outcome.COMMITTED
-    assert _ledger("FK-1") == [("charge", 15)], "the fork charged"
+    assert ledger("FK-1") == [("charge", 15)], "the fork charged"
     api.cancel(fork.id, "customer cancelled", compensate=True)
     fork = drive(fork.id)
     assert fork.status == RunStatus.CANCELLED
     assert _net("FK-1") == 0, (
         "guarantee 9/2: the fork applied a charge and its cancel-with-compensation did not refund it "
-        f"(the effect row belongs to the source run): {_ledger('FK-1')}"
+        f"(the effect row belongs to the source run): {ledger('FK-1')}"
     )
 
 
@@ -130,7 +127,7 @@ def test_fork__of_a_compensating_source_copies_its_compensation_steps_and_comple
     kinds = list(Step.objects.live().filter(run=fork, kind="compensate").values_list("step_id", "status"))
     assert not (fork.status == RunStatus.COMPLETED and kinds), (
         "guarantee 9/2: a forked forward run executed the source's compensation steps "
-        f"{kinds} and ended completed; ledger {_ledger('FC-1')}"
+        f"{kinds} and ended completed; ledger {ledger('FC-1')}"
     )
 
 
@@ -143,11 +140,11 @@ def test_fork__its_saga_undoes_a_charge_the_completed_source_reused():
     assert advance(fork.id) is Outcome.COMMITTED  # the fork charges 20.00 under the shared key
     source = drive(source.id)
     assert source.status == RunStatus.COMPLETED
-    assert _ledger("FS-1") == [("charge", 10), ("charge", 20)], "the source reused the fork's charge"
+    assert ledger("FS-1") == [("charge", 10), ("charge", 20)], "the source reused the fork's charge"
     api.cancel(fork.id, "fork abandoned", compensate=True)
     drive(fork.id)
     assert _net("FS-1") == 30, (
-        f"guarantee 2/9: the fork's saga refunded a charge the completed source run relies on: {_ledger('FS-1')}"
+        f"guarantee 2/9: the fork's saga refunded a charge the completed source run relies on: {ledger('FS-1')}"
     )
 
 
@@ -163,7 +160,7 @@ def test_fork__the_sources_saga_undoes_charges_a_completed_fork_relies_on():
     api.cancel(run.id, "source abandoned", compensate=True)
     drive(run.id)
     assert _net("FR-1") == 30, (
-        f"guarantee 2/9: the source's saga refunded the charges the completed fork was built on: {_ledger('FR-1')}"
+        f"guarantee 2/9: the source's saga refunded the charges the completed fork was built on: {ledger('FR-1')}"
     )
 
 
@@ -179,4 +176,4 @@ def test_fork__at_a_step_past_the_sources_cursor_completes_without_running_the_s
         api.fork(source.id, "hold", actor="ops")  # guarantee 1/8: a fork never skips a step that never ran
     fork = drive(api.fork(source.id, "charge-b", actor="ops").id)
     assert fork.status == RunStatus.COMPLETED
-    assert sorted(amount for kind, amount in _ledger("FP-1") if kind == "charge") == [10, 20]
+    assert sorted(amount for kind, amount in ledger("FP-1") if kind == "charge") == [10, 20]

@@ -9,12 +9,10 @@ the guarantee. Where the obvious fix is to refuse the operator's action, the tes
 
 from __future__ import annotations
 
-import threading
 from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.db import connections
 from django.utils import timezone
 
 from durable_agents import api, clock
@@ -24,6 +22,7 @@ from durable_agents.engine.advance import Outcome, advance
 from durable_agents.errors import InvalidTransitionError
 from durable_agents.models import Effect, Run, RunStatus, Step, StepStatus
 from durable_agents.testing import drive
+from tests.integration.interleavings import in_another_connection, joined
 from tests.integration.outside_carrier import CARRIER, _send
 from tests.testapp.trust import HOOKS
 
@@ -42,31 +41,8 @@ def _clean():
 
 def _in_another_connection(action) -> Any:
     """Run `action` in a thread with its own connection and wait for it to finish."""
-    thread, out = _start_in_another_connection(action)
-    return _join(thread, out)
-
-
-def _start_in_another_connection(action) -> tuple[threading.Thread, dict[str, Any]]:
-    out: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            out["value"] = action()
-        except BaseException as exc:  # noqa: BLE001 - surfaced to the caller
-            out["error"] = exc
-        finally:
-            connections.close_all()
-
-    thread = threading.Thread(target=target)
-    thread.start()
-    return thread, out
-
-
-def _join(thread: threading.Thread, out: dict[str, Any]) -> Any:
-    thread.join()
-    if "error" in out:
-        raise out["error"]
-    return out.get("value")
+    thread, out = in_another_connection(action)
+    return joined(thread, out)
 
 
 def _expire_lease(run_id: Any) -> None:

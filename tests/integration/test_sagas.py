@@ -10,7 +10,8 @@ from durable_agents.models import Effect, EffectStatus, Event, Run, RunStatus, S
 from durable_agents.testing import drive, wait_for, wait_for_run
 from durable_agents.testing.receiver import IdempotentReceiver
 from durable_agents.testing.runs import take_lease
-from tests.testapp.models import Execution, LedgerEntry
+from tests.integration.interleavings import ledger
+from tests.testapp.models import Execution
 from tests.testapp.trust import HOOKS
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -29,15 +30,11 @@ def carrier():
         yield receiver
 
 
-def _ledger(order_id: str) -> list[tuple[str, int]]:
-    return list(LedgerEntry.objects.filter(order_id=order_id).order_by("id").values_list("kind", "amount"))
-
-
 def _charged_twice(order_id: str) -> Run:
     """A two_charges run with both charges applied, paused before its last steps."""
     run = api.start("two_charges", {"order_id": order_id})
     assert advance(run.id) is Outcome.COMMITTED and advance(run.id) is Outcome.COMMITTED
-    assert _ledger(order_id) == [("charge", 10), ("charge", 20)]
+    assert ledger(order_id) == [("charge", 10), ("charge", 20)]
     return run
 
 
@@ -53,7 +50,7 @@ def test_saga__a_second_cancel_never_cuts_a_compensation_short():
         assert again.finish_as == RunStatus.CANCELLED
     run = drive(run.id)
     assert run.status == RunStatus.CANCELLED
-    assert _ledger("S-1") == [("charge", 10), ("charge", 20), ("refund", -20), ("refund", -10)]
+    assert ledger("S-1") == [("charge", 10), ("charge", 20), ("refund", -20), ("refund", -10)]
     assert Event.objects.filter(run=run, kind="cancel_ignored").count() == 2, "each ignored cancel is recorded"
 
 
@@ -66,7 +63,7 @@ def test_saga__a_second_cancel_while_a_worker_holds_the_run_does_not_cut_it_shor
     Run.objects.filter(pk=run.id).update(lease_expires_at=None, lease_owner="")  # that worker died
     run = drive(run.id)
     assert run.status == RunStatus.CANCELLED
-    assert [kind for kind, _ in _ledger("S-2")] == ["charge", "charge", "refund", "refund"]
+    assert [kind for kind, _ in ledger("S-2")] == ["charge", "charge", "refund", "refund"]
 
 
 def test_saga__compensation_learns_an_unknown_outcome_and_undoes_it(carrier):
@@ -144,7 +141,7 @@ def test_saga__a_compensated_run_does_not_resume_or_rerun_it_forks():
 
     fork = drive(api.fork(run.id, "charge-a", actor="ops").id)
     assert fork.status == RunStatus.COMPLETED
-    charges = [amount for kind, amount in _ledger("S-6") if kind == "charge"]
+    charges = [amount for kind, amount in ledger("S-6") if kind == "charge"]
     assert charges == [10, 20, 10, 20], "the fork charges anew: the source's charges were undone"
 
 
@@ -165,7 +162,7 @@ def test_saga__a_compensated_effect_is_never_returned_as_if_applied():
     Step.objects.filter(pk=step.pk).update(status=StepStatus.FAILED)
     run = drive(api.resume(run.id).id)  # were the refusal bypassed, the step must still not report a charge
     assert run.status == RunStatus.FAILED and "compensated" in run.error["message"]
-    assert [kind for kind, _ in _ledger("S-8")].count("charge") == 2
+    assert [kind for kind, _ in ledger("S-8")].count("charge") == 2
 
 
 @pytest.mark.parametrize("pause_at", ["after_ship"])

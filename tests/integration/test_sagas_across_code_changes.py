@@ -26,7 +26,7 @@ from durable_agents.models import RunStatus, Step, StepStatus, Wait, WaitStatus
 from durable_agents.testing import drive
 from durable_agents.tools import tools
 from durable_agents.workflows import registry
-from tests.testapp.models import LedgerEntry
+from tests.integration.interleavings import ledger
 from tests.testapp.trust import HOOKS, hook
 from tests.testapp.workflows import _charge_step, charge
 
@@ -83,12 +83,8 @@ workflow(
 # --- Helpers ------------------------------------------------------------------------------------------------
 
 
-def _ledger(order_id: str) -> list[tuple[str, int]]:
-    return list(LedgerEntry.objects.filter(order_id=order_id).order_by("id").values_list("kind", "amount"))
-
-
 def _net(order_id: str) -> Decimal:
-    return sum((amount for _, amount in _ledger(order_id)), Decimal(0))
+    return sum((amount for _, amount in ledger(order_id)), Decimal(0))
 
 
 # --- Operators racing a saga --------------------------------------------------------------------------------
@@ -110,7 +106,7 @@ def test_migrate__replan_of_a_compensating_run_throws_its_saga_away():
     assert run.status == RunStatus.CANCELLED
     assert _net("MIG-1") == 0, (
         "guarantee 9 (a saga, once started, finishes or stops visibly): a migration dropped the compensation "
-        f"step and the run ended cancelled with its charge in place: {_ledger('MIG-1')}"
+        f"step and the run ended cancelled with its charge in place: {ledger('MIG-1')}"
     )
     forward = Step.objects.filter(run=run, step_id="ship_later", status=StepStatus.DONE)
     assert not forward.exists(), "a run cancelled with compensation executed a forward step after its saga started"
@@ -151,7 +147,7 @@ def test_version_gone__the_replan_policy_throws_a_running_saga_away():
         registry.register(V1, replace=True)
     assert _net("VG-1") == 0, (
         f"guarantee 9 (a saga, once started, finishes or stops visibly): the run ended {run.status} after a "
-        f"version re-plan replaced its compensation with forward steps: {_ledger('VG-1')}"
+        f"version re-plan replaced its compensation with forward steps: {ledger('VG-1')}"
     )
 
 
@@ -170,7 +166,7 @@ def test_saga__an_effect_whose_tool_was_renamed_is_silently_left_undone():
     left = (run.error or {}).get("left_to_undo") or []
     assert _net("TR-9") == 0 or (run.status == RunStatus.FAILED and left), (
         "guarantee 9 (a saga finishes or stops visibly with what is left to undo): the run ended "
-        f"{run.status} with its charges in place and nothing left to undo on record: {_ledger('TR-9')}"
+        f"{run.status} with its charges in place and nothing left to undo on record: {ledger('TR-9')}"
     )
 
 
@@ -195,5 +191,5 @@ def test_deadline__fail_policy_skips_the_saga_once_the_runs_version_is_gone():
     left = (run.error or {}).get("left_to_undo") or []
     assert _net("DS-1") == 0 or left, (
         "guarantee 9 (a saga finishes or stops visibly): the deadline failed a compensate-on-failure run "
-        f"without compensating because its version was unregistered: {_ledger('DS-1')}"
+        f"without compensating because its version was unregistered: {ledger('DS-1')}"
     )
