@@ -215,6 +215,13 @@ def countdowns_holding_a_slot(queues: Iterable[str | None]) -> list[CountdownRou
         return [route for route in routes if route is not None and route.holds_a_slot]
 
 
+def cancels_steps_on_connection_loss() -> bool:
+    """Whether workers stop every late-acked task in flight when the broker connection drops (Celery's
+    `worker_cancel_long_running_tasks_on_connection_loss`, off by default until Celery 6)."""
+    with _celery_app() as app:
+        return bool(app.conf.worker_cancel_long_running_tasks_on_connection_loss)
+
+
 def quorum_queue_refusing_global_qos() -> str | None:
     """The quorum queue RabbitMQ would refuse a worker's global QoS on (`worker_detect_quorum_queues` off), if any."""
     with _celery_app() as app:

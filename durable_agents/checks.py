@@ -31,6 +31,7 @@ Registered in `DurableAgentsConfig.ready()` under the tag `durable_agents`; `man
     W010  RabbitMQ with a quorum queue, and the durable queue on a direct exchange: a worker would hold each countdown
           (up to MAX_COUNTDOWN_SECONDS) in its only prefetch slot until due (broker.py says exactly when)
     W011  RabbitMQ with a quorum queue, and worker_detect_quorum_queues off: workers ask for global QoS, refused
+    W012  worker_cancel_long_running_tasks_on_connection_loss is on: a broker blip stops every step in flight
 
 A check never raises on odd input: a traceback at start-up is worse than no check, so each one is guarded
 and reports W000 instead.
@@ -54,7 +55,11 @@ from django.utils.module_loading import import_string
 
 from durable_agents.agents.capabilities import ModelChoice, model_profile, problems
 from durable_agents.agents.participants import participants
-from durable_agents.broker import countdowns_holding_a_slot, quorum_queue_refusing_global_qos
+from durable_agents.broker import (
+    cancels_steps_on_connection_loss,
+    countdowns_holding_a_slot,
+    quorum_queue_refusing_global_qos,
+)
 from durable_agents.conf import SETTINGS, describe
 from durable_agents.errors import InvalidInputError
 from durable_agents.models import StepKind
@@ -661,6 +666,23 @@ def check_delayed_delivery(app_configs: Sequence[Any] | None = None, **kwargs: A
     return messages
 
 
+@_never_raises
+def check_connection_loss(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> list[CheckMessage]:
+    """W012: a broker connection that drops while steps run costs a `Couldn't ack` and a redelivery that runs
+    nothing, unless workers are told to stop every late-acked task in flight (then each runs again)."""
+    if not cancels_steps_on_connection_loss():
+        return []
+    return [
+        Warning(
+            "CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS is on: a broker blip stops every step in "
+            "flight; each runs again from its checkpoint, and a model answer not yet journaled is asked for (and "
+            "billed) again. Off, the step commits and its redelivered message finds it committed and runs nothing.",
+            hint="Set CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = False (Celery 5's default).",
+            id="durable_agents.W012",
+        )
+    ]
+
+
 CHECKS: tuple[Check, ...] = (
     check_settings,
     check_hooks,
@@ -670,6 +692,7 @@ CHECKS: tuple[Check, ...] = (
     check_sweep_schedule,
     check_queues,
     check_delayed_delivery,
+    check_connection_loss,
     check_serializer,
     check_base_url,
     check_decision_links,

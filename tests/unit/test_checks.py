@@ -350,6 +350,24 @@ def test_check_delayed_delivery__quorum_queues_without_quorum_detection_are_a_wa
         assert ids() == []
 
 
+# --- W012: a broker blip must not stop every step in flight ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("broker", [None, "redis://127.0.0.1:6379/0", RABBITMQ_URL])
+def test_check_connection_loss__cancelling_steps_in_flight_is_a_warning_on_any_broker(broker, monkeypatch):
+    # Celery's docs (Configuration, worker_cancel_long_running_tasks_on_connection_loss): on, the worker "kills all
+    # long-running tasks with late acknowledgment enabled on connection loss", so one broker blip stops every step
+    # in flight; each runs again from its checkpoint, and a model answer not yet journaled is paid for twice.
+    if broker:
+        monkeypatch.setenv("CELERY_BROKER_URL", broker)
+    with override_settings(CELERY_BROKER_URL=broker, CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS=True):
+        (warning,) = durable_messages()
+    assert warning.id == "durable_agents.W012", warning
+    assert "every step in flight" in warning.msg and "= False" in warning.hint
+    with override_settings(CELERY_BROKER_URL=broker, CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS=False):
+        assert ids() == []
+
+
 @pytest.mark.parametrize(
     ("serializer", "accept"),
     [
