@@ -170,6 +170,15 @@ def _health_gauges(now: datetime) -> Iterator[GaugeMetricFamily]:
     workers.add_metric([], len(presence.live_workers))
     yield workers
     yield from _worker_gauges(presence)
+    measured = presence.measured
+    measured_at = None if measured is None or measured.queued is None else measured.measured_at
+    measured_age = GaugeMetricFamily(
+        "durable_queue_depth_measured_seconds",
+        "Seconds since the sweep last measured the broker's queue depths, which the console shows (+Inf: never, or "
+        "the broker did not answer it).",
+    )
+    measured_age.add_metric([], math.inf if measured_at is None else max(0.0, (now - measured_at).total_seconds()))
+    yield measured_age
     backlog = read_backlog(now, presence)
     oldest = GaugeMetricFamily(
         "durable_oldest_runnable_seconds",

@@ -148,7 +148,7 @@ def test_metrics__include_the_sweep_lag_and_live_workers(settings):
         return {s.name: s.value for f in families for s in f.samples if not s.labels}
 
     before = scrape()
-    sweep()
+    sweep(queued={"celery": 0})  # as the sweep's task measured the broker
     record_beat("worker:m@h:3", ProcessHeartbeat.Kind.WORKER, hostname="m@h", pid=3)
     after = scrape()
 
@@ -156,6 +156,9 @@ def test_metrics__include_the_sweep_lag_and_live_workers(settings):
     assert before["durable_live_workers"] == 0
     assert 0 <= after["durable_sweep_lag_seconds"] < 120
     assert after["durable_live_workers"] == 1
+    # The console reads the queue depths the sweep measured: an alert on this age sees it stop measuring.
+    assert before["durable_queue_depth_measured_seconds"] == float("inf"), "never measured is infinitely old"
+    assert 0 <= after["durable_queue_depth_measured_seconds"] < 120
 
 
 def test_admin_overview__shows_the_health_panel():
