@@ -2,10 +2,10 @@
 test_model_worker_billed_answers.py), imported by the test process and by its workers
 (`--include tests.model_worker_flows`).
 
-* ATTACK_CONVERSATION: one agent step with a read-only tool, `wait_at_gate`, which waits (I/O-bound, as the README
+* GATED_CONVERSATION: one agent step with a read-only tool, `wait_at_gate`, which waits (I/O-bound, as the README
   allows on the model worker: it polls Redis) until the test opens the gate. The fake model asks for the tool when
   the prompt says "slow", and answers in text otherwise.
-* ATTACK_AGENT_THEN_CRUNCH: an agent step, then a plain `call` step (the kind the README sends to prefork: "make
+* AGENT_THEN_CRUNCH: an agent step, then a plain `call` step (the kind the README sends to prefork: "make
   CPU-heavy work a step of its own, which runs on prefork") that records which pool ran it.
 """
 
@@ -22,10 +22,10 @@ from durable_agents.api import agent, call, tool, workflow
 from durable_agents.testing.fake_anthropic import RecordedRequest, Reply
 from durable_agents.tools import ToolRegistry
 
-ATTACK_CONVERSATION = "attack14_conversation"
-ATTACK_AGENT_THEN_CRUNCH = "attack14_agent_then_crunch"
-GATE = "attack14:gate"
-AT_GATE = "attack14:at_gate"
+GATED_CONVERSATION = "gated_conversation"
+AGENT_THEN_CRUNCH = "agent_then_crunch"
+GATE = "model_worker_flows:gate"
+AT_GATE = "model_worker_flows:at_gate"
 
 
 def _redis() -> redis.Redis:
@@ -55,7 +55,7 @@ def crunch(ctx: Any) -> dict[str, Any]:
 
 
 workflow(
-    ATTACK_CONVERSATION,
+    GATED_CONVERSATION,
     steps=[
         agent(
             "support",
@@ -70,7 +70,7 @@ workflow(
 )
 
 workflow(
-    ATTACK_AGENT_THEN_CRUNCH,
+    AGENT_THEN_CRUNCH,
     steps=[
         agent(
             "ask",

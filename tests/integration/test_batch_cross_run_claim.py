@@ -93,12 +93,12 @@ def test_cross_claim__a_worker_paused_after_the_commit_that_claimed_the_next_run
             _paused()
             taker["token"] = _taken_over(following)
 
-    run_finished.connect(pause_after_first, dispatch_uid="attacks-batches2-pause")
+    run_finished.connect(pause_after_first, dispatch_uid="batch-claim-pause")
     try:
         with _in_process(**LONG):
             tasks.advance_many.run([first, following])
     finally:
-        run_finished.disconnect(dispatch_uid="attacks-batches2-pause")
+        run_finished.disconnect(dispatch_uid="batch-claim-pause")
     assert "token" in taker, "the receiver did not run: A did not finish"
     assert not Execution.objects.filter(run_id=following).exists(), (
         "B's step body ran under a claim the worker had lost while paused: the claim made by A's commit must be "
@@ -121,12 +121,12 @@ def test_eager__a_worker_paused_after_the_commit_that_claimed_the_next_step_prov
             _paused()
             taker["token"] = _taken_over(str(run_id))
 
-    step_committed.connect(pause_after_step_one, dispatch_uid="attacks-batches2-pause-eager")
+    step_committed.connect(pause_after_step_one, dispatch_uid="batch-claim-pause-eager")
     try:
         with _in_process(**LONG):
             tasks.advance.run(run_id)
     finally:
-        step_committed.disconnect(dispatch_uid="attacks-batches2-pause-eager")
+        step_committed.disconnect(dispatch_uid="batch-claim-pause-eager")
     assert "token" in taker, "the receiver did not run: step 1 did not commit"
     assert not Execution.objects.filter(run_id=run_id, step_id="s002").exists(), (
         "step 2's body ran under a claim the worker had lost while paused"
@@ -168,12 +168,12 @@ def test_cross_claim__a_cancel_requested_after_the_next_run_was_claimed_is_settl
         if str(run_id) == first:
             api.cancel(following, "not wanted")
 
-    run_finished.connect(cancel_following, dispatch_uid="attacks-batches2-cancel")
+    run_finished.connect(cancel_following, dispatch_uid="batch-claim-cancel")
     try:
         with _in_process(**LONG):
             tasks.advance_many.run([first, following])
     finally:
-        run_finished.disconnect(dispatch_uid="attacks-batches2-cancel")
+        run_finished.disconnect(dispatch_uid="batch-claim-cancel")
     after = Run.objects.get(pk=following)
     assert after.status == RunStatus.CANCELLED, f"a cancel requested of a claimed run was lost: {after.status}"
     assert after.lease_owner == "" and Execution.objects.filter(run_id=following).count() <= 1
@@ -253,12 +253,12 @@ def test_children__a_join_met_while_the_children_s_batch_runs_cancels_the_rest_e
         if str(run_id) == kids[0] and not ran_parent:
             ran_parent.append(tasks.advance.run(parent))
 
-    run_finished.connect(parent_runs, dispatch_uid="attacks-batches2-join")
+    run_finished.connect(parent_runs, dispatch_uid="batch-claim-join")
     try:
         with _in_process(**LONG):
             tasks.advance_many.run(kids)
     finally:
-        run_finished.disconnect(dispatch_uid="attacks-batches2-join")
+        run_finished.disconnect(dispatch_uid="batch-claim-join")
     assert ran_parent, "child 0's end did not reach the receiver"
     statuses = dict(Run.objects.filter(pk__in=kids).values_list("id", "status"))
     assert [statuses[uuid.UUID(k)] for k in kids] == ["completed", "cancelled", "cancelled", "cancelled"]

@@ -46,7 +46,7 @@ def _hooked(ctx: StepContext) -> dict[str, Any]:
 
 
 workflow(
-    "atk_charge_then_break_compensating",
+    "charge_then_break_compensating",
     steps=[call("charge", _charge_step), call("work", _hooked)],
     plan=lambda inp: [
         PlannedStep("charge", "charge", {"amount": "10.00"}),
@@ -56,7 +56,7 @@ workflow(
     replace=True,
 )
 workflow(
-    "atk_charge_then_work",
+    "charge_then_work",
     steps=[call("charge", _charge_step), call("work", _hooked)],
     plan=lambda inp: [
         PlannedStep("charge", "charge", {"amount": "10.00"}),
@@ -134,7 +134,7 @@ def test_cancel__a_requested_compensation_is_dropped_when_the_held_step_fails():
     """cancel(compensate=True) while a worker holds the run answers `requested`; the held step then fails
     permanently and fail_txn ends the run `failed` without looking at cancel_compensate: the charge stays,
     nothing says the requested compensation never happened."""
-    run = api.start("atk_charge_then_work", {"order_id": "CR-1", "fail": True})
+    run = api.start("charge_then_work", {"order_id": "CR-1", "fail": True})
     assert advance(run.id) is Outcome.COMMITTED
     HOOKS["atk:work"] = lambda ctx: api.cancel(ctx.run_id, "customer cancelled", compensate=True, actor="ops")
     assert advance(run.id) in (Outcome.FAILED, Outcome.COMPENSATING)
@@ -148,7 +148,7 @@ def test_cancel__a_requested_compensation_is_dropped_when_the_held_step_fails():
 def test_cancel__a_requested_compensation_is_dropped_when_the_held_step_is_the_last():
     """Same request while the last step runs: its commit completes the run (COMPLETE ignores
     cancel_requested_at); the run ends `completed` with the charge the operator asked to undo."""
-    run = api.start("atk_charge_then_work", {"order_id": "CR-2"})
+    run = api.start("charge_then_work", {"order_id": "CR-2"})
     assert advance(run.id) is Outcome.COMMITTED
     HOOKS["atk:work"] = lambda ctx: api.cancel(ctx.run_id, "customer cancelled", compensate=True, actor="ops")
     advance(run.id)
@@ -167,7 +167,7 @@ def test_cancel__a_request_recorded_before_an_on_failure_saga_cuts_that_saga_sho
     and the workflow compensates on failure: fail_txn plans the saga but leaves cancel_requested_at set. The
     claim refuses runs with a pending cancel, so the next advance *settles* it: take_txn(CANCEL) has no
     finish_as fence and ends the run `cancelled` with its compensation step still pending."""
-    run = api.start("atk_charge_then_break_compensating", {"order_id": "CS-1"})
+    run = api.start("charge_then_break_compensating", {"order_id": "CS-1"})
     assert advance(run.id) is Outcome.COMMITTED
     HOOKS["atk:work"] = lambda ctx: api.cancel(ctx.run_id, "bulk cancel", actor="ops")
     assert advance(run.id) is Outcome.COMPENSATING

@@ -57,12 +57,12 @@ def test_duplicate__a_delivery_right_after_the_commit_finds_the_next_step_claime
         duplicates.append(advance(run_id))
 
     ran.clear()
-    step_committed.connect(deliver_again, weak=False, dispatch_uid="attacks17-dup")
+    step_committed.connect(deliver_again, weak=False, dispatch_uid="eager-commit-deliver-again")
     try:
         with _in_process(**ON):
             assert advance_slice(run.id) == Outcome.COMPLETED
     finally:
-        step_committed.disconnect(dispatch_uid="attacks17-dup")
+        step_committed.disconnect(dispatch_uid="eager-commit-deliver-again")
     assert ran == ["s0", "s1", "s2", "s3"], "every step ran once, in order"
     # After s0..s2 the statement had already claimed the next step: the duplicate met a held lease.
     assert duplicates[:3] == [Outcome.SKIPPED] * 3

@@ -62,10 +62,10 @@ def receivers():
 
     connected = [(step_committed, fail), (run_finished, fail), (step_committed, count_step), (run_finished, count_run)]
     for n, (sent_by, receiver) in enumerate(connected):
-        sent_by.connect(receiver, weak=False, dispatch_uid=f"attacks16-{n}")
+        sent_by.connect(receiver, weak=False, dispatch_uid=f"eager-slice-{n}")
     yield sent
     for n, (sent_by, _) in enumerate(connected):
-        sent_by.disconnect(dispatch_uid=f"attacks16-{n}")
+        sent_by.disconnect(dispatch_uid=f"eager-slice-{n}")
 
 
 @pytest.mark.django_db(transaction=True)
@@ -124,7 +124,7 @@ def _in_the_gap(after_step: str, act):
             done.append(True)
             act(run_id)
 
-    step_committed.connect(receiver, weak=False, dispatch_uid="attacks16-gap")
+    step_committed.connect(receiver, weak=False, dispatch_uid="eager-slice-gap")
     return receiver
 
 
@@ -141,7 +141,7 @@ def test_gap__a_duplicate_delivery_right_after_a_commit_steps_aside_for_the_slic
         with _in_process(**ON):
             outcomes.append(advance_slice(run.id))
     finally:
-        step_committed.disconnect(dispatch_uid="attacks16-gap")
+        step_committed.disconnect(dispatch_uid="eager-slice-gap")
     # Commit and next claim are one statement: when tick-1's signal fires the slice already holds tick-2, so the
     # duplicate steps aside and the slice runs the rest.
     assert outcomes == [Outcome.SKIPPED, Outcome.COMPLETED], "the slice held tick-2; the duplicate stepped aside"
@@ -158,7 +158,7 @@ def test_gap__a_cancel_right_after_a_commit_lets_the_claimed_step_finish_then_st
         with _in_process(**ON):
             advance_slice(run.id)
     finally:
-        step_committed.disconnect(dispatch_uid="attacks16-gap")
+        step_committed.disconnect(dispatch_uid="eager-slice-gap")
     assert Run.objects.get(pk=run.id).status == RunStatus.CANCELLED
     # tick-3 was claimed with tick-2's commit: the cancel is requested of a held run, tick-3 finishes and is
     # checkpointed (no claim follows a requested cancel), then the run stops.
@@ -182,7 +182,7 @@ def test_gap__a_rerun_right_after_a_commit_is_refused_while_the_slice_holds_the_
         with _in_process(**ON):
             assert advance_slice(run.id) == Outcome.COMPLETED
     finally:
-        step_committed.disconnect(dispatch_uid="attacks16-gap")
+        step_committed.disconnect(dispatch_uid="eager-slice-gap")
     # tick-3 was claimed with tick-2's commit: an operator's rerun of a held run is refused, not half-applied.
     assert len(refused) == 1, "the rerun is refused while a worker holds the run"
     assert _live(run.id) == [(f"tick-{i}", StepStatus.DONE) for i in range(1, 4)]

@@ -43,7 +43,7 @@ def _clean():
 # --- Workflows of these tests ---------------------------------------------------------------------------------
 
 
-@tool(effectful=True, transactional=True, compensate="refund_charge", name="atk_refusable_charge")
+@tool(effectful=True, transactional=True, compensate="refund_charge", name="refusable_charge")
 def refusable_charge(order_id: str, amount: Decimal, *, idempotency_key: str) -> dict[str, Any]:
     """A ledger charge (undone by refund_charge) that the ledger refuses while ATTACK["refuse"] is set."""
     if ATTACK["refuse"]:
@@ -64,7 +64,7 @@ def _hooked(ctx: StepContext) -> dict[str, Any]:
 
 
 workflow(
-    "atk_refusable_then_hold",
+    "refusable_charge_then_hold",
     steps=[call("charge", _refusable), call("hold", _hooked)],
     replace=True,
 )
@@ -94,7 +94,7 @@ def test_fork__its_saga_does_not_undo_a_charge_it_applied_under_the_sources_fail
     run_id = source. Cancelling the fork with compensation lists effects by run_id, so the fork's own charge
     is never refunded."""
     ATTACK["refuse"] = True
-    source = drive(api.start("atk_refusable_then_hold", {"order_id": "FK-1"}).id)
+    source = drive(api.start("refusable_charge_then_hold", {"order_id": "FK-1"}).id)
     assert source.status == RunStatus.FAILED
     ATTACK["refuse"] = False
     fork = api.fork(source.id, "charge", actor="ops")

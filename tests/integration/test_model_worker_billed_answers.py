@@ -167,7 +167,7 @@ def test_pool__an_answer_received_while_the_pool_is_exhausted_is_journaled_or_at
     monkeypatch.setattr(connection, "get_new_connection", exhausted_pool)
     monkeypatch.setattr(participant, "respond", respond)
     try:
-        run = api.start(flows.ATTACK_CONVERSATION, {"mode": "fast", "tag": "P", "order_id": "P-1"})
+        run = api.start(flows.GATED_CONVERSATION, {"mode": "fast", "tag": "P", "order_id": "P-1"})
         run = drive(run.id)
     finally:
         if previous is None:
@@ -223,7 +223,7 @@ def test_journal__an_answer_whose_pooled_connection_died_is_journaled_on_a_fresh
         return flows.answer(request)
 
     fake.responder = answer
-    run = api.start(flows.ATTACK_CONVERSATION, {"mode": "fast", "tag": "K", "order_id": "K-1"})
+    run = api.start(flows.GATED_CONVERSATION, {"mode": "fast", "tag": "K", "order_id": "K-1"})
     wait_for_run(run.id, "completed", timeout=120)
 
     assert ended and ended[0] >= 1, f"no connection of the model worker was ended ({ended}): nothing was tested"
@@ -247,7 +247,7 @@ def test_journal__an_answer_its_retry_could_not_journal_either_is_counted_in_the
     default_worker(start_worker, fake)
     model_worker(start_worker, fake, db_pool=2, **journal_env(name))
     fake.hold(when=asks_for("L"))
-    run = api.start(flows.ATTACK_CONVERSATION, {"mode": "fast", "tag": "L", "order_id": "L-1"})
+    run = api.start(flows.GATED_CONVERSATION, {"mode": "fast", "tag": "L", "order_id": "L-1"})
     assert fake.wait_in_flight(1, timeout=60), "the first model call never arrived"
 
     retries_ended = 0
@@ -298,7 +298,7 @@ def test_zombie__a_holder_taken_over_while_its_model_call_was_in_flight_records_
     default_worker(start_worker, fake)
     model_worker(start_worker, fake, db_pool=2, **journal_env(name))
     fake.hold(when=asks_for("Z"))
-    run = api.start(flows.ATTACK_CONVERSATION, {"mode": "fast", "tag": "Z", "order_id": "Z-1"})
+    run = api.start(flows.GATED_CONVERSATION, {"mode": "fast", "tag": "Z", "order_id": "Z-1"})
     assert fake.wait_in_flight(1, timeout=60), "the model call never arrived"
 
     clock.advance(timedelta(hours=1))  # past any lease the holder's heartbeat renewed

@@ -109,9 +109,9 @@ def test_pool__a_tool_holding_the_pooled_connection_does_not_cost_other_conversa
     model_worker(start_worker, fake, db_pool=1, **patient)
     fake.hold(when=lambda r: flows.first_user_text(r).startswith("fast") and r.turn == 0)
 
-    b = api.start(flows.ATTACK_CONVERSATION, {"mode": "fast", "tag": "B", "order_id": "B-1"})
+    b = api.start(flows.GATED_CONVERSATION, {"mode": "fast", "tag": "B", "order_id": "B-1"})
     assert fake.wait_in_flight(1, timeout=60), "B's first model call never arrived"
-    a = api.start(flows.ATTACK_CONVERSATION, {"mode": "slow", "tag": "A", "order_id": "A-1"})
+    a = api.start(flows.GATED_CONVERSATION, {"mode": "slow", "tag": "A", "order_id": "A-1"})
     wait_for(lambda: int(gate.get(flows.AT_GATE) or 0) >= 1, timeout=60, what="A's tool to start waiting")
 
     # A second model worker (the README: "more model_worker processes raise the figure").
@@ -157,7 +157,7 @@ def test_routing__a_plain_step_never_runs_on_the_gevent_model_worker(fake, route
     countdowns = json.dumps({**ROUTED, "MAX_COUNTDOWN_SECONDS": 10})
     model_worker(start_worker, fake, db_pool=2, DURABLE_TEST_SETTINGS=countdowns)
     fake.fail_next(1, Fault.status(429, headers={"retry-after": "3"}))
-    run = api.start(flows.ATTACK_AGENT_THEN_CRUNCH, {"tag": "R"})
+    run = api.start(flows.AGENT_THEN_CRUNCH, {"tag": "R"})
     wait_for(lambda: Event.objects.filter(run_id=run.id, kind="step_retry").exists(), timeout=60, what="the 429 retry")
     api.resume(run.id, actor="ops")  # "durable_resume wakes a run at once, clearing any backoff"
     wait_for(
@@ -243,7 +243,7 @@ def test_release__ask_inside_a_transaction_keeps_its_writes_and_locks(fake):
     client = anthropic.Anthropic(api_key="sk-ant-test-0123456789", base_url=fake.url, max_retries=0, timeout=5.0)
     participant = AnthropicParticipant(client=client)
     request = ModelRequest(model="m", max_tokens=5, system="", tools=[], messages=[{"role": "user", "content": "x"}])
-    run = api.start(flows.ATTACK_CONVERSATION, {"mode": "fast", "tag": "T", "order_id": "T-1"})
+    run = api.start(flows.GATED_CONVERSATION, {"mode": "fast", "tag": "T", "order_id": "T-1"})
     from django.db import transaction
 
     with transaction.atomic():

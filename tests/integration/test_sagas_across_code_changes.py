@@ -49,16 +49,18 @@ def _hooked(ctx: StepContext) -> dict[str, Any]:
 
 
 # Two versions: v2 replaces the tail step with another (a different step id).
-V1 = workflow("atk_versions", version=1, steps=[call("charge", _charge_step), call("hold", _hooked)], replace=True)
+V1 = workflow(
+    "saga_across_versions", version=1, steps=[call("charge", _charge_step), call("hold", _hooked)], replace=True
+)
 workflow(
-    "atk_versions",
+    "saga_across_versions",
     version=2,
     steps=[call("charge", _charge_step), call("ship_later", _hooked)],
     on_missing_version="replan",
     replace=True,
 )
 ATK_DEADLINE_V1 = workflow(
-    "atk_deadline_saga",
+    "deadline_saga_across_versions",
     version=1,
     steps=[
         call("charge", _charge_step),
@@ -68,7 +70,7 @@ ATK_DEADLINE_V1 = workflow(
     replace=True,
 )
 workflow(
-    "atk_deadline_saga",
+    "deadline_saga_across_versions",
     version=2,
     steps=[
         call("charge", _charge_step),
@@ -97,7 +99,7 @@ def test_migrate__replan_of_a_compensating_run_throws_its_saga_away():
 
     (With the same version the migration crashes instead: the skipped forward steps are not superseded, and
     the re-planned copies hit durable_step_run_step_id_uniq — an IntegrityError, not a domain error.)"""
-    run = api.start("atk_versions", {"order_id": "MIG-1"}, version=1)
+    run = api.start("saga_across_versions", {"order_id": "MIG-1"}, version=1)
     assert advance(run.id) is Outcome.COMMITTED
     api.cancel(run.id, "customer cancelled", compensate=True, actor="ops-1")
     with contextlib.suppress(InvalidTransitionError):  # refusing to migrate a compensating run is a fix
@@ -137,10 +139,10 @@ def test_version_gone__the_replan_policy_throws_a_running_saga_away():
     """A deploy drops v1 while a v1 run compensates; v2 says on_missing_version="replan". The compensation
     step's claim finds no v1, _version_gone adopts v2 *with replan*: the compensation step is superseded and
     v2's remaining forward step planned. The run executes forward work and ends `cancelled`, charge intact."""
-    run = api.start("atk_versions", {"order_id": "VG-1"}, version=1)
+    run = api.start("saga_across_versions", {"order_id": "VG-1"}, version=1)
     assert advance(run.id) is Outcome.COMMITTED
     api.cancel(run.id, "customer cancelled", compensate=True)
-    registry.unregister("atk_versions", 1)  # the deploy removed v1
+    registry.unregister("saga_across_versions", 1)  # the deploy removed v1
     try:
         run = drive(run.id)
     finally:
@@ -178,9 +180,9 @@ def test_deadline__fail_policy_skips_the_saga_once_the_runs_version_is_gone():
     and answers False when that version is no longer registered. After a deploy that dropped v1 (v2 says
     "continue", and compensates on failure too), the deadline fails the run without undoing its charge, and
     nothing says what was left."""
-    run = api.start("atk_deadline_saga", {"order_id": "DS-1"}, version=1)
+    run = api.start("deadline_saga_across_versions", {"order_id": "DS-1"}, version=1)
     assert advance(run.id) is Outcome.COMMITTED and advance(run.id) is Outcome.WAITING
-    registry.unregister("atk_deadline_saga", 1)
+    registry.unregister("deadline_saga_across_versions", 1)
     try:
         clock.advance(timedelta(hours=2))
         sweep_waits()

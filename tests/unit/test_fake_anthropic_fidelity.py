@@ -1,4 +1,4 @@
-"""Fidelity attacks on the strict stand-in of the Messages API (durable_agents.testing.fake_anthropic) and on the
+"""Fidelity checks of the strict stand-in of the Messages API (durable_agents.testing.fake_anthropic) and on the
 error mapping of durable_agents.agents.claude, through the real SDK over real HTTP.
 
 Two kinds of tests live here:
