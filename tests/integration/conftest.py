@@ -9,10 +9,24 @@ from django.conf import settings
 from django.db import connection
 from django.test import override_settings
 
-from durable_agents import tasks
+from durable_agents import clock, tasks
+from tests.integration.outside_carrier import CARRIER
+from tests.testapp.trust import HOOKS
 
 MODEL_QUEUE = "durable-model"
 ROUTED = {"MODEL_QUEUE": MODEL_QUEUE}  # DURABLE_AGENTS for a test (and its workers) with a model worker
+
+
+@pytest.fixture
+def hooks_cleared() -> Iterator[None]:
+    """The interleaving tests' hooks (HOOKS, the outside carrier's CARRIER) empty before and after the test, and
+    the clock back on the database's own."""
+    HOOKS.clear()
+    CARRIER.clear()
+    yield
+    HOOKS.clear()
+    CARRIER.clear()
+    clock.reset()
 
 
 @pytest.fixture(autouse=True)

@@ -18,17 +18,8 @@ from durable_agents.engine.advance import Outcome, advance
 from durable_agents.errors import InvalidTransitionError
 from durable_agents.models import RunStatus, Wait
 from durable_agents.testing import drive
-from tests.testapp.trust import HOOKS
 
-pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture(autouse=True)
-def _clean():
-    HOOKS.clear()
-    yield
-    HOOKS.clear()
-    clock.reset()
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("hooks_cleared")]
 
 
 def test_decide__an_approval_after_its_deadline_passed_is_accepted_if_the_sweep_is_late():

@@ -10,32 +10,23 @@ the guarantee. Where the obvious fix is to refuse the operator's action, the tes
 from __future__ import annotations
 
 import threading
-from decimal import Decimal
 from typing import Any
 
 import pytest
 from django.db import connections
 
-from durable_agents import api, clock
+from durable_agents import api
 from durable_agents.api import PlannedStep, StepContext, call, workflow
 from durable_agents.engine import transitions
 from durable_agents.engine.advance import Outcome, advance
 from durable_agents.errors import InvalidTransitionError
 from durable_agents.models import Run, RunStatus, Step, StepStatus
 from durable_agents.testing import drive
-from tests.integration.interleavings import ledger
+from tests.integration.interleavings import ledger, net
 from tests.testapp.trust import HOOKS, hook
 from tests.testapp.workflows import _charge_step
 
-pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture(autouse=True)
-def _clean():
-    HOOKS.clear()
-    yield
-    HOOKS.clear()
-    clock.reset()
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("hooks_cleared")]
 
 
 def _hooked(ctx: StepContext) -> dict[str, Any]:
@@ -68,10 +59,6 @@ workflow(
 
 
 # --- Helpers ------------------------------------------------------------------------------------------------
-
-
-def _net(order_id: str) -> Decimal:
-    return sum((amount for _, amount in ledger(order_id)), Decimal(0))
 
 
 def _charged_once(order_id: str) -> Run:
@@ -127,7 +114,7 @@ def test_rerun__racing_a_cancel_with_compensation_re_runs_skipped_steps_and_char
         "guarantee 9/2: a run cancelled with compensation applied a NEW charge (charge-b) after its saga was "
         f"planned: {ledger('RR-1')}"
     )
-    assert _net("RR-1") == 0, f"a compensated run ended cancelled with money still charged: {ledger('RR-1')}"
+    assert net("RR-1") == 0, f"a compensated run ended cancelled with money still charged: {ledger('RR-1')}"
 
 
 def test_cancel__a_requested_compensation_is_dropped_when_the_held_step_fails():
@@ -139,7 +126,7 @@ def test_cancel__a_requested_compensation_is_dropped_when_the_held_step_fails():
     HOOKS["atk:work"] = lambda ctx: api.cancel(ctx.run_id, "customer cancelled", compensate=True, actor="ops")
     assert advance(run.id) in (Outcome.FAILED, Outcome.COMPENSATING)
     run = drive(run.id)
-    assert _net("CR-1") == 0, (
+    assert net("CR-1") == 0, (
         "guarantee 9/8: an accepted cancel-with-compensation was silently dropped when the running step failed; "
         f"run {run.status}, ledger {ledger('CR-1')}"
     )
@@ -153,7 +140,7 @@ def test_cancel__a_requested_compensation_is_dropped_when_the_held_step_is_the_l
     HOOKS["atk:work"] = lambda ctx: api.cancel(ctx.run_id, "customer cancelled", compensate=True, actor="ops")
     advance(run.id)
     run = drive(run.id)
-    assert not (run.status == RunStatus.COMPLETED and _net("CR-2") != 0), (
+    assert not (run.status == RunStatus.COMPLETED and net("CR-2") != 0), (
         "guarantee 9/8: a cancel(compensate=True) accepted as 'requested' ended as a completed run with its "
         f"charge in place: {ledger('CR-2')}"
     )
@@ -182,4 +169,4 @@ def test_cancel__a_request_recorded_before_an_on_failure_saga_cuts_that_saga_sho
         f"guarantee 9 (a saga is never cut short): the run ended {run.status} with compensation steps {pending} "
         f"not done; ledger {ledger('CS-1')}"
     )
-    assert _net("CS-1") == 0, f"the charge was never refunded: {ledger('CS-1')}"
+    assert net("CS-1") == 0, f"the charge was never refunded: {ledger('CS-1')}"

@@ -9,55 +9,23 @@ the guarantee. Where the obvious fix is to refuse the operator's action, the tes
 
 from __future__ import annotations
 
-import threading
-from typing import Any
-
 import pytest
-from django.db import connection, transaction
+from django.db import transaction
 
-from durable_agents import api, clock
+from durable_agents import api
 from durable_agents.api import call, workflow
 from durable_agents.engine.advance import Outcome, advance
 from durable_agents.models import Run, RunStatus, Step, StepStatus
 from durable_agents.testing import drive
-from tests.integration.interleavings import in_another_connection, joined, ledger
-from tests.integration.outside_carrier import CARRIER, _plain
+from tests.integration.interleavings import in_another_connection, joined, ledger, net, until_blocked_on_a_lock
+from tests.integration.outside_carrier import _plain
 from tests.testapp.trust import HOOKS
 from tests.testapp.workflows import _charge_step
 
-pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture(autouse=True)
-def _clean():
-    HOOKS.clear()
-    CARRIER.clear()
-    yield
-    HOOKS.clear()
-    CARRIER.clear()
-    clock.reset()
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("hooks_cleared")]
 
 
 # --- Helpers ------------------------------------------------------------------------------------------------
-
-
-def _net(order_id: str) -> Any:
-    return sum((amount for _, amount in ledger(order_id)), 0)
-
-
-def _until_blocked_on_a_lock(thread: threading.Thread, statement: str = "") -> None:
-    """Wait until another backend waits for a lock (pg_locks is read live) while running `statement`."""
-    for _ in range(20_000):
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_stat_clear_snapshot()")
-            cursor.execute(
-                "SELECT a.query FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid WHERE NOT l.granted"
-            )
-            if any(statement in query for (query,) in cursor.fetchall()):
-                return
-        assert thread.is_alive(), "the other connection finished without waiting for the lock"
-        threading.Event().wait(0.001)
-    raise AssertionError("the other connection never blocked on the lock")
 
 
 def _pending_compensation(run: Run) -> list[tuple[str, str]]:
@@ -85,7 +53,7 @@ def test_claim__racing_a_cancel_with_compensation_ends_the_run_cancelled_with_it
     with transaction.atomic():
         api.cancel(run.id, "customer cancelled", compensate=True, actor="ops")  # holds the run's row lock
         thread, out = in_another_connection(lambda: advance(run.id))  # a worker got the run's message
-        _until_blocked_on_a_lock(thread)
+        until_blocked_on_a_lock(thread)
     outcome = joined(thread, out)
     run = drive(run.id)
     assert not (run.status == RunStatus.CANCELLED and _pending_compensation(run)), (
@@ -93,13 +61,13 @@ def test_claim__racing_a_cancel_with_compensation_ends_the_run_cancelled_with_it
         f"{run.status} (worker outcome {outcome}) with compensation steps {_pending_compensation(run)} never "
         f"run; ledger {ledger('CL-1')}"
     )
-    assert _net("CL-1") == 0, f"the cancelled run's charge was never refunded: {ledger('CL-1')}"
+    assert net("CL-1") == 0, f"the cancelled run's charge was never refunded: {ledger('CL-1')}"
 
 
 # --- Cancel requests while a worker holds the run ---------------------------------------------------------------
 
 workflow(
-    "atk2_charge_work_tail",
+    "charge_work_tail",
     steps=[call("charge", _charge_step), call("work", _plain), call("tail", _plain)],
     replace=True,
 )
@@ -112,17 +80,17 @@ def test_cancel__a_plain_cancel_after_a_requested_compensation_silently_drops_th
     was told the compensation is requested gets a cancelled run with the charge in place. Had no worker held the
     run, the first cancel would have started the saga and the second would have changed nothing (saga goes on):
     the outcome depends on who held the row when."""
-    run = api.start("atk2_charge_work_tail", {"order_id": "CD-1"})
+    run = api.start("charge_work_tail", {"order_id": "CD-1"})
     assert advance(run.id) is Outcome.COMMITTED
 
     def two_operators(ctx):
         api.cancel(ctx.run_id, "customer asked for a refund", compensate=True, actor="ops-1")
         api.cancel(ctx.run_id, "bulk cleanup", actor="ops-2")
 
-    HOOKS["atk2:work"] = two_operators
+    HOOKS["carrier:work"] = two_operators
     advance(run.id)
     run = drive(run.id)
-    assert _net("CD-1") == 0, (
+    assert net("CD-1") == 0, (
         "guarantee 9/8 (a cancel with compensation is honoured, nothing is dropped silently): a later plain cancel "
         f"overwrote a requested compensation; run {run.status}, ledger {ledger('CD-1')}"
     )

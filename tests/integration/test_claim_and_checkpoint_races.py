@@ -15,59 +15,33 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.db import connection, transaction
+from django.db import transaction
 from django.utils import timezone
 
-from durable_agents import api, clock
+from durable_agents import api
 from durable_agents.api import PlannedStep, StepContext, call, workflow
 from durable_agents.engine.advance import Outcome, advance
 from durable_agents.models import Effect, Run, RunStatus, Step, StepStatus
 from durable_agents.testing import drive, wait_for
-from tests.integration.interleavings import in_another_connection, joined, ledger
+from tests.integration.interleavings import (
+    in_another_connection,
+    joined,
+    ledger,
+    someone_waits_for_a_lock,
+    until_blocked_on_a_lock,
+)
 from tests.integration.outside_carrier import CARRIER, _plain
 from tests.testapp.trust import HOOKS
 from tests.testapp.workflows import _charge_step
 
-pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture(autouse=True)
-def _clean():
-    HOOKS.clear()
-    CARRIER.clear()
-    yield
-    HOOKS.clear()
-    CARRIER.clear()
-    clock.reset()
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("hooks_cleared")]
 
 
 # --- Helpers ------------------------------------------------------------------------------------------------
 
 
-def _someone_waits_for_a_lock() -> bool:
-    """True while a transaction waits for a row lock another holds (read in the caller's own connection)."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT count(*) FROM pg_locks WHERE NOT granted")
-        return cursor.fetchone()[0] > 0
-
-
-def _until_blocked_on_a_lock(thread: threading.Thread, statement: str = "") -> None:
-    """Wait until another backend waits for a lock (pg_locks is read live) while running `statement`."""
-    for _ in range(20_000):
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_stat_clear_snapshot()")
-            cursor.execute(
-                "SELECT a.query FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid WHERE NOT l.granted"
-            )
-            if any(statement in query for (query,) in cursor.fetchall()):
-                return
-        assert thread.is_alive(), "the other connection finished without waiting for the lock"
-        threading.Event().wait(0.001)
-    raise AssertionError("the other connection never blocked on the lock")
-
-
 workflow(
-    "atk2_drift",
+    "plan_drift",
     version=1,
     steps=[call("prepare", _plain), call("charge", _charge_step)],
     plan=lambda inp: [PlannedStep("prepare", "prepare"), PlannedStep("bill", "charge", {"amount": "99.00"})],
@@ -75,7 +49,7 @@ workflow(
 )
 # v2 fixes the amount: the bill is re-planned as another plan element with the right amount.
 workflow(
-    "atk2_drift",
+    "plan_drift",
     version=2,
     steps=[call("prepare", _plain), call("charge", _charge_step)],
     plan=lambda inp: [PlannedStep("prepare", "prepare"), PlannedStep("bill-v2", "charge", {"amount": "10.00"})],
@@ -90,12 +64,12 @@ def test_claim__racing_a_migration_executes_the_plan_element_the_migration_repla
     the step at the cursor from its snapshot: the superseded `bill` row, still pending there. The worker
     executes it; its charge proves the lease (the token is valid) and lands 99.00; only the checkpoint is then
     refused (the row is superseded), and the run goes on to charge bill-v2's 10.00 as well."""
-    run = api.start("atk2_drift", {"order_id": "MG-1"}, version=1)
+    run = api.start("plan_drift", {"order_id": "MG-1"}, version=1)
     assert advance(run.id) is Outcome.COMMITTED  # prepare done; cursor on bill, pending, no holder
     with transaction.atomic():
         api.migrate(run.id, 2, replan=True, actor="ops")  # holds the run's row lock
         thread, out = in_another_connection(lambda: advance(run.id))
-        _until_blocked_on_a_lock(thread)
+        until_blocked_on_a_lock(thread)
     outcome = joined(thread, out)
     assert ("charge", 99) not in ledger("MG-1"), (
         "guarantee 4/9 (one writer; a decision means what the decider saw): a claim racing the migration "
@@ -123,7 +97,7 @@ def test_effects__the_lease_proof_reads_the_run_without_waiting_for_a_saga_being
             api.cancel(state["run"], "customer cancelled", compensate=True, actor="ops")
             planned.set()
             # Commits once the worker's call is under way — or once the worker waits for this transaction.
-            wait_for(lambda: committed.is_set() or _someone_waits_for_a_lock(), timeout=30, what="the worker")
+            wait_for(lambda: committed.is_set() or someone_waits_for_a_lock(), timeout=30, what="the worker")
 
     def proves_then_pauses(self):
         original(self)
@@ -136,17 +110,17 @@ def test_effects__the_lease_proof_reads_the_run_without_waiting_for_a_saga_being
         committed.set()
         joined(*state["thread"])
 
-    HOOKS["atk2:sent:PS-1"] = the_call_is_under_way
+    HOOKS["carrier:sent:PS-1"] = the_call_is_under_way
     StepContext.ensure_lease = proves_then_pauses
     try:
-        run = api.start("atk2_send_hold", {"order_id": "PS-1"})
+        run = api.start("carrier_send_hold", {"order_id": "PS-1"})
         state["run"] = run.id
         outcome = advance(run.id)
     finally:
         StepContext.ensure_lease = original
         committed.set()
     run = drive(run.id)
-    effect = Effect.objects.get(run=run, tool="atk2_send")
+    effect = Effect.objects.get(run=run, tool="carrier_send")
     shipped = CARRIER.get(effect.idempotency_key) == "shipped"
     undone = f"{effect.idempotency_key}:compensate" in CARRIER
     assert run.status == RunStatus.CANCELLED
@@ -179,7 +153,7 @@ def test_claim__racing_a_planners_commit_checkpoints_a_step_that_is_not_under_th
         event = original_event(run_id, kind, **kwargs)
         if kind == "planned":  # inside the planner's commit, the run's row locked
             state["other"] = in_another_connection(lambda: advance(run.id))
-            _until_blocked_on_a_lock(state["other"][0])
+            until_blocked_on_a_lock(state["other"][0])
         return event
 
     advance_module._extend, advance_module.record_event = paused_then_commits, another_worker_claims_meanwhile

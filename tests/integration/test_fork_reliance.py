@@ -9,53 +9,26 @@ the guarantee. Where the obvious fix is to refuse the operator's action, the tes
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
-from django.db import connection, transaction
+from django.db import transaction
 
-from durable_agents import api, clock
+from durable_agents import api
 from durable_agents.api import PlannedStep, call, workflow
 from durable_agents.engine.advance import Outcome, advance
 from durable_agents.errors import InvalidTransitionError
 from durable_agents.models import Effect, RunStatus
 from durable_agents.testing import drive, wait_for
-from tests.integration.interleavings import in_another_connection, joined, ledger
+from tests.integration.interleavings import in_another_connection, joined, ledger, net, someone_waits_for_a_lock
 from tests.integration.outside_carrier import CARRIER, _plain
-from tests.testapp.trust import HOOKS
 from tests.testapp.workflows import _charge_step
 
-pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture(autouse=True)
-def _clean():
-    HOOKS.clear()
-    CARRIER.clear()
-    yield
-    HOOKS.clear()
-    CARRIER.clear()
-    clock.reset()
-
-
-# --- Helpers ------------------------------------------------------------------------------------------------
-
-
-def _net(order_id: str) -> Any:
-    return sum((amount for _, amount in ledger(order_id)), 0)
-
-
-def _someone_waits_for_a_lock() -> bool:
-    """True while a transaction waits for a row lock another holds (read in the caller's own connection)."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT count(*) FROM pg_locks WHERE NOT granted")
-        return cursor.fetchone()[0] > 0
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("hooks_cleared")]
 
 
 # --- Reliance: who may undo an effect several runs stand on ----------------------------------------------------
 
 workflow(
-    "atk2_three_charges",
+    "three_charges_relied_on",
     steps=[call("charge", _charge_step), call("after", _plain)],
     plan=lambda inp: [
         PlannedStep("c1", "charge", {"amount": "10.00"}),
@@ -81,7 +54,7 @@ def test_reliance__the_first_run_to_let_go_keeps_standing_so_the_last_one_never_
     drive(source.id)
     api.cancel(fork.id, "customer cancelled", compensate=True, actor="ops")  # the last to let go
     source, fork = drive(source.id), drive(fork.id)
-    assert _net("RL-1") == 0, (
+    assert net("RL-1") == 0, (
         "guarantee 9/2 (the last run to let go of an effect undoes it): the source and its fork were both cancelled "
         f"with compensation ({source.status}/{source.finish_as!r}, {fork.status}/{fork.finish_as!r}) and the "
         f"charges stay: {ledger('RL-1')}"
@@ -94,7 +67,7 @@ def test_reliance__a_fork_of_a_fork_relies_on_effects_of_steps_after_its_fork_po
     but _recorded_before adds *every* effect B relies on, whatever the step: C relies on A's c2 too, though C
     never copied that checkpoint (its own c2 charges C's order). B is cancelled with compensation (undoes c3),
     then A: A's saga keeps c2 for C, which never used it. A's 20.00 is never refunded."""
-    a = api.start("atk2_three_charges", {"order_id": "FF-1"})
+    a = api.start("three_charges_relied_on", {"order_id": "FF-1"})
     assert advance(a.id) is Outcome.COMMITTED and advance(a.id) is Outcome.COMMITTED  # c1, c2; A waits at c3
     b = api.fork(a.id, "c2", actor="ops")
     assert advance(b.id) is Outcome.COMMITTED  # B reuses A's c2
@@ -118,14 +91,14 @@ def test_reliance__a_fork_that_applies_the_sources_in_flight_effect_is_not_recor
     already applied records one). The fork completes on that shipment. Cancelling the source with compensation
     then finds its own applied effect that nobody relies on, and calls the completed fork's shipment back."""
     CARRIER["mode:IF-1"] = "lost"
-    source = api.start("atk2_send_hold", {"order_id": "IF-1"})
+    source = api.start("carrier_send_hold", {"order_id": "IF-1"})
     assert advance(source.id) is Outcome.RETRY  # shipped, answer lost: pending, attempts 1
     CARRIER["mode:IF-1"] = "ok"
     fork = drive(api.fork(source.id, "send", actor="ops").id)
     assert fork.status == RunStatus.COMPLETED, "the fork shipped (the carrier deduped) and completed"
     api.cancel(source.id, "source abandoned", compensate=True, actor="ops")
     drive(source.id)
-    key = Effect.objects.get(tool="atk2_send").idempotency_key
+    key = Effect.objects.get(tool="carrier_send").idempotency_key
     assert CARRIER[key] == "shipped" and f"{key}:compensate" not in CARRIER, (
         "guarantee 2/9 (a saga never undoes an effect another standing run relies on): the source's saga called "
         f"back the shipment the completed fork {fork.id} was built on: {CARRIER}"
@@ -137,7 +110,7 @@ def test_reliance__concurrent_sagas_of_a_source_and_its_fork_each_keep_the_share
     are cancelled with compensation at once (two operators, a bulk cancel on two workers). Each saga locks only
     its own run and reads the other's finish_as before the other commits: each sees the other standing and
     keeps c1 for it. Both sagas end; c1's 10.00 stays with nobody left to undo it."""
-    a = api.start("atk2_three_charges", {"order_id": "WS-1"})
+    a = api.start("three_charges_relied_on", {"order_id": "WS-1"})
     assert advance(a.id) is Outcome.COMMITTED and advance(a.id) is Outcome.COMMITTED  # c1, c2
     b = api.fork(a.id, "c2", input={"order_id": "WS-2"}, actor="ops")
     assert advance(b.id) is Outcome.COMMITTED  # B's own c2 (its own order)
@@ -145,10 +118,10 @@ def test_reliance__concurrent_sagas_of_a_source_and_its_fork_each_keep_the_share
         api.cancel(a.id, "customer cancelled", compensate=True, actor="ops-a")  # uncommitted yet
         other = in_another_connection(lambda: api.cancel(b.id, "customer cancelled", compensate=True, actor="ops-b"))
         # B's saga must be planned while A's is uncommitted: it either finished, or waits for A's locks.
-        wait_for(lambda: not other[0].is_alive() or _someone_waits_for_a_lock(), timeout=30, what="B's cancel")
+        wait_for(lambda: not other[0].is_alive() or someone_waits_for_a_lock(), timeout=30, what="B's cancel")
     joined(*other)
     a, b = drive(a.id), drive(b.id)
-    assert _net("WS-1") == 0, (
+    assert net("WS-1") == 0, (
         "guarantee 9/2 (the last run to let go of an effect undoes it): A and its fork were both cancelled with "
         f"compensation ({a.status}, {b.status}) and each kept c1 for the other: {ledger('WS-1')}"
     )
@@ -169,7 +142,7 @@ def test_reliance__a_fork_of_a_compensating_source_stands_on_charges_its_planned
         return  # refusing to fork a source whose saga will undo what the fork would stand on is a fix
     fork = drive(fork.id)
     source = drive(source.id)
-    assert not (fork.status == RunStatus.COMPLETED and _net("FK2-1") == 0), (
+    assert not (fork.status == RunStatus.COMPLETED and net("FK2-1") == 0), (
         "guarantee 9/2 (a saga never undoes an effect another standing run relies on): the source's saga refunded "
         f"the charges the completed fork {fork.id} copied as checkpoints: {ledger('FK2-1')}"
     )

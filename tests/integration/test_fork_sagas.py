@@ -21,22 +21,22 @@ from durable_agents.engine.advance import Outcome, advance
 from durable_agents.errors import InvalidTransitionError
 from durable_agents.models import Run, RunStatus, Step
 from durable_agents.testing import drive
-from tests.integration.interleavings import ledger
+from tests.integration.interleavings import ledger, net
 from tests.testapp.models import LedgerEntry
 from tests.testapp.trust import HOOKS, hook
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-ATTACK = {"refuse": False}
+REFUSING = {"refuse": False}
 
 
 @pytest.fixture(autouse=True)
 def _clean():
     HOOKS.clear()
-    ATTACK["refuse"] = False
+    REFUSING["refuse"] = False
     yield
     HOOKS.clear()
-    ATTACK["refuse"] = False
+    REFUSING["refuse"] = False
     clock.reset()
 
 
@@ -45,8 +45,8 @@ def _clean():
 
 @tool(effectful=True, transactional=True, compensate="refund_charge", name="refusable_charge")
 def refusable_charge(order_id: str, amount: Decimal, *, idempotency_key: str) -> dict[str, Any]:
-    """A ledger charge (undone by refund_charge) that the ledger refuses while ATTACK["refuse"] is set."""
-    if ATTACK["refuse"]:
+    """A ledger charge (undone by refund_charge) that the ledger refuses while REFUSING["refuse"] is set."""
+    if REFUSING["refuse"]:
         raise ValueError("the ledger refused the charge")
     LedgerEntry.objects.create(idempotency_key=idempotency_key, order_id=order_id, amount=amount, kind="charge")
     return {"charged": str(amount)}
@@ -73,10 +73,6 @@ workflow(
 # --- Helpers ------------------------------------------------------------------------------------------------
 
 
-def _net(order_id: str) -> Decimal:
-    return sum((amount for _, amount in ledger(order_id)), Decimal(0))
-
-
 def _charged_once(order_id: str) -> Run:
     """A two_charges run whose first charge (10.00) is applied; its cursor on charge-b; no worker holds it."""
     run = api.start("two_charges", {"order_id": order_id})
@@ -93,17 +89,17 @@ def test_fork__its_saga_does_not_undo_a_charge_it_applied_under_the_sources_fail
     source); the fork retries it under the same key: the row flips failed→pending→applied but keeps
     run_id = source. Cancelling the fork with compensation lists effects by run_id, so the fork's own charge
     is never refunded."""
-    ATTACK["refuse"] = True
+    REFUSING["refuse"] = True
     source = drive(api.start("refusable_charge_then_hold", {"order_id": "FK-1"}).id)
     assert source.status == RunStatus.FAILED
-    ATTACK["refuse"] = False
+    REFUSING["refuse"] = False
     fork = api.fork(source.id, "charge", actor="ops")
     assert advance(fork.id) is Outcome.COMMITTED
     assert ledger("FK-1") == [("charge", 15)], "the fork charged"
     api.cancel(fork.id, "customer cancelled", compensate=True)
     fork = drive(fork.id)
     assert fork.status == RunStatus.CANCELLED
-    assert _net("FK-1") == 0, (
+    assert net("FK-1") == 0, (
         "guarantee 9/2: the fork applied a charge and its cancel-with-compensation did not refund it "
         f"(the effect row belongs to the source run): {ledger('FK-1')}"
     )
@@ -143,7 +139,7 @@ def test_fork__its_saga_undoes_a_charge_the_completed_source_reused():
     assert ledger("FS-1") == [("charge", 10), ("charge", 20)], "the source reused the fork's charge"
     api.cancel(fork.id, "fork abandoned", compensate=True)
     drive(fork.id)
-    assert _net("FS-1") == 30, (
+    assert net("FS-1") == 30, (
         f"guarantee 2/9: the fork's saga refunded a charge the completed source run relies on: {ledger('FS-1')}"
     )
 
@@ -159,7 +155,7 @@ def test_fork__the_sources_saga_undoes_charges_a_completed_fork_relies_on():
     assert fork.status == RunStatus.COMPLETED
     api.cancel(run.id, "source abandoned", compensate=True)
     drive(run.id)
-    assert _net("FR-1") == 30, (
+    assert net("FR-1") == 30, (
         f"guarantee 2/9: the source's saga refunded the charges the completed fork was built on: {ledger('FR-1')}"
     )
 

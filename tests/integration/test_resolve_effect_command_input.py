@@ -8,22 +8,14 @@ import sys
 import pytest
 from django.test import override_settings
 
-from durable_agents import api, clock
+from durable_agents import api
 from durable_agents.models import Effect, EffectStatus
 from durable_agents.testing import drive
 from durable_agents.testing.receiver import IdempotentReceiver
 from tests.conftest import ROOT
 from tests.testapp.trust import HOOKS
 
-pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture(autouse=True)
-def _clean():
-    HOOKS.clear()
-    yield
-    HOOKS.clear()
-    clock.reset()
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("hooks_cleared")]
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ import contextlib
 
 import pytest
 
-from durable_agents import api, clock
+from durable_agents import api
 from durable_agents.engine.advance import Outcome, advance
 from durable_agents.errors import InvalidTransitionError
 from durable_agents.models import Effect, EffectStatus, RunStatus
@@ -21,15 +21,7 @@ from durable_agents.testing import drive
 from durable_agents.testing.receiver import IdempotentReceiver
 from tests.testapp.trust import HOOKS
 
-pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture(autouse=True)
-def _clean():
-    HOOKS.clear()
-    yield
-    HOOKS.clear()
-    clock.reset()
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("hooks_cleared")]
 
 
 @pytest.fixture

@@ -24,19 +24,8 @@ from durable_agents.models import Effect, Run, RunStatus, Step, StepStatus
 from durable_agents.testing import drive
 from tests.integration.interleavings import in_another_connection, joined
 from tests.integration.outside_carrier import CARRIER, _send
-from tests.testapp.trust import HOOKS
 
-pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture(autouse=True)
-def _clean():
-    HOOKS.clear()
-    CARRIER.clear()
-    yield
-    HOOKS.clear()
-    CARRIER.clear()
-    clock.reset()
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("hooks_cleared")]
 
 
 def _in_another_connection(action) -> Any:
@@ -62,7 +51,7 @@ def _pending_compensation(run: Run) -> list[tuple[str, str]]:
 # --- resolve_effect reopening a saga ----------------------------------------------------------------------------
 
 workflow(
-    "atk2_send_two",
+    "carrier_send_two",
     steps=[call("send", _send)],
     plan=lambda inp: [
         PlannedStep("send-a", "send", {"order": f"{inp['order_id']}-A"}),
@@ -74,7 +63,7 @@ workflow(
 
 
 def _key(run: Run, order: str) -> str:
-    return Effect.objects.get(tool="atk2_send", args__order_id=order, kind="effect").idempotency_key
+    return Effect.objects.get(tool="carrier_send", args__order_id=order, kind="effect").idempotency_key
 
 
 def _drive_through_lease_expiries(run_id: Any, rounds: int = 40) -> Run:
@@ -97,7 +86,7 @@ def test_resolve_effect__reopening_a_stopped_saga_leaves_its_failed_compensation
     never run: the shipment the operator just reported stays shipped."""
     CARRIER["mode:RO-1-B"] = "refuse"
     CARRIER["unsend"] = "broken"  # and the carrier's call-back desk is down
-    run = drive(api.start("atk2_send_two", {"order_id": "RO-1"}).id)  # send-b refused: the saga starts, stops
+    run = drive(api.start("carrier_send_two", {"order_id": "RO-1"}).id)  # send-b refused: the saga starts, stops
     assert run.status == RunStatus.FAILED and run.finish_as == RunStatus.FAILED, "the saga stopped visibly"
     assert _pending_compensation(run) == [("compensate-1", "failed")]
     CARRIER.pop("unsend")  # the desk is back
@@ -118,7 +107,7 @@ def test_resolve_effect__reopening_a_finished_keyed_runs_saga_admits_it_on_its_k
     from durable_agents.engine.admission import holders
 
     CARRIER["mode:RK-1-B"] = "refuse"
-    run = drive(api.start("atk2_send_two", {"order_id": "RK-1"}, concurrency_key="rk-customer").id)
+    run = drive(api.start("carrier_send_two", {"order_id": "RK-1"}, concurrency_key="rk-customer").id)
     assert run.status == RunStatus.FAILED and run.finish_as == RunStatus.FAILED
     api.resolve_effect(_key(run, "RK-1-B"), True, result={"shipped": "RK-1-B"}, actor="ops")
     assert holders("rk-customer") == [run.id], "the reopened saga was left queued on a free key"
@@ -134,7 +123,7 @@ def test_resolve_effect__reopening_a_running_saga_does_not_fence_the_worker_on_i
     claim says compensate-1 is the last step, so its checkpoint ends the run `failed` as the saga said, with
     compensate-2 pending forever and the reported shipment never called back."""
     CARRIER["mode:RZ-1-B"] = "refuse"
-    run = api.start("atk2_send_two", {"order_id": "RZ-1"})
+    run = api.start("carrier_send_two", {"order_id": "RZ-1"})
     assert advance(run.id) is Outcome.COMMITTED  # send-a shipped
     assert advance(run.id) is Outcome.COMPENSATING  # send-b refused: compensate-1 (send-a) planned
     key_b = _key(run, "RZ-1-B")

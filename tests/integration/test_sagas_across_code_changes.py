@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 from datetime import timedelta
-from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -26,19 +25,11 @@ from durable_agents.models import RunStatus, Step, StepStatus, Wait, WaitStatus
 from durable_agents.testing import drive
 from durable_agents.tools import tools
 from durable_agents.workflows import registry
-from tests.integration.interleavings import ledger
-from tests.testapp.trust import HOOKS, hook
+from tests.integration.interleavings import ledger, net
+from tests.testapp.trust import hook
 from tests.testapp.workflows import _charge_step, charge
 
-pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture(autouse=True)
-def _clean():
-    HOOKS.clear()
-    yield
-    HOOKS.clear()
-    clock.reset()
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("hooks_cleared")]
 
 
 def _hooked(ctx: StepContext) -> dict[str, Any]:
@@ -82,13 +73,6 @@ workflow(
 )
 
 
-# --- Helpers ------------------------------------------------------------------------------------------------
-
-
-def _net(order_id: str) -> Decimal:
-    return sum((amount for _, amount in ledger(order_id)), Decimal(0))
-
-
 # --- Operators racing a saga --------------------------------------------------------------------------------
 
 
@@ -106,7 +90,7 @@ def test_migrate__replan_of_a_compensating_run_throws_its_saga_away():
         api.migrate(run.id, 2, replan=True, actor="ops-2")
     run = drive(run.id)
     assert run.status == RunStatus.CANCELLED
-    assert _net("MIG-1") == 0, (
+    assert net("MIG-1") == 0, (
         "guarantee 9 (a saga, once started, finishes or stops visibly): a migration dropped the compensation "
         f"step and the run ended cancelled with its charge in place: {ledger('MIG-1')}"
     )
@@ -147,7 +131,7 @@ def test_version_gone__the_replan_policy_throws_a_running_saga_away():
         run = drive(run.id)
     finally:
         registry.register(V1, replace=True)
-    assert _net("VG-1") == 0, (
+    assert net("VG-1") == 0, (
         f"guarantee 9 (a saga, once started, finishes or stops visibly): the run ended {run.status} after a "
         f"version re-plan replaced its compensation with forward steps: {ledger('VG-1')}"
     )
@@ -166,7 +150,7 @@ def test_saga__an_effect_whose_tool_was_renamed_is_silently_left_undone():
     finally:
         tools.register(charge)
     left = (run.error or {}).get("left_to_undo") or []
-    assert _net("TR-9") == 0 or (run.status == RunStatus.FAILED and left), (
+    assert net("TR-9") == 0 or (run.status == RunStatus.FAILED and left), (
         "guarantee 9 (a saga finishes or stops visibly with what is left to undo): the run ended "
         f"{run.status} with its charges in place and nothing left to undo on record: {ledger('TR-9')}"
     )
@@ -191,7 +175,7 @@ def test_deadline__fail_policy_skips_the_saga_once_the_runs_version_is_gone():
         registry.register(ATK_DEADLINE_V1, replace=True)
     assert run.status == RunStatus.FAILED
     left = (run.error or {}).get("left_to_undo") or []
-    assert _net("DS-1") == 0 or left, (
+    assert net("DS-1") == 0 or left, (
         "guarantee 9 (a saga finishes or stops visibly): the deadline failed a compensate-on-failure run "
         f"without compensating because its version was unregistered: {ledger('DS-1')}"
     )

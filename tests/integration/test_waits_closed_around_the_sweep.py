@@ -19,20 +19,8 @@ from durable_agents.engine.advance import Outcome, advance
 from durable_agents.errors import InvalidTransitionError, WaitClosedError
 from durable_agents.models import RunStatus
 from durable_agents.testing import drive
-from tests.integration.outside_carrier import CARRIER
-from tests.testapp.trust import HOOKS
 
-pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture(autouse=True)
-def _clean():
-    HOOKS.clear()
-    CARRIER.clear()
-    yield
-    HOOKS.clear()
-    CARRIER.clear()
-    clock.reset()
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("hooks_cleared")]
 
 
 # --- Deadlines ------------------------------------------------------------------------------------------------------

@@ -28,17 +28,8 @@ from durable_agents.errors import InvalidTransitionError
 from durable_agents.models import Effect, Run, RunStatus, Step, StepStatus
 from durable_agents.testing import drive
 from durable_agents.testing.receiver import IdempotentReceiver
-from tests.testapp.trust import HOOKS
 
-pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture(autouse=True)
-def _clean():
-    HOOKS.clear()
-    yield
-    HOOKS.clear()
-    clock.reset()
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("hooks_cleared")]
 
 
 @pytest.fixture
