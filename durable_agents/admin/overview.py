@@ -21,7 +21,17 @@ from durable_agents.clock import DbNow
 from durable_agents.health import Health, system_health
 from durable_agents.models import Run, RunStatus, Wait
 
-SUMMARY_FIELDS = ("id", "workflow", "workflow_version", "status", "created_at", "updated_at", "cursor", "step_count")
+SUMMARY_FIELDS = (
+    "id",
+    "workflow",
+    "workflow_version",
+    "status",
+    "created_at",
+    "started_at",
+    "updated_at",
+    "cursor",
+    "step_count",
+)
 
 
 @dataclass(frozen=True)
