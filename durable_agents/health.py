@@ -284,12 +284,15 @@ def read_presence(now: datetime | None = None) -> Presence:
     return Presence(now, last_sweep, tuple(workers), last_worker_seen, measured, oldest, read)
 
 
-def system_health(*, count_by_status: bool = True, stuck: int | None = None, ask_broker: bool = True) -> Health:
+def system_health(
+    *, count_by_status: bool = True, stuck: int | None = None, ask_broker: bool = True, now: datetime | None = None
+) -> Health:
     """Presence, stuck runs, the backlog and the verdict. `count_by_status=False` skips counting every run by
     status, and `stuck` is the number of stuck runs when the caller counted them already (the console's overview).
     With `ask_broker` the broker is asked for its queues' depths (at most broker.ANSWER_WITHIN_SECONDS); without it
-    (the console) they are the sweep's last measurement, and no query is added to the heartbeat table's."""
-    presence = read_presence()
+    (the console) they are the sweep's last measurement, and no query is added to the heartbeat table's. `now`: the
+    database's time, when the caller read it already."""
+    presence = read_presence(now)
     if stuck is None:
         stuck_after = timedelta(seconds=float(settings.STUCK_AFTER_SECONDS))
         stuck = Run.objects.stuck(now=presence.now, stuck_after=stuck_after)[:STUCK_COUNT_CAP].count()
@@ -419,6 +422,13 @@ def _behind(backlog: Backlog, runs: str) -> str:
     where = f" ({', '.join(deep)})" if deep else ""
     if backlog.queued is None:
         where = f" (queue depths unknown: {backlog.unknown_why})"
+    elif not deep:
+        # No message waits, yet a run does: no worker is too slow; its wake-ups are taken and not acted on, or lost.
+        return (
+            f"runs are not picked up: a runnable run has waited {waited}, and no wake-up waits on the broker — the "
+            "sweep re-sends them each pass: see `durable_runs --stuck` and the run's events (a worker that takes "
+            f"a wake-up and runs nothing logs why){runs}"
+        )
     return (
         f"workers are behind: a runnable run has waited {waited} for a worker{where} — add workers or concurrency "
         f"for the busiest queue, or lower the load{runs}"

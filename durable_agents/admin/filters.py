@@ -15,7 +15,7 @@ from django.http import HttpRequest
 
 from durable_agents.clock import DbNow
 from durable_agents.conf import settings
-from durable_agents.health import ago
+from durable_agents.health import ago, system_health
 from durable_agents.models import ACTIVE_RUN_STATUSES, RUNNABLE_RUN_STATUSES, Run, RunStatus, WaitStatus
 from durable_agents.operations import drifted_runs
 from durable_agents.workflows import registry
@@ -60,6 +60,19 @@ def stuck_reason(run: Run, now: datetime) -> str:
     if run.wake_at is not None and run.wake_at < now:
         return f"wake time passed {ago((now - run.wake_at).total_seconds())} ago, not picked up"
     return f"runnable but not picked up for {idle}"
+
+
+def stuck_cause(now: datetime) -> str:
+    """What the system's health says keeps runs from being picked up, and what Resume does: for a stuck run's page
+    (one query of the heartbeat table; the broker is not asked)."""
+    problems = system_health(count_by_status=False, stuck=0, ask_broker=False, now=now).problems
+    if not problems:
+        return (
+            "no system-wide cause (the sweep is on time and workers are up): its wake-up was lost or waits behind "
+            "others on the broker. Resume sends its wake-up again."
+        )
+    cause = problems[0]
+    return f"likely cause: {cause}{'' if cause.endswith(('?', '.')) else '.'} Resume sends its wake-up again."
 
 
 def is_stuck(run: Run, now: datetime) -> bool:

@@ -18,7 +18,7 @@ from django.db.models import Count
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from durable_agents.admin.filters import stuck_reason
+from durable_agents.admin.filters import stuck_cause, stuck_reason
 from durable_agents.admin.statuses import wait_badge, wait_status_text
 from durable_agents.admin.timeline import (
     Attempt,
@@ -143,6 +143,8 @@ class RunPage:
     run: Run
     now: datetime
     stuck: str
+    # The system's likely cause when the run is stuck ("" otherwise), as the overview names it.
+    stuck_cause: str
     steps: list[Step]
     # Where the run stands on its concurrency key ("" without one): why a pending run has not started.
     concurrency: str
@@ -282,10 +284,12 @@ def build_run_page(run: Run, *, now: datetime) -> RunPage:
         latest_version: int | None = registry.get(run.workflow).version
     except UnknownWorkflowError:
         latest_version = None
+    stuck = stuck_reason(run, now)
     return RunPage(
         run=run,
         now=now,
-        stuck=stuck_reason(run, now),
+        stuck=stuck,
+        stuck_cause=stuck_cause(now) if stuck else "",
         concurrency=concurrency_note(run),
         steps=steps,
         steps_before=low,

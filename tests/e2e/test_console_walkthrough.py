@@ -182,7 +182,10 @@ def visits(world: World) -> list[Visit]:
 
     def stuck_run(page: Any, text: str) -> list[str]:
         return says(page.locator("#run-status").inner_text(), "pending") + matches(
-            page.locator("#stuck-reason").inner_text(), r"^runnable but not picked up for 1[12] min$"
+            page.locator("#stuck-reason").inner_text(),
+            r"^runnable but not picked up for 1[12] min\n"
+            r"likely cause: the sweep has not run for 1[12] min — is celery beat up\? "
+            r"Resume sends its wake-up again\.$",
         )
 
     def overloaded_overview(page: Any, text: str) -> list[str]:

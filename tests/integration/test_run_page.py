@@ -23,6 +23,7 @@ from durable_agents import api, clock
 from durable_agents.engine.advance import Outcome, advance
 from durable_agents.engine.heartbeats import record_beat
 from durable_agents.engine.lease import name_this_worker
+from durable_agents.engine.sweep import sweep
 from durable_agents.models import (
     Effect,
     EffectStatus,
@@ -234,8 +235,9 @@ def test_run_page__a_stuck_run_reads_as_many_queries_as_a_finished_one(operator)
 
     stuck, _ = killed_mid_step()
     finished = drive(api.start("flaky", {"failures": 2}).id)
-    # One more for a held run: the heartbeat of the worker its lease names.
-    assert count(stuck) == count(finished) + 1
+    # Two more for a stuck run: the heartbeat of the worker its lease names, and the heartbeat table once for the
+    # system's likely cause (whatever the number of runs or workers).
+    assert count(stuck) == count(finished) + 2
 
 
 @pytest.mark.parametrize(
@@ -258,3 +260,34 @@ def test_stuck_run__the_page_says_whether_the_worker_the_lease_names_is_alive(op
     running = section(page(operator, run), "running-step")
 
     assert says in running and "celery@web-7" in running, running
+
+
+def test_stuck_run__names_the_systems_likely_cause_and_what_resume_does(operator):
+    # Beat is down: the sweep last ran before the run started, and no worker took the run's wake-up. The run page
+    # must say why (as the overview does), not only that the run is stuck.
+    sweep(queued={"celery": 0})
+    record_beat("worker:w@h:1", ProcessHeartbeat.Kind.WORKER, hostname="w@h", pid=1, queues=["celery"])
+    run = api.start("noop", {"steps": 1})
+    clock.advance(timedelta(minutes=11))
+    record_beat("worker:w@h:1", ProcessHeartbeat.Kind.WORKER, hostname="w@h", pid=1, queues=["celery"])
+
+    stuck = section(page(operator, run), "stuck-reason")
+
+    assert "runnable but not picked up for 11 min" in stuck, stuck
+    assert "likely cause: the sweep has not run for 11 min — is celery beat up?" in stuck, stuck
+    assert "Resume sends its wake-up again" in stuck, stuck
+
+
+def test_stuck_run__with_nothing_queued_on_the_broker_says_its_wake_ups_are_not_acted_on(operator):
+    run = api.start("noop", {"steps": 1})
+    clock.advance(timedelta(minutes=11))
+    sweep(queued={"celery": 0})  # the sweep is on time; a live worker; only this run's message is gone
+    record_beat("worker:w@h:1", ProcessHeartbeat.Kind.WORKER, hostname="w@h", pid=1, queues=["celery"])
+
+    stuck = section(page(operator, run), "stuck-reason")
+
+    assert (
+        "likely cause: runs are not picked up: a runnable run has waited 11 min, and no wake-up waits on the broker"
+        in stuck
+    ), stuck
+    assert "Resume sends its wake-up again" in stuck, stuck
