@@ -277,7 +277,8 @@ def test_fork__needs_fork_run_re_planning_is_not_enough():
     page = forker.get(page_url(run)).content.decode()
     assert 'id="fork-1"' in page and 'id="reset-1"' not in page
     forker.post(action_url(run, "fork"), {"step_id": "s002", "input": ""})
-    assert Run.objects.exclude(pk=run.pk).get().pk != run.pk, "the fork started a run"
+    fork = Run.objects.exclude(pk=run.pk).get()
+    assert Event.objects.get(run=fork, kind="forked").actor == "forker", "the fork started a run, as forker"
 
 
 def test_reset__to_a_step_reruns_from_it_and_is_logged(operator):
