@@ -211,6 +211,8 @@ class Run(models.Model):
             ("decide_wait", "Can approve or reject waits"),
             ("replan_run", "Can re-plan runs"),
             ("resolve_effect", "Can record the outcome of an effect"),
+            ("signal_run", "Can deliver a signal to a run"),
+            ("fork_run", "Can fork a run from a step"),
         ]
         constraints = [
             models.UniqueConstraint(
@@ -678,7 +680,10 @@ class Schedule(models.Model):
 
     class Meta:
         ordering = ["name"]
-        permissions = [("pause_schedule", "Can pause and resume schedules")]
+        permissions = [
+            ("pause_schedule", "Can pause and resume schedules"),
+            ("trigger_schedule", "Can trigger a schedule now"),
+        ]
         indexes = [
             models.Index(fields=["next_slot"], condition=Q(paused=False), name="durable_schedule_due"),
         ]

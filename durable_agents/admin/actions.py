@@ -322,9 +322,7 @@ ACTIONS: dict[str, RunAction] = {
         RunAction(
             "signal",
             "Deliver signal",
-            # No permission of its own yet (adding one needs a migration): delivering what a wait waits for is
-            # deciding it.
-            "decide_wait",
+            "signal_run",
             (RunStatus.WAITING,),
             "The signal, with its JSON payload, is delivered to the wait shown below with your name; the run wakes "
             "and its step's result carries the payload. If the wait closed meanwhile, nothing is sent.",
@@ -338,8 +336,7 @@ ACTIONS: dict[str, RunAction] = {
         RunAction(
             "fork",
             "Fork from a step",
-            # A fork re-runs steps, as a re-plan does (a permission of its own needs a migration).
-            "replan_run",
+            "fork_run",
             tuple(RunStatus.values),
             "A new run copies this run's checkpoints before the chosen step and executes from there; this run is "
             "left as it is. With this run's input the fork reuses the effects it applied; with new input it "
@@ -382,7 +379,7 @@ def run_action_view(model_admin: admin.ModelAdmin, request: HttpRequest, object_
         messages.error(request, f"{action.label}: {stale}")
         return HttpResponseRedirect(run_url)
     if not action.applies(run):
-        signal = open_signal_wait(run) if action.codename == "decide_wait" and action.slug != "signal" else None
+        signal = open_signal_wait(run) if action.codename == "decide_wait" else None
         if signal is not None:
             # A page from before the fix, or an address typed by hand: say what to do instead.
             messages.error(

@@ -26,8 +26,8 @@ from durable_agents.display import when_html, when_text
 from durable_agents.errors import DurableAgentsError
 from durable_agents.models import Schedule
 
-# Pausing, resuming and triggering share the one schedule permission (a trigger permission needs a migration).
 PAUSE_PERMISSION = "durable_agents.pause_schedule"
+TRIGGER_PERMISSION = "durable_agents.trigger_schedule"
 PAUSED = "Paused: no slot starts until resumed"
 RESUMED = "Resumed from the next slot after now"
 
@@ -73,7 +73,7 @@ def resume_selected(model_admin: Any, request: HttpRequest, queryset: QuerySet[S
     _toggle(request, queryset, pause=False)
 
 
-@admin.action(description="Trigger selected schedules now", permissions=["pause"])
+@admin.action(description="Trigger selected schedules now", permissions=["trigger"])
 def trigger_selected(model_admin: Any, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
     for schedule in queryset.order_by("name"):
         _trigger(request, schedule, uuid.uuid4().hex)
@@ -139,7 +139,8 @@ class ScheduleAdmin(admin.ModelAdmin):
     ) -> HttpResponse:
         # A fresh token per page: the trigger button posted twice (a double click, a resent form) starts one run.
         context = {
-            "may_operate": self.has_pause_permission(request),
+            "may_pause": self.has_pause_permission(request),
+            "may_trigger": self.has_trigger_permission(request),
             "trigger_token": uuid.uuid4().hex,
             **(extra_context or {}),
         }
@@ -161,8 +162,9 @@ class ScheduleAdmin(admin.ModelAdmin):
         schedule = self.get_object(request, object_id)
         if schedule is None:
             raise Http404("no schedule has that id")
-        if not self.has_pause_permission(request):
-            return forbidden(request, PAUSE_PERMISSION, f"{verb} schedules", site=self.admin_site)
+        permission = TRIGGER_PERMISSION if verb == "trigger" else PAUSE_PERMISSION
+        if not request.user.has_perm(permission):
+            return forbidden(request, permission, f"{verb} schedules", site=self.admin_site)
         page = reverse("admin:durable_agents_schedule_change", args=[schedule.pk])
         if verb == "trigger":
             _trigger(request, schedule, str(request.POST.get("token", "")))
@@ -179,6 +181,9 @@ class ScheduleAdmin(admin.ModelAdmin):
 
     def has_pause_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm(PAUSE_PERMISSION)
+
+    def has_trigger_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm(TRIGGER_PERMISSION)
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

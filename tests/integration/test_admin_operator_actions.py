@@ -24,7 +24,7 @@ from durable_agents.testing.runs import take_lease
 
 pytestmark = pytest.mark.django_db
 
-RUN_PERMISSIONS = ("decide_wait", "replan_run", "cancel_run", "resume_run")
+RUN_PERMISSIONS = ("decide_wait", "signal_run", "replan_run", "fork_run", "cancel_run", "resume_run")
 
 
 def page_url(run: Run) -> str:
@@ -45,10 +45,13 @@ def login(username: str, codenames: tuple[str, ...] = ()) -> Client:
     """Staff who may view runs and schedules, with the named permissions of the app."""
     for model, codename, name in [
         (Run, "decide_wait", "Can approve or reject waits"),
+        (Run, "signal_run", "Can deliver a signal to a run"),
         (Run, "replan_run", "Can re-plan runs"),
+        (Run, "fork_run", "Can fork a run from a step"),
         (Run, "cancel_run", "Can cancel runs"),
         (Run, "resume_run", "Can resume runs"),
         (Schedule, "pause_schedule", "Can pause and resume schedules"),
+        (Schedule, "trigger_schedule", "Can trigger a schedule now"),
     ]:
         content_type = ContentType.objects.get_for_model(model)
         Permission.objects.get_or_create(codename=codename, content_type=content_type, defaults={"name": name})
@@ -65,7 +68,7 @@ def login(username: str, codenames: tuple[str, ...] = ()) -> Client:
 
 @pytest.fixture
 def operator() -> Client:
-    return login("operator", (*RUN_PERMISSIONS, "pause_schedule"))
+    return login("operator", (*RUN_PERMISSIONS, "pause_schedule", "trigger_schedule"))
 
 
 @pytest.fixture
@@ -187,10 +190,33 @@ def test_signal__api_to_a_named_wait_that_closed_keeps_nothing():
 def test_signal__refused_without_the_permission(viewer):
     run, wait = waiting_on_signal()
     html = viewer.get(page_url(run)).content.decode()
-    assert action_url(run, "signal") not in html and "needs the permission durable_agents.decide_wait" in html
+    assert action_url(run, "signal") not in html and "needs the permission durable_agents.signal_run" in html
     assert viewer.post(action_url(run, "signal"), {"wait": wait.pk, "name": "go"}).status_code == 403
     wait.refresh_from_db()
     assert wait.status == WaitStatus.OPEN and not LogEntry.objects.exists()
+
+
+def missing_permission(response) -> str:
+    """The permission a 403 page names (admin/durable_agents/403.html)."""
+    assert response.status_code == 403, f"expected a refusal, got {response.status_code}"
+    return response.content.decode().split('id="missing-permission">')[1].split("<")[0]
+
+
+def test_signal__needs_signal_run_deciding_approvals_is_not_enough():
+    run, wait = waiting_on_signal()
+    approver = login("approver", ("decide_wait",))
+    assert action_url(run, "signal") not in approver.get(page_url(run)).content.decode()
+    refused = approver.post(action_url(run, "signal"), {"wait": wait.pk, "name": "go", "payload": "1"})
+    assert missing_permission(refused) == "durable_agents.signal_run"
+    assert "Can deliver a signal to a run" in refused.content.decode(), "the 403 page says what the permission is"
+    wait.refresh_from_db()
+    assert wait.status == WaitStatus.OPEN
+
+    signaller = login("signaller", ("signal_run",))
+    assert f'href="{action_url(run, "signal")}"' in signaller.get(page_url(run)).content.decode()
+    signaller.post(action_url(run, "signal"), {"wait": wait.pk, "name": "go", "payload": "1"})
+    wait.refresh_from_db()
+    assert wait.status == WaitStatus.APPROVED and wait.decided_by == "signaller"
 
 
 # --- Fork and reset from a step --------------------------------------------------------------------------------
@@ -236,6 +262,23 @@ def test_fork__refused_without_the_permission(viewer):
     assert 'id="fork-1"' not in viewer.get(page_url(run)).content.decode()
     assert viewer.post(action_url(run, "fork"), {"step_id": "s002"}).status_code == 403
     assert Run.objects.count() == 1
+
+
+def test_fork__needs_fork_run_re_planning_is_not_enough():
+    run = drive(api.start("record", {"steps": 2}).id)
+    planner = login("planner", ("replan_run",))
+    page = planner.get(page_url(run)).content.decode()
+    assert 'id="fork-1"' not in page and 'id="reset-1"' in page, "re-planning (reset) keeps its own permission"
+    refused = planner.post(action_url(run, "fork"), {"step_id": "s002", "input": ""})
+    assert missing_permission(refused) == "durable_agents.fork_run"
+    assert Run.objects.count() == 1
+
+    forker = login("forker", ("fork_run",))
+    page = forker.get(page_url(run)).content.decode()
+    assert 'id="fork-1"' in page and 'id="reset-1"' not in page
+    forker.post(action_url(run, "fork"), {"step_id": "s002", "input": ""})
+    fork = Run.objects.exclude(pk=run.pk).get()
+    assert Event.objects.get(run=fork, kind="forked").actor == "forker", "the fork started a run, as forker"
 
 
 def test_reset__to_a_step_reruns_from_it_and_is_logged(operator):
@@ -333,6 +376,30 @@ def test_schedule__operations_are_post_only_and_refused_without_the_permission(v
         assert viewer.post(schedule_url(schedule, verb), {"token": "abc"}).status_code == 403
     assert not Schedule.objects.get(pk=schedule.pk).paused and not Run.objects.exists()
     assert not LogEntry.objects.exists()
+
+
+def test_schedule__trigger_needs_trigger_schedule_pausing_is_not_enough():
+    schedule = api.schedule("nightly", "record", cron="0 3 * * *", input={"steps": 1})
+    changelist = reverse("admin:durable_agents_schedule_changelist")
+    pauser = login("pauser", ("pause_schedule",))
+    page = pauser.get(schedule_url(schedule)).content.decode()
+    assert 'id="schedule-pause"' in page and 'id="schedule-trigger"' not in page
+    assert missing_permission(pauser.post(schedule_url(schedule, "trigger"), {"token": "abc"})) == (
+        "durable_agents.trigger_schedule"
+    )
+    assert 'value="trigger_selected"' not in pauser.get(changelist).content.decode(), "no bulk trigger offered"
+    pauser.post(changelist, {"action": "trigger_selected", "_selected_action": [schedule.pk]})
+    assert not Run.objects.exists() and not LogEntry.objects.exists()
+
+    trigger = login("trigger", ("trigger_schedule",))
+    page = trigger.get(schedule_url(schedule)).content.decode()
+    assert 'id="schedule-trigger"' in page and 'id="schedule-pause"' not in page
+    assert trigger.post(schedule_url(schedule, "pause")).status_code == 403
+    assert 'value="trigger_selected"' in trigger.get(changelist).content.decode()
+    trigger.post(changelist, {"action": "trigger_selected", "_selected_action": [schedule.pk]})
+    trigger.post(schedule_url(schedule, "trigger"), {"token": "abc"})
+    assert Run.objects.filter(schedule="nightly").count() == 2, "the bulk action and the button each started one"
+    assert not Schedule.objects.get(pk=schedule.pk).paused
 
 
 def test_schedule__a_bad_trigger_token_is_a_message_not_a_traceback(operator):

@@ -535,11 +535,27 @@ def test_durable_schedules__lists_pauses_and_resumes(manage):
     assert not Schedule.objects.get(name="nightly").paused
 
 
+def test_durable_schedules__trigger_starts_a_run_now_and_leaves_the_slots_as_they_were(manage):
+    api.schedule("nightly", "record", cron="0 3 * * *", input={"steps": 1})
+    slot = Schedule.objects.get(name="nightly").next_slot
+    triggered = manage("durable_schedules", "trigger", "nightly", "--as", "ops")
+    assert triggered.returncode == 0, triggered.stderr
+    run = Run.objects.get(schedule="nightly")
+    assert triggered.stdout.strip() == f"schedule nightly started run {run.pk} (record)"
+    assert Event.objects.get(run=run, kind="scheduled").actor == "ops", "who triggered it is in the run's history"
+    again = json.loads(manage("durable_schedules", "trigger", "nightly", "--json").stdout)
+    second = Run.objects.filter(schedule="nightly").exclude(pk=run.pk).get()
+    assert again == {"schedule": "nightly", "run": str(second.pk), "workflow": "record"}, "each trigger starts one"
+    assert Schedule.objects.get(name="nightly").next_slot == slot, "the slots keep their times"
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
         (["pause", "ghost"], "no schedule is named 'ghost'; `durable_schedules` lists them"),
         (["resume", "ghost"], "no schedule is named 'ghost'"),
+        (["trigger", "ghost"], "no schedule is named 'ghost'; `durable_schedules` lists them"),
+        (["trigger"], "trigger needs a schedule's name: durable_schedules trigger NAME"),
         (["pause"], "pause needs a schedule's name"),
         (["pause", "a" * 300], "the schedule name is 300 characters long"),
     ],

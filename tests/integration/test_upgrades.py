@@ -522,3 +522,57 @@ def executed_by(run_id: object) -> set[int]:
     pids = set(Execution.objects.filter(run_id=run_id).values_list("pid", flat=True))
     assert pids, f"no step of {run_id} ran"
     return pids
+
+
+OWN_PERMISSIONS = "0025_operator_permissions"
+
+
+def test_upgrade__whoever_held_a_borrowed_permission_holds_the_actions_own_after(scratch):
+    """Delivering a signal, forking and triggering a schedule borrowed decide_wait, replan_run and pause_schedule
+    until each had its own: an upgrade must not take them from the operators who had them. The new permissions do
+    not exist yet when the migration runs (auth's post_migrate creates them after), so it creates them."""
+    alias = scratch.database()
+    before = migration_names()[migration_names().index(OWN_PERMISSIONS) - 1]
+    executor = MigrationExecutor(connections[alias])
+    executor.migrate([(APP, before), ("auth", "0012_alter_user_first_name_max_length")])
+    apps = executor.loader.project_state([(APP, before), ("auth", "0012_alter_user_first_name_max_length")]).apps
+    content_type = apps.get_model("contenttypes", "ContentType").objects.using(alias)
+    permission = apps.get_model("auth", "Permission").objects.using(alias)
+
+    def held(model: str, codename: str) -> object:
+        kind, _ = content_type.get_or_create(app_label=APP, model=model)
+        return permission.create(content_type=kind, codename=codename, name=codename)
+
+    approvers = apps.get_model("auth", "Group").objects.using(alias).create(name="approvers")
+    approvers.permissions.add(held("run", "decide_wait"))
+    viewers = apps.get_model("auth", "Group").objects.using(alias).create(name="viewers")
+    viewers.permissions.add(held("run", "view_run"))
+    planner = apps.get_model("auth", "User").objects.using(alias).create(username="planner")
+    planner.user_permissions.add(held("run", "replan_run"), held("schedule", "pause_schedule"))
+    connections[alias].close()
+
+    migrate(alias, OWN_PERMISSIONS)
+    migrate(alias, before)  # reversed, then applied again: nothing is granted twice
+    migrate(alias, OWN_PERMISSIONS)
+
+    with connections[alias].cursor() as cursor:
+        cursor.execute(
+            """SELECT g.name, p.codename FROM auth_group g JOIN auth_group_permissions gp ON gp.group_id = g.id
+               JOIN auth_permission p ON p.id = gp.permission_id
+               UNION ALL
+               SELECT u.username, p.codename FROM auth_user u JOIN auth_user_user_permissions up ON up.user_id = u.id
+               JOIN auth_permission p ON p.id = up.permission_id ORDER BY 1, 2"""
+        )
+        holdings = cursor.fetchall()
+        cursor.execute("SELECT name FROM auth_permission WHERE codename = 'signal_run'")
+        [(signal_name,)] = cursor.fetchall()
+    assert holdings == [
+        ("approvers", "decide_wait"),
+        ("approvers", "signal_run"),
+        ("planner", "fork_run"),
+        ("planner", "pause_schedule"),
+        ("planner", "replan_run"),
+        ("planner", "trigger_schedule"),
+        ("viewers", "view_run"),
+    ], "each holder of a borrowed permission holds the action's own, and no one else gains anything"
+    assert signal_name == "Can deliver a signal to a run", "the permission is created as auth would name it"
