@@ -15,7 +15,9 @@ from durable_agents.storable import BIGINT_MAX
 
 
 class RunActionForm(forms.Form):
-    """An action's form; bare, it is a confirmation."""
+    """An action's form; bare, it is a confirmation. `wait_verb`: what the operator does to the wait it shows."""
+
+    wait_verb = "decide"
 
     def __init__(self, *args: Any, run: Run | None = None, **kwargs: Any) -> None:
         self.run = run

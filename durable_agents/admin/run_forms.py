@@ -53,8 +53,10 @@ def has_open_approval(run: Run) -> bool:
 
 
 class SignalForm(RunActionForm):
-    """Deliver a signal to the signal wait this form showed; its id travels with the form."""
+    """Deliver a signal to the signal wait this form showed; its id travels with the form, and its name is the wait's
+    own (shown, not typed: a typo would deliver a signal nothing waits for)."""
 
+    wait_verb = "deliver to"
     wait = forms.IntegerField(required=False, widget=forms.HiddenInput)
     name = forms.CharField(max_length=200, label="Signal", help_text="The name the run waits for.")
     payload = forms.CharField(
@@ -73,7 +75,11 @@ class SignalForm(RunActionForm):
             self.shown_wait = open_signal_wait(run)
             if self.shown_wait is not None:
                 self.fields["wait"].initial = self.shown_wait.pk
-                self.fields["name"].initial = self.shown_wait.name
+        if self.shown_wait is not None:
+            # Disabled: Django takes the initial value, whatever is posted.
+            self.fields["name"].initial = self.shown_wait.name
+            self.fields["name"].disabled = True
+            self.fields["name"].help_text = "The name the run waits for."
 
     def clean(self) -> dict[str, Any]:
         data = super().clean()

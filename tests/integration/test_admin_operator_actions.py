@@ -7,6 +7,7 @@ that the admin index's "Recent actions" and the run page both show.
 from __future__ import annotations
 
 import io
+import re
 
 import pytest
 from django.contrib.admin.models import ADDITION, CHANGE, LogEntry
@@ -142,6 +143,21 @@ def test_signal__delivered_with_its_payload_logged_and_shown_in_recent_actions(o
     assert f'id="event-{received.pk}"' in page
     drive(run.id)
     assert Run.objects.get(pk=run.pk).status == RunStatus.COMPLETED
+
+
+def test_signal__the_form_names_the_wait_it_delivers_to_and_its_name_cannot_be_changed(operator):
+    run, wait = waiting_on_signal()
+    form = operator.get(action_url(run, "signal")).content.decode()
+    shown = " ".join(re.sub(r"<[^>]+>", "", re.search(r'<p id="decided-wait">(.*?)</p>', form, re.S).group(1)).split())
+    assert f"You deliver to wait {wait.pk}" in shown and "You decide" not in shown, "a signal is no decision"
+
+    # A name the run does not wait for, posted anyway (an edited form): the wait shown gets its own name's signal.
+    response = operator.post(
+        action_url(run, "signal"), {"wait": wait.pk, "name": "typo", "payload": '{"paid": true}'}, follow=True
+    )
+    assert response.status_code == 200
+    received = Event.objects.get(run=run, kind="signal_received")
+    assert received.detail.get("name") == "go", received.detail
 
 
 def test_signal__bad_json_is_a_message_on_the_form_and_nothing_is_sent(operator):
