@@ -99,7 +99,8 @@ def children(
             first = next((c for c in gathered if c["status"] == RunStatus.FAILED), None) or next(
                 (c for c in gathered if c["status"] == RunStatus.CANCELLED), None
             )
-            detail = f"child {first['index']} (run {first['run']}) is {first['status']}" if first else "children failed"
+            ended = "failed" if first and first["status"] == RunStatus.FAILED else "was cancelled"
+            detail = f"child {first['index']} (run {first['run']}) {ended}" if first else "children failed"
             message = ((first or {}).get("error") or {}).get("message", "")
             raise ChildRunFailedError(f"{detail}{': ' + message if message else ''}")
         return {

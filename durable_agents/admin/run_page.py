@@ -41,6 +41,7 @@ from durable_agents.models import (
     Event,
     ProcessHeartbeat,
     Run,
+    RunStatus,
     Step,
     StepStatus,
     Turn,
@@ -180,6 +181,11 @@ class RunPage:
         return sum(self.children_by_status.values())
 
     @property
+    def failed_child(self) -> Run | None:
+        """The first failed child among those shown (a fan-out's error names it; the page links it)."""
+        return next((child for child in self.children if child.status == RunStatus.FAILED), None)
+
+    @property
     def open_wait(self) -> Wait | None:
         if self.run.is_finished:
             return None
@@ -189,7 +195,7 @@ class RunPage:
     def wait_rows(self) -> list[tuple[Wait, str, str]]:
         """Each wait with the status to show (a wait still open on a finished run went with it; a met join is
         joined) and its badge."""
-        return [(w, text, wait_badge(text)) for w in self.waits for text in [wait_status_text(w, self.run)]]
+        return [(w, text, wait_badge(text, w)) for w in self.waits for text in [wait_status_text(w, self.run)]]
 
     @property
     def next_step(self) -> Step | None:

@@ -27,8 +27,11 @@ def wait_status_text(wait: Wait, run: Run | None = None) -> str:
     return str(wait.status)
 
 
-def wait_badge(text: str) -> str:
-    """The badge class for a status as `wait_status_text` says it."""
+def wait_badge(text: str, wait: Wait | None = None) -> str:
+    """The badge class for a status as `wait_status_text` says it; a join some child failed in is no green one."""
+    decision: Any = wait.decision if wait is not None else None
+    if wait is not None and wait.kind == WaitKind.CHILDREN and isinstance(decision, dict) and decision.get("failed"):
+        return "failed"
     return BADGES.get(text, "done" if text in ("approved", *CLOSED_WORDS.values()) else "cancelled")
 
 

@@ -264,7 +264,7 @@ class WaitAdmin(admin.ModelAdmin):
             "wait": wait,
             "asks": asks(wait),
             "status_text": wait_status_text(wait),
-            "status_badge": wait_badge(wait_status_text(wait)),
+            "status_badge": wait_badge(wait_status_text(wait), wait),
             "outcome": join_outcome(wait),
             "may_decide": may_decide,
             "decide_permission": DECIDE_PERMISSION,

@@ -219,7 +219,9 @@ def visits(world: World) -> list[Visit]:
         row = page.locator("#children tbody tr").filter(has_text=str(world.failed_child.pk))
         status = row.first.inner_text() if row.count() else ""
         return (
-            says(text, "ChildRunFailedError", "child 1")
+            says(text, "ChildRunFailedError", f"child 1 (run {world.failed_child.pk}) failed")
+            + says(page.locator("#run-error").inner_text(), f"failed child: {short(world.failed_child)}")
+            + links(page, short(world.failed_child), run_url(world.failed_child))
             + (says(status, "failed") if status else ["the failed child is not listed"])
             + links(page, str(world.failed_child.pk), run_url(world.failed_child))
         )

@@ -291,3 +291,23 @@ def test_stuck_run__with_nothing_queued_on_the_broker_says_its_wake_ups_are_not_
         in stuck
     ), stuck
     assert "Resume sends its wake-up again" in stuck, stuck
+
+
+@pytest.mark.django_db(transaction=True)  # a child's end reaches its parent on commit
+def test_fan_out__a_failed_child_is_named_linked_and_its_join_is_no_green_badge(operator):
+    items = [{"item": 0, "hold": True}, {"item": 1, "fail": True}, {"item": 2, "hold": True}]
+    parent = drive(api.start("fan_all", {"items": items}).id)
+    for child in Run.objects.filter(parent_id=parent.id).order_by("child_index"):
+        drive(child.id)
+    parent = drive(parent.id)
+    failed = Run.objects.get(parent_id=parent.id, status=RunStatus.FAILED)
+    assert parent.status == RunStatus.FAILED
+
+    html = page(operator, parent)
+
+    assert f"child 1 (run {failed.pk}) failed: " in parent.error["message"], parent.error
+    error = section(html, "run-error")
+    link = reverse("admin:durable_agents_run_change", args=[failed.pk])
+    assert f'href="{link}"' in error and "failed child" in error, f"the error links the child that failed: {error}"
+    waits = section(html, "waits")
+    assert re.search(r'durable-badge durable-failed"[^>]*>joined', waits), f"a join with a failed child: {waits}"
