@@ -115,7 +115,9 @@ class ScheduleAdmin(admin.ModelAdmin):
 
     @admin.display(description="next slot", ordering="next_slot")
     def next_slot_column(self, schedule: Schedule) -> str:
-        return "paused" if schedule.paused else when_html(schedule.next_slot)
+        if schedule.paused:
+            return format_html('<span class="durable-quiet">none while paused</span>')
+        return when_html(schedule.next_slot)
 
     @admin.display(description="last run")
     def last_run_link(self, schedule: Schedule) -> str:
@@ -126,7 +128,7 @@ class ScheduleAdmin(admin.ModelAdmin):
 
     @admin.display(description="cannot start")
     def error(self, schedule: Schedule) -> str:
-        return schedule.last_error
+        return schedule.last_error or "—"
 
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
         refused = refuse_nul(request)

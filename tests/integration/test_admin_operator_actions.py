@@ -450,6 +450,10 @@ def test_schedule_list__a_paused_schedule_reads_paused_not_a_green_tick(operator
     assert "icon-yes.svg" not in page and "icon-no.svg" not in page, "a boolean icon says nothing about a schedule"
     assert '<span class="durable-badge durable-paused">paused</span>' in page
     assert '<span class="durable-badge durable-active">active</span>' in page
+    nightly = re.search(r"<tr>(?:(?!</tr>).)*nightly(?:(?!</tr>).)*</tr>", page, re.S).group(0)
+    cells = [" ".join(re.sub(r"<[^>]+>", " ", cell).split()) for cell in re.findall(r"<td[^>]*>(.*?)</td>", nightly)]
+    assert "none while paused" in cells and cells.count("paused") == 1, f"paused is said once, in its state: {cells}"
+    assert cells[-1] == "—", f"nothing that cannot start reads as the list's other empty cells: {cells}"
 
 
 def test_resume__a_run_that_queues_behind_its_key_says_so_not_that_a_worker_picks_it_up(operator):
