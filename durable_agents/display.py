@@ -52,10 +52,24 @@ def human_duration(seconds: float) -> str:
     return f"{minutes}m{secs}s" if secs else f"{minutes}m"
 
 
+def coarse_duration(seconds: float) -> str:
+    """How long, as on-call reads an age or a wait: "4 s", "9 min", "3 h", "2 d". Every age in the console, the
+    health verdicts and `durable_status` reads so; `human_duration` is for measured spans (a step's 250ms)."""
+    seconds = max(0.0, seconds)
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 172800:
+        return f"{seconds / 3600:.0f} h"
+    return f"{seconds / 86400:.0f} d"
+
+
 def ago_text(value: datetime | None, now: datetime) -> str:
-    """How long before `now` the moment was, e.g. "just now" (under a second), "2.9s ago", "4m ago"; "" for None."""
+    """How long before `now` the moment was, e.g. "just now" (under a second), "3 s ago", "4 min ago"; "" for
+    None."""
     if value is None:
         return ""
     if (now - value).total_seconds() < 1:
         return "just now"
-    return f"{human_duration((now - value).total_seconds())} ago"
+    return f"{coarse_duration((now - value).total_seconds())} ago"

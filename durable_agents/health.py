@@ -30,6 +30,7 @@ from django.db.models.functions import Coalesce, Greatest
 from durable_agents import clock
 from durable_agents.broker import queue_depths
 from durable_agents.conf import settings
+from durable_agents.display import coarse_duration
 from durable_agents.models import QUEUED, RUNNABLE_RUN_STATUSES, ProcessHeartbeat, Run, RunStatus
 
 # Stuck runs are counted up to this many: a verdict needs no exact figure past it, and the count stays cheap.
@@ -452,11 +453,5 @@ def _runs(stuck: int) -> str:
 
 
 def ago(seconds: float) -> str:
-    """A duration as on-call reads it: "4 s", "9 min", "3 h", "2 d"."""
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f} min"
-    if seconds < 172800:
-        return f"{seconds / 3600:.0f} h"
-    return f"{seconds / 86400:.0f} d"
+    """A duration as on-call reads it: "4 s", "9 min", "3 h", "2 d" (the console's one style for ages)."""
+    return coarse_duration(seconds)

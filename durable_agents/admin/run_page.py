@@ -30,7 +30,7 @@ from durable_agents.admin.timeline import (
     human_duration,
     render_timeline,
 )
-from durable_agents.display import ago_text, when_text
+from durable_agents.display import ago_text, coarse_duration, when_text
 from durable_agents.engine.admission import holding
 from durable_agents.errors import UnknownWorkflowError
 from durable_agents.models import (
@@ -360,7 +360,7 @@ def _running_step(run: Run, steps: list[Step], now: datetime) -> RunningStep | N
         worker=run.lease_owner,
         started=run.claimed_at,
         lease_expires_at=expires,
-        expired_for=human_duration((now - expires).total_seconds()) if expired and expires else "",
+        expired_for=coarse_duration((now - expires).total_seconds()) if expired and expires else "",
         node_seen=seen,
         node_seen_ago=ago_text(seen.last_seen, now) if seen else "",
         # Heard from since the lease ran out: the worker lives and only the process holding the lease is silent.

@@ -15,7 +15,7 @@ from datetime import datetime
 from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
 
-from durable_agents.display import human_duration, when_text
+from durable_agents.display import coarse_duration, human_duration, when_text
 from durable_agents.models import Step, StepStatus
 
 # The drawing's own units: the SVG scales to the page's width (width 100%, this viewBox), so at 1280 px a
@@ -418,7 +418,7 @@ def _stuck(stretch: Stuck, x: Callable[[datetime], float], top: int) -> list[str
     paint = f'fill="url(#stuck-hatch)" stroke="{STUCK_COLOUR}" stroke-dasharray="2 2"'
     parts = [_rect("stuck", left, right, top + 2, ROW_HEIGHT - 4, paint, stretch.label)]
     # The stretch says what it is on the drawing itself, not only in its tooltip: inside it when it fits.
-    text = f"stuck {human_duration((stretch.ended - stretch.began).total_seconds())}"
+    text = f"stuck {coarse_duration((stretch.ended - stretch.began).total_seconds())}"
     if right - left > 60:
         parts.append(
             f'<text class="stuck-label" x="{(left + right) / 2:.1f}" y="{top + 15}" text-anchor="middle" '

@@ -32,4 +32,5 @@ def test_every_duration_carries_its_unit_and_a_moment_ago_reads_as_just_now():
     assert human_duration(0) == "0s" and human_duration(-0.2) == "0s", "a bare 0 has no unit ('heartbeat 0 ago')"
     assert ago_text(MOMENT, MOMENT) == "just now"
     assert ago_text(MOMENT - timedelta(milliseconds=400), MOMENT) == "just now"
-    assert ago_text(MOMENT - timedelta(seconds=2.9), MOMENT) == "2.9s ago"
+    assert ago_text(MOMENT - timedelta(seconds=2.9), MOMENT) == "3 s ago", "an age reads as the health verdicts do"
+    assert ago_text(MOMENT - timedelta(minutes=11, seconds=9), MOMENT) == "11 min ago"
