@@ -15,8 +15,9 @@ from django.contrib.staticfiles import finders
 from django.test.utils import override_settings
 
 from durable_agents import api
+from durable_agents.admin.live import LIVE_HEADER
 from durable_agents.testing import drive
-from tests.integration.test_admin import LIST, login, page_url
+from tests.integration.test_admin import LIST, action_url, login, page_url
 
 pytestmark = pytest.mark.django_db
 
@@ -99,3 +100,19 @@ def test_live_refresh__interval_follows_the_setting():
     indicator, _ = _live(login("operator").get(LIST).content.decode())
 
     assert indicator["data-interval-ms"] == "250"
+
+
+@pytest.mark.parametrize("page", ["run page", "run list"])
+def test_live_refresh__a_refetch_leaves_the_messages_to_the_page_opened_next(page):
+    """An action's message waits for the page its redirect opens; a refetch of another tab racing that redirect
+    must not spend it (the operator would never read 'Cancel does not apply…')."""
+    run = drive(api.start("noop", {"steps": 1}).id)
+    operator = login("operator", codenames=("cancel_run",))
+    operator.post(action_url(run, "cancel"), {"reason": "x"})
+    url = page_url(run) if page == "run page" else LIST
+
+    refetched = operator.get(url, headers={LIVE_HEADER: "1"})
+    opened = operator.get(url)
+
+    assert refetched.status_code == 200
+    assert "Cancel does not apply to a completed run." in opened.content.decode(), "the refetch spent the message"
