@@ -20,7 +20,7 @@ from playwright.sync_api import expect
 from durable_agents import api
 from durable_agents.models import Run, Wait, WaitStatus
 from durable_agents.testing import drive
-from tests.e2e.test_admin_browser import CHROMIUM, chromium_page, in_own_thread
+from tests.e2e.test_admin_browser import CHROMIUM, approver, chromium_page, in_own_thread
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -61,10 +61,10 @@ def approve_and_finish(run: Run) -> None:
     in_own_thread(work)
 
 
-def open_signed_in(page: Any, base: str, path: str) -> None:
+def open_signed_in(page: Any, base: str, path: str, username: str = "oncall") -> None:
     page.set_viewport_size({"width": 1280, "height": 900})
     page.goto(f"{base}/admin/login/?next={path}")
-    page.fill("#id_username", "oncall")
+    page.fill("#id_username", username)
     page.fill("#id_password", "correct horse battery")
     page.click("input[type=submit]")
     page.wait_for_selector(INDICATOR)
@@ -146,6 +146,62 @@ def test_run_page__a_focused_or_edited_field_holds_the_swap(oncall):
         page.fill("#probe", "")
         page.evaluate("document.activeElement.blur()")
         expect(page.locator("#run-status")).to_have_text("completed", timeout=TIMEOUT_MS)
+        assert_never_reloaded(page)
+
+
+def test_run_page__selected_text_holds_the_swap(oncall):
+    run = waiting_for_approval("LIVE-7")
+
+    with chromium_page() as page:
+        open_signed_in(page, oncall, f"/admin/durable_agents/run/{run.pk}/change/")
+        # The operator selects the question to copy it into a chat.
+        page.evaluate("getSelection().selectAllChildren(document.querySelector('#open-wait'))")
+        expect(page.locator(INDICATOR)).to_contain_text("on hold while text is selected", timeout=TIMEOUT_MS)
+        approve_and_finish(run)
+        polls = counter(page, "polls")
+
+        wait_for_checks(page)
+        assert counter(page, "polls") == polls, "a refresh was applied over the operator's selection"
+        assert "Charge the customer 40.00?" in page.evaluate("getSelection().toString()")
+
+        page.evaluate("getSelection().removeAllRanges()")
+        expect(page.locator("#run-status")).to_have_text("completed", timeout=TIMEOUT_MS)
+        assert_never_reloaded(page)
+
+
+def test_live_refresh__a_hidden_tab_does_not_poll_and_refreshes_when_shown_again(oncall):
+    run = waiting_for_approval("LIVE-8")
+
+    with chromium_page() as page:
+        open_signed_in(page, oncall, f"/admin/durable_agents/run/{run.pk}/change/")
+        wait_for_a_refresh(page)
+        page.evaluate(
+            "Object.defineProperty(document, 'visibilityState', {configurable: true, get: () => 'hidden'});"
+            "document.dispatchEvent(new Event('visibilitychange'))"
+        )
+        approve_and_finish(run)
+        polls = counter(page, "polls")
+
+        wait_for_checks(page)
+        assert counter(page, "polls") == polls, "a hidden tab kept polling"
+
+        page.evaluate("delete document.visibilityState; document.dispatchEvent(new Event('visibilitychange'))")
+        expect(page.locator("#run-status")).to_have_text("completed", timeout=TIMEOUT_MS)
+        assert_never_reloaded(page)
+
+
+def test_live_refresh__stops_and_says_so_when_access_is_refused(oncall):
+    run = waiting_for_approval("LIVE-9")
+    viewer = approver("viewer", may_decide=False)
+
+    with chromium_page() as page:
+        open_signed_in(page, oncall, f"/admin/durable_agents/run/{run.pk}/change/", username="viewer")
+        wait_for_a_refresh(page)
+        in_own_thread(lambda: viewer.user_permissions.clear())
+
+        expect(page.locator(INDICATOR)).to_have_attribute("data-state", "stopped", timeout=TIMEOUT_MS)
+        expect(page.locator(INDICATOR)).to_contain_text("access refused (403)")
+        expect(page.locator("#run-status")).to_have_text("waiting")
         assert_never_reloaded(page)
 
 
