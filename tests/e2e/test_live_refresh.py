@@ -117,6 +117,23 @@ def test_run_page__shows_the_new_status_in_place_and_stops_on_the_final_state(on
     assert overflow <= 0, f"the run page with its indicator scrolls sideways by {overflow} px at 1,280"
 
 
+def test_run_page__an_open_brief_and_the_keyboard_focus_survive_a_swap(oncall):
+    run = waiting_for_approval("LIVE-10")
+    brief = "#waits details"
+
+    with chromium_page() as page:
+        open_signed_in(page, oncall, f"/admin/durable_agents/run/{run.pk}/change/")
+        page.click(f"{brief} summary")
+        expect(page.locator(brief)).to_have_attribute("open", "")
+        approve_and_finish(run)
+
+        expect(page.locator("#run-status")).to_have_text("completed", timeout=TIMEOUT_MS)
+        expect(page.locator("#waits")).to_contain_text("approved")
+        expect(page.locator(brief)).to_have_attribute("open", "")
+        assert page.evaluate("document.activeElement.matches('#waits summary')"), "the keyboard focus was lost"
+        assert_never_reloaded(page)
+
+
 def test_run_page__a_focused_or_edited_field_holds_the_swap(oncall):
     run = waiting_for_approval("LIVE-2")
 

@@ -144,10 +144,33 @@
         }
     }
 
+    const FOCUSABLE = 'a[href], button, input, select, textarea, summary, [tabindex]';
+
+    /* A keyboard user's place (a link, a button, a summary) survives a swap: found again by the nearest id around
+     * it (a step's row, an event's, a panel) and its position among the focusable elements inside. */
+    function focusPlace(region) {
+        const active = document.activeElement;
+        if (!active || active === document.body || !region.contains(active)) {
+            return null;
+        }
+        const anchor = active.closest('[id]');
+        return {anchor: anchor.id, index: Array.from(anchor.querySelectorAll(FOCUSABLE)).indexOf(active)};
+    }
+
+    function refocus(region, place) {
+        if (!place || region.contains(document.activeElement)) {
+            return;
+        }
+        const anchor = document.getElementById(place.anchor);
+        const element = anchor && (place.index < 0 ? anchor : anchor.querySelectorAll(FOCUSABLE)[place.index]);
+        if (element && region.contains(element)) {
+            element.focus({preventScroll: true});
+        }
+    }
+
     function swapRegion(old, fresh) {
         const open = keepOpenDetails(old);
-        const active = document.activeElement;
-        const focusedId = active && old.contains(active) ? active.id : '';
+        const place = focusPlace(old);
         if (old.id === 'changelist-form') {
             swapChangelistForm(old, fresh);
         } else {
@@ -155,10 +178,7 @@
         }
         const region = document.getElementById(old.id) || fresh;
         reopenDetails(region, open);
-        const refocus = focusedId && document.getElementById(focusedId);
-        if (refocus && refocus !== document.activeElement) {
-            refocus.focus({preventScroll: true});
-        }
+        refocus(region, place);
     }
 
     function isPaused() {
