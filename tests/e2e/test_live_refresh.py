@@ -282,7 +282,7 @@ def test_live_refresh__pause_is_remembered_and_holds_until_resumed(oncall):
         assert_never_reloaded(page)
 
 
-def test_live_refresh__says_when_the_server_is_unreachable_and_stops_when_signed_out(oncall, artifacts):
+def test_live_refresh__says_when_the_server_is_unreachable_or_not_itself_and_stops_when_signed_out(oncall, artifacts):
     run = waiting_for_approval("LIVE-6")
 
     with chromium_page() as page:
@@ -294,6 +294,20 @@ def test_live_refresh__says_when_the_server_is_unreachable_and_stops_when_signed
         assert "Not updated since" in stale and "(server unreachable)" in stale, stale
         page.screenshot(path=str(artifacts / "run-page-unreachable-1280.png"), full_page=True)
 
+        page.unroute("**/*")
+        expect(page.locator(INDICATOR)).to_have_attribute("data-state", "live", timeout=TIMEOUT_MS)
+
+        # A proxy's maintenance page answers 200: the console must not call that "updated".
+        page.route(
+            "**/*",
+            lambda route: (
+                route.fulfill(status=200, content_type="text/html", body="<p>Down for maintenance</p>")
+                if route.request.resource_type == "fetch"
+                else route.continue_()
+            ),
+        )
+        expect(page.locator(INDICATOR)).to_contain_text("(the server answered with another page)", timeout=TIMEOUT_MS)
+        expect(page.locator("#run-status")).to_have_text("waiting")
         page.unroute("**/*")
         expect(page.locator(INDICATOR)).to_have_attribute("data-state", "live", timeout=TIMEOUT_MS)
 

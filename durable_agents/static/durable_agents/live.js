@@ -285,8 +285,13 @@
                 if (live.held) {
                     return;
                 }
-                for (const old of current) {
-                    const fresh = old.id && page.getElementById(old.id);
+                const pairs = current.map((old) => [old, old.id && page.getElementById(old.id)]);
+                if (!pairs.some(([, fresh]) => fresh)) {
+                    // A 200 that is not this page (a proxy's maintenance page): stale, not "updated".
+                    fail('the server answered with another page');
+                    return;
+                }
+                for (const [old, fresh] of pairs) {
                     if (fresh) {
                         swapRegion(old, document.adoptNode(fresh));
                     }
