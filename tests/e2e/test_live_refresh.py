@@ -11,6 +11,7 @@ Screenshots at 1,280 px are artifacts (DURABLE_TEST_ARTIFACTS).
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -27,6 +28,8 @@ pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 # Generous: a busy 2-core machine renders the page and runs Chromium at once.
 TIMEOUT_MS = 30_000
 INDICATOR = "#durable-live"
+# A stop the operator must notice (signed out, refused) is shown in red; a finished run's is not.
+ALARM = re.compile(r"\bdurable-live-alarm\b")
 # Checks the script made while it held (or was paused) before a test trusts that nothing was swapped.
 CHECKS_WHILE_HELD = 5
 
@@ -110,6 +113,7 @@ def test_run_page__shows_the_new_status_in_place_and_stops_on_the_final_state(on
         expect(page.locator("#steps")).to_contain_text("charge")
         expect(page.locator(INDICATOR)).to_have_attribute("data-state", "stopped", timeout=TIMEOUT_MS)
         expect(page.locator(INDICATOR)).to_contain_text("Final state")
+        expect(page.locator(INDICATOR)).not_to_have_class(ALARM)
         assert_never_reloaded(page)
         page.screenshot(path=str(artifacts / "run-page-final-1280.png"), full_page=True)
         overflow = page.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
@@ -218,6 +222,7 @@ def test_live_refresh__stops_and_says_so_when_access_is_refused(oncall):
 
         expect(page.locator(INDICATOR)).to_have_attribute("data-state", "stopped", timeout=TIMEOUT_MS)
         expect(page.locator(INDICATOR)).to_contain_text("access refused (403)")
+        expect(page.locator(INDICATOR)).to_have_class(ALARM)
         expect(page.locator("#run-status")).to_have_text("waiting")
         assert_never_reloaded(page)
 
@@ -314,6 +319,7 @@ def test_live_refresh__says_when_the_server_is_unreachable_or_not_itself_and_sto
         page.context.clear_cookies()
         expect(page.locator(INDICATOR)).to_have_attribute("data-state", "stopped", timeout=TIMEOUT_MS)
         expect(page.locator(INDICATOR)).to_contain_text("signed out")
+        expect(page.locator(INDICATOR)).to_have_class(ALARM)
         expect(page.locator("#run-status")).to_have_text("waiting")
         assert_never_reloaded(page)
         page.screenshot(path=str(artifacts / "run-page-signed-out-1280.png"), full_page=True)

@@ -238,8 +238,10 @@
             toggle.hidden = state === 'stopped';
         }
 
-        function stop(words) {
+        /* No more refreshes; `alarm`: the page went stale for good (signed out, refused), shown in red. */
+        function stop(words, alarm = false) {
             live.stopped = words;
+            indicator.classList.toggle('durable-live-alarm', alarm);
             window.clearInterval(live.timer);
             render();
         }
@@ -264,7 +266,7 @@
                     return;
                 }
                 if (response.status === 401 || response.status === 403) {
-                    stop('Live updates stopped: access refused (' + response.status + '); reload the page');
+                    stop('Live updates stopped: access refused (' + response.status + '); reload the page', true);
                     return;
                 }
                 if (!response.ok) {
@@ -276,7 +278,7 @@
                     const signedOut = page.getElementById('login-form') || /\/login\//.test(new URL(response.url).pathname);
                     stop(signedOut
                         ? 'Live updates stopped: signed out; reload the page to sign in'
-                        : 'Live updates stopped: the page moved; reload it');
+                        : 'Live updates stopped: the page moved; reload it', true);
                     return;
                 }
                 // The operator may have started typing or selecting while the page was on its way.
