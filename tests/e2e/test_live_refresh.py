@@ -92,6 +92,20 @@ def wait_for_a_refresh(page: Any) -> None:
     page.wait_for_function(f"Number(document.querySelector('{INDICATOR}').dataset.polls) > {polls}", timeout=TIMEOUT_MS)
 
 
+def document_listeners(page: Any) -> dict[str, int]:
+    """The listeners on `document` by event type, as DevTools lists them."""
+    session = page.context.new_cdp_session(page)
+    try:
+        document = session.send("Runtime.evaluate", {"expression": "document"})["result"]["objectId"]
+        listeners = session.send("DOMDebugger.getEventListeners", {"objectId": document})["listeners"]
+    finally:
+        session.detach()
+    counts: dict[str, int] = {}
+    for listener in listeners:
+        counts[listener["type"]] = counts.get(listener["type"], 0) + 1
+    return counts
+
+
 def assert_never_reloaded(page: Any) -> None:
     assert page.evaluate("window.durableMarker") == "never reloaded", "the page was reloaded, not refreshed in place"
 
@@ -253,9 +267,13 @@ def test_run_list__a_selected_row_holds_the_swap_and_bulk_selection_works_after_
 
         in_own_thread(lambda: drive(api.start("noop", {"steps": 1}).id))
         expect(page.locator(f"{rows} tr")).to_have_count(3, timeout=TIMEOUT_MS)
+        listeners = document_listeners(page)
+        in_own_thread(lambda: drive(api.start("noop", {"steps": 1}).id))
+        expect(page.locator(f"{rows} tr")).to_have_count(4, timeout=TIMEOUT_MS)
+        assert document_listeners(page) == listeners, "each swap of new rows left listeners (and its old table) behind"
         # New rows replaced the form: the admin's bulk selection must be bound to them.
         page.check("#action-toggle")
-        expect(page.locator(".action-counter")).to_have_text("3 of 3 selected")
+        expect(page.locator(".action-counter")).to_have_text("4 of 4 selected")
         expect(page.locator(INDICATOR)).to_contain_text("on hold while rows are selected", timeout=TIMEOUT_MS)
         assert_never_reloaded(page)
 

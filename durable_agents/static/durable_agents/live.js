@@ -140,7 +140,31 @@
         old.replaceWith(fresh);
         const boxes = document.querySelectorAll('tr input.action-select');
         if (window.Actions && boxes.length > 0) {
+            bindActions(boxes);
+        }
+    }
+
+    let actionListeners = [];
+
+    /* Binds the admin's actions.js to new rows. Each Actions() call adds keydown, keyup and pageshow listeners to
+     * document and window whose closures hold its checkboxes: the ones the previous binding added are removed
+     * first, or each swap of new rows would keep the old table alive (a tab open all night would leak). */
+    function bindActions(boxes) {
+        actionListeners.forEach(([target, type, listener]) => target.removeEventListener(type, listener));
+        actionListeners = [];
+        const targets = [document, window];
+        targets.forEach((target) => {
+            const add = target.addEventListener;
+            target.addEventListener = function(type, listener, options) {
+                actionListeners.push([target, type, listener]);
+                return add.call(this, type, listener, options);
+            };
+        });
+        try {
             window.Actions(boxes);
+        } finally {
+            // The own property shadowed EventTarget.prototype's method: deleting it restores the original.
+            targets.forEach((target) => delete target.addEventListener);
         }
     }
 
