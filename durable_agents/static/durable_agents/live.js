@@ -305,10 +305,10 @@
                         : 'Live updates stopped: the page moved; reload it', true);
                     return;
                 }
-                // The operator may have started typing or selecting while the page was on its way.
+                // The operator may have paused, or started typing or selecting, while the page was on its way.
                 const current = regions();
                 live.held = holdReason(current);
-                if (live.held) {
+                if (live.held || paused()) {
                     return;
                 }
                 const pairs = current.map((old) => [old, old.id && page.getElementById(old.id)]);
