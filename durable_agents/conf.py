@@ -405,6 +405,14 @@ SETTINGS: dict[str, Setting] = {
         at_least=0,
         at_most=MOST_ROWS,
     ),
+    "ADMIN_REFRESH_SECONDS": Setting(
+        5.0,
+        float,
+        "the run list and the run page refresh themselves this often while open (paused under the operator's "
+        "hands, off once a run finished); 0: never",
+        at_least=0,
+        at_most=3600,
+    ),
     "COMPACT_AT_PROMPT_TOKENS": Setting(
         100_000,
         int | None,

@@ -52,6 +52,7 @@ from durable_agents.admin.filters import (
     stuck_reason,
 )
 from durable_agents.admin.guards import refuse_nul, show_direction_controls
+from durable_agents.admin.live import leave_messages
 from durable_agents.admin.overview import build_overview
 from durable_agents.admin.run_forms import forkable_steps
 from durable_agents.admin.run_page import RunPage, build_run_page
@@ -360,7 +361,7 @@ class RunAdmin(admin.ModelAdmin):
             del request.GET[EXACT_COUNT_PARAMETER]
             request.durable_exact_count = True
         context = {"title": "Runs", "overview": build_overview(), **(extra_context or {})}
-        return show_direction_controls(super().changelist_view(request, context))
+        return leave_messages(request, show_direction_controls(super().changelist_view(request, context)))
 
     def change_view(
         self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: dict[str, Any] | None = None
@@ -383,7 +384,8 @@ class RunAdmin(admin.ModelAdmin):
             "operator_actions": with_events(recorded_for(run), (event for event, _ in page.events)),
             **(extra_context or {}),
         }
-        return show_direction_controls(TemplateResponse(request, "admin/durable_agents/run/run_page.html", context))
+        page_response = TemplateResponse(request, "admin/durable_agents/run/run_page.html", context)
+        return leave_messages(request, show_direction_controls(page_response))
 
     def get_urls(self) -> list[Any]:
         action = self.admin_site.admin_view(self.action_view)

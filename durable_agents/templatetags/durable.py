@@ -10,6 +10,7 @@ from django.urls import reverse
 from django.utils.safestring import SafeString
 
 from durable_agents.admin.overview import build_overview
+from durable_agents.conf import settings
 from durable_agents.display import ago_text, when_html
 
 register = template.Library()
@@ -46,3 +47,14 @@ def durable_overview(context: template.Context) -> dict[str, Any]:
     if user is None or not user.has_perm("durable_agents.view_run"):
         return {"overview": None}
     return {"overview": build_overview(), "runs_url": reverse("admin:durable_agents_run_changelist")}
+
+
+@register.inclusion_tag("admin/durable_agents/_live.html")
+def durable_live(regions: str, *, final: bool = False) -> dict[str, Any]:
+    """The live refresh of a console page: a "Live · updated 3 s ago" indicator with a Pause toggle, and the
+    script (durable_agents/live.js) that refetches the page every DURABLE_AGENTS['ADMIN_REFRESH_SECONDS'] and
+    swaps the regions named by CSS selectors. `final`: the page already shows a final state, nothing to refresh::
+
+        {% durable_live "#content-main" final=run.is_finished %}
+    """
+    return {"interval_ms": round(settings.ADMIN_REFRESH_SECONDS * 1000), "regions": regions, "final": final}

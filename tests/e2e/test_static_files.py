@@ -168,6 +168,14 @@ def test_web__debug_off_serves_the_admin_css_and_the_browser_applies_it(web, art
     assert background not in UNSTYLED, f"the admin header has no background ({background}): its CSS was not applied"
 
 
+def test_web__debug_off_serves_the_consoles_live_refresh_script(web):
+    script = get(web.port, f"/{settings.STATIC_URL.strip('/')}/durable_agents/live.js")
+
+    assert script.status == 200, f"the run pages' live refresh script answered {script.status}; log: {web.log}"
+    assert script.headers.get_content_type() in ("text/javascript", "application/javascript"), script.headers
+    assert b"durable-live" in script.body
+
+
 def test_decision_link__anonymous_approver_is_sent_to_the_admin_login_and_back(web, artifacts):
     if not CHROMIUM.exists():
         pytest.fail("Debian's chromium is missing: `apt-get install -y chromium` (scripts/test installs it)")
