@@ -40,6 +40,7 @@ from durable_agents.compensations import (
     compensations,
     saga_progress,
 )
+from durable_agents.decisions import AskedAgain, asked_again
 from durable_agents.display import ago_text, when_text
 from durable_agents.engine.admission import holding
 from durable_agents.errors import UnknownWorkflowError
@@ -186,6 +187,8 @@ class RunPage:
     # By effect key: what each effect's compensation has come to; and, while the run compensates, how far.
     compensations: dict[str, Compensation] = field(default_factory=dict)
     saga: SagaProgress | None = None
+    # By wait id: an approval asked again because the run re-planned after it was given (and the earlier one).
+    asked_again: dict[int, AskedAgain] = field(default_factory=dict)
 
     @property
     def effect_rows(self) -> list[tuple[Effect, Compensation | None]]:
@@ -204,6 +207,11 @@ class RunPage:
         if self.run.is_finished:
             return None
         return next((w for w in self.waits if w.status == WaitStatus.OPEN), None)
+
+    @property
+    def open_wait_asked_again(self) -> AskedAgain | None:
+        wait = self.open_wait
+        return self.asked_again.get(wait.pk) if wait is not None else None
 
     @property
     def wait_rows(self) -> list[tuple[Wait, str, str]]:
@@ -336,6 +344,7 @@ def build_run_page(run: Run, *, now: datetime) -> RunPage:
         running=running,
         compensations=states,
         saga=saga_progress(run, states),
+        asked_again=asked_again(waits, runs=[run.pk]),
         **_family(run),
         **_key_queue(run),
     )
