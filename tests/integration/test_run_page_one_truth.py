@@ -1,5 +1,6 @@
 """One truth per row (issue 30): no row of the console contradicts another. An attempt says what it did, a
-closed wait's bar ends when it closed, a join reads joined, a key-queued run names the run it waits behind.
+closed wait's bar ends when it closed, a join reads joined, a key-queued run names the run it waits behind, and
+each effect's compensation reads the same in the saga banner, both tables and durable_show.
 """
 
 from __future__ import annotations
@@ -177,3 +178,37 @@ def test_mid_compensation__banner_steps_effects_and_durable_show_say_the_same_of
             others = [s for s in by_state if s != state and s != "compensated"]
             assert not [s for s in others if f"compensation {s}" in text], f"the {where} contradicts itself: {text}"
     assert any("compensating, will end cancelled: 1 of 3 effects undone" in line for line in lines), lines
+
+
+def test_stopped_saga__the_failed_compensation_and_what_is_left_read_the_same_in_both_tables_and_durable_show(
+    operator,
+):
+    run = api.start("three_charges", {"order_id": "T-2"})
+    advance(run.id)  # charge-a applied
+    charged = Effect.objects.get(run=run)
+    # Applied by a tool since retired: its compensation cannot run, and the saga stops on it, visibly.
+    retired = Effect.objects.create(
+        run=run,
+        step=charged.step,
+        idempotency_key="t2-retired",
+        tool="retired_tool",
+        args={},
+        args_hash="x",
+        status=EffectStatus.APPLIED,
+        applied_at=clock.now(),
+    )
+    api.cancel(run.id, "customer cancelled", compensate=True, actor="ops")
+    run = drive(run.id)
+    assert run.status == RunStatus.FAILED, "the saga stops on the compensation it cannot run"
+
+    html = page(operator, run)
+    effects, steps = _text(section(html, "effects")), _text(section(html, f"step-{charged.step.position + 1}"))
+    shown = StringIO()
+    call_command("durable_show", str(run.id), stdout=shown)
+    lines = shown.getvalue().splitlines()
+    for key, state in ((retired.idempotency_key, "compensation failed"), (charged.idempotency_key, "pending")):
+        line = next(line for line in lines if f"key {key} " in line)
+        row = re.search(rf"{re.escape(key)} .*?(?= charge | retired_tool |$)", effects).group(0)
+        told = re.search(rf"{re.escape(key)} ?: [^;]*", steps).group(0)
+        for where, text in (("effects table", row), ("steps table", told), ("durable_show", line)):
+            assert state in text, f"the {where} does not say {key} is {state}: {text}"
