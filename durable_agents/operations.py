@@ -12,6 +12,7 @@ from django.db import transaction
 from django.db.models import Count, QuerySet
 
 from durable_agents import api, clock
+from durable_agents.compensations import compensations, saga_progress
 from durable_agents.conf import settings
 from durable_agents.engine.admission import queue_position
 from durable_agents.engine.plans import version_drift as drifted_runs
@@ -260,6 +261,9 @@ def describe_run(run_id: uuid.UUID | str, *, events: int = 200) -> dict[str, Any
     run = find_run(run_id)
     steps = Step.objects.filter(run=run).order_by("position", "id")
     history = list(run.events.order_by("-id")[:events])[::-1]
+    effects = list(run.effects.select_related("step", "compensates", "compensation").order_by("id"))
+    undoing = compensations(run, effects)
+    saga = saga_progress(run, undoing)
     return {
         **run_summary(run),
         "input": run.input,
@@ -313,6 +317,7 @@ def describe_run(run_id: uuid.UUID | str, *, events: int = 200) -> dict[str, Any
             for s in steps
         ],
         "finish_as": run.finish_as,
+        "saga": saga.text if saga else None,
         **family_of(run),
         "effects": [
             {
@@ -328,8 +333,13 @@ def describe_run(run_id: uuid.UUID | str, *, events: int = 200) -> dict[str, Any
                 "error": e.error,
                 "needs_attention": e.needs_attention,
                 "skipped": skip_reason(e),
+                "compensation": (
+                    {"state": c.state, "text": c.text, "by": c.by or None}
+                    if (c := undoing.get(e.idempotency_key))
+                    else None
+                ),
             }
-            for e in run.effects.select_related("step", "compensates").order_by("id")
+            for e in effects
         ],
         "waits": [
             {

@@ -9,7 +9,15 @@ from django import forms
 from django.db.models import Q
 
 from durable_agents.agents.participants import participants
-from durable_agents.decisions import describe_closed, wait_label
+from durable_agents.decisions import (
+    AskedAgain,
+    asked_again,
+    describe_closed,
+    stale_before_approved,
+    stale_text,
+    wait_label,
+)
+from durable_agents.engine.plans import StaleObservation
 from durable_agents.models import EffectKind, EffectStatus, Run, Step, Wait
 from durable_agents.storable import BIGINT_MAX
 
@@ -140,6 +148,8 @@ class DecisionForm(RunActionForm):
 
     def __init__(self, *args: Any, run: Run, **kwargs: Any) -> None:
         super().__init__(*args, run=run, **kwargs)
+        self.asked_again: AskedAgain | None = None
+        self.gone_stale: StaleObservation | None = None
         if self.is_bound:
             # Only a wait of this run: a form edited to name another run's wait decides nothing.
             posted = str(self.data.get("wait", ""))
@@ -157,6 +167,19 @@ class DecisionForm(RunActionForm):
                 widget=forms.Textarea(attrs={"rows": 14, "cols": 90}),
             )
             self.order_fields(["wait", "args_hash", "brief", "comment"])
+            # Said before deciding: the request was asked again, or an observation its step needs went stale.
+            self.asked_again = asked_again([self.shown_wait]).get(self.shown_wait.pk)
+            self.gone_stale = stale_before_approved(self.shown_wait)
+
+    @property
+    def gone_stale_text(self) -> str:
+        """`observe (fresh for 10 min) has gone stale: approved now, refund does not run yet; …`."""
+        if self.gone_stale is None or self.shown_wait is None or self.shown_wait.step is None:
+            return ""
+        step = self.shown_wait.step.step_id
+        return (
+            f"{stale_text(self.gone_stale)}: approved now, {step} does not run yet; the run re-reads it and asks again."
+        )
 
     def clean(self) -> dict[str, Any]:
         data = super().clean()

@@ -266,8 +266,9 @@ ACTIONS: dict[str, RunAction] = {
             "Approve",
             "decide_wait",
             (RunStatus.WAITING,),
-            "The request shown below is approved with your name and comment; the run wakes and takes the "
-            "approve path. If the run has moved on to another request meanwhile, nothing is decided.",
+            "The request shown below is approved with your name and comment; the run wakes and the approved step "
+            "runs, unless an observation it depends on has gone stale by then: the run re-reads it and asks again. "
+            "If the run has moved on to another request meanwhile, nothing is decided.",
             lambda run, data, actor: _decide(run, True, data, actor),
             DecisionForm,
             # A signal or timer wait is no decision: a signal is delivered ("Deliver signal"), a timer fires.

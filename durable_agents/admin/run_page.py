@@ -30,6 +30,17 @@ from durable_agents.admin.timeline import (
     human_duration,
     render_timeline,
 )
+from durable_agents.compensations import (
+    IN_FLIGHT,
+    NOT_COMPENSABLE,
+    NOT_COMPENSATED,
+    UNDONE,
+    Compensation,
+    SagaProgress,
+    compensations,
+    saga_progress,
+)
+from durable_agents.decisions import AskedAgain, asked_again
 from durable_agents.display import ago_text, coarse_duration, when_text
 from durable_agents.engine.admission import holding
 from durable_agents.errors import UnknownWorkflowError
@@ -133,7 +144,8 @@ class StepRow:
     attempts: int
     started: datetime | None
     failures: list[Failure]
-    undone: list[Effect]
+    # Each of the step's effects with what its compensation has come to, once a saga concerns it.
+    undone: list[Compensation]
     # Attempts whose worker died holding the step, each with what it applied: "attempt 1 killed after applying
     # issue_refund".
     lost: list[Attempt] = field(default_factory=list)
@@ -175,6 +187,19 @@ class RunPage:
     key_holders: list[Run] = field(default_factory=list)
     queued_behind: int = 0
     next_in_queue: Run | None = None
+    # By effect key: what each effect's compensation has come to; and, while the run compensates, how far.
+    compensations: dict[str, Compensation] = field(default_factory=dict)
+    saga: SagaProgress | None = None
+    # By wait id: an approval asked again because the run re-planned after it was given (and the earlier one).
+    asked_again: dict[int, AskedAgain] = field(default_factory=dict)
+
+    @property
+    def effect_rows(self) -> list[tuple[Effect, Compensation | None]]:
+        return [(e, self.compensations.get(e.idempotency_key)) for e in self.effects]
+
+    @property
+    def compensating_now(self) -> list[Compensation]:
+        return [c for c in self.compensations.values() if c.state == IN_FLIGHT]
 
     @property
     def children_count(self) -> int:
@@ -190,6 +215,11 @@ class RunPage:
         if self.run.is_finished:
             return None
         return next((w for w in self.waits if w.status == WaitStatus.OPEN), None)
+
+    @property
+    def open_wait_asked_again(self) -> AskedAgain | None:
+        wait = self.open_wait
+        return self.asked_again.get(wait.pk) if wait is not None else None
 
     @property
     def wait_rows(self) -> list[tuple[Wait, str, str]]:
@@ -217,7 +247,9 @@ class RunPage:
         failures = list(self.failures.get(step.pk, []))
         if step.status == StepStatus.FAILED and failures and not failures[-1].retried:
             failures.pop()  # the step's own error says it
-        undone = [e for e in self.effects if e.step_id == step.pk and _undone(e)] if live else []
+        told = [self.compensations.get(e.idempotency_key) for e in self.effects if e.step_id == step.pk and live]
+        # A saga names what it leaves in place; without one, only the effects a compensation concerns.
+        undone = [c for c in told if c and c.state != NOT_COMPENSATED and (self.saga or c.state != NOT_COMPENSABLE)]
         status = _step_status(step, self.run, undone)
         drawn = self.attempts_by_row.get(step.pk, [])
         lost = [a for a in drawn if a.outcome == "killed"]
@@ -247,7 +279,12 @@ def build_run_page(run: Run, *, now: datetime) -> RunPage:
         .only("step_id", "position", "finished_at", "run_id")
         .first()
     )
-    in_flight = list(Effect.objects.filter(run=run, status=EffectStatus.PENDING).select_related("step")[:20])
+    # A compensating effect in flight is told with its compensation (compensating_now), from the saga's step.
+    in_flight = list(
+        Effect.objects.filter(run=run, status=EffectStatus.PENDING)
+        .exclude(kind=EffectKind.COMPENSATION)
+        .select_related("step")[:20]
+    )
     # Retries, failures, takeovers and sweeps: every attempt that did not end in the step's row.
     history = list(Event.objects.filter(run=run, kind__in=HISTORY_KINDS).order_by("-id")[:RETRIES_READ])[::-1]
     turns = list(
@@ -286,6 +323,7 @@ def build_run_page(run: Run, *, now: datetime) -> RunPage:
         origin=run.started_at or run.created_at,
         active=run.status in ACTIVE_RUN_STATUSES,
     )
+    states = compensations(run, effects)
     try:
         latest_version: int | None = registry.get(run.workflow).version
     except UnknownWorkflowError:
@@ -314,6 +352,9 @@ def build_run_page(run: Run, *, now: datetime) -> RunPage:
         latest_version=latest_version,
         waits=waits,
         running=running,
+        compensations=states,
+        saga=saga_progress(run, states),
+        asked_again=asked_again(waits, runs=[run.pk]),
         **_family(run),
         **_key_queue(run),
     )
@@ -558,14 +599,10 @@ def _number(value: Any) -> int:
         return 0
 
 
-def _undone(effect: Effect) -> bool:
-    return effect.status == EffectStatus.COMPENSATED or getattr(effect, "compensation", None) is not None
-
-
-def _step_status(step: Step, run: Run, undone: list[Effect]) -> str:
+def _step_status(step: Step, run: Run, undone: list[Compensation]) -> str:
     """The status to show: a skipped step whose effects a saga undid was compensated; a step left waiting
     by a cancelled run was cancelled with it (the engine keeps its row waiting so a resume re-asks)."""
-    if step.status == StepStatus.SKIPPED and undone:
+    if step.status == StepStatus.SKIPPED and any(c.state in UNDONE for c in undone):
         return "compensated"
     return step_status_shown(step, run)
 

@@ -29,7 +29,7 @@ from durable_agents.admin.guards import refuse_nul, show_direction_controls
 from durable_agents.admin.questions import asks
 from durable_agents.admin.statuses import join_outcome, wait_badge, wait_status_text
 from durable_agents.clock import DbNow
-from durable_agents.decisions import describe_closed, wait_label
+from durable_agents.decisions import asked_again, describe_closed, stale_before_approved, stale_text, wait_label
 from durable_agents.display import ago_text, when_html, when_text
 from durable_agents.errors import DurableAgentsError, WaitClosedError
 from durable_agents.models import Wait, WaitKind, WaitStatus
@@ -209,9 +209,23 @@ class WaitAdmin(admin.ModelAdmin):
     ordering = (F("deadline").asc(nulls_last=True), "created_at")
     change_list_template = "admin/durable_agents/wait/change_list.html"
 
+    def get_changelist_instance(self, request: HttpRequest) -> Any:
+        changelist = super().get_changelist_instance(request)
+        # Why a request is asked again, read for the whole page at once (the rows are the ones rendered).
+        rows = list(changelist.result_list)
+        found = asked_again(rows)
+        for wait in rows:
+            wait.asked_again = found.get(wait.pk)
+        return changelist
+
     @admin.display(description="asks")
     def asks_column(self, wait: Wait) -> SafeString:
-        context = {"asks": asks(wait, look_further=False), "wait": wait, "show_brief": True}
+        context = {
+            "asks": asks(wait, look_further=False),
+            "wait": wait,
+            "show_brief": True,
+            "again": getattr(wait, "asked_again", None),
+        }
         return render_to_string("admin/durable_agents/wait/_asks.html", context)
 
     @admin.display(description="run")
@@ -266,6 +280,7 @@ class WaitAdmin(admin.ModelAdmin):
             "status_text": wait_status_text(wait),
             "status_badge": wait_badge(wait_status_text(wait), wait),
             "outcome": join_outcome(wait),
+            "again": asked_again([wait]).get(wait.pk),
             "may_decide": may_decide,
             "decide_permission": DECIDE_PERMISSION,
             "form": WaitDecisionForm(initial={"args_hash": wait.args_hash}) if may_decide and decidable else None,
@@ -291,6 +306,7 @@ class WaitAdmin(admin.ModelAdmin):
             messages.error(request, stale)
             return HttpResponseRedirect(page)
         approved = form.cleaned_data["decision"] == "approve"
+        gone_stale = stale_before_approved(wait) if approved else None
         try:
             api.decide(
                 wait.pk, approved, by=request.user.get_username(), comment=form.cleaned_data["comment"], via="admin"
@@ -303,10 +319,13 @@ class WaitAdmin(admin.ModelAdmin):
         else:
             verb, route = ("Approved", "approve") if approved else ("Rejected", "reject")
             record(request, wait.run, noted(f"{verb} {wait_label(wait)}", "comment", form.cleaned_data["comment"]))
+            then = (
+                f"but {stale_text(gone_stale)}: the run re-reads it and asks again before {wait.step.step_id} runs"
+                if gone_stale is not None and wait.step is not None
+                else f"a worker will pick it up and take the {route} path"
+            )
             messages.success(
-                request,
-                f"{verb} {wait_label(wait)}, with your comment. Its run is scheduled to resume: a worker will pick "
-                f"it up and take the {route} path.",
+                request, f"{verb} {wait_label(wait)}, with your comment. Its run is scheduled to resume: {then}."
             )
         return HttpResponseRedirect(page)
 

@@ -342,7 +342,9 @@ def test_run_page__effects_with_keys_compensation_and_in_flight(operator):
     api.cancel(run.id, "customer withdrew", compensate=True, actor="someone")
     drive(run.id)
     html = operator.get(page_url(run)).content.decode()
-    assert html.count("undone by") == 2 and html.count("undoes") == 2, "compensation state pairs effect and undo"
+    assert html.count("compensated by") == 4 and html.count("undoes") == 2, (
+        "each compensated effect says so in the steps table and the effects table; each undo names its effect"
+    )
 
 
 def test_run_page__turn_transcripts_are_truncated_and_expandable(operator):

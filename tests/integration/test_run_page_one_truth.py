@@ -1,5 +1,6 @@
 """One truth per row (issue 30): no row of the console contradicts another. An attempt says what it did, a
-closed wait's bar ends when it closed, a join reads joined, a key-queued run names the run it waits behind.
+closed wait's bar ends when it closed, a join reads joined, a key-queued run names the run it waits behind, and
+each effect's compensation reads the same in the saga banner, both tables and durable_show.
 """
 
 from __future__ import annotations
@@ -128,3 +129,86 @@ def test_durable_show__prints_the_executing_step_as_running_as_the_run_page_does
     line = next(line for line in out.getvalue().splitlines() if re.match(r"\s+2\s", line))
     assert " running " in line and "pending" not in line and "attempts 1" in line, line
     assert re.search(r'class="durable-badge durable-running"[^>]*>running<', section(page(operator, run), "step-2"))
+
+
+def _mid_compensation() -> tuple[Run, dict[str, str]]:
+    """A three_charges run cancelled with compensation: the newest charge undone, the next one's compensation
+    claimed by a worker (in flight), the oldest one's still queued. Its effects' keys by the state they are in."""
+    run = api.start("three_charges", {"order_id": "T-1"})
+    for _ in range(3):
+        advance(run.id)
+    keys = dict(Effect.objects.filter(run=run).order_by("id").values_list("step__step_id", "idempotency_key"))
+    api.cancel(run.id, "customer cancelled", compensate=True, actor="ops")
+    advance(run.id)  # compensate-1 undoes charge-c, the newest
+    claim = take_lease(run.id)  # a worker executes compensate-2 (charge-b) now
+    assert claim is not None
+    run = Run.objects.get(pk=run.pk)
+    assert Effect.objects.get(idempotency_key=keys["charge-c"]).status == EffectStatus.COMPENSATED
+    return run, {"compensated": keys["charge-c"], "in flight": keys["charge-b"], "pending": keys["charge-a"]}
+
+
+def _text(html: str) -> str:
+    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", html))
+
+
+def test_mid_compensation__banner_steps_effects_and_durable_show_say_the_same_of_each_effect(operator):
+    run, by_state = _mid_compensation()
+    html = page(operator, run)
+
+    banner = _text(section(html, "saga-progress"))
+    assert "compensating, will end cancelled: 1 of 3 effects undone" in banner, banner
+    assert f"charge key {by_state['in flight']} in flight" in banner, banner
+    in_flight = _text(section(html, "in-flight"))
+    assert by_state["in flight"] in in_flight and "attempt 1" in in_flight, in_flight
+    assert "none pending" not in in_flight, "a compensation a worker executes now is in flight"
+
+    effects = _text(section(html, "effects"))
+    rows = {key: re.search(rf"{re.escape(key)} .*?(?=charge |$)", effects).group(0) for key in by_state.values()}
+    shown = StringIO()
+    call_command("durable_show", str(run.id), stdout=shown)
+    lines = shown.getvalue().splitlines()
+    for state, key in by_state.items():
+        step = Effect.objects.get(idempotency_key=key).step
+        undone = _text(section(html, f"step-{step.position + 1}"))
+        line = next(line for line in lines if f"key {key} " in line and re.match(r"\s+charge\s", line))
+        for where, text in (("effects table", rows[key]), ("steps table", undone), ("durable_show", line)):
+            assert f"compensation {state}" in text or (state == "compensated" and "compensated by" in text), (
+                f"the {where} does not say the compensation of {key} is {state}: {text}"
+            )
+            others = [s for s in by_state if s != state and s != "compensated"]
+            assert not [s for s in others if f"compensation {s}" in text], f"the {where} contradicts itself: {text}"
+    assert any("compensating, will end cancelled: 1 of 3 effects undone" in line for line in lines), lines
+
+
+def test_stopped_saga__the_failed_compensation_and_what_is_left_read_the_same_in_both_tables_and_durable_show(
+    operator,
+):
+    run = api.start("three_charges", {"order_id": "T-2"})
+    advance(run.id)  # charge-a applied
+    charged = Effect.objects.get(run=run)
+    # Applied by a tool since retired: its compensation cannot run, and the saga stops on it, visibly.
+    retired = Effect.objects.create(
+        run=run,
+        step=charged.step,
+        idempotency_key="t2-retired",
+        tool="retired_tool",
+        args={},
+        args_hash="x",
+        status=EffectStatus.APPLIED,
+        applied_at=clock.now(),
+    )
+    api.cancel(run.id, "customer cancelled", compensate=True, actor="ops")
+    run = drive(run.id)
+    assert run.status == RunStatus.FAILED, "the saga stops on the compensation it cannot run"
+
+    html = page(operator, run)
+    effects, steps = _text(section(html, "effects")), _text(section(html, f"step-{charged.step.position + 1}"))
+    shown = StringIO()
+    call_command("durable_show", str(run.id), stdout=shown)
+    lines = shown.getvalue().splitlines()
+    for key, state in ((retired.idempotency_key, "compensation failed"), (charged.idempotency_key, "pending")):
+        line = next(line for line in lines if f"key {key} " in line)
+        row = re.search(rf"{re.escape(key)} .*?(?= charge | retired_tool |$)", effects).group(0)
+        told = re.search(rf"{re.escape(key)} ?: [^;]*", steps).group(0)
+        for where, text in (("effects table", row), ("steps table", told), ("durable_show", line)):
+            assert state in text, f"the {where} does not say {key} is {state}: {text}"

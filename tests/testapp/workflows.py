@@ -289,6 +289,16 @@ workflow(
     ],
 )
 workflow(
+    "three_charges",
+    steps=[call("charge", _charge_step), call("hold", _hold)],
+    plan=lambda inp: [
+        PlannedStep("charge-a", "charge", {"amount": "10.00"}),
+        PlannedStep("charge-b", "charge", {"amount": "20.00"}),
+        PlannedStep("charge-c", "charge", {"amount": "30.00"}),
+        PlannedStep("hold", "hold"),
+    ],
+)
+workflow(
     "charge_then_break",
     steps=[call("charge", _charge_step), call("broken", _permanent)],
     on_failure="compensate",

@@ -27,6 +27,8 @@ class Command(DurableCommand):
         write(f"run {data['id']}  {data['workflow']}@{data['version']}  {data['status']}")
         finished = data["finished_at"] or "-"
         write(f"  {step_progress(data)}  created {data['created_at']}  finished {finished}")
+        if data["saga"]:
+            write(f"  {data['saga']}")
         if data["concurrency"]["note"]:
             write(f"  {data['concurrency']['note']}")
         if data["error"]:
@@ -61,7 +63,12 @@ class Command(DurableCommand):
         for e in data["effects"]:
             attention = f"  NEEDS ATTENTION: {e['needs_attention']}" if e["needs_attention"] else ""
             skipped = f"  (skipped: {e['skipped']})" if e["skipped"] else ""
-            write(f"  {e['tool']:<20} {e['status']:<12} attempts {e['attempts']}  key {e['key']}{skipped}{attention}")
+            undoing = f"  {e['compensation']['text']}" if e["compensation"] else ""
+            undoes = f"  undoes {e['compensates']}" if e["compensates"] else ""
+            write(
+                f"  {e['tool']:<20} {e['status']:<12} attempts {e['attempts']}  key {e['key']}"
+                f"{undoing}{undoes}{skipped}{attention}"
+            )
         for w in data["waits"]:
             who = f" by {w['decided_by']}" if w["decided_by"] else ""
             write(f"wait {w['id']}: {w['kind']} {w['name']} {w['status']}{who}  deadline {w['deadline'] or '-'}")
