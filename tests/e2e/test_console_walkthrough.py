@@ -164,9 +164,13 @@ def links(page: Any, text: str, href: str) -> list[str]:
 
 
 def says_why_it_asked_again(text: str) -> list[str]:
-    """Why the approval was asked again (the observation it rested on went stale, and the re-read amount changed the
-    call): the approvals queue and the wait page do not say it yet; its words are checked here once they do."""
-    return []
+    """Why the approval was asked again: it was approved, then the observation it rested on went stale before the
+    approved step ran, and the run re-read it (an identical-looking request would otherwise puzzle the approver)."""
+    return matches(
+        " ".join(text.split()),
+        r"Asked again: approved by manager-1 at [^,]+, but \S+ \(fresh for [^)]+\) went stale before \S+ ran; "
+        r"the run re-read it and asks again\.",
+    )
 
 
 def visits(world: World) -> list[Visit]:
