@@ -173,6 +173,16 @@ def says_why_it_asked_again(text: str) -> list[str]:
     )
 
 
+# The modules (by their heading) whose table reaches past the module's right edge.
+SPILL = """
+[...document.querySelectorAll('#content .module')].flatMap(module => {
+    const edge = module.getBoundingClientRect().right + 1;
+    const spills = [...module.querySelectorAll('table')].some(t => t.getBoundingClientRect().right > edge);
+    return spills ? [(module.querySelector('h2') || module).innerText.trim().slice(0, 30)] : [];
+})
+"""
+
+
 def visits(world: World) -> list[Visit]:
     reasked_url = reverse("admin:durable_agents_wait_change", args=[world.reasked.pk])
 
@@ -312,6 +322,10 @@ def test_console_walkthrough__each_situation_says_what_to_fix_without_scrolling_
                 overflow = page.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
                 if overflow > 0:
                     overflowing[label] = overflow
+                # A table wider than its box spills past the box's header without the page scrolling: measured too.
+                spill = page.evaluate(SPILL)
+                if spill:
+                    overflowing[f"{label} ({', '.join(spill)})"] = 1
 
     assert not problems, "pages that do not say what on-call needs:\n" + "\n".join(
         f"{label}: {'; '.join(wrong)}" for label, wrong in problems.items()
