@@ -35,18 +35,20 @@ def ago(value: datetime | None, now: datetime) -> str:
 
 
 @register.inclusion_tag("admin/durable_agents/_overview.html", takes_context=True)
-def durable_overview(context: template.Context) -> dict[str, Any]:
+def durable_overview(context: template.Context, *, live: bool = False) -> dict[str, Any]:
     """The console's overview (runs by status, stuck runs, health and load) on any admin page, e.g. the admin's
     index, for staff who may view runs; its cards lead to the run list, filtered. Nothing for anyone else::
 
         {% extends "admin/index.html" %}{% load durable %}
         {% block content %}{% durable_overview %}{{ block.super }}{% endblock %}
+
+    With `live=True` its cards and health refresh themselves (the durable_live tag), as on the run list.
     """
     request = context.get("request")
     user = getattr(request, "user", None)
     if user is None or not user.has_perm("durable_agents.view_run"):
         return {"overview": None}
-    return {"overview": build_overview(), "runs_url": reverse("admin:durable_agents_run_changelist")}
+    return {"overview": build_overview(), "runs_url": reverse("admin:durable_agents_run_changelist"), "live": live}
 
 
 @register.inclusion_tag("admin/durable_agents/_live.html")

@@ -36,3 +36,15 @@ def test_overview_tag__shows_nothing_to_whoever_may_not_view_runs():
     api.start("noop", {"steps": 1})
     assert "durable-overview" not in _rendered_for(AnonymousUser())
     assert "durable-overview" not in _rendered_for(User.objects.create_user("staff", is_staff=True))
+
+
+def test_overview_tag__live_refreshes_its_cards_and_health_when_asked():
+    viewer = User.objects.create_user("watcher", is_staff=True)
+    viewer.user_permissions.add(Permission.objects.get(codename="view_run"))
+    request = RequestFactory().get("/admin/")
+    request.user = User.objects.get(pk=viewer.pk)
+
+    live = engines["django"].from_string("{% load durable %}{% durable_overview live=True %}").render({}, request)
+
+    assert 'id="durable-live"' in live and 'data-regions="#durable-overview,#durable-health"' in live, live
+    assert 'id="durable-live"' not in _rendered_for(request.user), "live only where the page asks for it"
