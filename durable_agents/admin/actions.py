@@ -186,6 +186,11 @@ def _signal_waits(run: Run) -> bool:
     return open_signal_wait(run) is not None
 
 
+def _not_compensating(run: Run) -> bool:
+    """A run undoing its effects on its way to an end ignores another cancel: the saga goes on (no query)."""
+    return not run.finish_as
+
+
 ACTIONS: dict[str, RunAction] = {
     action.slug: action
     for action in [
@@ -221,6 +226,7 @@ ACTIONS: dict[str, RunAction] = {
             lambda run, data, actor: api.cancel(run.pk, data.get("reason", ""), compensate=False, actor=actor),
             CancelForm,
             destructive=True,
+            when=_not_compensating,
             outcome=_cancel_outcome,
             logged=lambda data, after: noted("Cancelled (without compensation)", "reason", data.get("reason")),
         ),
@@ -234,6 +240,7 @@ ACTIONS: dict[str, RunAction] = {
             lambda run, data, actor: api.cancel(run.pk, data.get("reason", ""), compensate=True, actor=actor),
             CancelForm,
             destructive=True,
+            when=_not_compensating,
             outcome=_cancel_outcome,
             logged=lambda data, after: noted("Cancelled (with compensation)", "reason", data.get("reason")),
         ),

@@ -311,3 +311,19 @@ def test_fan_out__a_failed_child_is_named_linked_and_its_join_is_no_green_badge(
     assert f'href="{link}"' in error and "failed child" in error, f"the error links the child that failed: {error}"
     waits = section(html, "waits")
     assert re.search(r'durable-badge durable-failed"[^>]*>joined', waits), f"a join with a failed child: {waits}"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_compensating_run__offers_no_second_cancel(operator):
+    # A run compensating on its way to cancelled ignores another cancel (the saga goes on): offering "Cancel…"
+    # there promises what it will not do.
+    from tests.integration.test_sagas import _charged_twice
+
+    saga = _charged_twice("CO-1")
+    api.cancel(saga.id, "customer cancelled", compensate=True, actor="ops-1")
+
+    html = page(operator, Run.objects.get(pk=saga.id))
+
+    assert "compensating, will end cancelled" in html
+    actions = section(html, "run-actions")
+    assert "Cancel" not in actions, f"a second cancel is offered while compensating: {actions}"
