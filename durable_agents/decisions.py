@@ -165,10 +165,15 @@ def _replan_after(earlier: Wait, history: list[Event]) -> Event | None:
             if e.kind == "replanned"
             and e.run_id == earlier.run_id
             and (decided is None or e.pk > decided)
-            and (e.step_id == step_id or step_id in (_detail(e).get("superseded") or ()))
+            and (e.step_id == step_id or step_id in _step_ids(_detail(e).get("superseded")))
         ),
         None,
     )
+
+
+def _step_ids(value: Any) -> list[str]:
+    """The step ids a re-plan event lists, [] for any other shape (events outlive the code that wrote them)."""
+    return [item for item in value if isinstance(item, str)] if isinstance(value, list) else []
 
 
 def _detail(event: Event) -> dict[str, Any]:

@@ -70,19 +70,25 @@ class SignalForm(RunActionForm):
         super().__init__(*args, run=run, **kwargs)
         if self.is_bound:
             posted = str(self.data.get("wait", ""))
-            self.shown_wait = Wait.objects.filter(run=run, pk=int(posted)).first() if posted.isdecimal() else None
+            signal_waits = Wait.objects.filter(run=run, kind=WaitKind.SIGNAL)
+            self.shown_wait = signal_waits.filter(pk=int(posted)).first() if _a_key(posted) else None
         else:
             self.shown_wait = open_signal_wait(run)
-            if self.shown_wait is not None:
-                self.fields["wait"].initial = self.shown_wait.pk
+        # Shown, never typed nor preset by a link: the wait's own id and name (a disabled field takes its initial
+        # value, whatever is posted).
+        self.initial.pop("wait", None)
+        self.initial.pop("name", None)
         if self.shown_wait is not None:
-            # Disabled: Django takes the initial value, whatever is posted.
-            self.fields["name"].initial = self.shown_wait.name
-            self.fields["name"].disabled = True
-            self.fields["name"].help_text = "The name the run waits for."
+            self.initial.update(wait=self.shown_wait.pk, name=self.shown_wait.name)
+        self.fields["name"].disabled = True
 
     def clean(self) -> dict[str, Any]:
         data = super().clean()
+        if self.shown_wait is None:
+            raise forms.ValidationError(
+                "This form names no signal wait of this run, so nothing was sent: open Deliver signal from the run's "
+                "page again."
+            )
         data["wait"] = self.shown_wait  # checked to belong to this run
         return data
 
@@ -97,16 +103,18 @@ class SignalForm(RunActionForm):
 
 
 def deliver(run: Run, data: dict[str, Any], actor: str) -> Run:
-    wait: Wait | None = data.get("wait")
+    wait: Wait = data["wait"]
     # To the wait shown only (the API's compare-and-set under the run's lock): a double submit delivers once.
-    wait_id = wait.pk if wait is not None and wait.name == data["name"] else None
     try:
-        api.send_signal(run.pk, data["name"], data["payload"], by=actor, wait_id=wait_id)
+        api.send_signal(run.pk, wait.name, data["payload"], by=actor, wait_id=wait.pk)
     except WaitClosedError as exc:
-        if wait is None:
-            raise
         raise WaitClosedError(describe_closed(wait).replace("nothing was decided", "nothing was sent")) from exc
     return run
+
+
+def _a_key(text: str) -> bool:
+    """A primary key Postgres can look up: digits, and within a bigint (a longer number is no row, not an error)."""
+    return text.isdecimal() and len(text) < 19
 
 
 def forkable_steps(steps: list[Step]) -> list[Step]:

@@ -160,6 +160,39 @@ def test_signal__the_form_names_the_wait_it_delivers_to_and_its_name_cannot_be_c
     assert received.detail.get("name") == "go", received.detail
 
 
+@pytest.mark.parametrize("posted", ["another run's wait", "", "-1", "99999999999999999999999", "its approval"])
+def test_signal__a_post_naming_no_signal_wait_of_this_run_is_refused_and_nothing_is_sent(operator, posted):
+    # The console delivers to the wait it showed, never by a typed name: a name nothing waits for would be kept for
+    # a later wait (a buffered signal) while the page said "delivered".
+    run, wait = waiting_on_signal()
+    _, elsewhere = waiting_on_signal()
+    approval = drive(api.start("approve_charge", {"amount": "40.00"}).id)
+    wait_field = {
+        "another run's wait": str(elsewhere.pk),
+        "its approval": str(Wait.objects.get(run=approval).pk),
+    }.get(posted, posted)
+    target = approval if posted == "its approval" else run
+
+    response = operator.post(
+        action_url(target, "signal"), {"wait": wait_field, "name": "typo", "payload": "1"}, follow=True
+    )
+
+    said = response.content.decode()
+    assert response.status_code == 200 and ("nothing was sent" in said or "does not apply" in said), said[-2000:]
+    assert not Wait.objects.filter(name="typo").exists(), "a signal was sent by the typed name"
+    assert not Event.objects.filter(kind="signal_received").exists()
+
+
+def test_signal__a_link_cannot_preset_the_wait_or_the_name_the_form_shows(operator):
+    run, wait = waiting_on_signal()
+    _, elsewhere = waiting_on_signal()
+
+    form = operator.get(action_url(run, "signal") + f"?wait={elsewhere.pk}&name=evil").content.decode()
+
+    assert f'name="wait" value="{wait.pk}"' in form, "the hidden wait is the one the page names"
+    assert 'value="evil"' not in form, "the Signal box shows the wait's own name"
+
+
 def test_signal__bad_json_is_a_message_on_the_form_and_nothing_is_sent(operator):
     run, wait = waiting_on_signal()
     response = operator.post(action_url(run, "signal"), {"wait": wait.pk, "name": "go", "payload": '{"paid": tru'})

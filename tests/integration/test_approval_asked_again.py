@@ -13,7 +13,7 @@ from django.urls import reverse
 
 from durable_agents import api, clock
 from durable_agents.display import when_text
-from durable_agents.models import Run, RunStatus, Wait, WaitStatus
+from durable_agents.models import Event, Run, RunStatus, Wait, WaitStatus
 from durable_agents.testing import drive
 from tests.integration.test_admin import login
 from tests.testapp.trust import AMOUNTS
@@ -92,3 +92,18 @@ def test_approval_asked_again__approving_when_the_observation_is_already_stale_d
     assert f"Approved wait {wait.pk}" in said and "take the approve path" not in said, said
     assert "observe (fresh for 10 min) has gone stale: the run re-reads it and asks again" in said, said
     assert response.redirect_chain[-1][0] == page
+
+
+@pytest.mark.parametrize("superseded", [5, "no-such-step-xrefundx", {"refund": True}, None])
+def test_asked_again__a_garbled_replan_event_is_no_500_and_no_false_claim(superseded):
+    # Events outlive code: a re-plan event whose detail is not a list of step ids (hand-edited, or from another
+    # release) must neither break the approvals queue for every approver nor be read as superseding `refund`.
+    run, _, _ = _asked_again()
+    Event.objects.filter(run=run, kind="replanned").update(detail={"superseded": superseded}, step_id="other")
+    approver = login("approver", codenames=("decide_wait",))
+
+    queue = approver.get(reverse("admin:durable_agents_wait_changelist"))
+    page = approver.get(reverse("admin:durable_agents_run_change", args=[run.pk]))
+
+    assert queue.status_code == 200 and page.status_code == 200
+    assert "Asked again" not in _text(queue.content.decode()), "a re-plan of another step read as this one's"
