@@ -29,7 +29,7 @@ from django.db.models import (
     Subquery,
     Value,
 )
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseNotFound
 from django.template.response import TemplateResponse
 from django.urls import path
 from django.utils import formats, timezone
@@ -52,7 +52,7 @@ from durable_agents.admin.filters import (
     stuck_reason,
 )
 from durable_agents.admin.guards import refuse_nul, show_direction_controls
-from durable_agents.admin.live import leave_messages
+from durable_agents.admin.live import is_refetch, leave_messages
 from durable_agents.admin.overview import build_overview
 from durable_agents.admin.run_forms import forkable_steps
 from durable_agents.admin.run_page import RunPage, build_run_page
@@ -369,6 +369,8 @@ class RunAdmin(admin.ModelAdmin):
         """The run page: read-only data, the troubleshooting answers first, and the permitted actions."""
         run = self.get_object(request, unquote(object_id))
         if run is None:
+            if is_refetch(request):  # live.js stops and says so; a redirect it followed would spend the messages
+                return HttpResponseNotFound("This run no longer exists.")
             return self._get_obj_does_not_exist_redirect(request, self.opts, object_id)
         if not self.has_view_permission(request, run):
             raise PermissionDenied

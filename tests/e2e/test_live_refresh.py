@@ -241,6 +241,20 @@ def test_live_refresh__stops_and_says_so_when_access_is_refused(oncall):
         assert_never_reloaded(page)
 
 
+def test_live_refresh__stops_and_says_so_when_the_run_was_deleted_meanwhile(oncall):
+    run = waiting_for_approval("LIVE-10")
+
+    with chromium_page() as page:
+        open_signed_in(page, oncall, f"/admin/durable_agents/run/{run.pk}/change/")
+        wait_for_a_refresh(page)
+        in_own_thread(lambda: Run.objects.filter(pk=run.pk).delete())
+
+        expect(page.locator(INDICATOR)).to_have_attribute("data-state", "stopped", timeout=TIMEOUT_MS)
+        expect(page.locator(INDICATOR)).to_contain_text("no longer exists")
+        expect(page.locator("#run-status")).to_have_text("waiting")
+        assert_never_reloaded(page)
+
+
 def test_run_list__a_selected_row_holds_the_swap_and_bulk_selection_works_after_new_rows(oncall, artifacts):
     first, second = waiting_for_approval("LIVE-3"), waiting_for_approval("LIVE-4")
     rows = "#result_list tbody"

@@ -116,3 +116,19 @@ def test_live_refresh__a_refetch_leaves_the_messages_to_the_page_opened_next(pag
 
     assert refetched.status_code == 200
     assert "Cancel does not apply to a completed run." in opened.content.decode(), "the refetch spent the message"
+
+
+def test_live_refresh__a_refetch_of_a_run_gone_meanwhile_is_a_404_that_spends_no_message():
+    # Django's admin redirects a missing object to the index with a warning; fetch() would follow it and the index
+    # would spend that warning and any confirmation waiting for the operator's next page.
+    gone, kept = (drive(api.start("noop", {"steps": 1}).id) for _ in range(2))
+    operator = login("operator", codenames=("cancel_run",))
+    operator.post(action_url(kept, "cancel"), {"reason": "x"})
+    url = page_url(gone)
+    gone.delete()
+
+    refetched = operator.get(url, headers={LIVE_HEADER: "1"})
+    opened = operator.get(LIST)
+
+    assert refetched.status_code == 404, "live.js stops and says the page is gone"
+    assert "Cancel does not apply to a completed run." in opened.content.decode(), "the refetch spent the message"

@@ -293,6 +293,10 @@
                     stop('Live updates stopped: access refused (' + response.status + '); reload the page', true);
                     return;
                 }
+                if (response.status === 404) {
+                    stop('Live updates stopped: this page no longer exists (deleted meanwhile)', true);
+                    return;
+                }
                 if (!response.ok) {
                     fail('server error ' + response.status);
                     return;
