@@ -93,8 +93,10 @@ class RunAction:
     perform: Callable[[Run, dict[str, Any], str], Run]
     form_class: type[RunActionForm] = RunActionForm
     destructive: bool = False
-    # A further condition on the run, beyond its status (one query at most, run page only).
+    # A further condition on the run, beyond its status (one query at most, run page only), and what a refusal
+    # for it says ("Deliver signal does not apply: the run waits on no signal").
     when: Callable[[Run], bool] | None = None
+    unless: str = ""
     # What happened, said of the run the action returned: "done" only when the change itself is made.
     outcome: Callable[[Run], str] = lambda run: "done"
     # What the audit trail says was done, from the form's data and the run the action returned.
@@ -203,6 +205,7 @@ ACTIONS: dict[str, RunAction] = {
             "(safe if its worker is alive: the lease lets only one of them commit).",
             lambda run, data, actor: api.resume(run.pk, actor=actor),
             when=lambda run: not _compensated(run),
+            unless="its saga undid its effects: fork it to go on",
             outcome=_scheduled,
             logged=lambda data, after: "Resumed",
         ),
@@ -214,6 +217,7 @@ ACTIONS: dict[str, RunAction] = {
             "The failed step runs again from attempt 1; committed steps are not repeated.",
             lambda run, data, actor: api.resume(run.pk, actor=actor),
             when=lambda run: not _compensated(run),
+            unless="its saga undid its effects: fork it to go on",
             outcome=_scheduled,
             logged=lambda data, after: "Retried the failed step",
         ),
@@ -227,6 +231,7 @@ ACTIONS: dict[str, RunAction] = {
             CancelForm,
             destructive=True,
             when=_not_compensating,
+            unless="the run is already compensating on its way to its end; the saga goes on",
             outcome=_cancel_outcome,
             logged=lambda data, after: noted("Cancelled (without compensation)", "reason", data.get("reason")),
         ),
@@ -241,6 +246,7 @@ ACTIONS: dict[str, RunAction] = {
             CancelForm,
             destructive=True,
             when=_not_compensating,
+            unless="the run is already compensating on its way to its end; the saga goes on",
             outcome=_cancel_outcome,
             logged=lambda data, after: noted("Cancelled (with compensation)", "reason", data.get("reason")),
         ),
@@ -255,6 +261,7 @@ ACTIONS: dict[str, RunAction] = {
             ),
             BudgetForm,
             when=_uses_a_model,
+            unless="the run asks no model",
             logged=_budget_logged,
         ),
         RunAction(
@@ -266,6 +273,7 @@ ACTIONS: dict[str, RunAction] = {
             lambda run, data, actor: api.swap_participant(run.pk, data["participant"], actor=actor),
             SwapForm,
             when=_uses_a_model,
+            unless="the run asks no model",
             logged=lambda data, after: f"Swapped the participant to {data['participant']}",
         ),
         RunAction(
@@ -280,6 +288,7 @@ ACTIONS: dict[str, RunAction] = {
             DecisionForm,
             # A signal or timer wait is no decision: a signal is delivered ("Deliver signal"), a timer fires.
             when=has_open_approval,
+            unless="the run waits on no approval",
             outcome=_decided,
             logged=_decision_logged("Approved"),
         ),
@@ -294,6 +303,7 @@ ACTIONS: dict[str, RunAction] = {
             DecisionForm,
             destructive=True,
             when=has_open_approval,
+            unless="the run waits on no approval",
             outcome=_decided,
             logged=_decision_logged("Rejected"),
         ),
@@ -309,6 +319,7 @@ ACTIONS: dict[str, RunAction] = {
             destructive=True,
             # A saga (compensating, or compensated) is never re-run into: fork it instead.
             when=lambda run: not run.finish_as,
+            unless="a saga is never re-run into: fork the run instead",
             outcome=_scheduled,
             logged=lambda data, after: f"Reset to step {data['step_id']} (it and every step after it run again)",
         ),
@@ -325,6 +336,7 @@ ACTIONS: dict[str, RunAction] = {
             ResolveEffectForm,
             destructive=True,
             when=lambda run: unresolved_effects(run).exists(),
+            unless="the run has no effect whose outcome is unknown",
             logged=_resolve_logged,
         ),
         RunAction(
@@ -337,6 +349,7 @@ ACTIONS: dict[str, RunAction] = {
             deliver,
             SignalForm,
             when=_signal_waits,
+            unless="the run waits on no signal",
             outcome=lambda run: _decided(run).replace("recorded", "delivered", 1),
             logged=lambda data, after: f"Delivered signal {data['name']!r}",
             keeps_input_on=(InvalidInputError,),
@@ -395,6 +408,8 @@ def run_action_view(model_admin: admin.ModelAdmin, request: HttpRequest, object_
                 f"{action.label} applies to approvals; run {str(run.pk)[:8]} waits for signal {signal.name!r}: "
                 "use Deliver signal. Nothing was decided.",
             )
+        elif run.status in action.applies_to and action.unless:
+            messages.error(request, f"{action.label} does not apply: {action.unless}.")
         else:
             messages.error(request, f"{action.label} does not apply to a {run.status} run.")
         return HttpResponseRedirect(run_url)
