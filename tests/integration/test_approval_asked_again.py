@@ -5,10 +5,12 @@ when the run is bound to re-read first."""
 
 from __future__ import annotations
 
+import io
 import re
 from datetime import timedelta
 
 import pytest
+from django.core.management import call_command
 from django.urls import reverse
 
 from durable_agents import api, clock
@@ -107,3 +109,15 @@ def test_asked_again__a_garbled_replan_event_is_no_500_and_no_false_claim(supers
 
     assert queue.status_code == 200 and page.status_code == 200
     assert "Asked again" not in _text(queue.content.decode()), "a re-plan of another step read as this one's"
+
+
+def test_durable_show__says_which_approval_was_asked_again_and_why():
+    run, earlier, later = _asked_again()
+    out = io.StringIO()
+
+    call_command("durable_show", str(run.pk), stdout=out)
+    shown = {line.split(":", 1)[0]: line for line in out.getvalue().splitlines() if line.startswith("wait ")}
+
+    assert "Asked again: approved by alice" in shown[f"wait {later.pk}"], shown
+    assert "went stale before refund ran" in shown[f"wait {later.pk}"], shown
+    assert f"asked again as wait {later.pk}" in shown[f"wait {earlier.pk}"], shown

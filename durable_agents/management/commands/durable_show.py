@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from durable_agents import operations
+from durable_agents.decisions import asked_again
 from durable_agents.management.commands._base import RUN_ID_HELP, DurableCommand, step_progress
 
 # The lines of a run error's traceback the text output shows: the innermost frames and the exception.
@@ -69,9 +70,14 @@ class Command(DurableCommand):
                 f"  {e['tool']:<20} {e['status']:<12} attempts {e['attempts']}  key {e['key']}"
                 f"{undoing}{undoes}{skipped}{attention}"
             )
+        again = asked_again((), runs=[data["id"]]) if data["waits"] else {}
         for w in data["waits"]:
             who = f" by {w['decided_by']}" if w["decided_by"] else ""
-            write(f"wait {w['id']}: {w['kind']} {w['name']} {w['status']}{who}  deadline {w['deadline'] or '-'}")
+            said = again.get(w["id"])
+            why = ""
+            if said is not None:
+                why = f"  {said.why}" if said.later.pk == w["id"] else f"  {said.replaced}"
+            write(f"wait {w['id']}: {w['kind']} {w['name']} {w['status']}{who}  deadline {w['deadline'] or '-'}{why}")
         write("events:")
         for e in data["events"]:
             detail = _brief(e["detail"]) or ""
