@@ -127,7 +127,8 @@ def _state(key: str, effect: Effect | None, step: Step | None, run: Run, resolve
         return Compensation(**said, state=FAILED, note=by.needs_attention)
     result = step.result if isinstance(step.result, dict) else {}
     if step.status == StepStatus.DONE and "kept" in result:
-        return Compensation(**said, state=KEPT, note=f"run {', '.join(result.get('for') or [])} stands on it")
+        relying = result.get("for") if isinstance(result.get("for"), list) else []
+        return Compensation(**said, state=KEPT, note=f"run {', '.join(map(str, relying))} stands on it")
     if step.status == StepStatus.DONE and "skipped" in result:
         return Compensation(**said, state=NOTHING_TO_UNDO)
     if step.status == StepStatus.DONE:

@@ -20,14 +20,17 @@ def leave_messages(request: HttpRequest, response: HttpResponse) -> HttpResponse
     if not is_refetch(request):
         return response
 
-    def unspent(response: HttpResponse) -> None:
-        storage = getattr(request, "_messages", None)
-        if storage is not None:
-            # The message middleware stores what is left once a response is done: unused, nothing is touched.
-            storage.used = False
-
     if hasattr(response, "add_post_render_callback") and not getattr(response, "is_rendered", True):
-        response.add_post_render_callback(unspent)
+        response.add_post_render_callback(lambda rendered: leave_messages_rendered(request))
     else:
-        unspent(response)
+        leave_messages_rendered(request)
     return response
+
+
+def leave_messages_rendered(request: HttpRequest) -> None:
+    """For a refetch, once the messages were rendered (a template tag rendered after the admin's message list
+    calls this: the index's live overview): they stay for the page the operator opens next."""
+    storage = getattr(request, "_messages", None)
+    if storage is not None and is_refetch(request):
+        # The message middleware stores what is left once a response is done: unused, nothing is touched.
+        storage.used = False

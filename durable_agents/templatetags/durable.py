@@ -9,6 +9,7 @@ from django import template
 from django.urls import reverse
 from django.utils.safestring import SafeString
 
+from durable_agents.admin.live import leave_messages_rendered
 from durable_agents.admin.overview import build_overview
 from durable_agents.conf import settings
 from durable_agents.display import ago_text, when_html
@@ -48,6 +49,8 @@ def durable_overview(context: template.Context, *, live: bool = False) -> dict[s
     user = getattr(request, "user", None)
     if user is None or not user.has_perm("durable_agents.view_run"):
         return {"overview": None}
+    if live:
+        leave_messages_rendered(request)  # the admin's base template listed them above: a refetch spends none
     return {"overview": build_overview(), "runs_url": reverse("admin:durable_agents_run_changelist"), "live": live}
 
 

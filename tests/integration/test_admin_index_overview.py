@@ -48,3 +48,26 @@ def test_overview_tag__live_refreshes_its_cards_and_health_when_asked():
 
     assert 'id="durable-live"' in live and 'data-regions="#durable-overview,#durable-health"' in live, live
     assert 'id="durable-live"' not in _rendered_for(request.user), "live only where the page asks for it"
+
+
+def test_overview_tag__a_live_refetch_of_the_page_spends_no_message():
+    # The landing page's live overview is refetched every few seconds: the admin's base template lists (and so
+    # spends) the session's messages, which belong to the page the operator opens next.
+    from django.contrib.messages import get_messages, info
+    from django.contrib.messages.storage.fallback import FallbackStorage
+    from django.contrib.sessions.backends.db import SessionStore
+
+    from durable_agents.admin.live import LIVE_HEADER
+
+    viewer = User.objects.create_user("refetcher", is_staff=True)
+    viewer.user_permissions.add(Permission.objects.get(codename="view_run"))
+    request = RequestFactory().get("/admin/", headers={LIVE_HEADER: "1"})
+    request.user, request.session = User.objects.get(pk=viewer.pk), SessionStore()
+    request._messages = FallbackStorage(request)
+    info(request, "Cancel: done")
+    page = engines["django"].from_string(
+        "{% load durable %}{% for m in messages %}{{ m }}{% endfor %}{% durable_overview live=True %}"
+    )
+
+    assert "Cancel: done" in page.render({"messages": get_messages(request)}, request)
+    assert request._messages.used is False, "the refetch spent the message meant for the next page"
