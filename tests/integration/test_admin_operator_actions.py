@@ -104,6 +104,8 @@ def test_signal__a_signal_wait_offers_deliver_not_approve_or_reject(operator):
     assert action_url(run, "approve") not in html and action_url(run, "reject") not in html, (
         "approve and reject apply to approvals only: a signal wait refuses them"
     )
+    waiting_for = re.search(r'id="open-wait">(.*?)</dd>', html, re.S).group(1)
+    assert waiting_for.count("go") == 1, f"'Waiting for' names the signal once: {waiting_for}"
     form = operator.get(action_url(run, "signal")).content.decode()
     assert 'value="go"' in form, "the signal's name is prefilled from the open wait"
 
