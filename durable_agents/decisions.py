@@ -16,6 +16,7 @@ Example::
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -112,19 +113,25 @@ def asked_again(waits: Iterable[Wait], *, runs: Iterable[Any] = ()) -> dict[int,
         (run_id, step_id): fresh_for
         for run_id, step_id, fresh_for in observations.values_list("run_id", "step_id", "fresh_for")
     }
+    # By run: each approval is compared with its own run's history only (a long history stays linear).
+    approvals_of: dict[Any, list[Wait]] = defaultdict(list)
+    for wait in approvals:
+        approvals_of[wait.run_id].append(wait)
+    history_of: dict[Any, list[Event]] = defaultdict(list)
+    for event in history:
+        history_of[event.run_id].append(event)
     found: dict[int, AskedAgain] = {}
     for earlier in approvals:
         if earlier.status != WaitStatus.APPROVED or earlier.step is None:
             continue
         if earlier.step.status != StepStatus.SUPERSEDED:
             continue
-        replan = _replan_after(earlier, history)
+        replan = _replan_after(earlier, history_of[earlier.run_id])
         later = next(
             (
                 w
-                for w in approvals
+                for w in approvals_of[earlier.run_id]
                 if w.pk > earlier.pk
-                and w.run_id == earlier.run_id
                 and w.name == earlier.name
                 and w.step is not None
                 and w.step.step_id == earlier.step.step_id
@@ -133,7 +140,8 @@ def asked_again(waits: Iterable[Wait], *, runs: Iterable[Any] = ()) -> dict[int,
         )
         if replan is None or later is None:
             continue
-        observation = str(_detail(replan).get("observation") or "an observation")
+        named = _detail(replan).get("observation")
+        observation = named if isinstance(named, str) and named else "an observation"
         budget = budgets.get((earlier.run_id, observation))
         again = AskedAgain(earlier, later, observation, budget, earlier.step.step_id)
         found[earlier.pk] = found[later.pk] = again

@@ -4,6 +4,7 @@ each run logged in the admin's log; at most BULK_LIMIT runs at once."""
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 from typing import Any
 
 from django.contrib import admin, messages
@@ -17,7 +18,7 @@ from durable_agents.admin.action_forms import CancelForm
 from durable_agents.admin.actions import ACTIONS, BULK_CANCEL_VERBS, BULK_LIMIT, cancelled_how
 from durable_agents.admin.audit import noted, record_each
 from durable_agents.errors import DurableAgentsError
-from durable_agents.models import Run, RunStatus
+from durable_agents.models import FINISHED_RUN_STATUSES, Run, RunStatus
 
 
 def _selected(request: HttpRequest, queryset: QuerySet[Run]) -> list[tuple[Any, str]] | None:
@@ -59,6 +60,16 @@ def resume_selected(model_admin: admin.ModelAdmin, request: HttpRequest, queryse
     _report(request, "Resume scheduled (a worker picks each up) for", done, failures)
 
 
+def _compensating(pks: Iterable[Any]) -> dict[Any, str]:
+    """Of `pks`, the runs compensating on their way to an end, with that end (one query)."""
+    live = Run.objects.filter(pk__in=list(pks)).exclude(finish_as="").exclude(status__in=FINISHED_RUN_STATUSES)
+    return dict(live.values_list("pk", "finish_as"))
+
+
+def _already(finish_as: str) -> str:
+    return f"already compensating on its way to {finish_as}; the saga goes on"
+
+
 @admin.action(description="Cancel selected runs…", permissions=["cancel"])
 def cancel_selected(
     model_admin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet[Run]
@@ -73,7 +84,11 @@ def cancel_selected(
         outcomes: Counter[str] = Counter()
         failures, cancelled = [], []
         actor = request.user.get_username()
+        compensating = _compensating(pk for pk, _ in rows)
         for pk, _status in rows:
+            if pk in compensating:  # the engine ignores a second cancel: the saga goes on
+                failures.append(f"Run {pk}: {_already(compensating[pk])}; left as it is.")
+                continue
             try:
                 run = api.cancel(pk, form.cleaned_data["reason"], compensate=compensate, actor=actor)
             except DurableAgentsError as exc:
@@ -90,15 +105,19 @@ def cancel_selected(
             _report(request, verb, count, [])
         _report(request, "", 0, failures)
         return None
-    selected = list(queryset.order_by("-created_at").only("id", "workflow", "workflow_version", "status")[:BULK_LIMIT])
-    # Counted and confirmed: the runs a cancel can stop. A finished one is listed apart, left as it is.
-    runs = [run for run in selected if not run.is_finished]
+    selected = list(
+        queryset.order_by("-created_at").only("id", "workflow", "workflow_version", "status", "finish_as")[:BULK_LIMIT]
+    )
+    # Counted and confirmed: the runs a cancel can stop. A finished one, or one already compensating on its way to
+    # its end, is listed apart, left as it is.
+    runs = [run for run in selected if not run.is_finished and not run.finish_as]
     context = {
         **model_admin.admin_site.each_context(request),
         "title": f"Cancel {len(runs)} run{'s' if len(runs) != 1 else ''}?",
         "opts": Run._meta,
         "runs": runs,
         "finished": [run for run in selected if run.is_finished],
+        "compensating": [run for run in selected if run.finish_as and not run.is_finished],
         "form": form,
         "action_checkbox_name": ACTION_CHECKBOX_NAME,
         "select_across": request.POST.get("select_across", "0"),

@@ -510,3 +510,28 @@ def test_bulk_cancel__the_confirmation_counts_only_the_runs_it_can_cancel(operat
     ).content.decode()
     assert "Cancel 1 run?" in page and "Yes, cancel 1 run" in page, "one of the two selected runs can be cancelled"
     assert "already completed: left as it is" in page
+
+
+@pytest.mark.django_db(transaction=True)
+def test_bulk_cancel__a_run_already_compensating_is_left_as_it_is_and_logged_as_nothing(operator):
+    # The engine ignores a second cancel of a compensating run (the saga goes on): the bulk action must neither
+    # count it as cancellable, nor say it started undoing its effects, nor log "Cancelled" for it.
+    from tests.integration.test_sagas import _charged_twice
+
+    saga = _charged_twice("BC-1")
+    api.cancel(saga.id, "first", compensate=True, actor="ops")
+    live = api.start("record", {"steps": 2})
+    changelist = reverse("admin:durable_agents_run_changelist")
+
+    page = operator.post(changelist, {"action": "cancel_selected", "_selected_action": [saga.pk, live.pk]})
+    done = operator.post(
+        changelist,
+        {"action": "cancel_selected", "_selected_action": [saga.pk, live.pk], "confirm": "yes", "reason": "bulk"},
+        follow=True,
+    )
+
+    assert "Cancel 1 run?" in page.content.decode(), "only the live run can be cancelled"
+    assert "already compensating" in page.content.decode()
+    said = " ".join(str(m) for m in done.context["messages"])
+    assert "Started undoing" not in said and "already compensating" in said, said
+    assert [e.change_message for e in logged(Run.objects.get(pk=saga.pk))] == [], "nothing was done to the saga"

@@ -121,3 +121,15 @@ def test_durable_show__says_which_approval_was_asked_again_and_why():
     assert "Asked again: approved by alice" in shown[f"wait {later.pk}"], shown
     assert "went stale before refund ran" in shown[f"wait {later.pk}"], shown
     assert f"asked again as wait {later.pk}" in shown[f"wait {earlier.pk}"], shown
+
+
+def test_asked_again__an_observation_named_by_no_string_reads_as_an_observation():
+    run, earlier, later = _asked_again()
+    Event.objects.filter(run=run, kind="replanned").update(detail={"superseded": ["refund"], "observation": ["x"]})
+    out = io.StringIO()
+
+    call_command("durable_show", str(run.pk), stdout=out)
+
+    waits = [line for line in out.getvalue().splitlines() if line.startswith("wait ")]
+    assert any("but an observation went stale before refund ran" in line for line in waits), waits
+    assert not any("['x']" in line for line in waits), waits
