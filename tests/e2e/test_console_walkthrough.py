@@ -241,7 +241,7 @@ def visits(world: World) -> list[Visit]:
         )
 
     def queued_behind(page: Any, text: str) -> list[str]:
-        return says(text, "its turn on concurrency key c-7, held by run", f"{short(world.holder)} (keyed,") + links(
+        return says(text, "its turn on concurrency key 'c-7', held by run", f"{short(world.holder)} (keyed,") + links(
             page, short(world.holder), run_url(world.holder)
         )
 
