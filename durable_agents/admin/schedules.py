@@ -116,7 +116,7 @@ class ScheduleAdmin(admin.ModelAdmin):
     @admin.display(description="next slot", ordering="next_slot")
     def next_slot_column(self, schedule: Schedule) -> str:
         if schedule.paused:
-            return format_html('<span class="durable-quiet">none while paused</span>')
+            return format_html('<span class="durable-quiet">{}</span>', "none while paused")
         return when_html(schedule.next_slot)
 
     @admin.display(description="last run")
