@@ -38,6 +38,7 @@ from durable_agents.errors import (
     ApprovalRejectedError,
     BudgetExceededError,
     ChildRunFailedError,
+    CohortNotFoundError,
     ContextWindowExceededError,
     DefinitionError,
     DurableAgentsError,
@@ -53,6 +54,9 @@ from durable_agents.errors import (
     ModelUnavailableError,
     NotificationFailedError,
     PermanentError,
+    ReplayBudgetExceededError,
+    ReplayDivergedError,
+    ReplayNotFoundError,
     RetryableError,
     RunNotFoundError,
     ScheduleNotFoundError,
@@ -70,6 +74,10 @@ from durable_agents.errors import (
 from durable_agents.judge import judge
 from durable_agents.models import Effect, MissedSlots, Overlap, Run, RunStatus, Schedule, StepStatus
 from durable_agents.planner import planner
+from durable_agents.replays import Report, export_cohort, import_cohort, save_cohort
+from durable_agents.replays import replay as _replay
+from durable_agents.replays import report as _report
+from durable_agents.replays import run_here as _run_here
 from durable_agents.search import check_filters
 from durable_agents.storable import check_json, check_text, whole_number
 from durable_agents.tools import Field, Tool, tool
@@ -81,6 +89,7 @@ __all__ = [
     "ApprovalRejectedError",
     "BudgetExceededError",
     "ChildRunFailedError",
+    "CohortNotFoundError",
     "ContextWindowExceededError",
     "DefinitionError",
     "DurableAgentsError",
@@ -99,6 +108,10 @@ __all__ = [
     "NotificationFailedError",
     "PermanentError",
     "PlannedStep",
+    "ReplayBudgetExceededError",
+    "ReplayDivergedError",
+    "ReplayNotFoundError",
+    "Report",
     "RetryPolicy",
     "RetryableError",
     "Run",
@@ -127,18 +140,24 @@ __all__ = [
     "cancel",
     "children",
     "decide",
+    "export_cohort",
     "fork",
     "get",
+    "import_cohort",
     "judge",
     "migrate",
     "participants",
     "pause_schedule",
     "planner",
     "registry",
+    "replay",
+    "replay_report",
+    "replay_here",
     "resolve_effect",
     "resume",
     "resume_schedule",
     "runs",
+    "save_cohort",
     "schedule",
     "send_signal",
     "set_budget",
@@ -391,6 +410,49 @@ def trigger_schedule(name: str, *, actor: str, token: str) -> Run:
 def unschedule(name: str) -> None:
     """Delete the schedule; the runs it started stay."""
     delete_schedule(check_text(name, "the schedule name", max_chars=SCHEDULE_NAME_MAX_CHARS))
+
+
+def replay(
+    *,
+    cohort: str | None = None,
+    candidate: Mapping[str, Any] | None = None,
+    lanes: tuple[str, ...] = ("baseline", "candidate"),
+    stubs: Mapping[str, Any] | None = None,
+    budget_usd: Decimal | float | str | None = None,
+    concurrency: int | None = None,
+    actor: str = "",
+    **selection: Any,
+) -> Any:
+    """Replay a cohort, or the finished runs chosen by `runs=`, `workflow=`, `status=`, `since=`, `until=`,
+    `sample=`, `seed=`, with a `candidate` (model, participant, instructions, tool_descriptions, thinking, effort)
+    beside the baseline (the recorded model asked again). Nothing is applied (replays.py). Returns the Replay; its
+    runs go to workers like any run (or `replay_here(replay.id)`), and `replay_report(replay.id)` compares them.
+
+    Example::
+
+        replay = api.replay(workflow="refund_agent", sample=50, seed=1, candidate={"model": "claude-haiku-4-5"})
+    """
+    return _replay(
+        cohort=cohort,
+        candidate=candidate,
+        lanes=lanes,
+        stubs=stubs,
+        budget_usd=budget_usd,
+        concurrency=concurrency,
+        actor=actor,
+        **selection,
+    )
+
+
+def replay_report(replay_id: uuid.UUID | str) -> Report:
+    """The replay's three lanes compared, run by run and over its cohort (`Report.verdict(fail_under)` for CI)."""
+    return _report(replay_id)
+
+
+def replay_here(replay_id: uuid.UUID | str) -> Report:
+    """Advance the replay's runs in this process until all have finished (CI without workers), then report."""
+    _run_here(replay_id)
+    return _report(replay_id)
 
 
 def _actor(actor: str, what: str = "the actor (who is acting, --as)") -> str:

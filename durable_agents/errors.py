@@ -16,6 +16,8 @@ DurableAgentsError
  │    └── BatchRefusedError       some runs of a batch cannot take the operation (`problems` lists each)
  ├── WaitNotFoundError            no wait has that id
  ├── ScheduleNotFoundError        no schedule has that name
+ ├── CohortNotFoundError          no replay cohort has that name
+ ├── ReplayNotFoundError          no replay has that id
  ├── ApprovalRejectedError        a human (or a deadline) rejected the action
  ├── ToolFailedError              a tool refused and changed nothing: the model is told
  ├── LeaseLostError               another worker holds the run now (this worker is a zombie)
@@ -35,7 +37,10 @@ DurableAgentsError
            ├── AgentLimitError              max_turns, or too many invalid tool calls
            ├── BudgetExceededError          the run's token or cost budget is spent
            ├── WaitExpiredError             a wait's deadline passed under the "fail" policy
-           └── ChildRunFailedError          a child run failed or was cancelled (fail-fast fan-out)
+           ├── ChildRunFailedError          a child run failed or was cancelled (fail-fast fan-out)
+           ├── ReplayDivergedError          a replay made a tool call its recording never made
+           ├── ReplayBudgetExceededError    a replay's token or cost budget is spent
+           └── ReplayAppliesNothingError    a replay run reached an effect or a wait (refused)
 """
 
 from __future__ import annotations
@@ -227,3 +232,24 @@ class ToolFailedError(DurableAgentsError):
     Raise it from an external effectful tool to say "not applied": any other exception from such a tool
     leaves its outcome unknown, so the same call is retried under the same idempotency key.
     """
+
+
+class ReplayDivergedError(PermanentError):
+    """A replay reached what its recording cannot answer (a tool call it never made, a wait it never opened): the
+    replay of that run ends here and the report counts it diverged. Give the replay a stub to answer the call."""
+
+
+class ReplayBudgetExceededError(PermanentError):
+    """The replay's token or cost budget is spent: its remaining runs stop before asking the model again."""
+
+
+class ReplayAppliesNothingError(PermanentError):
+    """A replay run tried to apply an effect or open a wait: refused, since a replay applies nothing."""
+
+
+class CohortNotFoundError(DurableAgentsError):
+    """No cohort has that name; `durable_replay --cohorts` lists them."""
+
+
+class ReplayNotFoundError(DurableAgentsError):
+    """No replay has that id."""

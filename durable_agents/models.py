@@ -197,6 +197,10 @@ class Run(models.Model):
     # Search attributes (search.py): the values of the fields its workflow declares searchable, read from the input
     # at start, as strings ({"order_id": "A-1001"}); the admin, durable_runs and api.runs find runs by them.
     search = models.JSONField(default=dict, db_default={}, blank=True)
+    # A replay run (replays.py): "baseline" or "candidate", answered from a recorded run and applying nothing;
+    # "" for a real run. Metrics and concurrency keys of real runs never count it. A database default: the previous
+    # release inserts runs without naming it while the migration applies.
+    replay_lane = models.CharField(max_length=16, blank=True, default="", db_default="")
 
     objects = RunQuerySet.as_manager()
 
@@ -213,6 +217,7 @@ class Run(models.Model):
             ("resolve_effect", "Can record the outcome of an effect"),
             ("signal_run", "Can deliver a signal to a run"),
             ("fork_run", "Can fork a run from a step"),
+            ("replay_run", "Can replay runs with a candidate model or prompt"),
         ]
         constraints = [
             models.UniqueConstraint(
@@ -690,3 +695,75 @@ class Schedule(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+class Cohort(models.Model):
+    """A named set of recorded runs to replay (replays.py): chosen from the journal, or imported from a dataset."""
+
+    name = models.CharField(max_length=200, unique=True)
+    description = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Recording(models.Model):
+    """One case of a cohort: a run as it was recorded (input, steps, turns, tool calls, outcome), frozen when the
+    cohort was made, so a replay reads it whatever retention did to the run since (replays.py has the schema)."""
+
+    cohort = models.ForeignKey(Cohort, on_delete=models.CASCADE, related_name="recordings")
+    position = models.PositiveIntegerField()
+    # The recorded run, if it came from this database (no constraint: retention may prune it).
+    source_run_id = models.UUIDField(null=True, blank=True)
+    workflow = models.CharField(max_length=200)
+    workflow_version = models.PositiveIntegerField()
+    data = OrderedJSONField()
+
+    class Meta:
+        ordering = ["cohort", "position"]
+        constraints = [models.UniqueConstraint(fields=["cohort", "position"], name="durable_recording_position")]
+
+    def __str__(self) -> str:
+        return f"{self.cohort.name} #{self.position}"
+
+
+class Replay(models.Model):
+    """One replay of a cohort: the candidate (model, participant, prompts, tool texts), its lanes and budget."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    cohort = models.ForeignKey(Cohort, on_delete=models.PROTECT, related_name="replays")
+    candidate = models.JSONField(default=dict, blank=True)
+    # A tool call the recording never made: "stop" ends that replay; a stub (tool name -> result) answers it.
+    stubs = models.JSONField(default=dict, blank=True)
+    budget_usd = models.DecimalField(max_digits=14, decimal_places=6, null=True, blank=True)
+    seed = models.BigIntegerField(null=True, blank=True)
+    created_by = models.CharField(max_length=200, blank=True, default="")
+    created_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"replay {str(self.id)[:8]} of {self.cohort.name}"
+
+
+class ReplayRun(models.Model):
+    """A replay run: which replay, which recording, which lane. Keyed by the run's id (no constraint: a pruned
+    replay run leaves its row, and the report says so)."""
+
+    run_id = models.UUIDField(primary_key=True)
+    replay = models.ForeignKey(Replay, on_delete=models.CASCADE, related_name="runs")
+    recording = models.ForeignKey(Recording, on_delete=models.CASCADE, related_name="replays")
+    lane = models.CharField(max_length=16)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["replay", "recording", "lane"], name="durable_replay_run_lane"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.lane} {self.run_id}"

@@ -26,6 +26,7 @@ EXAMPLE_TESTS = (
     "tests/e2e/test_demo.py",
     "tests/e2e/test_sqlite_smoke.py",
     "tests/integration/test_refund_agent.py",
+    "tests/integration/test_replay_lab.py",
     "tests/integration/test_secret_key.py",
 )
 EXAMPLE_SETTINGS = "tests.example_settings"

@@ -42,6 +42,7 @@ from durable_agents.agents.unjournaled import (
 from durable_agents.clock import DbNow
 from durable_agents.connections import fresh_connection, release_connection
 from durable_agents.engine.events import record_event
+from durable_agents.engine.replaying import check_budget, is_replay
 from durable_agents.errors import LeaseLostError
 from durable_agents.models import Run, Step, Turn
 
@@ -60,6 +61,9 @@ def ask(ctx: Any, participant: Participant, request: ModelRequest) -> ModelRespo
     thinks, for a participant that waits on the network (`remote`). Journal the answer before acting on it.
     """
     remote = getattr(participant, "remote", False)
+
+    if is_replay(ctx.run):
+        check_budget(ctx)
 
     def prove() -> None:
         ctx.ensure_lease()

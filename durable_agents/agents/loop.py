@@ -45,6 +45,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.db.models import Max
 
 from durable_agents.agents.budget import Budget, PromptSize, estimate_prompt
+from durable_agents.agents.candidate import replay_head
 from durable_agents.agents.capabilities import ModelChoice, ModelProfile, check_choice, model_profile, thinking_param
 from durable_agents.agents.compaction import (
     COMPACTION_INSTRUCTION,
@@ -193,7 +194,7 @@ class _AgentLoop:
         # Read fresh: the step row the engine loaded carries neither the (possibly large) context nor the head.
         row = Step.objects.filter(pk=ctx.step.pk).values_list("context", "frozen_request").first()
         stored, frozen = row or (None, None)
-        self.head = frozen or self._head_from_code()
+        self.head = frozen or replay_head(ctx, self._head_from_code(), agent=True)
         self.unfrozen = frozen is None
         # Turns journaled before the step froze a head (by the previous version, during a deploy) go back without
         # their thinking blocks: their prefix may have been sent otherwise, and dropping them all is allowed.

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from durable_agents.agents.candidate import replay_head
 from durable_agents.agents.capabilities import ModelChoice, model_profile
 from durable_agents.agents.journal import ask, frozen_head, journal_call
 from durable_agents.agents.messages import ModelRequest, Participant
@@ -57,14 +58,18 @@ class _Asking:
         self.participant = participant
         self.form = form
         frozen = frozen_head(ctx)
-        self.head = frozen or {
-            "model": form.choice.resolved_model,
-            "system": form.system,
-            "tools": [form.tool],
-            "prompt": form.prompt,
-            "thinking": form.choice.thinking,
-            "output_config": form.choice.output_config(),
-        }
+        self.head = frozen or replay_head(
+            ctx,
+            {
+                "model": form.choice.resolved_model,
+                "system": form.system,
+                "tools": [form.tool],
+                "prompt": form.prompt,
+                "thinking": form.choice.thinking,
+                "output_config": form.choice.output_config(),
+            },
+            agent=False,
+        )
         self.unfrozen = frozen is None
         self.messages: list[dict[str, Any]] = [{"role": "user", "content": self.head["prompt"]}]
         self.asked = 0

@@ -39,6 +39,7 @@ from durable_agents.conf import settings
 from durable_agents.connections import release_connection
 from durable_agents.engine.approvals import require_approval
 from durable_agents.engine.effects import effect_key, recorded_effect
+from durable_agents.engine.replaying import answer_tool_call, is_replay
 from durable_agents.errors import (
     ApprovalRejectedError,
     LeaseLostError,
@@ -57,6 +58,10 @@ Tools = dict[str, Tool[..., Any]]
 
 def run_calls(ctx: Any, blocks: Sequence[Block], tools: Tools) -> list[Result]:
     """The tool_result blocks of `blocks` (the response's tool_use blocks), in their order."""
+    if is_replay(ctx.run):
+        # Answered from the recording, one after the other (each takes the first unused recorded call that
+        # matches), asking no one: the recording holds each approval's outcome in its call's result.
+        return [replayed_call(ctx, block) for block in blocks]
     decide_approvals(ctx, blocks, tools)
     results: list[Result] = []
     for batch in _batches(blocks, tools):
@@ -97,6 +102,14 @@ def run_call(ctx: Any, block: Block, tools: Tools) -> Result:
             raise RetryableError(f"{name} failed with an unknown outcome: {type(exc).__name__}: {exc}") from exc
         return _error(use_id, f"{name} failed: {type(exc).__name__}: {exc}")
     return {"type": "tool_result", "tool_use_id": use_id, "content": json.dumps(result, cls=DjangoJSONEncoder)}
+
+
+def replayed_call(ctx: Any, block: Block) -> Result:
+    """A replay run's tool call: the recorded tool_result (or a stub), never the tool."""
+    key = effect_key(ctx.idempotency_key(block["id"]))
+    answer = answer_tool_call(ctx, block["name"], block.get("input") or {}, key)
+    result = {"type": "tool_result", "tool_use_id": block["id"], "content": answer["content"]}
+    return {**result, "is_error": True} if answer["is_error"] else result
 
 
 def _not_deployed(ctx: Any, use_id: str, name: str, tools: Tools) -> Result:

@@ -26,7 +26,7 @@ from django.db.models import F
 
 from durable_agents.clock import DbNow
 from durable_agents.conf import settings
-from durable_agents.engine import transitions
+from durable_agents.engine import replaying, transitions
 from durable_agents.engine.admission import admit_on_commit
 from durable_agents.engine.context import StepContext
 from durable_agents.engine.control import ExtendPlan, Park, Rerun, WaitSpec
@@ -58,6 +58,7 @@ from durable_agents.errors import (
     LeaseLostError,
     ModelUnavailableError,
     PermanentError,
+    ReplayDivergedError,
     UnknownToolError,
     UnknownWorkflowError,
 )
@@ -221,6 +222,10 @@ def _advance(claim: Claim, step: Step, eager: Slice | None) -> Outcome:
             value = _execute(definition, StepContext(run, step, claim.attempt, beat))
             stored = store_result(run.id, step.step_id, value)
         except Park as park:
+            if replaying.is_replay(run):
+                # A replay opens no wait that could reach a person: the recording answered the ones it had.
+                refused = ReplayDivergedError(f"the replay reached a {park.spec.kind} wait its recording never opened")
+                return _fail(claim, step, classify(refused, policy, step.step_id), compensate=False)
             return _park(claim, step, park.spec)
         except Rerun as rerun:
             return _redo(claim, step, rerun)
@@ -314,6 +319,8 @@ def _guard(claim: Claim, step: Step, policy: RetryPolicy, compensate: bool) -> O
 
 
 def _execute(definition: StepDef, ctx: StepContext) -> Any:
+    if replaying.is_replay(ctx.run) and definition.kind not in replaying.MODEL_KINDS:
+        return replaying.recorded_step_result(ctx)
     if definition.fn is None:
         raise PermanentError(f"step {definition.name!r} of {ctx.run.workflow} has nothing to execute")
     return definition.fn(ctx)

@@ -2,20 +2,33 @@
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from durable_agents import clock
+from durable_agents.engine import replaying
 from durable_agents.engine.approvals import require_approval
 from durable_agents.engine.effects import effect_key, invoke_tool
 from durable_agents.engine.lease import renew_lease
 from durable_agents.engine.payloads import load_result
-from durable_agents.errors import LeaseLostError, StepNotFoundError
-from durable_agents.models import Run, Step, StepKind, StepStatus
+from durable_agents.errors import LeaseLostError, StepNotFoundError, ToolFailedError
+from durable_agents.models import Run, Step, StepKind, StepStatus, Turn
 from durable_agents.tools import Tool, tools
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A tool call of an agent: its arguments and the tool_result content the model read (None: not answered)."""
+
+    name: str
+    input: dict[str, Any]
+    result: Any
+    is_error: bool
 
 
 class StepContext:
@@ -101,11 +114,46 @@ class StepContext:
         resolved = tools.get(tool) if isinstance(tool, str) else tool
         self._tool_calls += 1
         key = effect_key(key or self.idempotency_key(resolved.name, str(self._tool_calls)))
+        if replaying.is_replay(self.run):
+            # A replay executes no tool: the recording answers, as the tool answered then.
+            answer = replaying.answer_tool_call(self, resolved.name, dict(args), key)
+            if answer["is_error"]:
+                raise ToolFailedError(answer["content"])
+            return json.loads(answer["content"])
         if resolved.effectful and resolved.needs_approval:
             require_approval(self, resolved, args, key)
         return invoke_tool(
             resolved, args, key=key, run_id=self.run.id, step_pk=self.step.pk, ctx=self, lease_token=self.lease_token
         )
+
+    @property
+    def is_replay(self) -> bool:
+        """True in a replay run (replays.py): its tool calls are answered from a recording and nothing is applied."""
+        return replaying.is_replay(self.run)
+
+    def tool_calls(self, name: str | None = None) -> list[ToolCall]:
+        """The tool calls this run's agents made (of tool `name`, if given), oldest first, each with the result the
+        model read — the same in a replay run, where the recording answered them.
+
+        Example: ``sent = [c for c in ctx.tool_calls("email_customer") if not c.is_error]``
+        """
+        calls = []
+        journal = Turn.objects.filter(run_id=self.run.id, purpose="turn").order_by("step_id", "index")
+        for content, results in journal.values_list("content", "tool_results"):
+            answered = {r.get("tool_use_id"): r for r in results or ()}
+            for block in content or ():
+                if block.get("type") != "tool_use" or (name is not None and block.get("name") != name):
+                    continue
+                result = answered.get(block.get("id"))
+                calls.append(
+                    ToolCall(
+                        block.get("name", ""),
+                        block.get("input") or {},
+                        None if result is None else result.get("content"),
+                        bool(result and result.get("is_error")),
+                    )
+                )
+        return calls
 
     def result(self, step_id: str) -> Any:
         """The committed result of an earlier step of this run."""

@@ -29,7 +29,7 @@ from django.db.models import F
 from durable_agents.clock import DbNow
 from durable_agents.conf import settings
 from durable_agents.connections import release_connection
-from durable_agents.engine import transitions
+from durable_agents.engine import replaying, transitions
 from durable_agents.engine.admission import admit_on_commit, key_of
 from durable_agents.engine.events import record_event
 from durable_agents.engine.reliance import rely_on
@@ -83,6 +83,8 @@ def invoke_tool(
     """Invoke `tool` with `args` under idempotency `key` for the executing run `run_id`; read-only tools
     are simply called. With `lease_token`, the effect lands only while that token still holds `run_id`.
     """
+    if ctx is not None and replaying.is_replay(ctx.run):
+        replaying.refuse(run_id, f"calls a tool ({tool.name})")
     checked = tool.validate(args)
     if not tool.effectful:
         return tool.invoke(checked, ctx=ctx)

@@ -35,7 +35,17 @@ def _in_model_order(model: Any, names: set[str]) -> tuple[str, ...]:
 # The run and step fields a step needs; the rest stay deferred (loaded on first access, if ever).
 RUN_FIELDS = _in_model_order(
     Run,
-    {"id", "workflow", "workflow_version", "input", "participant", "effect_scope", "parent_id", "concurrency_key"},
+    {
+        "id",
+        "workflow",
+        "workflow_version",
+        "input",
+        "participant",
+        "effect_scope",
+        "parent_id",
+        "concurrency_key",
+        "replay_lane",
+    },
 )
 STEP_FIELDS = _in_model_order(
     Step, {"id", "run_id", "step_id", "name", "position", "kind", "status", "args", "depends_on", "fresh_for"}

@@ -43,6 +43,8 @@ def start_run(
     concurrency_key: str | None = None,
     concurrency_limit: int | None = None,
     schedule: str = "",
+    participant: str = "",
+    replay_lane: str = "",
 ) -> Run:
     """Create a run and its plan rows in one statement (records.insert_run); a worker is woken once it commits
     (the caller's transaction, if any; else at once, with the first step's kind, so its queue costs no query).
@@ -72,6 +74,8 @@ def start_run(
         concurrency_limit=limit,
         schedule=schedule,
         search=definition.search_attributes(run_input),
+        participant=participant,
+        replay_lane=replay_lane,
     )
     rows = [plan_row(run.id, definition, element, position) for position, element in enumerate(plan)]
     try:

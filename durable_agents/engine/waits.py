@@ -22,7 +22,7 @@ from durable_agents import clock
 from durable_agents.clock import DbNow
 from durable_agents.conf import settings
 from durable_agents.display import when_text
-from durable_agents.engine import transitions
+from durable_agents.engine import replaying, transitions
 from durable_agents.engine.admission import admit_on_commit
 from durable_agents.engine.approvals import latest_wait
 from durable_agents.engine.control import WaitSpec
@@ -54,6 +54,8 @@ __all__ = ["decide_wait", "latest_wait", "park_txn", "send_signal", "sweep_waits
 
 def park_txn(claim: Claim, step: Step, spec: WaitSpec) -> Wait:
     """Release the run into `waiting` and open its wait (fenced by `claim`); notify approvers after commit."""
+    if replaying.is_replay(step.run):
+        replaying.refuse(claim.run_id, f"opens a {spec.kind} wait")
     wait, opened = transitions.park_txn(claim, step, spec, notify_to=spec.notify_to or settings.APPROVERS)
     if not opened:
         if wait.status != WaitStatus.OPEN:

@@ -20,6 +20,7 @@ Example::
 
 from __future__ import annotations
 
+import json
 import os
 from datetime import timedelta
 from typing import Any
@@ -36,7 +37,6 @@ from durable_agents.api import (
     participants,
     workflow,
 )
-from durable_agents.models import Effect, EffectStatus
 from project.refunds.models import OutboundEmail
 from project.refunds.script import play
 from project.refunds.tools import email_customer, issue_refund, lookup_order
@@ -103,15 +103,13 @@ def resolve_prompt(ctx: StepContext) -> str:
 
 
 def email_under_review(ctx: StepContext) -> str:
-    """The last email this run sent the customer, as the customer reads it."""
-    receipt = (
-        Effect.objects.filter(run_id=ctx.run_id, tool=email_customer.name, status=EffectStatus.APPLIED)
-        .order_by("-applied_at", "-id")
-        .values_list("result", flat=True)
-        .first()
-    )
-    email = OutboundEmail.objects.filter(pk=receipt["email_id"]).first() if receipt else None
-    return email.as_text() if email else "(No email was sent to the customer.)"
+    """The last email this run sent the customer, as the customer reads it: from the agent's calls and what the
+    mail provider answered, so a replay (which sends nothing) reviews the email its agent wrote."""
+    sent = [call for call in ctx.tool_calls(email_customer.name) if call.result is not None and not call.is_error]
+    if not sent:
+        return "(No email was sent to the customer.)"
+    receipt = json.loads(sent[-1].result)
+    return OutboundEmail(to=receipt["to"], subject=sent[-1].input["subject"], body=sent[-1].input["body"]).as_text()
 
 
 refund_agent = workflow(
