@@ -98,8 +98,9 @@ def test_replay__a_stub_answers_a_call_the_recording_never_made_and_still_applie
     before = world()
     stub = {"refund_id": 0, "amount": "35.90", "currency": "EUR", "status": "issued"}
 
-    replay = api.replay(runs=[run.id], lanes=("candidate",), candidate={"participant": GREEDY},
-                        stubs={"issue_refund": stub})
+    replay = api.replay(
+        runs=[run.id], lanes=("candidate",), candidate={"participant": GREEDY}, stubs={"issue_refund": stub}
+    )
     report = api.replay_here(replay.id)
 
     assert world() == before
