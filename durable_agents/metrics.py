@@ -27,7 +27,7 @@ from __future__ import annotations
 import hmac
 import math
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -80,16 +80,27 @@ def read_figures(now: datetime, since: datetime) -> Figures:
         stuck_after = timedelta(seconds=float(settings.STUCK_AFTER_SECONDS))
         # COUNT(*), not COUNT(id): the (workflow, status) index alone answers it (an index-only scan).
         by_status = Run.objects.values("workflow", "status").annotate(n=Count("*")).order_by()
-        stuck = Run.objects.stuck(now=now, stuck_after=stuck_after).values("workflow").annotate(n=Count("*"))
+        # Replay runs are not the system's work: subtracted, from their own (small) index.
+        replays = Run.objects.exclude(replay_lane="").values("workflow", "status").annotate(n=Count("*")).order_by()
+        stuck = (
+            Run.objects.stuck(now=now, stuck_after=stuck_after)
+            .filter(replay_lane="")
+            .values("workflow")
+            .annotate(n=Count("*"))
+        )
         retries = (
-            Event.objects.filter(kind="step_retry", created_at__gte=since, **_recent_runs("run__", since))
+            Event.objects.filter(
+                kind="step_retry", created_at__gte=since, run__replay_lane="", **_recent_runs("run__", since)
+            )
             .values("run__workflow")
             .annotate(n=Count("*"))
             .order_by()
             .values_list("run__workflow", "n")
         )
+        counts = Counter({(row["workflow"], row["status"]): row["n"] for row in by_status})
+        counts.subtract({(row["workflow"], row["status"]): row["n"] for row in replays})
         return Figures(
-            by_status={(row["workflow"], row["status"]): row["n"] for row in by_status},
+            by_status={key: n for key, n in counts.items() if n > 0},
             stuck=dict(stuck.order_by().values_list("workflow", "n")),
             oldest_waiting=_oldest(RunStatus.WAITING, "updated_at", now),
             oldest_running=_oldest(RunStatus.RUNNING, "created_at", now),
@@ -232,7 +243,7 @@ def _per_workflow(name: str, documentation: str, workflows: list[str], values: d
 
 
 def _oldest(status: str, field: str, now: Any) -> dict[str, float]:
-    rows = Run.objects.filter(status=status).values("workflow").annotate(oldest=Min(field)).order_by()
+    rows = Run.objects.filter(status=status, replay_lane="").values("workflow").annotate(oldest=Min(field)).order_by()
     return {row["workflow"]: max(0.0, (now - row["oldest"]).total_seconds()) for row in rows}
 
 
@@ -253,7 +264,7 @@ def _step_latency(since: Any) -> dict[str, tuple[int, tuple[float, ...]]]:
             f"SELECT r.workflow, COUNT(*), PERCENTILE_CONT(%s) WITHIN GROUP (ORDER BY x.seconds) FROM {run} r "
             f"CROSS JOIN LATERAL (SELECT {duration} AS seconds FROM {step} s WHERE s.run_id = r.id "
             "AND s.finished_at >= %s AND s.started_at IS NOT NULL OFFSET 0) x "
-            "WHERE r.status = ANY(%s) AND r.updated_at >= %s GROUP BY r.workflow"
+            "WHERE r.status = ANY(%s) AND r.updated_at >= %s AND r.replay_lane = '' GROUP BY r.workflow"
         )
         with connection.cursor() as cursor:
             cursor.execute(sql, [list(QUANTILES), since, list(RunStatus.values), since])
@@ -261,7 +272,9 @@ def _step_latency(since: Any) -> dict[str, tuple[int, tuple[float, ...]]]:
     # Other databases (the embedded SQLite default) have no PERCENTILE_CONT: compute it here.
     durations: dict[str, list[float]] = defaultdict(list)
     rows = (
-        Step.objects.filter(finished_at__gte=since, started_at__isnull=False, **_recent_runs("run__", since))
+        Step.objects.filter(
+            finished_at__gte=since, started_at__isnull=False, run__replay_lane="", **_recent_runs("run__", since)
+        )
         .annotate(took=ExpressionWrapper(F("finished_at") - F("started_at"), output_field=DurationField()))
         .values_list("run__workflow", "took")
     )

@@ -276,6 +276,8 @@ class Run(models.Model):
             models.Index(fields=["updated_at"], condition=Q(family_undo=True), name="durable_run_family_undo"),
             # `search @> {"order_id": "A-1001"}` at a million runs: a few pages of the index, whatever the table.
             JsonContainsIndex(fields=["search"], opclasses=["jsonb_path_ops"], name="durable_run_search"),
+            # Replay runs (replays.py), which metrics of real runs subtract: empty until the first replay.
+            models.Index(fields=["workflow", "status"], condition=~Q(replay_lane=""), name="durable_run_replays"),
         ]
 
     def __str__(self) -> str:

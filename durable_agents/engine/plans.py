@@ -212,6 +212,11 @@ def fork_run(run_id: uuid.UUID | str, at_step: str, *, input: Any = None, actor:
     before `at_step` must have one.
     """
     source = get_run(run_id)
+    if source.replay_lane:
+        raise InvalidTransitionError(
+            f"run {source.id} is a replay run: a fork of it would be a real run acting on a replay's answers; replay "
+            "its recording again instead (durable_replay)"
+        )
     forward = Step.objects.live().filter(run_id=source.id).exclude(kind=StepKind.COMPENSATE)
     target = forward.filter(step_id=at_step).first()
     if target is None:
