@@ -11,7 +11,7 @@ Registered in `DurableAgentsConfig.ready()` under the tag `durable_agents`; `man
     E006  RESULT_STORAGE names no STORAGES entry
     E007  steps ask Claude, and the anthropic SDK is not installed
     E008  CELERY_ACCEPT_CONTENT does not accept JSON: workers drop every durable message
-    E009  QUEUE, MODEL_QUEUE or NOTIFY_QUEUE is not declared, and Celery creates no missing queue
+    E009  QUEUE, MODEL_QUEUE, NOTIFY_QUEUE or REPLAY_QUEUE is not declared, and Celery creates no missing queue
     E010  RATE_LIMIT_BACKEND is neither "postgres" nor a Redis URL
     E011  RETENTION names a status that is not finished, or an age that is not a duration
     E012  RETENTION_ARCHIVE names no STORAGES entry
@@ -70,7 +70,7 @@ from durable_agents.workflows import StepDef, Workflow, registry
 Check = Callable[..., list[CheckMessage]]
 HOOKS = ("NOTIFIER", "WAKER", "BATCH_WAKER", "NOTIFICATION_ENQUEUER")
 OPTIONAL_HOOKS = frozenset({"BATCH_WAKER"})  # empty: none
-QUEUES = ("QUEUE", "MODEL_QUEUE", "NOTIFY_QUEUE")
+QUEUES = ("QUEUE", "MODEL_QUEUE", "NOTIFY_QUEUE", "REPLAY_QUEUE")
 SWEEP_TASK = "durable_agents.sweep"
 PICKLE = {"pickle", "application/x-python-serialize"}
 JSON = {"json", "application/json"}

@@ -240,6 +240,12 @@ SETTINGS: dict[str, Setting] = {
         "the Celery queue of steps that wait on the model (agent, judge, planner, approval), for a gevent worker; "
         '"" sends them with every other step',
     ),
+    "REPLAY_QUEUE": Setting(
+        "",
+        str,
+        "the Celery queue of replay runs (replays.py), served by a worker of their own so replays never wait in "
+        'front of real runs; "" sends them where real runs go (each wake-up then costs no lookup)',
+    ),
     "QUEUE": Setting(
         "",
         str,

@@ -161,7 +161,11 @@ def _advance_or_pass_on(run_id: str, delivered_on: str | None, batch: Batch | No
 def _queues_served(delivered_on: str | None) -> frozenset[str | None]:
     """The steps this delivery's worker may run eagerly after its own (None: the default queue's): those of the
     queue the message came from, so a model-bound step still goes to the model queue's workers and a plain step
-    to prefork (both, if MODEL_QUEUE is the plain steps' queue)."""
+    to prefork (both, if MODEL_QUEUE is the plain steps' queue). The REPLAY_QUEUE's worker runs every step of the
+    replay runs it serves."""
+    replay_queue = durable_settings.REPLAY_QUEUE
+    if replay_queue and delivered_on == replay_queue:
+        return frozenset({replay_queue})
     model_queue = durable_settings.MODEL_QUEUE
     if not model_queue or delivered_on != model_queue:
         return frozenset({None})

@@ -307,6 +307,9 @@ DURABLE_AGENTS = {
     # "durable-model" (the Procfile sets it for every process): steps that wait on Claude go to the gevent
     # model worker (Procfile `model_worker`). Empty, the default: every step on the default queue.
     "MODEL_QUEUE": os.environ.get("DURABLE_MODEL_QUEUE", ""),
+    # "durable-replay" (the Procfile sets it): replay runs (durable_replay) go to the Procfile's `replay_worker`, a
+    # smaller gevent worker of their own, never in front of real runs. Empty, the default: where real runs go.
+    "REPLAY_QUEUE": os.environ.get("DURABLE_REPLAY_QUEUE", ""),
     # A worker runs a run's next steps itself, without a broker hop, for up to this many ms; 0: one step per task.
     "EAGER_SLICE_MS": float(env_count("DURABLE_EAGER_SLICE_MS", 100)),
     # '{"*": {"requests_per_minute": 50, "input_tokens_per_minute": 30000}}': shared by every worker; unset: none.

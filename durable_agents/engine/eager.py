@@ -126,7 +126,7 @@ class Slice:
         """Whether this task runs (a model-bound step, any other step) itself: with a MODEL_QUEUE, a step goes to
         its own queue's workers."""
         model_queue = settings.MODEL_QUEUE
-        if not model_queue:
+        if not model_queue or (settings.REPLAY_QUEUE and settings.REPLAY_QUEUE in self.serves):
             return True, True
         return model_queue in self.serves, None in self.serves
 
@@ -137,7 +137,7 @@ class Slice:
             wake(run_id)
             return
         kind = None
-        if settings.MODEL_QUEUE:
+        if settings.MODEL_QUEUE or settings.REPLAY_QUEUE:
             try:
                 kind = next_kind(run_id)
             except Exception:  # noqa: BLE001 - the safe way on is the broker; wake() says if it cannot either

@@ -79,8 +79,16 @@ class SweepReport:
 
 
 def _by_queue(runs: QuerySet[Run]) -> list[tuple[str | None, QuerySet[Run]]]:
-    """`runs` split by the queue their wake-up goes to (wake.queue_for): MODEL_QUEUE for those whose next step waits
-    on the model, None (the default queue) for the rest; one group without a MODEL_QUEUE."""
+    """`runs` split by the queue their wake-up goes to (wake.queue_for): REPLAY_QUEUE (if set) for replay runs,
+    MODEL_QUEUE for those whose next step waits on the model, None (the default queue) for the rest; one group
+    without a MODEL_QUEUE."""
+    replay_queue = settings.REPLAY_QUEUE
+    if replay_queue:
+        return [(replay_queue, runs.exclude(replay_lane="")), *_by_queue_of_real(runs.filter(replay_lane=""))]
+    return _by_queue_of_real(runs)
+
+
+def _by_queue_of_real(runs: QuerySet[Run]) -> list[tuple[str | None, QuerySet[Run]]]:
     model_queue = settings.MODEL_QUEUE
     if not model_queue:
         return [(None, runs)]

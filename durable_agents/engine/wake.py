@@ -113,7 +113,11 @@ def one_line(exc: BaseException) -> str:
 
 
 def queue_for(run_id: uuid.UUID | str, kind: str | None = None) -> str | None:
-    """MODEL_QUEUE if the run's next step (of `kind`, if known) waits on the model, else None (the default)."""
+    """REPLAY_QUEUE for a replay run (if set), else MODEL_QUEUE if the run's next step (of `kind`, if known) waits on
+    the model, else None (the default)."""
+    replay_queue = settings.REPLAY_QUEUE
+    if replay_queue and Run.objects.filter(pk=run_id).exclude(replay_lane="").exists():
+        return replay_queue
     model_queue = settings.MODEL_QUEUE
     if not model_queue:
         return None

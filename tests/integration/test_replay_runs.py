@@ -6,12 +6,17 @@ Messages API and the real SDK) or in this process (`api.replay_here`), as CI wit
 
 from __future__ import annotations
 
+import json
+from datetime import timedelta
 from types import SimpleNamespace
 
 import pytest
+from django.conf import settings
+from django.test import override_settings
 
-from durable_agents import api
+from durable_agents import api, clock
 from durable_agents.engine.replaying import DIVERGED
+from durable_agents.engine.sweep import sweep
 from durable_agents.errors import InvalidTransitionError, ReplayAppliesNothingError
 from durable_agents.metrics import read_figures
 from durable_agents.models import Effect, Event, ReplayRun, Run, RunStatus, Step, Wait
@@ -134,3 +139,48 @@ def test_replay_run__refuses_a_tool_call_that_reaches_invoke_tool():
     with pytest.raises(ReplayAppliesNothingError):
         invoke_tool(charge, {"order_id": "C-5", "amount": "1.00"}, key="k", run_id=run.id, step_pk=None, ctx=ctx)
     assert LedgerEntry.objects.count() == 0
+
+
+def test_replay_queue__replay_runs_go_to_a_worker_of_their_own_and_never_to_real_runs_workers(start_worker, worker_env):
+    """With REPLAY_QUEUE, every wake-up of a replay run (its start, its admission, each step, a model-bound step) goes
+    to that queue: a worker serving only it finishes the replay, and the workers of real runs never see it."""
+    routed = {"MODEL_QUEUE": "durable-model", "REPLAY_QUEUE": "durable-replay"}
+    with FakeAnthropic(responder=billing_script) as fake:
+        worker_env.update(fake.environ(api_key="sk-ant-test-secret-0123456789"))
+        real_workers = [
+            start_worker(),
+            start_worker(env={"DURABLE_TEST_SETTINGS": json.dumps(routed)}, extra_args=["--queues", "durable-model"]),
+        ]
+        source = wait_for_run(api.start("agent_charge", {"message": "Please charge order A-1."}).id, timeout=60)
+        for worker in real_workers:
+            worker.stop()
+        with override_settings(DURABLE_AGENTS={**settings.DURABLE_AGENTS, **routed}):
+            replay = api.replay(runs=[source.id], candidate={"model": CANDIDATE_MODEL})
+            start_worker(env={"DURABLE_TEST_SETTINGS": json.dumps(routed)}, extra_args=["--queues", "durable-replay"])
+            for run in replay_runs(replay):
+                wait_for_run(run.id, timeout=60)
+    assert api.replay_report(replay.id).lanes["candidate"].agree == 1
+
+
+woken: list[tuple[str, dict]] = []
+
+
+def record_wake(run_id: str, countdown: float | None = None, **routed: str) -> None:
+    """A WAKER that only records what the engine asked for."""
+    woken.append((run_id, routed))
+
+
+def test_sweep__re_wakes_a_lost_replay_run_on_the_replay_queue():
+    source = drive(api.start("approve_charge", {"order_id": "C-6"}).id)
+    api.cancel(source.id)
+    routed = {"MODEL_QUEUE": "durable-model", "REPLAY_QUEUE": "durable-replay", "WAKER": f"{__name__}.record_wake"}
+    with override_settings(DURABLE_AGENTS={**settings.DURABLE_AGENTS, **routed}):
+        [run] = replay_runs(api.replay(runs=[source.id], lanes=("baseline",)))
+        real = api.start("noop", {"steps": 1})
+        woken.clear()
+        clock.advance(timedelta(minutes=5))  # both messages lost: no progress for longer than IDLE_RESWEEP_SECONDS
+        try:
+            sweep()
+        finally:
+            clock.reset()
+    assert sorted(woken) == sorted([(str(run.id), {"queue": "durable-replay"}), (str(real.id), {})]), woken
