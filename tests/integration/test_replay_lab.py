@@ -14,13 +14,17 @@ import pytest
 
 from durable_agents import api
 from durable_agents.agents.participants import ModelRequest, ScriptedParticipant, participants
-from durable_agents.models import Effect, Event, Replay, ReplayRun, Run, RunStatus, Wait
-from durable_agents.testing import drive
+from durable_agents.models import Effect, Event, Replay, ReplayRun, Run, RunStatus, Turn, Wait
+from durable_agents.testing import drive, wait_for_run
+from durable_agents.testing.fake_anthropic import FakeAnthropic
 from project.refunds import script
 from project.refunds.models import OutboundEmail, Refund
+from project.refunds.script import stand_in_reply
 from project.refunds.seed import CASES, seed_shop
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+CANDIDATE_MODEL = "claude-opus-5-5"
 
 CASE = {case.number: case for case in CASES}
 GREEDY = "refund-script-greedy"
@@ -122,3 +126,48 @@ def test_replay__an_exported_cohort_imported_elsewhere_replays_the_same():
 
     assert report.lanes["baseline"].agree == 1
     assert Replay.objects.get(pk=report.replay_id).cohort.name == "november-copy"
+
+
+@pytest.fixture
+def fake(worker_env):
+    """The strict stand-in plays Claude's default model on the workers: signed thinking blocks, the API's rules."""
+    with FakeAnthropic(responder=stand_in_reply) as server:
+        worker_env.update(server.environ())
+        yield server
+        refused = [r.refused for r in server.requests if r.refused]
+        assert not refused, f"the stand-in refused what the workers sent (the real API would too): {refused}"
+
+
+def thinking_signatures(blocks: list[dict[str, Any]]) -> set[str]:
+    return {block["signature"] for block in blocks if block.get("type") == "thinking" and block.get("signature")}
+
+
+def test_replay_on_a_worker__a_claude_recording_replays_on_another_model_without_sending_a_recorded_thinking_block(
+    start_worker, fake
+):
+    """Thinking blocks are bound to the account and model that wrote them: a replay never sends a recorded one (each
+    lane's conversation is its own from the first turn), so nothing depends on the candidate accepting them."""
+    start_worker()
+    source = wait_for_run(api.start("refund_agent", CASE["A-1001"].run_input).id, "completed", timeout=120)
+    recorded = set().union(*(thinking_signatures(t.content) for t in Turn.objects.filter(run=source)))
+    assert recorded, "the stand-in answers with signed thinking blocks, as the default model does"
+    before = world()
+
+    replay = api.replay(runs=[source.id], candidate={"model": CANDIDATE_MODEL})
+    links = {link.lane: link.run_id for link in ReplayRun.objects.filter(replay=replay)}
+    for run_id in links.values():
+        wait_for_run(run_id, "completed", timeout=120)
+
+    def sent(run_id: Any) -> list[Any]:
+        return [r for step in ("resolve", "review_email") for r in fake.requests_for(f"{run_id}:{step}")]
+
+    for run_id in links.values():
+        for request in sent(run_id):
+            for message in request.body["messages"]:
+                content = message["content"] if isinstance(message["content"], list) else []
+                assert not thinking_signatures(content) & recorded, "a replay sent a recorded thinking block"
+    assert {r.body["model"] for r in sent(links["candidate"])} == {CANDIDATE_MODEL}
+    assert {r.body["model"] for r in sent(links["baseline"])} == {r.body["model"] for r in sent(source.id)}
+    assert world() == before
+    report = api.replay_report(replay.id)
+    assert report.lanes["baseline"].agree == report.lanes["candidate"].agree == 1
