@@ -218,13 +218,16 @@ def get(run_id: uuid.UUID | str) -> Run:
     return get_run(run_id)
 
 
-def runs(*, workflow: str | None = None, search: Mapping[str, str] | None = None) -> QuerySet[Run]:
+def runs(
+    *, workflow: str | None = None, search: Mapping[str, str] | None = None, replays: bool = False
+) -> QuerySet[Run]:
     """Runs, newest first: of one `workflow`, and whose search attributes hold every `field: value` of `search`
     (the fields the workflow declares with `workflow(..., search=(...))`; on Postgres a GIN index serves it).
+    Replay runs (`Run.replay_lane`, replays.py) only with `replays=True`: they are not the system's work.
 
     Example: ``api.runs(search={"order_id": "A-1001"}).first()``
     """
-    found = Run.objects.all()
+    found = Run.objects.all() if replays else Run.objects.filter(replay_lane="")
     if workflow is not None:
         check_text(workflow, "a workflow name")
         found = found.filter(workflow=workflow)

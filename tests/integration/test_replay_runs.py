@@ -184,3 +184,13 @@ def test_sweep__re_wakes_a_lost_replay_run_on_the_replay_queue():
         finally:
             clock.reset()
     assert sorted(woken) == sorted([(str(run.id), {"queue": "durable-replay"}), (str(real.id), {})]), woken
+
+
+def test_api_runs__lists_replay_runs_only_when_asked():
+    source = drive(api.start("approve_charge", {"order_id": "C-7"}).id)
+    api.cancel(source.id)
+    [replayed] = replay_runs(api.replay(runs=[source.id], lanes=("baseline",)))
+
+    assert list(api.runs(workflow="approve_charge")) == [Run.objects.get(pk=source.id)]
+    assert set(api.runs(workflow="approve_charge", replays=True)) == {Run.objects.get(pk=source.id), replayed}
+    assert replayed.replay_lane == "baseline"
