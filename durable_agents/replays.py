@@ -57,6 +57,7 @@ import json
 import math
 import random
 import statistics
+import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -66,10 +67,12 @@ from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import transaction
-from django.db.models import Q
 
-from durable_agents.agents.capabilities import ModelChoice, thinking_param
+from durable_agents import clock
+from durable_agents.agents.capabilities import ModelChoice, shape_problem, thinking_param
 from durable_agents.agents.messages import TURN
+from durable_agents.engine.admission import admit
+from durable_agents.engine.advance import advance
 from durable_agents.engine.payloads import load_result
 from durable_agents.engine.replaying import DIVERGED, canonical
 from durable_agents.engine.runs import start_run
@@ -367,7 +370,9 @@ def check_candidate(candidate: Mapping[str, Any]) -> dict[str, Any]:
         raise InvalidInputError("instructions is a system prompt, or {step name: system prompt}")
     if out.get("model") or "thinking" in out or out.get("effort"):
         choice = ModelChoice(out.get("model"), thinking_param(out.get("thinking")), out.get("effort"), 8192)
-        problem = choice.problem(choice.resolved_model) if out.get("model") else None
+        problem = shape_problem(choice.thinking, choice.effort, choice.max_tokens)
+        if problem is None and out.get("model"):
+            problem = choice.problem(choice.resolved_model)
         if problem:
             raise InvalidInputError(f"the candidate cannot be asked: {problem}")
     return out
@@ -456,25 +461,27 @@ def get_replay(replay_id: uuid.UUID | str) -> Replay:
     return found
 
 
-def run_here(replay_id: uuid.UUID | str, *, max_advances: int = 10_000) -> None:
-    """Advance the replay's runs in this process until each has finished: for CI without workers. Each run is
-    advanced by the engine as a worker would, one at a time."""
-    from durable_agents.engine.admission import admit  # noqa: PLC0415 - only this path needs it
-    from durable_agents.engine.advance import Outcome, advance  # noqa: PLC0415
-
-    replay_obj = get_replay(replay_id)
-    ids = list(ReplayRun.objects.filter(replay=replay_obj).values_list("run_id", flat=True))
-    for _ in range(max_advances):
-        admit(f"durable-replay:{replay_obj.id}")
-        live = list(
-            Run.objects.filter(pk__in=ids).exclude(status__in=FINISHED_RUN_STATUSES).exclude(Q(admitted_at=None))
-        )
-        if not live and not Run.objects.filter(pk__in=ids).exclude(status__in=FINISHED_RUN_STATUSES).exists():
-            return
-        for run in live:
-            if advance(run.id) is Outcome.SKIPPED:
-                continue
-    raise InvalidInputError(f"replay {replay_obj.id} did not finish within {max_advances} rounds")
+def run_here(replay_id: uuid.UUID | str, *, max_rounds: int = 100_000) -> bool:
+    """Advance the replay's runs in this process until each has finished (True), for CI without workers: each run is
+    advanced by the engine as a worker would, one after another; a retry's backoff is waited out. False if they had
+    not finished after `max_rounds` rounds."""
+    made = get_replay(replay_id)
+    key = f"durable-replay:{made.id}"
+    ids = list(ReplayRun.objects.filter(replay=made).values_list("run_id", flat=True))
+    for _ in range(max_rounds):
+        admit(key)
+        live = Run.objects.filter(pk__in=ids).exclude(status__in=FINISHED_RUN_STATUSES)
+        rows = list(live.values_list("id", "admitted_at", "wake_at"))
+        if not rows:
+            return True
+        now = clock.now()
+        ready = [run_id for run_id, admitted, wake_at in rows if admitted and (wake_at is None or wake_at <= now)]
+        if not ready:
+            due = [(wake_at - now).total_seconds() for _, admitted, wake_at in rows if admitted and wake_at]
+            time.sleep(min(max(min(due, default=0.1), 0.01), 5.0))
+        for run_id in ready:
+            advance(run_id)
+    return False
 
 
 # ---- the report -----------------------------------------------------------------------------------------------
@@ -615,11 +622,18 @@ def report(replay_id: uuid.UUID | str) -> Report:
     run_ids = [link.run_id for link in links]
     runs = {r.id: r for r in Run.objects.filter(pk__in=run_ids)}
     calls_by_run: dict[Any, list[tuple[str, str]]] = {rid: [] for rid in run_ids}
+    # Calls that changed something if effectful: answered, and not with an error.
+    landed_by_run: dict[Any, list[tuple[str, str]]] = {rid: [] for rid in run_ids}
     turns = Turn.objects.filter(run_id__in=run_ids, purpose=TURN).order_by("run_id", "step_id", "index")
-    for run_id, content in turns.values_list("run_id", "content"):
+    for run_id, content, results in turns.values_list("run_id", "content", "tool_results"):
+        answered = {r.get("tool_use_id"): r for r in results or ()}
         for block in content or ():
             if block.get("type") == "tool_use":
-                calls_by_run[run_id].append((block.get("name"), canonical(block.get("input") or {})))
+                call = (block.get("name"), canonical(block.get("input") or {}))
+                calls_by_run[run_id].append(call)
+                result = answered.get(block.get("id"))
+                if result is not None and not result.get("is_error"):
+                    landed_by_run[run_id].append(call)
     scores: dict[Any, list[float]] = {}
     judged = Step.objects.filter(run_id__in=run_ids, kind=StepKind.JUDGE, status=StepStatus.DONE)
     for run_id, result in judged.values_list("run_id", "result"):
@@ -648,6 +662,7 @@ def report(replay_id: uuid.UUID | str) -> Report:
             link.run_id,
             runs.get(link.run_id),
             calls_by_run[link.run_id],
+            landed_by_run[link.run_id],
             scores.get(link.run_id),
             divergences.get(link.run_id),
             case.lanes[OBSERVED],
@@ -688,6 +703,7 @@ def _lane(
     run_id: Any,
     run: Run | None,
     calls: list[tuple[str, str]],
+    landed: list[tuple[str, str]],
     scores: list[float] | None,
     divergence: dict[str, Any] | None,
     observed: Lane,
@@ -708,8 +724,7 @@ def _lane(
             same_outcome=False,
         )
     effectful_names = {n for n, _ in observed.effectful} | {n for n, _ in calls if _effectful(n)}
-    answered_errors = _error_calls(run, calls)
-    effectful = [c for i, c in enumerate(calls) if c[0] in effectful_names and i not in answered_errors]
+    effectful = [call for call in landed if call[0] in effectful_names]
     lane = Lane(
         lane=name,
         run_id=str(run.id),
@@ -727,22 +742,6 @@ def _lane(
     lane.first_divergence = None if lane.same_calls else _first_difference(calls, observed.calls)
     lane.same_outcome = run.status == observed.status and effectful == observed.effectful
     return lane
-
-
-def _error_calls(run: Run, calls: list[tuple[str, str]]) -> set[int]:
-    """Positions of the run's calls whose (recorded) answer was an error: they changed nothing then either."""
-    errors: set[int] = set()
-    position = 0
-    for results in (
-        Turn.objects.filter(run_id=run.id, purpose=TURN)
-        .order_by("step_id", "index")
-        .values_list("tool_results", flat=True)
-    ):
-        for result in results or ():
-            if result.get("is_error"):
-                errors.add(position)
-            position += 1
-    return errors
 
 
 def _first_difference(a: list[Any], b: list[Any]) -> int:
