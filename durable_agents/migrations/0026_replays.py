@@ -1,7 +1,5 @@
-# Rolling-safe: the replay_lane column has a database default (the previous release's inserts do not name it; on
-# Postgres 11+ a constant default is stored in the catalog, no rewrite), and the index of replay runs (empty until the
-# first replay) is built CONCURRENTLY. The replay tables are new. Not atomic; run again after an interruption, it
-# finishes. The new permission replay_run is granted to no one: replaying spends model tokens.
+# Rolling-safe: new tables only (the previous release never reads them) and a new permission, replay_run, granted to
+# no one (replaying spends model tokens). Run's replay_lane column comes in 0027, without blocking writes.
 
 import django.db.models.deletion
 import django.db.models.functions.datetime
@@ -9,12 +7,8 @@ import durable_agents.models
 import uuid
 from django.db import migrations, models
 
-from durable_agents.migrations._operations import AddFieldWithoutBlockingWrites, AddIndexWithoutBlockingWrites
-
 
 class Migration(migrations.Migration):
-    atomic = False
-
     dependencies = [
         ("durable_agents", "0025_operator_permissions"),
     ]
@@ -50,17 +44,6 @@ class Migration(migrations.Migration):
                     ("replay_run", "Can replay runs with a candidate model or prompt"),
                 ],
             },
-        ),
-        AddFieldWithoutBlockingWrites(
-            model_name="run",
-            name="replay_lane",
-            field=models.CharField(blank=True, db_default="", default="", max_length=16),
-        ),
-        AddIndexWithoutBlockingWrites(
-            model_name="run",
-            index=models.Index(
-                fields=["workflow", "status"], condition=~models.Q(replay_lane=""), name="durable_run_replays"
-            ),
         ),
         migrations.CreateModel(
             name="Recording",
