@@ -176,7 +176,9 @@ def _step_actions(run: Run, page: RunPage, user: Any) -> dict[str, Any] | None:
     """The per-step links of the steps table the operator may follow: fork from a step, reset to it."""
     fork, reset = ACTIONS["fork"], ACTIONS["replan"]
     shown = {
-        "forkable": {s.step_id for s in forkable_steps(page.steps)} if fork.is_allowed(user) else set(),
+        "forkable": {s.step_id for s in forkable_steps(page.steps)}
+        if fork.is_allowed(user) and fork.applies(run)
+        else set(),
         "reset": reset.is_allowed(user) and reset.applies(run),
     }
     return shown if shown["forkable"] or shown["reset"] else None

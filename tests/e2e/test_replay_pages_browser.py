@@ -1,8 +1,9 @@
-"""The replay lab's pages in a real browser: a replay's report and one case side by side, at a laptop's 1,280 px.
+"""The replay lab's pages in a real browser at a laptop's 1,280 px: a replay's report, one case side by side, the run
+list showing replay runs, and a replay run's page.
 
-Each must say what it is for (lanes, verdict, divergence) without scrolling sideways and without a table spilling
-out of its box, however long the model's text or a tool's answer; full-page screenshots are artifacts
-(DURABLE_TEST_ARTIFACTS), `replay-report-1280.png` and `replay-case-1280.png`.
+Each must say what it is for (lanes, verdict, divergence, "replay · candidate", the banner) without scrolling sideways
+and without a table spilling out of its box, however long the model's text; full-page screenshots are artifacts
+(DURABLE_TEST_ARTIFACTS), `replay-<page>-1280.png`.
 """
 
 from __future__ import annotations
@@ -59,10 +60,14 @@ def test_replay_pages__report_and_side_by_side_fit_1280_px(live_server, artifact
     pages = {
         "report": reverse("admin:durable_agents_replay_change", args=[made.pk]),
         "case": reverse("admin:durable_agents_replay_case", args=[made.pk, link.recording_id]),
+        "runs": reverse("admin:durable_agents_run_changelist") + "?replay=all",
+        "run": reverse("admin:durable_agents_run_change", args=[link.run_id]),
     }
     wanted = {
         "report": ("Lanes against the observed one", "CI verdict", "fails", "Runs that changed most", "All cases"),
         "case": ("observed", "candidate", "baseline", "first divergence", "a call the recording never made"),
+        "runs": ("replay · candidate", "replay · baseline", "Real and replay runs"),
+        "run": ("Replay run (candidate lane) of replay", "nothing was applied"),
     }
     problems: dict[str, Any] = {}
 

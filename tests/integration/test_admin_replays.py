@@ -314,3 +314,17 @@ def test_run_page__a_replay_run_says_so_and_links_its_replay_and_recording(opera
     assert LedgerEntry.objects.count() == 1, "only the recorded run charged; the replays applied nothing"
     real = operator.get(reverse("admin:durable_agents_run_change", args=[run.pk])).content.decode()
     assert 'id="replay-banner"' not in real, "a real run carries no replay banner"
+
+
+def test_run_page__a_replay_run_is_never_forked_into_a_real_run(operator):
+    candidate = lane_run(replayed([recorded()]), "candidate")
+    fork_run = Permission.objects.filter(content_type__app_label="durable_agents", codename="fork_run")
+    User.objects.get(username="operator").user_permissions.add(*fork_run)
+    fork_url = reverse("admin:durable_agents_run_action", args=[candidate.pk, "fork"])
+
+    page = operator.get(reverse("admin:durable_agents_run_change", args=[candidate.pk])).content.decode()
+    response = operator.post(fork_url, {"step_id": "assistant"}, follow=True)
+
+    assert fork_url not in page, "a replay run's page must not offer Fork (its fork would apply the candidate's calls)"
+    assert "a replay run is never forked" in " ".join(messages_of(response))
+    assert not Run.objects.filter(forked_from=candidate).exists()
