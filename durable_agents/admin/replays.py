@@ -2,8 +2,10 @@
 cohorts (downloaded as JSON lines, replayed with a candidate).
 
 Replays and cohorts are made by `api.replay` / `api.save_cohort` (the run list's and cohort list's actions, or
-`durable_replay`); the admin reads them and adds or changes nothing itself. A report is `replays.report`: read when
-the page is opened (it reads every replay run's turns, so a replay of thousands of runs opens in a second or more).
+`durable_replay`); the admin reads them and adds or changes nothing itself. A report is `replays.report`: it reads
+every replay run's turns, so a replay of thousands of runs takes a second or more. A finished replay's report no longer
+changes: it is kept in Django's cache for a while (the report page, then each case side by side, read it once); one
+still going is read anew each time. The replay list shows the candidate's agreement of small finished replays only.
 """
 
 from __future__ import annotations
@@ -13,8 +15,10 @@ from typing import Any
 
 from django.contrib import admin, messages
 from django.contrib.admin.utils import unquote
+from django.core.cache import cache
 from django.core.exceptions import PermissionDenied
-from django.db.models import Count, F, Func, OuterRef, QuerySet, Subquery
+from django.core.paginator import Paginator
+from django.db.models import Count, F, Func, Max, OuterRef, Q, QuerySet, Subquery
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, StreamingHttpResponse
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
@@ -31,6 +35,28 @@ from durable_agents.states import FINISHED_RUN_STATUSES
 
 DEFAULT_FAIL_UNDER = 0.95
 LANE_ORDER = (replays.OBSERVED, *replays.LANES)
+# The replay list reads the report of a finished replay of at most this many runs (larger ones: open the report).
+LIST_REPORT_LIMIT = 400
+# A finished replay's report is kept this long (seconds); the cases table shows this many cases a page.
+REPORT_CACHE_SECONDS = 600
+CASES_PER_PAGE = 100
+
+
+def read_report(replay_id: Any) -> replays.Report:
+    """The replay's report; a finished replay's from the cache when it was read since its runs last changed (a run
+    retried from the console changes it again)."""
+    ids = ReplayRun.objects.filter(replay_id=replay_id).values("run_id")
+    state = Run.objects.filter(pk__in=ids).aggregate(
+        live=Count("pk", filter=~Q(status__in=FINISHED_RUN_STATUSES)), last=Max("updated_at")
+    )
+    if state["live"]:
+        return replays.report(replay_id)
+    key = f"durable_agents:replay-report:{replay_id}:{state['last'].isoformat() if state['last'] else ''}"
+    found = cache.get(key)
+    if found is None:
+        found = replays.report(replay_id)
+        cache.set(key, found, REPORT_CACHE_SECONDS)
+    return found
 
 
 def _count(queryset: QuerySet[Any]) -> Subquery:
@@ -112,7 +138,9 @@ class ReplayAdmin(admin.ModelAdmin):
         # Read for a finished replay only: the report reads its runs' turns (a page of 50 replays at most).
         if not obj.run_total or obj.run_finished != obj.run_total:
             return "—"
-        summary = replays.report(obj.pk).lanes.get("candidate")
+        if obj.run_total > LIST_REPORT_LIMIT:
+            return "see the report"
+        summary = read_report(obj.pk).lanes.get("candidate")
         if summary is None or summary.agreement is None:
             return "—"
         return f"{summary.agree}/{summary.finished} ({summary.agreement:.0%})"
@@ -126,8 +154,9 @@ class ReplayAdmin(admin.ModelAdmin):
             return self._get_obj_does_not_exist_redirect(request, self.opts, object_id)
         if not self.has_view_permission(request, made):
             raise PermissionDenied
-        report = replays.report(made.pk)
+        report = read_report(made.pk)
         fail_under = _fail_under(request)
+        cases = Paginator(report.cases, CASES_PER_PAGE).get_page(request.GET.get("page"))
         passed, why = report.verdict(fail_under)
         context = {
             **self.admin_site.each_context(request),
@@ -142,7 +171,8 @@ class ReplayAdmin(admin.ModelAdmin):
             "fail_under_percent": f"{fail_under * 100:g}",
             "verdict": {"passed": passed, "why": why},
             "changed_most": [_case_row(made, case) for case in report.changed_most()],
-            "cases": [_case_row(made, case) for case in report.cases],
+            "cases": [_case_row(made, case) for case in cases],
+            "cases_page": cases,
             **(extra_context or {}),
         }
         response = TemplateResponse(request, "admin/durable_agents/replay/report.html", context)
@@ -162,7 +192,8 @@ class ReplayAdmin(admin.ModelAdmin):
             return self._get_obj_does_not_exist_redirect(request, self.opts, object_id)
         if not self.has_view_permission(request, made):
             raise PermissionDenied
-        case = next((c for c in replays.report(made.pk).cases if c.recording_id == recording_id), None)
+        report = read_report(made.pk)
+        case = next((c for c in report.cases if c.recording_id == recording_id), None)
         if case is None:
             messages.warning(request, f"Replay {str(made.pk)[:8]} has no case {recording_id}.")
             return HttpResponseRedirect(reverse("admin:durable_agents_replay_change", args=[made.pk]))

@@ -328,3 +328,19 @@ def test_run_page__a_replay_run_is_never_forked_into_a_real_run(operator):
     assert fork_url not in page, "a replay run's page must not offer Fork (its fork would apply the candidate's calls)"
     assert "a replay run is never forked" in " ".join(messages_of(response))
     assert not Run.objects.filter(forked_from=candidate).exists()
+
+
+def test_report__cases_are_paged_and_a_retried_replay_run_is_read_anew(operator, monkeypatch):
+    monkeypatch.setattr("durable_agents.admin.replays.CASES_PER_PAGE", 1)
+    made = replayed([recorded(), recorded()])
+    url = reverse("admin:durable_agents_replay_change", args=[made.pk])
+
+    first, second = operator.get(url).content.decode(), operator.get(url + "?page=2").content.decode()
+
+    assert "Cases 1–1 of 2" in first and "Cases 2–2 of 2" in second
+    assert 'data-case="' in first and re.findall(r'data-case="(\d+)"', first) != re.findall(
+        r'data-case="(\d+)"', second
+    ), "each page shows its own cases"
+    candidate = lane_run(made, "candidate")
+    api.resume(candidate.pk, actor="operator")  # the report of a finished replay is cached: a retry must show
+    assert "runs still going" in operator.get(url).content.decode()
