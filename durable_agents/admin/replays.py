@@ -80,6 +80,14 @@ def _fail_under(request: HttpRequest) -> float:
     return value
 
 
+def _may_view(request: HttpRequest, model_admin: admin.ModelAdmin, obj: Any) -> bool:
+    """Replays and cohorts are shown to whoever may view them, and to whoever may view runs: a replay run is a run,
+    and a recording holds what its run's page shows."""
+    return admin.ModelAdmin.has_view_permission(model_admin, request, obj) or request.user.has_perm(
+        "durable_agents.view_run"
+    )
+
+
 def _runs_url(run_id: Any) -> str:
     return reverse("admin:durable_agents_run_change", args=[run_id])
 
@@ -99,6 +107,9 @@ class ReplayAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj: Replay | None = None) -> bool:
         return False
+
+    def has_view_permission(self, request: HttpRequest, obj: Replay | None = None) -> bool:
+        return _may_view(request, self, obj)
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Replay]:
         links = ReplayRun.objects.filter(replay=OuterRef("pk"))
@@ -269,6 +280,9 @@ class CohortAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj: Cohort | None = None) -> bool:
         return False
+
+    def has_view_permission(self, request: HttpRequest, obj: Cohort | None = None) -> bool:
+        return _may_view(request, self, obj)
 
     def has_replay_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm(PERMISSION)

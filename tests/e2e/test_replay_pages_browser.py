@@ -1,5 +1,5 @@
 """The replay lab's pages in a real browser at a laptop's 1,280 px: a replay's report, one case side by side, the run
-list showing replay runs, and a replay run's page.
+list showing replay runs, a replay run's page, and the candidate form of "Replay selected runs…".
 
 Each must say what it is for (lanes, verdict, divergence, "replay · candidate", the banner) without scrolling sideways
 and without a table spilling out of its box, however long the model's text; full-page screenshots are artifacts
@@ -89,5 +89,25 @@ def test_replay_pages__report_and_side_by_side_fit_1280_px(live_server, artifact
                 problems[label] = f"scrolls sideways by {overflow} px"
             if spill := page.evaluate(SPILL):
                 problems[label] = f"a table spills out of {spill}"
+
+        # The candidate form: two recorded runs chosen in the run list, then "Replay selected runs…".
+        page.goto(f"{live_server.url}{reverse('admin:durable_agents_run_changelist')}")
+        for run in runs:
+            page.check(f"input.action-select[value='{run.pk}']")
+        page.select_option("select[name=action]", "replay_selected")
+        page.click("button[name=index]")
+        page.wait_for_selector("#replay-form")
+        label = f"replay-form-{WIDTH}"
+        page.screenshot(path=str(artifacts / f"{label}.png"), full_page=True)
+        if missing := [
+            w
+            for w in ("Replay 2 runs", "Nothing is applied", "Participant", "Stubs")
+            if w not in page.inner_text("body")
+        ]:
+            problems[label] = f"does not say {missing}"
+        if (
+            overflow := page.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
+        ) > 0:
+            problems[label] = f"scrolls sideways by {overflow} px"
 
     assert not problems, f"replay pages that do not fit or do not say what they are for: {problems}"

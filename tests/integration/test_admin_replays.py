@@ -55,13 +55,13 @@ def scripts():
 
 
 def login(username: str, codenames: tuple[str, ...] = ()) -> Client:
-    """Staff who may view runs, replays and cohorts, with the named permissions of the app."""
+    """Staff who may view runs (and so replays and cohorts), with the named permissions of the app."""
     content_type = ContentType.objects.get_for_model(Run)
     Permission.objects.get_or_create(
         codename="replay_run", content_type=content_type, defaults={"name": "Can replay runs"}
     )
     user = User.objects.create_user(username, password="secret", is_staff=True)
-    viewing = ["view_run", "view_replay", "view_cohort"]
+    viewing = ["view_run"]
     user.user_permissions.add(
         *Permission.objects.filter(content_type__app_label="durable_agents", codename__in=[*viewing, *codenames])
     )
@@ -344,3 +344,14 @@ def test_report__cases_are_paged_and_a_retried_replay_run_is_read_anew(operator,
     candidate = lane_run(made, "candidate")
     api.resume(candidate.pk, actor="operator")  # the report of a finished replay is cached: a retry must show
     assert "runs still going" in operator.get(url).content.decode()
+
+
+def test_report__shown_to_whoever_may_view_runs_and_refused_to_staff_who_may_not(viewer):
+    made = replayed([recorded()])
+    url = reverse("admin:durable_agents_replay_change", args=[made.pk])
+    stranger = Client()
+    stranger.force_login(User.objects.create_user("stranger", password="secret", is_staff=True))
+
+    assert viewer.get(url).status_code == 200, "a replay run is a run: who may view runs may read its report"
+    assert stranger.get(url).status_code == 403
+    assert stranger.get(reverse("admin:durable_agents_cohort_export", args=[made.cohort.pk])).status_code == 403
