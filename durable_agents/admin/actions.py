@@ -364,6 +364,9 @@ ACTIONS: dict[str, RunAction] = {
             "applies its own.",
             fork,
             ForkForm,
+            when=lambda run: not run.replay_lane,
+            unless="a replay run is never forked: its fork would be a real run applying the candidate's calls; fork "
+            "the recorded run instead",
             outcome=lambda run: f"started run {run.pk}",
             logged=lambda data, after: f"Forked at step {data['step_id']} into run {after.pk}",
             keeps_input_on=(InvalidInputError,),

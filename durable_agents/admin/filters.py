@@ -7,6 +7,7 @@ from the most recent failed runs only.
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.contrib import admin
 from django.db.models import QuerySet
@@ -187,3 +188,37 @@ class VersionDriftFilter(admin.SimpleListFilter):
         if self.value() != "yes":
             return queryset
         return queryset.filter(pk__in=drifted_runs().values("pk"))
+
+
+# The run list hides replay runs unless this filter asks for them: a replay of 2,000 runs must not drown the
+# stuck-run view. The list says how many it hides, with a link that shows them.
+REPLAY_PARAMETER = "replay"
+
+
+class ReplayFilter(admin.SimpleListFilter):
+    title = "replay runs"
+    parameter_name = REPLAY_PARAMETER
+
+    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, str]]:
+        return [
+            ("all", "Real and replay runs"),
+            ("only", "Replay runs only"),
+            ("baseline", "Replay · baseline lane"),
+            ("candidate", "Replay · candidate lane"),
+        ]
+
+    def choices(self, changelist: Any) -> Any:
+        for choice in super().choices(changelist):
+            if choice["query_string"] == changelist.get_query_string(remove=[self.parameter_name]):
+                choice["display"] = "Real runs only"
+            yield choice
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Run]) -> QuerySet[Run]:
+        value = self.value()
+        if value == "all":
+            return queryset
+        if value == "only":
+            return queryset.exclude(replay_lane="")
+        if value in ("baseline", "candidate"):
+            return queryset.filter(replay_lane=value)
+        return queryset.filter(replay_lane="")

@@ -31,7 +31,7 @@ from django.db.models import (
 )
 from django.http import HttpRequest, HttpResponse, HttpResponseNotFound
 from django.template.response import TemplateResponse
-from django.urls import path
+from django.urls import path, reverse
 from django.utils import formats, timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
@@ -40,11 +40,13 @@ from durable_agents import clock
 from durable_agents.admin.actions import ACTIONS, actions_for, run_action_view
 from durable_agents.admin.audit import recorded_for, with_events
 from durable_agents.admin.bulk import cancel_selected, resume_selected
-from durable_agents.admin.counting import EstimatedCountPaginator
+from durable_agents.admin.counting import EstimatedCountPaginator, estimated_count
 from durable_agents.admin.filters import (
+    REPLAY_PARAMETER,
     AgingFilter,
     ConcurrencyFilter,
     ErrorTypeFilter,
+    ReplayFilter,
     StuckFilter,
     VersionDriftFilter,
     WaitDeadlineFilter,
@@ -54,12 +56,14 @@ from durable_agents.admin.filters import (
 from durable_agents.admin.guards import refuse_nul, show_direction_controls
 from durable_agents.admin.live import is_refetch, leave_messages
 from durable_agents.admin.overview import build_overview
+from durable_agents.admin.replay_forms import PERMISSION as REPLAY_PERMISSION
+from durable_agents.admin.replay_forms import replay_selected
 from durable_agents.admin.run_forms import forkable_steps
 from durable_agents.admin.run_page import RunPage, build_run_page
 from durable_agents.admin.timeline import human_duration
 from durable_agents.clock import DbNow
 from durable_agents.display import when_text
-from durable_agents.models import Run, Step
+from durable_agents.models import ReplayRun, Run, Step
 from durable_agents.operations import concurrency_note
 from durable_agents.search import MAX_VALUE_CHARS, holding, is_field_name, parse_filter
 from durable_agents.search import matching as search_matching
@@ -172,10 +176,42 @@ def _step_actions(run: Run, page: RunPage, user: Any) -> dict[str, Any] | None:
     """The per-step links of the steps table the operator may follow: fork from a step, reset to it."""
     fork, reset = ACTIONS["fork"], ACTIONS["replan"]
     shown = {
-        "forkable": {s.step_id for s in forkable_steps(page.steps)} if fork.is_allowed(user) else set(),
+        "forkable": {s.step_id for s in forkable_steps(page.steps)}
+        if fork.is_allowed(user) and fork.applies(run)
+        else set(),
         "reset": reset.is_allowed(user) and reset.applies(run),
     }
     return shown if shown["forkable"] or shown["reset"] else None
+
+
+def _replay_runs_hidden(request: HttpRequest) -> dict[str, Any] | None:
+    """How many replay runs the list hides (none asked for), with the address that shows them: counted through the
+    replay links (a probe per link, exact up to the console's count limit, estimated past it)."""
+    if request.GET.get(REPLAY_PARAMETER):
+        return None
+    hidden = estimated_count(Run.objects.filter(pk__in=ReplayRun.objects.values("run_id")))
+    if not hidden.value:
+        return None
+    shown = request.GET.copy()
+    shown[REPLAY_PARAMETER] = "all"
+    return {"count": str(hidden), "plural": hidden.value != 1, "query": shown.urlencode()}
+
+
+def _replay_of(run: Run) -> dict[str, Any] | None:
+    """For a replay run's banner: its lane, its replay and the recorded run it replays (None for a real run)."""
+    if not run.replay_lane:
+        return None
+    link = ReplayRun.objects.select_related("recording").filter(run_id=run.pk).first()
+    if link is None:
+        return {"lane": run.replay_lane}
+    source = link.recording.source_run_id
+    return {
+        "lane": link.lane,
+        "replay_id": link.replay_id,
+        "case_url": reverse("admin:durable_agents_replay_case", args=[link.replay_id, link.recording_id]),
+        "source_run": source,
+        "source_exists": bool(source) and Run.objects.filter(pk=source).exists(),
+    }
 
 
 @admin.register(Run)
@@ -205,6 +241,7 @@ class RunAdmin(admin.ModelAdmin):
         ErrorTypeFilter,
         VersionDriftFilter,
         ConcurrencyFilter,
+        ReplayFilter,
     ]
     search_fields = ["idempotency_key"]  # the search itself: get_search_results
     search_help_text = (
@@ -216,7 +253,7 @@ class RunAdmin(admin.ModelAdmin):
     show_full_result_count = False
     show_facets = admin.ShowFacets.NEVER
     paginator = EstimatedCountPaginator
-    actions = [resume_selected, cancel_selected]
+    actions = [resume_selected, cancel_selected, replay_selected]
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
         return RunChangeList
@@ -242,6 +279,9 @@ class RunAdmin(admin.ModelAdmin):
 
     def has_cancel_permission(self, request: HttpRequest) -> bool:
         return ACTIONS["cancel"].is_allowed(request.user)
+
+    def has_replay_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm(REPLAY_PERMISSION)
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[Run], search_term: str
@@ -278,8 +318,14 @@ class RunAdmin(admin.ModelAdmin):
             lines.append((run.idempotency_key, "idempotency key"))
         if run.concurrency_key is not None:
             lines.append((f"key {run.concurrency_key}", f"concurrency key (limit {run.concurrency_limit})"))
+        replay = (
+            format_html('<span class="durable-badge durable-replay">replay · {}</span> ', run.replay_lane)
+            if run.replay_lane
+            else ""
+        )
         return format_html(
-            "{}{}",
+            "{}{}{}",
+            replay,
             f"{run.workflow}@{run.workflow_version}",
             format_html_join(
                 "", '<div class="durable-key durable-mono" title="{}">{}</div>', ((t, v) for v, t in lines)
@@ -360,7 +406,12 @@ class RunAdmin(admin.ModelAdmin):
             request.GET = request.GET.copy()
             del request.GET[EXACT_COUNT_PARAMETER]
             request.durable_exact_count = True
-        context = {"title": "Runs", "overview": build_overview(), **(extra_context or {})}
+        context = {
+            "title": "Runs",
+            "overview": build_overview(),
+            "replay_runs_hidden": _replay_runs_hidden(request),
+            **(extra_context or {}),
+        }
         return leave_messages(request, show_direction_controls(super().changelist_view(request, context)))
 
     def change_view(
@@ -384,6 +435,7 @@ class RunAdmin(admin.ModelAdmin):
             "run_actions": actions_for(run, request.user),
             "step_actions": _step_actions(run, page, request.user),
             "operator_actions": with_events(recorded_for(run), (event for event, _ in page.events)),
+            "replay_of": _replay_of(run),
             **(extra_context or {}),
         }
         page_response = TemplateResponse(request, "admin/durable_agents/run/run_page.html", context)
