@@ -45,7 +45,7 @@ Example::
 
     from durable_agents import api
 
-    cohort = api.save_cohort("refunds-nov", workflow="refund_agent", status="completed", sample=200, seed=7)
+    cohort = api.save_cohort("refunds-nov", workflow="refund_agent", sample=200, seed=7)
     replay = api.replay(cohort="refunds-nov", candidate={"model": "claude-sonnet-4-5"}, budget_usd=5)
     report = api.replay_report(replay.id)      # once its runs have finished (or run_here(replay.id) first)
     assert report.passed(fail_under=0.95)
@@ -71,6 +71,7 @@ from django.db import transaction
 from durable_agents import clock
 from durable_agents.agents.capabilities import ModelChoice, shape_problem, thinking_param
 from durable_agents.agents.messages import TURN
+from durable_agents.agents.participants import participants
 from durable_agents.engine.admission import admit
 from durable_agents.engine.advance import advance
 from durable_agents.engine.payloads import load_result
@@ -359,8 +360,6 @@ def check_candidate(candidate: Mapping[str, Any]) -> dict[str, Any]:
         raise InvalidInputError(f"unknown candidate field(s) {sorted(unknown)}; use {', '.join(CANDIDATE_FIELDS)}")
     out = {k: v for k, v in candidate.items() if v not in (None, "", {})}
     if "participant" in out:
-        from durable_agents.agents.participants import participants  # noqa: PLC0415 - the registry, at call time
-
         participants.get(out["participant"])  # UnknownParticipantError names the registered ones
     descriptions = out.get("tool_descriptions", {})
     if not isinstance(descriptions, dict) or not all(isinstance(v, str) for v in descriptions.values()):

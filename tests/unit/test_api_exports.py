@@ -77,6 +77,19 @@ PUBLIC_API = [
     "tool_step",
     "wait_for_signal",
     "workflow",
+    # The replay lab (replays.py)
+    "CohortNotFoundError",
+    "ReplayAppliesNothingError",
+    "ReplayBudgetExceededError",
+    "ReplayDivergedError",
+    "ReplayNotFoundError",
+    "Report",
+    "export_cohort",
+    "import_cohort",
+    "replay",
+    "replay_here",
+    "replay_report",
+    "save_cohort",
 ]
 
 
