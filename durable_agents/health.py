@@ -296,10 +296,15 @@ def system_health(
     presence = read_presence(now)
     if stuck is None:
         stuck_after = timedelta(seconds=float(settings.STUCK_AFTER_SECONDS))
-        stuck = Run.objects.stuck(now=presence.now, stuck_after=stuck_after)[:STUCK_COUNT_CAP].count()
+        stuck = (
+            Run.objects.stuck(now=presence.now, stuck_after=stuck_after)
+            .filter(replay_lane="")[:STUCK_COUNT_CAP]
+            .count()
+        )
     by_status = None
     if count_by_status:
-        counted = dict(Run.objects.values_list("status").annotate(n=Count("*")).order_by())
+        # Replay runs (replays.py) are not the system's work: they never count in its health.
+        counted = dict(Run.objects.filter(replay_lane="").values_list("status").annotate(n=Count("*")).order_by())
         by_status = {status: counted.get(status, 0) for status in RunStatus.values}
     behind = read_backlog(presence.now, presence, ask_broker=ask_broker)
     return Health(presence, stuck, by_status, _problems(presence, stuck, behind), behind)
@@ -344,7 +349,7 @@ def _growth(queued: dict[str, int] | None, before: dict[str, int] | None) -> tup
 def _waiting_since(now: datetime) -> QuerySet[Run]:
     """The runs a worker could take now, by when each began waiting (`since`), the longest-waiting first."""
     waiting = (
-        Run.objects.filter(status__in=RUNNABLE_RUN_STATUSES, cancel_requested_at__isnull=True)
+        Run.objects.filter(status__in=RUNNABLE_RUN_STATUSES, cancel_requested_at__isnull=True, replay_lane="")
         .filter(Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now))
         .filter(Q(wake_at__isnull=True) | Q(wake_at__lte=now))
         .exclude(QUEUED)

@@ -737,7 +737,8 @@ class Replay(models.Model):
     """One replay of a cohort: the candidate (model, participant, prompts, tool texts), its lanes and budget."""
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    cohort = models.ForeignKey(Cohort, on_delete=models.PROTECT, related_name="replays")
+    # Deleting a cohort deletes its replays (their runs stay, and end at their next step: their recording is gone).
+    cohort = models.ForeignKey(Cohort, on_delete=models.CASCADE, related_name="replays")
     candidate = models.JSONField(default=dict, blank=True)
     # A tool call the recording never made: "stop" ends that replay; a stub (tool name -> result) answers it.
     stubs = models.JSONField(default=dict, blank=True)

@@ -27,7 +27,7 @@ Recording schema (`durable_agents.recording/1`, one JSON object a line in an exp
     {"schema": "durable_agents.recording/1", "workflow": "refund_agent", "version": 1, "input": {...},
      "source_run": "<uuid>" | null, "status": "completed", "output": ..., "error": null,
      "steps": [{"name": "load_order", "step_id": "load_order", "kind": "call", "status": "done", "result": ...,
-                "head": null | {"model", "system", "tools", "thinking", "output_config"}},
+                "args": {}, "head": null | {"model", "system", "tools", "prompt", "thinking", "output_config"}},
                ...],
      "turns": [{"step": "resolve", "purpose": "turn", "model": "...", "participant": "...", "content": [...],
                 "stop_reason": "tool_use", "tool_results": [...] | null, "input_tokens": 0, "output_tokens": 0,
@@ -75,7 +75,7 @@ from durable_agents.agents.participants import participants
 from durable_agents.engine.admission import admit
 from durable_agents.engine.advance import advance
 from durable_agents.engine.payloads import load_result
-from durable_agents.engine.replaying import DIVERGED, canonical
+from durable_agents.engine.replaying import DIVERGED, call_key
 from durable_agents.engine.runs import start_run
 from durable_agents.errors import (
     CohortNotFoundError,
@@ -116,7 +116,13 @@ def record(run: Run) -> dict[str, Any]:
     turns = list(Turn.objects.filter(run_id=run.id).select_related("step").order_by("step_id", "index"))
     recorded_steps = []
     for step in steps:
-        entry: dict[str, Any] = {"name": step.name, "step_id": step.step_id, "kind": step.kind, "status": step.status}
+        entry: dict[str, Any] = {
+            "name": step.name,
+            "step_id": step.step_id,
+            "kind": step.kind,
+            "status": step.status,
+            "args": step.args or {},
+        }
         if step.status in (StepStatus.DONE, StepStatus.SUPERSEDED) and (step.result is not None or step.result_ref):
             entry["result"] = (
                 load_result(step.result_ref, step.result_hash, run_id=run.id) if step.result_ref else (step.result)
@@ -124,7 +130,7 @@ def record(run: Run) -> dict[str, Any]:
         if step.frozen_request:
             entry["head"] = {
                 k: step.frozen_request[k]
-                for k in ("model", "system", "tools", "thinking", "output_config")
+                for k in ("model", "system", "tools", "prompt", "thinking", "output_config")
                 if k in step.frozen_request
             }
         recorded_steps.append(entry)
@@ -628,7 +634,7 @@ def report(replay_id: uuid.UUID | str) -> Report:
         answered = {r.get("tool_use_id"): r for r in results or ()}
         for block in content or ():
             if block.get("type") == "tool_use":
-                call = (block.get("name"), canonical(block.get("input") or {}))
+                call = (block.get("name"), call_key(block.get("name"), block.get("input") or {}))
                 calls_by_run[run_id].append(call)
                 result = answered.get(block.get("id"))
                 if result is not None and not result.get("is_error"):
@@ -676,9 +682,9 @@ def report(replay_id: uuid.UUID | str) -> Report:
 
 
 def _observed(data: dict[str, Any]) -> Lane:
-    calls = [(c["name"], canonical(c.get("input") or {})) for c in data.get("tool_calls") or ()]
+    calls = [(c["name"], call_key(c["name"], c.get("input") or {})) for c in data.get("tool_calls") or ()]
     effectful = [
-        (c["name"], canonical(c.get("input") or {}))
+        (c["name"], call_key(c["name"], c.get("input") or {}))
         for c in data.get("tool_calls") or ()
         if c.get("effectful") and not c.get("is_error")
     ]

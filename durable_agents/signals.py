@@ -1,7 +1,8 @@
 """Django signals for the lifecycle of runs, steps and waits, so projects can hook alerts and metrics.
 
 Each is sent after the transaction that made the change commits (never for a rolled-back change). A receiver
-that raises is logged and changes nothing: the change is committed, and the run goes on.
+that raises is logged and changes nothing: the change is committed, and the run goes on. Replay runs (replays.py)
+send none: they replay recorded work, and a pager or a downstream hook must not take them for the system's.
 
 Example::
 
@@ -36,9 +37,10 @@ wait_opened = Signal()
 wait_closed = Signal()
 
 
-def send_on_commit(signal: Signal, **kwargs: Any) -> None:
-    """Send `signal` once the current transaction commits; free when nobody listens (the step loop)."""
-    if signal.has_listeners():
+def send_on_commit(signal: Signal, *, replay: bool = False, **kwargs: Any) -> None:
+    """Send `signal` once the current transaction commits; free when nobody listens (the step loop). Nothing for a
+    replay run (`replay`)."""
+    if signal.has_listeners() and not replay:
         transaction.on_commit(lambda: _send(signal, kwargs))
 
 

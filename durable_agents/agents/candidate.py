@@ -3,9 +3,9 @@
 A model step of a real run freezes its head (model, system, tools, first prompt, thinking, effort) from the code
 deployed at its first call. A replay run's step starts from the same head, then:
 
-* baseline lane: the model, system prompt, tools, thinking and effort the recording's step sent (its first prompt is
-  built again by the workflow's code from the recorded results, so it is the recorded prompt unless the code
-  changed): the recorded model asked again, which measures its own run-to-run noise;
+* baseline lane: the model, system prompt, tools, first prompt, thinking and effort the recording's step sent: the
+  recorded model asked again, which measures its own run-to-run noise (a step the recording never ran, a redo it
+  never made, builds its prompt with the workflow's code);
 * candidate lane: the baseline head with the candidate's changes — `model`, `instructions` (the system prompt of
   every agent step, or {step name: prompt}), `tool_descriptions` ({tool name: text}), `thinking`, `effort`.
 
@@ -20,7 +20,7 @@ from typing import Any
 from durable_agents.agents.capabilities import thinking_param
 from durable_agents.engine.replaying import case_of, is_replay, occurrence, recorded_step
 
-RECORDED_KEYS = ("model", "system", "tools", "thinking", "output_config")
+RECORDED_KEYS = ("model", "system", "tools", "prompt", "thinking", "output_config")
 
 
 def replay_head(ctx: Any, head: dict[str, Any], *, agent: bool) -> dict[str, Any]:

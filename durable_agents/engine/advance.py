@@ -192,6 +192,8 @@ def _advance(claim: Claim, step: Step, eager: Slice | None) -> Outcome:
         definition_set: Workflow | None = registry.get(run.workflow, run.workflow_version)
     except UnknownWorkflowError:
         definition_set = None
+    if definition_set is None and replaying.is_replay(run):
+        return _replay_ends(claim, step, f"workflow {run.workflow} version {run.workflow_version} is not deployed")
     if step.kind == StepKind.COMPENSATE:
         # A saga needs no workflow definition: it undoes effects through their tools, whatever was deployed.
         definition = COMPENSATION
@@ -202,7 +204,9 @@ def _advance(claim: Claim, step: Step, eager: Slice | None) -> Outcome:
             return _version_gone(claim, step, run)
         try:
             definition = _definition(definition_set, step)
-        except (DefinitionError, UnknownToolError):
+        except (DefinitionError, UnknownToolError) as exc:
+            if replaying.is_replay(run):
+                return _replay_ends(claim, step, f"this version cannot execute step {step.name!r} ({exc})")
             # A plan element this version cannot execute (e.g. after a migration): an operator decides.
             return _park(claim, step, park_for_version(run, definition_set).spec)
         policy = definition_set.retry_policy(definition)
@@ -218,14 +222,13 @@ def _advance(claim: Claim, step: Step, eager: Slice | None) -> Outcome:
         return _rejected(claim, step)
     log.debug("step start")
     with Heartbeat(claim) as beat:
+        ctx = StepContext(run, step, claim.attempt, beat)
         try:
-            value = _execute(definition, StepContext(run, step, claim.attempt, beat))
+            value = _execute(definition, ctx)
             stored = store_result(run.id, step.step_id, value)
         except Park as park:
             if replaying.is_replay(run):
-                # A replay opens no wait that could reach a person: the recording answered the ones it had.
-                refused = ReplayDivergedError(f"the replay reached a {park.spec.kind} wait its recording never opened")
-                return _fail(claim, step, classify(refused, policy, step.step_id), compensate=False)
+                return _replayed_wait(claim, step, ctx, eager)
             return _park(claim, step, park.spec)
         except Rerun as rerun:
             return _redo(claim, step, rerun)
@@ -240,6 +243,30 @@ def _advance(claim: Claim, step: Step, eager: Slice | None) -> Outcome:
         except Exception as exc:  # noqa: BLE001 - every failure is classified and persisted below
             return _failed(claim, step, exc, policy, compensate, log)
     return _commit(claim, step, stored, eager)
+
+
+def _replay(step: Step) -> bool:
+    """True for a step of a replay run, which sends no lifecycle signal (signals.py)."""
+    return replaying.is_replay(step.run)
+
+
+def _replayed_wait(claim: Claim, step: Step, ctx: StepContext, eager: Slice | None) -> Outcome:
+    """A replay run's step asked for a person (a judge's `ask_human`): a replay opens no wait that could reach one.
+    The step's recorded result answers, as the person did then; without one the replay ends there (diverged)."""
+    try:
+        stored = store_result(claim.run_id, step.step_id, replaying.recorded_step_result(ctx))
+    except ReplayDivergedError as exc:
+        return _replay_ends(claim, step, str(exc), recorded=True)
+    return _commit(claim, step, stored, eager)
+
+
+def _replay_ends(claim: Claim, step: Step, why: str, *, recorded: bool = False) -> Outcome:
+    """The replay of this run cannot go on: it fails, diverged (a replay never parks for an operator)."""
+    if not recorded:
+        record_event(claim.run_id, replaying.DIVERGED, step_id=step.step_id, step=step.name, answered="stopped")
+    message = why if recorded else f"{why}; the replay of this run ends here"
+    failure = Failure(False, "ReplayDivergedError", message, step.step_id)
+    return _fail(claim, step, failure, compensate=False)
 
 
 def _failed(claim: Claim, step: Step, exc: Exception, policy: RetryPolicy, compensate: bool, log: Any) -> Outcome:
@@ -339,11 +366,20 @@ def _commit(claim: Claim, step: Step, stored: Any, eager: Slice | None) -> Outco
     if committed is transitions.Committed.LOST:
         raise LeaseLostError()
     # Outside a transaction these are sent now, after the commit.
-    send_on_commit(step_committed, run_id=claim.run_id, step_id=step.step_id, attempt=claim.attempt)
+    send_on_commit(
+        step_committed, run_id=claim.run_id, step_id=step.step_id, attempt=claim.attempt, replay=_replay(step)
+    )
     if committed is transitions.Committed.FINISHED:
         ending = claim.finish_as or RunStatus.COMPLETED
         # The parent is loaded with the claim: telling it costs no read.
-        send_on_commit(run_finished, run_id=claim.run_id, status=ending, error=None, parent_id=step.run.parent_id)
+        send_on_commit(
+            run_finished,
+            run_id=claim.run_id,
+            status=ending,
+            error=None,
+            parent_id=step.run.parent_id,
+            replay=_replay(step),
+        )
         admit_on_commit(step.run.concurrency_key)
         return Outcome.COMPLETED
     if last:
@@ -383,7 +419,9 @@ def _commit_and_claim(claim: Claim, step: Step, stored: Any, eager: Slice) -> Ou
         raise
     if onward.committed is transitions.Committed.LOST:
         raise LeaseLostError()
-    send_on_commit(step_committed, run_id=claim.run_id, step_id=step.step_id, attempt=claim.attempt)
+    send_on_commit(
+        step_committed, run_id=claim.run_id, step_id=step.step_id, attempt=claim.attempt, replay=_replay(step)
+    )
     eager.carry_on(claim.run_id, onward.claimed, onward.kind)
     return Outcome.COMMITTED
 
@@ -393,8 +431,12 @@ def _finish_empty(claim: Claim) -> Outcome:
     committed = transitions.finish_empty(claim)
     if committed is transitions.Committed.FINISHED:
         ending = claim.finish_as or RunStatus.COMPLETED
-        parent_id, key = Run.objects.filter(pk=claim.run_id).values_list("parent_id", "concurrency_key").first()
-        send_on_commit(run_finished, run_id=claim.run_id, status=ending, error=None, parent_id=parent_id)
+        parent_id, key, lane = (
+            Run.objects.filter(pk=claim.run_id).values_list("parent_id", "concurrency_key", "replay_lane").first()
+        )
+        send_on_commit(
+            run_finished, run_id=claim.run_id, status=ending, error=None, parent_id=parent_id, replay=bool(lane)
+        )
         admit_on_commit(key)
         return Outcome.COMPLETED
     if committed is transitions.Committed.CHECKPOINTED:
@@ -436,6 +478,7 @@ def _retry(claim: Claim, step: Step, failure: Failure, delay: float) -> Outcome:
             attempt=claim.attempt,
             error=error,
             delay_seconds=delay,
+            replay=_replay(step),
         )
         # A short backoff rides a countdown; a long one sends nothing, the sweep wakes the run at wake_at (wake.py).
         wake_on_commit(claim.run_id, countdown=delay)
@@ -470,12 +513,24 @@ def _fail(claim: Claim, step: Step, failure: Failure, *, compensate: bool) -> Ou
             started_at=_iso(claim.claimed_at),
             error=error,
         )
-        send_on_commit(step_failed, run_id=claim.run_id, step_id=step.step_id, attempt=claim.attempt, error=error)
+        send_on_commit(
+            step_failed,
+            run_id=claim.run_id,
+            step_id=step.step_id,
+            attempt=claim.attempt,
+            error=error,
+            replay=_replay(step),
+        )
         if compensating:
             wake_on_commit(claim.run_id)
         else:
             send_on_commit(
-                run_finished, run_id=claim.run_id, status=RunStatus.FAILED, error=error, parent_id=step.run.parent_id
+                run_finished,
+                run_id=claim.run_id,
+                status=RunStatus.FAILED,
+                error=error,
+                parent_id=step.run.parent_id,
+                replay=_replay(step),
             )
             admit_on_commit(step.run.concurrency_key)
     return Outcome.COMPENSATING if compensating else Outcome.FAILED

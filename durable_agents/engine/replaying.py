@@ -4,14 +4,16 @@ A replay run (`Run.replay_lane` set; replays.py makes them) executes its workflo
 
 * a step that does not ask a model (a call, a planned tool, an approval, a signal, a timer, a fan-out) returns
   the result its recording committed for the same step — the n-th execution of a step name gets the n-th result
-  recorded under that name; one the recording never reached ends the replay (ReplayDivergedError);
+  recorded under that name; one the recording never reached, or a plan row with other arguments (a candidate
+  planner's), ends the replay (ReplayDivergedError); so does a step that asks for a person with no recorded answer;
 * a tool call of a model step is answered from the recorded tool calls: the first one not yet used with the same
-  tool name and the same arguments (compared as canonical JSON), in recorded order. The answer is the recorded
-  tool_result as the model read it. A call the recording never made is a divergence: recorded (a
-  `replay_diverged` event), then answered by the replay's stub for that tool, or the replay of that run ends;
-* a call is never executed: no effect row, no outbox row, no approval or signal wait, no notification;
-  `invoke_tool` and `open_wait` refuse a replay run outright (ReplayAppliesNothingError) should any road lead
-  there.
+  tool name and the same arguments (as the tool receives them: 34.9 and "34.90" are one Decimal), in recorded
+  order. The answer is the recorded tool_result as the model read it. A call the recording never made is a
+  divergence: recorded (a `replay_diverged` event), then answered by the replay's stub for that tool, or the replay
+  of that run ends;
+* a call is never executed: no effect row, no outbox row, no approval or signal wait, no notification, no
+  lifecycle signal; `invoke_tool` and `park_txn` refuse a replay run outright (ReplayAppliesNothingError) should any
+  road lead there, and a replay run cannot be forked into a real one.
 
 Which recorded call answered which call is kept as a `replay_answered` event keyed by the call's idempotency key:
 a step executed again after a crash gets the same answers, and a used recorded call is never used twice.
@@ -28,8 +30,15 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.db.models import Sum
 
 from durable_agents.engine.events import record_event
-from durable_agents.errors import ReplayAppliesNothingError, ReplayBudgetExceededError, ReplayDivergedError
+from durable_agents.errors import (
+    ReplayAppliesNothingError,
+    ReplayBudgetExceededError,
+    ReplayDivergedError,
+    ToolArgumentsError,
+    UnknownToolError,
+)
 from durable_agents.models import Event, Replay, ReplayRun, Run, Step, StepKind
+from durable_agents.tools import tools
 
 MODEL_KINDS = frozenset({StepKind.AGENT, StepKind.JUDGE, StepKind.PLANNER})
 ANSWERED = "replay_answered"
@@ -103,11 +112,40 @@ def recorded_step_result(ctx: Any) -> Any:
             f"the replay reached step {ctx.step.name!r} (execution {n + 1}), which the recording never completed; "
             "the replay of this run ends here"
         )
+    if "args" in step and canonical(step["args"]) != canonical(ctx.step.args or {}):
+        # A plan row the replay's planner wrote otherwise (another amount): its recorded result is not its answer.
+        record_event(
+            ctx.run_id, DIVERGED, step_id=ctx.step_id, step=ctx.step.name, input=ctx.step.args, answered="stopped"
+        )
+        raise ReplayDivergedError(
+            f"the replay planned step {ctx.step.name!r} with {canonical(ctx.step.args)[:300]}, where the recording had "
+            f"{canonical(step['args'])[:300]}; the replay of this run ends here"
+        )
     return step["result"]
 
 
 def canonical(args: Any) -> str:
     return json.dumps(args, sort_keys=True, cls=DjangoJSONEncoder, separators=(",", ":"))
+
+
+def call_key(name: str, args: Any) -> str:
+    """Arguments as the tool receives them, as canonical JSON: checked and converted by the tool's signature where
+    the tool is deployed and takes them (34.9 and "34.90" are the one Decimal), else as given."""
+    try:
+        checked = tools.get(name).validate(args) if isinstance(args, dict) else args
+    except (UnknownToolError, ToolArgumentsError):
+        checked = args
+    return canonical(_normal(checked))
+
+
+def _normal(value: Any) -> Any:
+    if isinstance(value, Decimal):
+        return str(value.normalize())
+    if isinstance(value, dict):
+        return {k: _normal(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_normal(v) for v in value]
+    return value
 
 
 def answer_tool_call(ctx: Any, name: str, args: Any, key: str) -> dict[str, Any]:
@@ -129,9 +167,9 @@ def answer_tool_call(ctx: Any, name: str, args: Any, key: str) -> dict[str, Any]
     if earlier is not None:
         return _answer(case, name, earlier)
     used = {d["recorded"] for d in answered.values() if d.get("recorded") is not None}
-    wanted = canonical(args)
+    wanted = call_key(name, args)
     for index, call in enumerate(case.recorded_calls):
-        if index not in used and call.get("name") == name and canonical(call.get("input")) == wanted:
+        if index not in used and call.get("name") == name and call_key(name, call.get("input")) == wanted:
             detail = {"key": key, "tool": name, "recorded": index}
             record_event(ctx.run_id, ANSWERED, step_id=ctx.step_id, **detail)
             return _answer(case, name, detail)

@@ -163,8 +163,12 @@ def _record_stop(
         )
     else:
         record_event(run_id, "cancelled", step_id=step_id, actor=actor, reason=reason)
-        parent_id, key = Run.objects.filter(pk=run_id).values_list("parent_id", "concurrency_key").first()
-        send_on_commit(run_finished, run_id=run_id, status=RunStatus.CANCELLED, error=None, parent_id=parent_id)
+        parent_id, key, lane = (
+            Run.objects.filter(pk=run_id).values_list("parent_id", "concurrency_key", "replay_lane").first()
+        )
+        send_on_commit(
+            run_finished, run_id=run_id, status=RunStatus.CANCELLED, error=None, parent_id=parent_id, replay=bool(lane)
+        )
         admit_on_commit(key)
 
 

@@ -65,6 +65,9 @@ class Migration(migrations.Migration):
             ],
             options={
                 "ordering": ["cohort", "position"],
+                "constraints": [
+                    models.UniqueConstraint(fields=("cohort", "position"), name="durable_recording_position")
+                ],
             },
         ),
         migrations.CreateModel(
@@ -80,7 +83,7 @@ class Migration(migrations.Migration):
                 (
                     "cohort",
                     models.ForeignKey(
-                        on_delete=django.db.models.deletion.PROTECT, related_name="replays", to="durable_agents.cohort"
+                        on_delete=django.db.models.deletion.CASCADE, related_name="replays", to="durable_agents.cohort"
                     ),
                 ),
             ],
@@ -108,13 +111,10 @@ class Migration(migrations.Migration):
                     ),
                 ),
             ],
-        ),
-        migrations.AddConstraint(
-            model_name="recording",
-            constraint=models.UniqueConstraint(fields=("cohort", "position"), name="durable_recording_position"),
-        ),
-        migrations.AddConstraint(
-            model_name="replayrun",
-            constraint=models.UniqueConstraint(fields=("replay", "recording", "lane"), name="durable_replay_run_lane"),
+            options={
+                "constraints": [
+                    models.UniqueConstraint(fields=("replay", "recording", "lane"), name="durable_replay_run_lane")
+                ],
+            },
         ),
     ]
