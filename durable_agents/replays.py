@@ -68,7 +68,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.db import transaction
 from django.db.models import Q
 
-from durable_agents.agents.capabilities import ModelChoice, thinking_param
+from durable_agents.agents.capabilities import ModelChoice, shape_problem, thinking_param
 from durable_agents.agents.messages import TURN
 from durable_agents.engine.payloads import load_result
 from durable_agents.engine.replaying import DIVERGED, canonical
@@ -367,7 +367,12 @@ def check_candidate(candidate: Mapping[str, Any]) -> dict[str, Any]:
         raise InvalidInputError("instructions is a system prompt, or {step name: system prompt}")
     if out.get("model") or "thinking" in out or out.get("effort"):
         choice = ModelChoice(out.get("model"), thinking_param(out.get("thinking")), out.get("effort"), 8192)
-        problem = choice.problem(choice.resolved_model) if out.get("model") else None
+        # Without a model, the recorded one is asked: the table cannot be checked, but a typo can.
+        problem = (
+            choice.problem(choice.resolved_model)
+            if out.get("model")
+            else shape_problem(choice.thinking, choice.effort, choice.max_tokens)
+        )
         if problem:
             raise InvalidInputError(f"the candidate cannot be asked: {problem}")
     return out
@@ -395,9 +400,11 @@ def replay(
     if not lanes or not set(lanes) <= set(LANES):
         raise InvalidInputError(f"lanes are {' and '.join(LANES)} (the observed lane is the recording itself)")
     checked = check_candidate(candidate or {})
+    for name in stubs or {}:
+        tools.get(name)  # a stub for no registered tool would answer nothing: UnknownToolError names the tools
     if "candidate" in lanes and not checked:
         raise InvalidInputError("the candidate changes nothing: give it a model, participant, instructions, ...")
-    limit = int(concurrency or DEFAULT_CONCURRENCY)
+    limit = DEFAULT_CONCURRENCY if concurrency is None else int(concurrency)  # 0 is refused, not the default
     if limit < 1:
         raise InvalidInputError("concurrency must be at least 1")
     budget = Decimal(str(budget_usd)) if budget_usd is not None else None
