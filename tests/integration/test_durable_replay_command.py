@@ -217,12 +217,14 @@ def test_durable_replay__a_cohort_exported_to_a_file_imports_and_replays_the_sam
     assert imported.returncode == 0, imported.stderr
     listed = json.loads(cli("durable_replay", "--cohorts", "--json").stdout)
     assert {(c["name"], c["recordings"]) for c in listed} == {("november", 1), ("november-copy", 1)}
-    replayed = cli("durable_replay", "--cohort", "november-copy", "--lanes", "baseline", "--here", "--json")
+    replayed = cli(
+        "durable_replay", "--cohort", "november-copy", "--lanes", "baseline", "--here", "--json", "--as", "alice"
+    )
     assert replayed.returncode == 0, replayed.stderr
     assert json.loads(replayed.stdout)["lanes"]["baseline"]["agree"] == 1
     replays = json.loads(cli("durable_replay", "--replays", "--cohort", "november-copy", "--json").stdout)
-    assert [(r["cohort"], r["lanes"], r["finished"], r["runs"]) for r in replays] == [
-        ("november-copy", ["baseline"], 1, 1)
+    assert [(r["cohort"], r["lanes"], r["finished"], r["runs"], r["created_by"]) for r in replays] == [
+        ("november-copy", ["baseline"], 1, 1, "alice")
     ]
 
 
@@ -248,6 +250,7 @@ def test_durable_replay__a_cohort_exported_to_a_file_imports_and_replays_the_sam
         (["--report", "abc"], "'abc' is not a replay id"),
         (["--cohort", "c", "--effort", "hgih"], "effort must be one of"),
         (["--since", "yesterday", "--candidate-model", "x"], "--since takes an ISO time"),
+        (["--runs", "abcdef12", "--lanes", "baseline", "--here", "--timeout", "5"], "--timeout is how long to wait"),
         (["--sample"], "argument --sample: expected one argument"),
         (["--bogus"], "unrecognized arguments: --bogus"),
     ],
@@ -281,6 +284,9 @@ def test_durable_runs_and_show__mark_replay_runs_and_hide_them_unless_asked(cli)
     assert len(lane) == 1 and lane[0].startswith(str(candidate.id)) and "replay run (candidate lane)" in lane[0]
     of_replay = json.loads(cli("durable_runs", "--replay", str(replay.id), "--json").stdout)
     assert len(of_replay) == 2
+    wrong_lane = cli("durable_runs", "--lane", "observed")
+    assert wrong_lane.returncode == 2, wrong_lane.stderr
+    assert "unknown lane 'observed'; choose from baseline, candidate" in wrong_lane.stderr
 
     shown = cli("durable_show", str(candidate.id))
     assert (

@@ -19,13 +19,14 @@ Other modes, one at a time::
     durable_replay --report REPLAY_ID [--fail-under F] [--json]   an existing replay's report (and verdict)
     durable_replay --save-cohort NAME <selection> [--json]         freeze the chosen runs as a cohort
     durable_replay --export COHORT [--output FILE]                  the cohort as JSON lines (stdout by default)
-    durable_replay --import FILE --cohort NAME [--json]             a cohort from JSON lines
+    durable_replay --import FILE|- --cohort NAME [--json]           a cohort from JSON lines
     durable_replay --cohorts [--json] / --replays [--cohort NAME] [--json]
 """
 
 from __future__ import annotations
 
 import math
+import sys
 import time
 from datetime import datetime
 from datetime import time as day_start
@@ -38,6 +39,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_date, parse_datetime
 
 from durable_agents import api, operations, replay_status
+from durable_agents.errors import InvalidInputError
 from durable_agents.management.commands._base import (
     RUN_ID_HELP,
     USER_MISTAKE,
@@ -133,7 +135,9 @@ class Command(DurableCommand):
         modes.add_argument("--save-cohort", metavar="NAME", help="save the chosen runs as a cohort; replay nothing")
         modes.add_argument("--export", metavar="COHORT", help="write the cohort as JSON lines")
         modes.add_argument("--output", metavar="FILE", help="--export writes here instead of stdout")
-        modes.add_argument("--import", dest="import_file", metavar="FILE", help="import JSON lines as --cohort")
+        modes.add_argument(
+            "--import", dest="import_file", metavar="FILE", help="import JSON lines (- reads stdin) as --cohort"
+        )
         modes.add_argument("--description", help="a cohort's description (--save-cohort, --import)")
         modes.add_argument("--cohorts", action="store_true", help="list the cohorts")
         modes.add_argument("--replays", action="store_true", help="list the replays (of --cohort, if given)")
@@ -164,6 +168,9 @@ class Command(DurableCommand):
         lanes = tuple(lane.strip() for lane in (options["lanes"] or "baseline,candidate").split(",") if lane.strip())
         if threshold is not None and "candidate" not in lanes:
             raise _mistake("--fail-under judges the candidate lane; --lanes has none (add candidate)")
+        if options["here"] and options["timeout"] is not None:
+            raise _mistake("--timeout is how long to wait for the workers; --here runs the replay to its end itself")
+        timeout = _seconds(options["timeout"])
         selection = _selection(options)
         if options["cohort"] is None and not selection:
             raise _mistake(
@@ -187,9 +194,12 @@ class Command(DurableCommand):
         timed_out = None
         if options["here"]:
             self.say(quiet, "advancing them in this process (--here)")
-            api.replay_here(made.id)
+            try:
+                api.replay_here(made.id)
+            except InvalidInputError as exc:  # run_here's only one: its runs did not finish within its rounds
+                timed_out = str(exc)
         else:
-            timed_out = self.wait(made.id, _seconds(options["timeout"]), quiet)
+            timed_out = self.wait(made.id, timeout, quiet)
         report = api.replay_report(made.id)
         self.print_report(report, options, threshold, timed_out=timed_out)
 
@@ -277,9 +287,13 @@ class Command(DurableCommand):
         if not options["cohort"]:
             raise _mistake("--import needs --cohort NAME: the name of the cohort it makes")
         path = Path(options["import_file"])
+        description = options["description"] or ""
         try:
-            with path.open(encoding="utf-8") as handle:
-                cohort = api.import_cohort(options["cohort"], handle, description=options["description"] or "")
+            if options["import_file"] == "-":
+                cohort = api.import_cohort(options["cohort"], sys.stdin, description=description)
+            else:
+                with path.open(encoding="utf-8") as handle:
+                    cohort = api.import_cohort(options["cohort"], handle, description=description)
         except OSError as exc:
             raise _mistake(f"cannot read {str(path)!r}: {exc.strerror}; give a JSON lines file") from None
         except UnicodeDecodeError:
@@ -288,7 +302,8 @@ class Command(DurableCommand):
         if options["json"]:
             self.emit_json({"cohort": cohort.name, "recordings": count})
         else:
-            self.stdout.write(f"cohort {cohort.name!r}: {count} recordings imported from {path}")
+            source = "stdin" if options["import_file"] == "-" else path
+            self.stdout.write(f"cohort {cohort.name!r}: {count} recordings imported from {source}")
 
 
 # ---- options ---------------------------------------------------------------------------------------------------
