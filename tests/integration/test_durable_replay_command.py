@@ -188,6 +188,34 @@ def test_durable_replay__the_ci_form_waits_for_the_workers_and_passes(cli, start
     assert report["candidate"] == {"model": "claude-haiku-4-5"}
 
 
+def test_durable_replay__each_candidate_option_reaches_the_replay(tmp_path):
+    run = recorded()
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text("You are a careful support agent.", encoding="utf-8")
+
+    code, out, err = replay_command(
+        "--runs", str(run.id), "--lanes", "candidate", "--candidate-participant", "refund-script",
+        "--instructions-file", str(prompt), "--tool-description", "issue_refund=Refund at most what was paid.",
+        "--thinking", '{"type": "enabled", "budget_tokens": 2048}', "--effort", "high",
+        "--stub", 'issue_refund={"status": "issued"}', "--budget-usd", "2.50", "--concurrency", "3",
+        "--as", "alice", "--here", "--json",
+    )  # fmt: skip
+
+    assert code == 0, err
+    replay = Replay.objects.get()
+    assert replay.candidate == {
+        "participant": "refund-script",
+        "instructions": "You are a careful support agent.",
+        "tool_descriptions": {"issue_refund": "Refund at most what was paid."},
+        "thinking": {"type": "enabled", "budget_tokens": 2048},
+        "effort": "high",
+    }
+    assert replay.stubs == {"issue_refund": {"status": "issued"}}
+    assert (replay.budget_usd, replay.created_by) == (Decimal("2.50"), "alice")
+    assert Run.objects.get(replay_lane="candidate").concurrency_limit == 3
+    assert json.loads(out)["replay"] == str(replay.id)
+
+
 def test_durable_replay__without_workers_the_timeout_exits_1_saying_so(cli):
     run = recorded()
 
@@ -251,6 +279,9 @@ def test_durable_replay__a_cohort_exported_to_a_file_imports_and_replays_the_sam
         (["--cohort", "c", "--effort", "hgih"], "effort must be one of"),
         (["--since", "yesterday", "--candidate-model", "x"], "--since takes an ISO time"),
         (["--runs", "abcdef12", "--lanes", "baseline", "--here", "--timeout", "5"], "--timeout is how long to wait"),
+        (["--cohort", "c", "--instructions", "x", "--instructions-file", "y"], "do not go together: give one"),
+        (["--cohort", "c", "--tool-description", "issue_refund"], "--tool-description takes NAME=TEXT"),
+        (["--cohort", "c", "--candidate-model", "x", "--budget-usd", "nan"], "--budget-usd takes a positive amount"),
         (["--sample"], "argument --sample: expected one argument"),
         (["--bogus"], "unrecognized arguments: --bogus"),
     ],
