@@ -1,4 +1,4 @@
-"""Cohorts and replays as an operator lists them, and how far a replay's runs have got (durable_replay, the admin).
+"""Cohorts and replays as an operator lists them, and how far a replay's runs have got (for durable_replay).
 
 Example::
 
