@@ -30,6 +30,7 @@ from durable_agents.models import (
     ACTIVE_RUN_STATUSES,
     Effect,
     EffectStatus,
+    ReplayRun,
     Run,
     RunStatus,
     Schedule,
@@ -38,6 +39,8 @@ from durable_agents.models import (
     Wait,
     WaitStatus,
 )
+from durable_agents.replays import LANES as REPLAY_LANES
+from durable_agents.replays import get_replay
 from durable_agents.search import check_filters, parse_filter
 from durable_agents.storable import check_text, shown, whole_number
 
@@ -104,21 +107,29 @@ def find_run(text: uuid.UUID | str) -> Run:
     return get_run(resolve_run_id(text))
 
 
-def list_runs(
+def list_runs(*, limit: int | str = 100, **filters: Any) -> QuerySet[Run]:
+    """Runs, newest first, filtered as an operator asks (`runs_matching`). `limit` is 1 or more (a count, not an
+    index)."""
+    limit = whole_number(limit, "--limit (how many runs to list)", low=1)
+    return runs_matching(**filters).order_by("-created_at")[:limit]
+
+
+def runs_matching(
     *,
     status: str | None = None,
     workflow: str | None = None,
     stuck: bool = False,
     older_than: timedelta | None = None,
     version_drift: bool = False,
-    limit: int | str = 100,
     parent: str | None = None,
     search: Mapping[str, str] | None = None,
+    replays: bool = False,
+    lane: str | None = None,
+    replay: str | None = None,
 ) -> QuerySet[Run]:
-    """Runs, newest first, filtered as an operator asks. `limit` is 1 or more (a count, not an index); `parent`
-    (a run id or unique prefix) lists that run's children; `search` ({field: value}) those whose search
-    attributes hold every value given."""
-    limit = whole_number(limit, "--limit (how many runs to list)", low=1)
+    """The runs an operator's filters pick: `parent` (a run id or unique prefix) lists that run's children;
+    `search` ({field: value}) those whose search attributes hold every value given. Replay runs are left out
+    unless `replays`, a `lane` (baseline, candidate) or a `replay` (its id) asks for them."""
     if workflow:
         check_text(workflow, "--workflow")
     runs = drifted_runs() if version_drift else Run.objects.all()
@@ -132,12 +143,31 @@ def list_runs(
         runs = runs.filter(parent_id=find_run(parent).id)
     if search:
         runs = runs.matching_search(check_filters(search))
+    if lane:
+        if lane not in REPLAY_LANES:
+            raise InvalidInputError(f"unknown lane {shown(lane)}; choose from {', '.join(REPLAY_LANES)}")
+        runs = runs.filter(replay_lane=lane)
+    if replay:
+        runs = runs.filter(pk__in=ReplayRun.objects.filter(replay=get_replay(replay)).values("run_id"))
+    if not (replays or lane or replay):
+        runs = runs.filter(replay_lane="")
     now = clock.now()
     if stuck:
         runs = runs.stuck(now=now, stuck_after=timedelta(seconds=float(settings.STUCK_AFTER_SECONDS)))
     if older_than is not None:
         runs = runs.filter(created_at__lt=now - older_than)
-    return runs.order_by("-created_at")[:limit]
+    return runs
+
+
+def hidden_replay_runs(**filters: Any) -> int:
+    """How many replay runs `runs_matching(**filters)` leaves out (0 when the filters ask for replay runs)."""
+    if filters.get("replays") or filters.get("lane") or filters.get("replay"):
+        return 0
+    replay_runs = ReplayRun.objects.values("run_id")
+    if not replay_runs.exists():
+        return 0
+    # Through the replay table, not `replay_lane <> ''`: no index holds the lane, and most runs are real.
+    return runs_matching(**{**filters, "replays": True}).filter(pk__in=replay_runs).count()
 
 
 def search_filters(texts: Iterable[str]) -> dict[str, str]:
@@ -190,6 +220,7 @@ def run_summary(run: Run) -> dict[str, Any]:
         "idempotency_key": run.idempotency_key,
         "concurrency_key": run.concurrency_key,
         "search": run.search,
+        "replay_lane": run.replay_lane or None,
         "created_at": _iso(run.created_at),
         "updated_at": _iso(run.updated_at),
         "finished_at": _iso(run.finished_at),
@@ -209,6 +240,25 @@ def summarize_runs(runs: Iterable[Run]) -> list[dict[str, Any]]:
 
 def _wait_brief(wait: Wait | None) -> dict[str, Any] | None:
     return {"id": wait.pk, "kind": wait.kind, "name": wait.name} if wait else None
+
+
+def replay_of(run: Run) -> dict[str, Any] | None:
+    """A replay run's replay, lane and recording (None for a real run): its tool calls were answered from the
+    recording and it applied nothing (engine/replaying.py)."""
+    if not run.replay_lane:
+        return None
+    link = ReplayRun.objects.select_related("recording__cohort").filter(run_id=run.id).first()
+    if link is None:
+        return dict.fromkeys(("id", "cohort", "recording", "position", "source_run"), None) | {"lane": run.replay_lane}
+    recording = link.recording
+    return {
+        "id": str(link.replay_id),
+        "lane": link.lane,
+        "cohort": recording.cohort.name,
+        "recording": recording.pk,
+        "position": recording.position,
+        "source_run": str(recording.source_run_id) if recording.source_run_id else None,
+    }
 
 
 def concurrency_note(run: Run, position: int | None = None) -> str:
@@ -318,6 +368,7 @@ def describe_run(run_id: uuid.UUID | str, *, events: int = 200) -> dict[str, Any
         ],
         "finish_as": run.finish_as,
         "saga": saga.text if saga else None,
+        "replay": replay_of(run),
         **family_of(run),
         "effects": [
             {

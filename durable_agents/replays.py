@@ -405,9 +405,11 @@ def replay(
     if not lanes or not set(lanes) <= set(LANES):
         raise InvalidInputError(f"lanes are {' and '.join(LANES)} (the observed lane is the recording itself)")
     checked = check_candidate(candidate or {})
+    for name in stubs or {}:
+        tools.get(name)  # a stub for no registered tool would answer nothing: UnknownToolError names the tools
     if "candidate" in lanes and not checked:
         raise InvalidInputError("the candidate changes nothing: give it a model, participant, instructions, ...")
-    limit = int(concurrency or DEFAULT_CONCURRENCY)
+    limit = DEFAULT_CONCURRENCY if concurrency is None else int(concurrency)  # 0 is refused, not the default
     if limit < 1:
         raise InvalidInputError("concurrency must be at least 1")
     budget = Decimal(str(budget_usd)) if budget_usd is not None else None

@@ -25,6 +25,7 @@ EXAMPLE_TESTS = (
     "tests/chaos",
     "tests/e2e/test_demo.py",
     "tests/e2e/test_sqlite_smoke.py",
+    "tests/integration/test_durable_replay_command.py",
     "tests/integration/test_refund_agent.py",
     "tests/integration/test_replay_lab.py",
     "tests/integration/test_secret_key.py",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, NoReturn
 
 from django.core.management.base import BaseCommand, CommandError
 from django.core.serializers.json import DjangoJSONEncoder
@@ -34,6 +34,20 @@ class DurableCommand(BaseCommand):
         self.stdout.write(json.dumps(data, indent=2, cls=DjangoJSONEncoder))
 
 
+def usage_errors_on_one_line(parser: Any) -> Any:
+    """`parser` with argparse's own mistakes (an unknown option, a missing value, a bad number) as the command's:
+    one line on stderr and exit code 2, without the usage block."""
+
+    def error(message: str) -> NoReturn:
+        text = f"{message}; `manage.py {parser.prog.split()[-1]} --help` lists the options"
+        if parser.called_from_command_line:
+            parser.exit(USER_MISTAKE, f"CommandError: {text}\n")
+        raise CommandError(text, returncode=USER_MISTAKE)
+
+    parser.error = error
+    return parser
+
+
 def step_progress(summary: dict[str, Any]) -> str:
     """Where a run is in its plan, numbered from 1 as the admin numbers steps: "step 2/3", "3/3 steps done"."""
     if summary["step_number"] is None:
@@ -41,7 +55,7 @@ def step_progress(summary: dict[str, Any]) -> str:
     return f"step {summary['step_number']}/{summary['steps']}"
 
 
-def parse_json_option(text: str | None, what: str) -> Any:
+def parse_json_option(text: str | None, what: str, example: str = "--input '{\"steps\": 3}'") -> Any:
     """The option's JSON value; invalid JSON, and the NaN/Infinity that json.loads accepts, are exit code 2."""
     if text is None:
         return None
@@ -49,7 +63,7 @@ def parse_json_option(text: str | None, what: str) -> Any:
         return json.loads(text, parse_constant=_refuse_constant)
     except json.JSONDecodeError as exc:
         raise CommandError(
-            f"{what} is not valid JSON ({exc.msg} at character {exc.pos}); e.g. --input '{{\"steps\": 3}}'",
+            f"{what} is not valid JSON ({exc.msg} at character {exc.pos}); e.g. {example}",
             returncode=USER_MISTAKE,
         ) from exc
     except _NotJSONError as exc:

@@ -26,6 +26,8 @@ class Command(DurableCommand):
             return
         write = self.stdout.write
         write(f"run {data['id']}  {data['workflow']}@{data['version']}  {data['status']}")
+        if data["replay"]:
+            write(f"  {_replay_line(data['replay'])}")
         finished = data["finished_at"] or "-"
         write(f"  {step_progress(data)}  created {data['created_at']}  finished {finished}")
         if data["saga"]:
@@ -82,6 +84,17 @@ class Command(DurableCommand):
         for e in data["events"]:
             detail = _brief(e["detail"]) or ""
             write(f"  {e['at']}  {e['kind']:<24} {e['step_id'] or '-':<16} {e['actor'] or ''} {detail}")
+
+
+def _replay_line(replay: dict[str, Any]) -> str:
+    """What a replay run is: it answered its tool calls from a recording and changed nothing."""
+    if replay["id"] is None:
+        where = "of a replay no longer kept"
+    elif replay["source_run"]:
+        where = f"of replay {replay['id']}, recording of run {replay['source_run']}"
+    else:
+        where = f"of replay {replay['id']}, recording #{replay['position']} of cohort {replay['cohort']!r} (imported)"
+    return f"replay run ({replay['lane']} lane) {where}: tool calls answered from the recording; nothing was applied"
 
 
 def _traceback_tail(error: dict[str, Any]) -> list[str]:
