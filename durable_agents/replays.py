@@ -62,11 +62,11 @@ import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
-from decimal import Decimal
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import transaction
+from django.db import IntegrityError, transaction
 
 from durable_agents import clock
 from durable_agents.agents.capabilities import ModelChoice, shape_problem, thinking_param
@@ -96,12 +96,14 @@ from durable_agents.models import (
     Turn,
 )
 from durable_agents.states import FINISHED_RUN_STATUSES, RunStatus, StepStatus
+from durable_agents.storable import decimal_amount, shown, whole_number
 from durable_agents.tools import tools
 from durable_agents.workflows import registry
 
 SCHEMA = "durable_agents.recording/1"
 LANES = ("baseline", "candidate")
 OBSERVED = "observed"
+PRUNED = "pruned"
 CANDIDATE_FIELDS = ("model", "participant", "instructions", "tool_descriptions", "thinking", "effort")
 DEFAULT_CONCURRENCY = 100
 Z95 = 1.959964
@@ -225,15 +227,28 @@ def select_runs(
     sample: int | None = None,
     seed: int | None = None,
 ) -> list[Run]:
-    """Real finished runs by ids, workflow, status and creation time; `sample` of them at random (by `seed`)."""
-    query = Run.objects.filter(replay_lane="", status__in=FINISHED_RUN_STATUSES)
+    """Real finished runs by ids, workflow, status and creation time; `sample` of them at random (by `seed`). Without
+    a `status`, completed and failed runs: a cancelled run stopped where someone stopped it, not where its model did."""
+    statuses: Any = (
+        [RunStatus.COMPLETED, RunStatus.FAILED] if not status else [status] if isinstance(status, str) else status
+    )
+    if not isinstance(statuses, list | tuple) or not all(
+        isinstance(s, str) and s in FINISHED_RUN_STATUSES for s in statuses
+    ):
+        raise InvalidInputError(f"status is one of {', '.join(FINISHED_RUN_STATUSES)}: only a finished run replays")
+    for moment, what in ((since, "since"), (until, "until")):
+        if moment is not None and not isinstance(moment, datetime):
+            raise InvalidInputError(f"{what} is a datetime (an aware one), got {shown(moment)}")
+    if sample is not None:
+        sample = whole_number(sample, "the sample size", low=1)
+    if seed is not None:
+        seed = whole_number(seed, "the seed")
+    query = Run.objects.filter(replay_lane="", status__in=list(statuses))
     if runs:
         ids = [_uuid(r) for r in runs]
         query = query.filter(pk__in=ids)
     if workflow:
         query = query.filter(workflow=workflow)
-    if status:
-        query = query.filter(status__in=[status] if isinstance(status, str) else list(status))
     if since:
         query = query.filter(created_at__gte=since)
     if until:
@@ -243,14 +258,11 @@ def select_runs(
         found = {str(r.id) for r in chosen}
         missing = [str(r) for r in runs if str(r) not in found]
         raise InvalidInputError(
-            f"{len(missing)} of the runs named are not finished real runs of this database (first: {missing[0]}); "
-            "only a finished run can be replayed"
+            f"{len(missing)} of the runs named are not {' or '.join(statuses)} real runs of this database (first: "
+            f"{missing[0]}); only a finished run replays, a cancelled one only with status cancelled"
         )
-    if sample is not None:
-        if sample < 1:
-            raise InvalidInputError("the sample size must be at least 1")
-        if sample < len(chosen):
-            chosen = sorted(random.Random(seed).sample(chosen, sample), key=lambda r: (r.created_at, str(r.id)))
+    if sample is not None and sample < len(chosen):
+        chosen = sorted(random.Random(seed).sample(chosen, sample), key=lambda r: (r.created_at, str(r.id)))
     return chosen
 
 
@@ -264,21 +276,29 @@ def save_cohort(name: str, *, description: str = "", **selection: Any) -> Cohort
 
 
 def _save(name: str, description: str, recordings: list[dict[str, Any]]) -> Cohort:
-    with transaction.atomic():
-        if Cohort.objects.filter(name=name).exists():
-            raise InvalidInputError(f"a cohort named {name!r} exists; choose another name")
-        cohort = Cohort.objects.create(name=name, description=description)
-        Recording.objects.bulk_create(
-            Recording(
-                cohort=cohort,
-                position=i,
-                source_run_id=data.get("source_run"),
-                workflow=data["workflow"],
-                workflow_version=data["version"],
-                data=data,
-            )
-            for i, data in enumerate(recordings)
+    taken = InvalidInputError(f"a cohort named {name!r} exists; choose another name")
+    if Cohort.objects.filter(name=name).exists():
+        raise taken
+    try:
+        with transaction.atomic():
+            return _insert(name, description, recordings)
+    except IntegrityError as exc:  # saved at the same moment by someone else
+        raise taken from exc
+
+
+def _insert(name: str, description: str, recordings: list[dict[str, Any]]) -> Cohort:
+    cohort = Cohort.objects.create(name=name, description=description)
+    Recording.objects.bulk_create(
+        Recording(
+            cohort=cohort,
+            position=i,
+            source_run_id=data.get("source_run"),
+            workflow=data["workflow"],
+            workflow_version=data["version"],
+            data=data,
         )
+        for i, data in enumerate(recordings)
+    )
     return cohort
 
 
@@ -328,6 +348,24 @@ def _checked(data: Any, number: int) -> dict[str, Any]:
         registry.get(data["workflow"], data["version"])
     except UnknownWorkflowError as exc:
         raise InvalidInputError(f"{where}: {exc}; a case replays on the workflow version it names") from exc
+    for key, kind in (("steps", list), ("turns", list), ("verdicts", list), ("usage", dict)):
+        if key in data and not isinstance(data[key], kind):
+            raise InvalidInputError(f"{where}: {key!r} is a JSON {'array' if kind is list else 'object'}")
+    for key in ("steps", "turns", "verdicts"):
+        if not all(isinstance(item, dict) for item in data.get(key) or ()):
+            raise InvalidInputError(f"{where}: each of {key!r} is a JSON object")
+    usage = data.get("usage") or {}
+    try:
+        int(usage.get("input_tokens", 0)), int(usage.get("output_tokens", 0))
+        if not Decimal(str(usage.get("cost_usd", "0"))).is_finite():
+            raise ValueError
+    except (TypeError, ValueError, InvalidOperation):
+        raise InvalidInputError(f"{where}: usage holds input_tokens, output_tokens (whole numbers), cost_usd") from None
+    for i, verdict in enumerate(data.get("verdicts") or ()):
+        if verdict.get("score") is not None and (
+            isinstance(verdict["score"], bool) or not isinstance(verdict["score"], int | float)
+        ):
+            raise InvalidInputError(f"{where}: verdicts[{i}].score is a number from 0 to 1")
     for i, call in enumerate(data["tool_calls"]):
         if not isinstance(call, dict) or not isinstance(call.get("name"), str) or "result" not in call:
             raise InvalidInputError(f"{where}: tool_calls[{i}] needs a 'name', an 'input' and a 'result'")
@@ -361,18 +399,28 @@ def _uuid(value: Any) -> uuid.UUID:
 
 def check_candidate(candidate: Mapping[str, Any]) -> dict[str, Any]:
     """The candidate as stored: known fields only, its model, thinking and effort checked against the model table."""
+    if not isinstance(candidate, Mapping):
+        raise InvalidInputError(f"a candidate is a dict of {', '.join(CANDIDATE_FIELDS)}")
     unknown = set(candidate) - set(CANDIDATE_FIELDS)
     if unknown:
         raise InvalidInputError(f"unknown candidate field(s) {sorted(unknown)}; use {', '.join(CANDIDATE_FIELDS)}")
     out = {k: v for k, v in candidate.items() if v not in (None, "", {})}
+    for field_name in ("model", "participant", "effort"):
+        if field_name in out and not isinstance(out[field_name], str):
+            raise InvalidInputError(f"the candidate's {field_name} is a name, got {shown(out[field_name])}")
     if "participant" in out:
         participants.get(out["participant"])  # UnknownParticipantError names the registered ones
     descriptions = out.get("tool_descriptions", {})
     if not isinstance(descriptions, dict) or not all(isinstance(v, str) for v in descriptions.values()):
         raise InvalidInputError("tool_descriptions maps a tool name to its new description")
     instructions = out.get("instructions")
-    if instructions is not None and not isinstance(instructions, str | dict):
+    if instructions is not None and not (
+        isinstance(instructions, str)
+        or (isinstance(instructions, dict) and all(isinstance(v, str) for v in instructions.values()))
+    ):
         raise InvalidInputError("instructions is a system prompt, or {step name: system prompt}")
+    if "thinking" in out and not isinstance(out["thinking"], str | dict):
+        raise InvalidInputError('thinking is "adaptive", "disabled", ... or the whole field as a dict')
     if out.get("model") or "thinking" in out or out.get("effort"):
         choice = ModelChoice(out.get("model"), thinking_param(out.get("thinking")), out.get("effort"), 8192)
         problem = shape_problem(choice.thinking, choice.effort, choice.max_tokens)
@@ -409,12 +457,17 @@ def replay(
         tools.get(name)  # a stub for no registered tool would answer nothing: UnknownToolError names the tools
     if "candidate" in lanes and not checked:
         raise InvalidInputError("the candidate changes nothing: give it a model, participant, instructions, ...")
-    limit = DEFAULT_CONCURRENCY if concurrency is None else int(concurrency)  # 0 is refused, not the default
-    if limit < 1:
-        raise InvalidInputError("concurrency must be at least 1")
-    budget = Decimal(str(budget_usd)) if budget_usd is not None else None
-    if budget is not None and not budget > 0:
-        raise InvalidInputError("a replay budget must be a positive amount of dollars")
+    if stubs is not None and not isinstance(stubs, Mapping):
+        raise InvalidInputError("stubs map a tool name to the result that answers its unrecorded calls")
+    # 0 is refused, not taken for the default.
+    limit = DEFAULT_CONCURRENCY if concurrency is None else whole_number(concurrency, "concurrency", low=1)
+    budget = None
+    if budget_usd is not None:
+        budget = decimal_amount(budget_usd, "a replay budget", max_digits=14, decimal_places=6, unit="USD")
+        if not budget > 0:
+            raise InvalidInputError("a replay budget is a positive amount of dollars, e.g. 5.00")
+    if seed is not None:
+        seed = whole_number(seed, "the seed")
     if cohort is None:
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
         chosen = save_cohort(f"replay-{stamp}-{uuid.uuid4().hex[:6]}", seed=seed, **selection)
@@ -422,6 +475,7 @@ def replay(
         raise InvalidInputError("name a cohort or choose runs, not both")
     else:
         chosen = get_cohort(cohort)
+    _check_names(checked, chosen)
     with transaction.atomic():
         made = Replay.objects.create(
             cohort=chosen,
@@ -448,6 +502,33 @@ def replay(
                 links.append(ReplayRun(run_id=run.id, replay=made, recording=recording, lane=lane))
         ReplayRun.objects.bulk_create(links)
     return made
+
+
+def _check_names(candidate: dict[str, Any], cohort: Cohort) -> None:
+    """A step or tool the candidate names must be one of the cohort's workflows: a typo would leave the candidate the
+    baseline, and pass CI while changing nothing."""
+    named_steps = set(candidate["instructions"]) if isinstance(candidate.get("instructions"), dict) else set()
+    named_tools = set(candidate.get("tool_descriptions") or {})
+    if not named_steps and not named_tools:
+        return
+    steps: set[str] = set()
+    tool_names: set[str] = set()
+    for name, version in cohort.recordings.values_list("workflow", "workflow_version").distinct():
+        for definition in registry.get(name, version).steps:
+            steps.add(definition.name)
+            spec = definition.options.get("agent")
+            tool_names |= {t.name for t in getattr(spec, "tools", ())}
+            tool_names |= {t.name for t in definition.options.get("tools", ()) if hasattr(t, "name")}
+    if named_steps - steps:
+        raise InvalidInputError(
+            f"instructions name no step of the cohort's workflows: {', '.join(sorted(named_steps - steps))} "
+            f"(its steps: {', '.join(sorted(steps))})"
+        )
+    if named_tools - tool_names:
+        raise InvalidInputError(
+            f"tool_descriptions name no tool of the cohort's agents: {', '.join(sorted(named_tools - tool_names))} "
+            f"(their tools: {', '.join(sorted(tool_names)) or 'none'})"
+        )
 
 
 def _participant(data: dict[str, Any], candidate: dict[str, Any]) -> str:
@@ -508,14 +589,25 @@ class Lane:
     cost_usd: Decimal
     seconds: float | None
     error: str = ""
+    error_type: str = ""
+    output: Any = None
     same_calls: bool = True
+    # The run's output is the recording's, exactly. Not part of agreement: a model's words differ run to run (the
+    # judge's score compares them); a classifier's label or an extracted field shows here.
+    same_output: bool = True
     same_outcome: bool = True
     first_divergence: int | None = None
     diverged: dict[str, Any] | None = None
 
     @property
     def finished(self) -> bool:
-        return self.status in FINISHED_RUN_STATUSES
+        """Ended, or pruned (it will not end now)."""
+        return self.status in FINISHED_RUN_STATUSES or self.status == PRUNED
+
+    @property
+    def budget_stopped(self) -> bool:
+        """Stopped by the replay's budget before it finished: not judged either way."""
+        return self.error_type == "ReplayBudgetExceededError"
 
     @property
     def agrees(self) -> bool:
@@ -553,6 +645,10 @@ class LaneSummary:
     tokens: int
     median_seconds: float | None
     mean_judge_score: float | None
+    # Stopped by the replay's budget, or pruned: finished, but judged neither way (`agreement` leaves them out).
+    budget_stopped: int = 0
+    pruned: int = 0
+    same_output: int = 0
 
 
 @dataclass
@@ -576,8 +672,15 @@ class Report:
         if not self.finished:
             return False, "the replay has not finished"
         candidate = self.lanes.get("candidate")
-        if candidate is None or candidate.agreement is None:
+        if candidate is None:
             return False, "the replay has no candidate lane to judge"
+        if candidate.budget_stopped:
+            return False, (
+                f"the replay's budget ran out: {candidate.budget_stopped} candidate runs stopped before they finished; "
+                "replay again with a larger budget"
+            )
+        if candidate.agreement is None:
+            return False, "no candidate run can be judged (each was pruned)"
         if candidate.agreement < fail_under:
             return False, f"candidate agreement {candidate.agreement:.1%} is under {fail_under:.1%}"
         baseline = self.lanes.get("baseline")
@@ -702,6 +805,7 @@ def _observed(data: dict[str, Any]) -> Lane:
         tokens=int(usage.get("input_tokens", 0)) + int(usage.get("output_tokens", 0)),
         cost_usd=Decimal(str(usage.get("cost_usd", "0"))),
         seconds=data.get("seconds"),
+        output=data.get("output"),
     )
 
 
@@ -719,7 +823,7 @@ def _lane(
         return Lane(
             name,
             str(run_id),
-            "pruned",
+            PRUNED,
             [],
             [],
             None,
@@ -743,11 +847,14 @@ def _lane(
         cost_usd=run.cost_usd,
         seconds=_seconds(run.started_at, run.finished_at),
         error=(run.error or {}).get("message", "") if isinstance(run.error, dict) else "",
+        error_type=(run.error or {}).get("type", "") if isinstance(run.error, dict) else "",
         diverged=divergence,
     )
     lane.same_calls = calls == observed.calls
     lane.first_divergence = None if lane.same_calls else _first_difference(calls, observed.calls)
     lane.same_outcome = run.status == observed.status and effectful == observed.effectful
+    lane.output = run.output
+    lane.same_output = _plain({"o": run.output}) == _plain({"o": observed.output})
     return lane
 
 
@@ -760,8 +867,9 @@ def _first_difference(a: list[Any], b: list[Any]) -> int:
 
 def _summary(name: str, lanes: list[Lane]) -> LaneSummary:
     finished = [lane for lane in lanes if lane.finished]
-    agree = sum(1 for lane in finished if lane.agrees)
-    low, high = wilson(agree, len(finished))
+    judged = [lane for lane in finished if not lane.budget_stopped and lane.status != PRUNED]
+    agree = sum(1 for lane in judged if lane.agrees)
+    low, high = wilson(agree, len(judged))
     costs = [lane.cost_usd for lane in finished]
     seconds = [lane.seconds for lane in finished if lane.seconds is not None]
     scores = [lane.judge_score for lane in finished if lane.judge_score is not None]
@@ -771,7 +879,7 @@ def _summary(name: str, lanes: list[Lane]) -> LaneSummary:
         runs=len(lanes),
         finished=len(finished),
         agree=agree,
-        agreement=agree / len(finished) if finished else None,
+        agreement=agree / len(judged) if judged else None,
         low=low,
         high=high,
         diverged=sum(1 for lane in finished if lane.diverged),
@@ -780,6 +888,9 @@ def _summary(name: str, lanes: list[Lane]) -> LaneSummary:
         tokens=sum(lane.tokens for lane in finished),
         median_seconds=statistics.median(seconds) if seconds else None,
         mean_judge_score=round(statistics.fmean(scores), 4) if scores else None,
+        budget_stopped=sum(1 for lane in finished if lane.budget_stopped),
+        pruned=sum(1 for lane in finished if lane.status == PRUNED),
+        same_output=sum(1 for lane in judged if lane.same_output),
     )
 
 
@@ -791,7 +902,7 @@ def wilson(successes: int, n: int, z: float = Z95) -> tuple[float | None, float 
     denominator = 1 + z * z / n
     centre = (p + z * z / (2 * n)) / denominator
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denominator
-    return max(0.0, centre - half), min(1.0, centre + half)
+    return round(max(0.0, centre - half), 6), round(min(1.0, centre + half), 6)
 
 
 __all__ = [

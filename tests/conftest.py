@@ -28,6 +28,7 @@ EXAMPLE_TESTS = (
     "tests/integration/test_durable_replay_command.py",
     "tests/integration/test_refund_agent.py",
     "tests/integration/test_replay_lab.py",
+    "tests/integration/test_replay_lab_edges.py",
     "tests/integration/test_secret_key.py",
 )
 EXAMPLE_SETTINGS = "tests.example_settings"

@@ -45,7 +45,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.db.models import Max
 
 from durable_agents.agents.budget import Budget, PromptSize, estimate_prompt
-from durable_agents.agents.candidate import replay_head
+from durable_agents.agents.candidate import recorded_prompt, replay_head
 from durable_agents.agents.capabilities import ModelChoice, ModelProfile, check_choice, model_profile, thinking_param
 from durable_agents.agents.compaction import (
     COMPACTION_INSTRUCTION,
@@ -253,7 +253,7 @@ class _AgentLoop:
             # Unmarked: cache breakpoints are not part of the prompt, and are added at the TTL of each request.
             "system": spec.instructions,
             "tools": [t.anthropic_schema() for t in spec.tools],
-            "prompt": _initial_content(self.ctx, spec),
+            "prompt": _first_prompt(self.ctx, spec),
             "thinking": choice.thinking,
             "output_config": choice.output_config(),
         }
@@ -473,6 +473,12 @@ def _is_truncated(turn: Turn) -> bool:
         return False
     content = turn.content or []
     return not content or content[-1].get("type") == "tool_use" or not any(b.get("type") == "text" for b in content)
+
+
+def _first_prompt(ctx: Any, spec: AgentSpec) -> Any:
+    """The step's first user message: built by its code, or, in a replay run, the one its recording sent."""
+    recorded, prompt = recorded_prompt(ctx)
+    return prompt if recorded else _initial_content(ctx, spec)
 
 
 def _initial_content(ctx: Any, spec: AgentSpec) -> Any:

@@ -61,7 +61,7 @@ def run_calls(ctx: Any, blocks: Sequence[Block], tools: Tools) -> list[Result]:
     if is_replay(ctx.run):
         # Answered from the recording, one after the other (each takes the first unused recorded call that
         # matches), asking no one: the recording holds each approval's outcome in its call's result.
-        return [replayed_call(ctx, block) for block in blocks]
+        return [replayed_call(ctx, block, tools) for block in blocks]
     decide_approvals(ctx, blocks, tools)
     results: list[Result] = []
     for batch in _batches(blocks, tools):
@@ -104,8 +104,15 @@ def run_call(ctx: Any, block: Block, tools: Tools) -> Result:
     return {"type": "tool_result", "tool_use_id": use_id, "content": json.dumps(result, cls=DjangoJSONEncoder)}
 
 
-def replayed_call(ctx: Any, block: Block) -> Result:
-    """A replay run's tool call: the recorded tool_result (or a stub), never the tool."""
+def replayed_call(ctx: Any, block: Block, tools: Tools) -> Result:
+    """A replay run's tool call: the recorded tool_result (or a stub), never the tool. Arguments the tool's signature
+    refuses get the error a live call gets (checking them runs nothing), as the model would have read it."""
+    tool = tools.get(block["name"])
+    if tool is not None:
+        try:
+            tool.validate(block.get("input") or {})
+        except ToolArgumentsError as exc:
+            return _error(block["id"], str(exc))
     key = effect_key(ctx.idempotency_key(block["id"]))
     answer = answer_tool_call(ctx, block["name"], block.get("input") or {}, key)
     result = {"type": "tool_result", "tool_use_id": block["id"], "content": answer["content"]}

@@ -20,8 +20,8 @@ from durable_agents.engine.sweep import sweep
 from durable_agents.errors import InvalidTransitionError, ReplayAppliesNothingError
 from durable_agents.metrics import read_figures
 from durable_agents.models import Effect, Event, ReplayRun, Run, RunStatus, Step, Wait
-from durable_agents.testing import drive, wait_for_run
-from durable_agents.testing.fake_anthropic import FakeAnthropic, Reply
+from durable_agents.testing import drive, wait_for, wait_for_run
+from durable_agents.testing.fake_anthropic import FakeAnthropic, Fault, Reply
 from tests.testapp.models import Execution, LedgerEntry
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -194,3 +194,35 @@ def test_api_runs__lists_replay_runs_only_when_asked():
     assert list(api.runs(workflow="approve_charge")) == [Run.objects.get(pk=source.id)]
     assert set(api.runs(workflow="approve_charge", replays=True)) == {Run.objects.get(pk=source.id), replayed}
     assert replayed.replay_lane == "baseline"
+
+
+def test_replay_sigkill__a_worker_killed_mid_replay_leaves_each_recorded_call_answered_once_and_nothing_applied(
+    start_worker, worker_env
+):
+    """A replay run's worker is SIGKILLed while the model thinks on its last turn; another worker takes the run over.
+    The two tool calls before it were answered from the recording once each (one `replay_answered` event per call,
+    never a recorded call twice), only the unjournaled turn is asked again, and nothing reached the ledger."""
+    with FakeAnthropic(responder=billing_script) as fake:
+        worker_env.update(fake.environ())
+        worker = start_worker()
+        source = wait_for_run(api.start("agent_charge", {"message": "Charge A-1"}).id, timeout=60)
+        before = side_effects()
+
+        def slow_last_turn(request):
+            if request.turn == 2 and request.attempt == 1:
+                return Fault.delay(30)
+            return billing_script(request)
+
+        fake.responder = slow_last_turn
+        [replayed] = replay_runs(api.replay(runs=[source.id], lanes=("baseline",)))
+        conversation = f"{replayed.id}:assistant"
+        wait_for(lambda: fake.count(conversation, 2) == 1, timeout=30, what="the replay's third model request")
+        worker.kill()
+        start_worker(beat=True)
+        wait_for_run(replayed.id, "completed", timeout=60)
+        asked = [fake.count(conversation, i) for i in range(3)]
+
+    assert asked == [1, 1, 2], "only the turn the killed worker never journaled is asked again"
+    answered = Event.objects.filter(run_id=replayed.id, kind="replay_answered").values_list("detail", flat=True)
+    assert sorted(d["recorded"] for d in answered) == [0, 1], "each recorded call answered once"
+    assert side_effects() == before

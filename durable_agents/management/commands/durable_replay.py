@@ -38,8 +38,7 @@ from django.core.management.base import CommandError
 from django.utils import timezone
 from django.utils.dateparse import parse_date, parse_datetime
 
-from durable_agents import api, operations, replay_status
-from durable_agents.errors import InvalidInputError
+from durable_agents import api, operations, replay_status, replays
 from durable_agents.management.commands._base import (
     RUN_ID_HELP,
     USER_MISTAKE,
@@ -194,10 +193,10 @@ class Command(DurableCommand):
         timed_out = None
         if options["here"]:
             self.say(quiet, "advancing them in this process (--here)")
-            try:
-                api.replay_here(made.id)
-            except InvalidInputError as exc:  # run_here's only one: its runs did not finish within its rounds
-                timed_out = str(exc)
+            if not replays.run_here(made.id):
+                timed_out = (
+                    f"its runs had not finished after the rounds --here runs; `durable_replay --report {made.id}`"
+                )
         else:
             timed_out = self.wait(made.id, timeout, quiet)
         report = api.replay_report(made.id)
