@@ -10,10 +10,11 @@ filter in the sidebar and a later click there replaces it instead of contradicti
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from urllib.parse import urlencode
 
 from django.db import connections
+from django.db.models import Count
 
 from durable_agents.admin.counting import RowCount, counts_by_value, estimated_count
 from durable_agents.admin.filters import STATUS_PARAMETER, StuckFilter, WaitDeadlineFilter, stuck_runs
@@ -51,12 +52,20 @@ class Overview:
     oldest_waiting: Run | None
     waits_past_deadline: Card
     health: Health
+    # Replay runs (replays.py), left out of every card: the run list hides them by default and says how many.
+    replay_runs: int = 0
 
 
 def build_overview() -> Overview:
-    runs = Run.objects.only(*SUMMARY_FIELDS)
+    # Real runs: replay runs (replays.py) are not the system's work, and the run list the cards link to hides them.
+    runs = Run.objects.only(*SUMMARY_FIELDS).filter(replay_lane="")
     counts = counts_by_value(Run, "status", list(RunStatus.values))
-    stuck = estimated_count(stuck_runs(), selective=True)
+    # Subtracted, counted on their own (small) index.
+    replays = dict(Run.objects.exclude(replay_lane="").values_list("status").annotate(n=Count("*")).order_by())
+    counts = {
+        status: replace(count, value=max(0, count.value - replays.get(status, 0))) for status, count in counts.items()
+    }
+    stuck = estimated_count(stuck_runs(Run.objects.filter(replay_lane="")), selective=True)
     # One statement, two index probes. A waiting run last changed when it started waiting: the
     # (status, updated_at) index answers "waiting the longest".
     running = runs.filter(status=RunStatus.RUNNING).order_by("created_at")[:1]
@@ -80,6 +89,7 @@ def build_overview() -> Overview:
         # a slow broker: the queue depths are what the sweep measured at its last pass, and the oldest runnable run
         # is read with the heartbeat rows (no query of its own: the run list's query budget holds).
         health=system_health(count_by_status=False, stuck=stuck.value, ask_broker=False),
+        replay_runs=sum(replays.values()),
     )
 
 

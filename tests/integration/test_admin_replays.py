@@ -179,7 +179,7 @@ def test_replay_action__a_run_that_is_not_finished_is_refused_with_a_message(ope
 
     response = replay_action(operator, [waiting], confirm="yes", participant=GREEDY, lanes=["candidate"])
 
-    assert "only a finished run can be replayed" in " ".join(messages_of(response))
+    assert "only a finished run replays" in " ".join(messages_of(response))
     assert not Replay.objects.exists()
 
 
