@@ -10,41 +10,16 @@ from __future__ import annotations
 import json
 from decimal import Decimal
 from io import StringIO
-from typing import Any
 
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from durable_agents import api
-from durable_agents.agents.participants import ModelRequest, ScriptedParticipant, participants
-from durable_agents.models import Effect, Replay, ReplayRun, Run, RunStatus, Wait
-from durable_agents.testing import drive
-from project.refunds import script
-from project.refunds.models import OutboundEmail, Refund
-from project.refunds.seed import CASES, seed_shop
+from durable_agents.models import Replay, ReplayRun, Run
+from tests.integration.refund_recordings import CASE, GREEDY, recorded, shop, world  # noqa: F401 - shop: a fixture
 
-pytestmark = pytest.mark.django_db(transaction=True)
-
-CASE = {case.number: case for case in CASES}
-GREEDY = "refund-script-greedy"
-
-
-def greedy(request: ModelRequest) -> list[dict[str, Any]]:
-    """The refund script, except that it refunds one euro more than the customer is owed."""
-    blocks = script.play(request)
-    for block in blocks:
-        if block.get("type") == "tool_use" and block["name"] == "issue_refund":
-            block["input"] = {**block["input"], "amount": f"{Decimal(block['input']['amount']) + 1:.2f}"}
-    return blocks
-
-
-@pytest.fixture(autouse=True)
-def shop(monkeypatch):
-    monkeypatch.setattr(script, "THINK_SECONDS", 0)
-    seed_shop()
-    participants.register(GREEDY, ScriptedParticipant(greedy, name=GREEDY))
-    yield
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("shop")]
 
 
 @pytest.fixture
@@ -52,19 +27,6 @@ def cli(manage, worker_env):
     """`manage.py ARGS` in a subprocess whose scripted model answers at once."""
     worker_env["REFUND_SCRIPT_THINK_SECONDS"] = "0"
     return manage
-
-
-def recorded(number: str = "A-1001") -> Run:
-    run = drive(api.start("refund_agent", CASE[number].run_input).id)
-    if run.status == RunStatus.WAITING:
-        api.decide(Wait.objects.get(run=run, status="open").pk, True, by="manager")
-        run = drive(run.id)
-    assert run.status == RunStatus.COMPLETED, run.error
-    return run
-
-
-def world() -> tuple[int, int, int, int]:
-    return Refund.objects.count(), OutboundEmail.objects.count(), Effect.objects.count(), Wait.objects.count()
 
 
 def replay_command(*args: str) -> tuple[int, str, str]:

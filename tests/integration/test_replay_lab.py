@@ -7,60 +7,20 @@ runs execute the same workflow version in this process too (`api.replay_here`), 
 from __future__ import annotations
 
 import json
-from decimal import Decimal
 from typing import Any
 
 import pytest
 
 from durable_agents import api
-from durable_agents.agents.participants import ModelRequest, ScriptedParticipant, participants
-from durable_agents.models import Effect, Event, Replay, ReplayRun, Run, RunStatus, Turn, Wait
-from durable_agents.testing import drive, wait_for_run
+from durable_agents.models import Event, Replay, ReplayRun, Run, RunStatus, Turn, Wait
+from durable_agents.testing import wait_for_run
 from durable_agents.testing.fake_anthropic import FakeAnthropic
-from project.refunds import script
-from project.refunds.models import OutboundEmail, Refund
 from project.refunds.script import stand_in_reply
-from project.refunds.seed import CASES, seed_shop
+from tests.integration.refund_recordings import CASE, GREEDY, recorded, shop, world  # noqa: F401 - shop: a fixture
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("shop")]
 
 CANDIDATE_MODEL = "claude-opus-5-5"
-
-CASE = {case.number: case for case in CASES}
-GREEDY = "refund-script-greedy"
-
-
-def greedy(request: ModelRequest) -> list[dict[str, Any]]:
-    """The refund script, except that it refunds one euro more than the customer is owed."""
-    blocks = script.play(request)
-    for block in blocks:
-        if block.get("type") == "tool_use" and block["name"] == "issue_refund":
-            block["input"] = {**block["input"], "amount": f"{Decimal(block['input']['amount']) + 1:.2f}"}
-    return blocks
-
-
-@pytest.fixture(autouse=True)
-def shop(monkeypatch):
-    monkeypatch.setattr(script, "THINK_SECONDS", 0)
-    seed_shop()
-    participants.register(GREEDY, ScriptedParticipant(greedy, name=GREEDY))
-    yield
-
-
-def recorded(number: str) -> Run:
-    run = api.start("refund_agent", CASE[number].run_input)
-    run = drive(run.id)
-    if run.status == RunStatus.WAITING:
-        wait = Wait.objects.get(run=run, status="open")
-        api.decide(wait.pk, True, by="manager")
-        run = drive(run.id)
-    assert run.status == RunStatus.COMPLETED, run.error
-    return run
-
-
-def world() -> tuple[int, int, int, int]:
-    """What a replay must never add to: refunds, emails, effects and waits."""
-    return Refund.objects.count(), OutboundEmail.objects.count(), Effect.objects.count(), Wait.objects.count()
 
 
 def test_replay__a_candidate_that_would_refund_another_amount_refunds_nothing_and_emails_no_one():

@@ -13,15 +13,14 @@ from durable_agents import api, clock
 from durable_agents.agents.participants import ModelRequest, ScriptedParticipant, participants
 from durable_agents.engine.lease import lease_seconds
 from durable_agents.errors import DurableAgentsError
-from durable_agents.models import Effect, Event, ReplayRun, Run, RunStatus, Step, Turn, Wait
+from durable_agents.models import Event, ReplayRun, Run, RunStatus, Step, Turn, Wait
 from durable_agents.testing import drive
 from project.refunds import script
 from project.refunds.models import OutboundEmail, Refund
-from project.refunds.seed import CASES, seed_shop
+from tests.integration.refund_recordings import CASE, recorded, shop, world  # noqa: F401 - shop: a fixture
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("shop")]
 
-CASE = {case.number: case for case in CASES}
 STRICT = "refund-script-strict-judge"
 FLAKY = "refund-script-crashes-once"
 PARALLEL = "refund-script-parallel"
@@ -74,30 +73,11 @@ def decimal_amount(request: ModelRequest) -> list[dict[str, Any]]:
 
 
 @pytest.fixture(autouse=True)
-def shop(monkeypatch):
-    monkeypatch.setattr(script, "THINK_SECONDS", 0)
-    seed_shop()
+def participants_of_the_edges():
     for name, fn in ((STRICT, strict_judge), (FLAKY, crashes_once), (PARALLEL, parallel), (DECIMAL, decimal_amount)):
         participants.register(name, ScriptedParticipant(fn, name=name))
     crashed.clear()
     yield
-
-
-def recorded(number: str, participant: str | None = None) -> Run:
-    run = api.start("refund_agent", CASE[number].run_input)
-    if participant:
-        api.swap_participant(run.id, participant)
-    run = drive(run.id)
-    while run.status == RunStatus.WAITING:
-        wait = Wait.objects.get(run=run, status="open")
-        api.decide(wait.pk, True, by="manager")
-        run = drive(run.id)
-    assert run.status == RunStatus.COMPLETED, run.error
-    return run
-
-
-def world() -> tuple[int, int, int, int]:
-    return Refund.objects.count(), OutboundEmail.objects.count(), Effect.objects.count(), Wait.objects.count()
 
 
 def lane_run(replay, lane: str) -> Run:
