@@ -70,6 +70,7 @@ from django.db.models import Q
 
 from durable_agents.agents.capabilities import ModelChoice, thinking_param
 from durable_agents.agents.messages import TURN
+from durable_agents.engine.admission import admit_on_commit
 from durable_agents.engine.payloads import load_result
 from durable_agents.engine.replaying import DIVERGED, canonical
 from durable_agents.engine.runs import start_run
@@ -432,9 +433,11 @@ def replay(
                     concurrency_limit=limit,
                     participant=_participant(data, checked if lane == "candidate" else {}),
                     replay_lane=lane,
+                    hand_on=False,
                 )
                 links.append(ReplayRun(run_id=run.id, replay=made, recording=recording, lane=lane))
         ReplayRun.objects.bulk_create(links)
+        admit_on_commit(key)  # once for all its runs: an admission reads the key's whole queue
     return made
 
 
