@@ -618,11 +618,18 @@ def report(replay_id: uuid.UUID | str) -> Report:
     run_ids = [link.run_id for link in links]
     runs = {r.id: r for r in Run.objects.filter(pk__in=run_ids)}
     calls_by_run: dict[Any, list[tuple[str, str]]] = {rid: [] for rid in run_ids}
+    # Positions of each run's calls whose (recorded) answer was an error: they changed nothing then either.
+    errors_by_run: dict[Any, set[int]] = {rid: set() for rid in run_ids}
+    answered: dict[Any, int] = dict.fromkeys(run_ids, 0)
     turns = Turn.objects.filter(run_id__in=run_ids, purpose=TURN).order_by("run_id", "step_id", "index")
-    for run_id, content in turns.values_list("run_id", "content"):
+    for run_id, content, results in turns.values_list("run_id", "content", "tool_results"):
         for block in content or ():
             if block.get("type") == "tool_use":
                 calls_by_run[run_id].append((block.get("name"), canonical(block.get("input") or {})))
+        for result in results or ():
+            if result.get("is_error"):
+                errors_by_run[run_id].add(answered[run_id])
+            answered[run_id] += 1
     scores: dict[Any, list[float]] = {}
     judged = Step.objects.filter(run_id__in=run_ids, kind=StepKind.JUDGE, status=StepStatus.DONE)
     for run_id, result in judged.values_list("run_id", "result"):
@@ -651,6 +658,7 @@ def report(replay_id: uuid.UUID | str) -> Report:
             link.run_id,
             runs.get(link.run_id),
             calls_by_run[link.run_id],
+            errors_by_run[link.run_id],
             scores.get(link.run_id),
             divergences.get(link.run_id),
             case.lanes[OBSERVED],
@@ -691,6 +699,7 @@ def _lane(
     run_id: Any,
     run: Run | None,
     calls: list[tuple[str, str]],
+    answered_errors: set[int],
     scores: list[float] | None,
     divergence: dict[str, Any] | None,
     observed: Lane,
@@ -711,7 +720,6 @@ def _lane(
             same_outcome=False,
         )
     effectful_names = {n for n, _ in observed.effectful} | {n for n, _ in calls if _effectful(n)}
-    answered_errors = _error_calls(run, calls)
     effectful = [c for i, c in enumerate(calls) if c[0] in effectful_names and i not in answered_errors]
     lane = Lane(
         lane=name,
@@ -730,22 +738,6 @@ def _lane(
     lane.first_divergence = None if lane.same_calls else _first_difference(calls, observed.calls)
     lane.same_outcome = run.status == observed.status and effectful == observed.effectful
     return lane
-
-
-def _error_calls(run: Run, calls: list[tuple[str, str]]) -> set[int]:
-    """Positions of the run's calls whose (recorded) answer was an error: they changed nothing then either."""
-    errors: set[int] = set()
-    position = 0
-    for results in (
-        Turn.objects.filter(run_id=run.id, purpose=TURN)
-        .order_by("step_id", "index")
-        .values_list("tool_results", flat=True)
-    ):
-        for result in results or ():
-            if result.get("is_error"):
-                errors.add(position)
-            position += 1
-    return errors
 
 
 def _first_difference(a: list[Any], b: list[Any]) -> int:
