@@ -1,4 +1,5 @@
-"""Every benchmark, one command: step cost, engine at scale, tokens, the console at a million runs, the zombie window.
+"""Every benchmark, one command: step cost, engine at scale, tokens, the console at a million runs, the zombie window,
+the replay lab.
 
     python bench/all.py            # the full figures (about 10 minutes on 2 cores)
     python bench/all.py --quick    # smaller counts, for a first look
@@ -25,6 +26,7 @@ FULL = [
     ["zombie_window.py", "--runs", "50"],
     ["children.py", "--children", "1000", "--parents", "1000"],
     ["overload.py"],
+    ["replay.py", "--runs", "1000"],
 ]
 QUICK = [
     ["steps.py", "--steps", "200", "--runs", "200"],
@@ -34,6 +36,7 @@ QUICK = [
     ["zombie_window.py", "--runs", "10"],
     ["children.py", "--children", "200", "--parents", "200"],
     ["overload.py", "--waves", "2"],
+    ["replay.py", "--runs", "200", "--concurrency", "100"],
 ]
 
 

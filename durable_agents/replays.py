@@ -72,7 +72,7 @@ from durable_agents import clock
 from durable_agents.agents.capabilities import ModelChoice, shape_problem, thinking_param
 from durable_agents.agents.messages import TURN
 from durable_agents.agents.participants import participants
-from durable_agents.engine.admission import admit
+from durable_agents.engine.admission import admit, admit_on_commit
 from durable_agents.engine.advance import advance
 from durable_agents.engine.payloads import load_result
 from durable_agents.engine.replaying import DIVERGED, call_key
@@ -498,9 +498,11 @@ def replay(
                     concurrency_limit=limit,
                     participant=_participant(data, checked if lane == "candidate" else {}),
                     replay_lane=lane,
+                    hand_on=False,
                 )
                 links.append(ReplayRun(run_id=run.id, replay=made, recording=recording, lane=lane))
         ReplayRun.objects.bulk_create(links)
+        admit_on_commit(key)  # once for all its runs: an admission reads the key's whole queue
     return made
 
 

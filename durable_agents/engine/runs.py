@@ -45,12 +45,15 @@ def start_run(
     schedule: str = "",
     participant: str = "",
     replay_lane: str = "",
+    hand_on: bool = True,
 ) -> Run:
     """Create a run and its plan rows in one statement (records.insert_run); a worker is woken once it commits
     (the caller's transaction, if any; else at once, with the first step's kind, so its queue costs no query).
 
     A run with a concurrency key (`concurrency_key`, else the workflow's function of the input) is queued instead:
     once the start commits it is admitted when its key has a free slot (engine/admission.py), and woken then.
+    `hand_on=False` leaves that admission to the caller: one that starts thousands of runs on one key in one
+    transaction (a replay) hands the key on once, not once a run (each admission reads the key's whole queue).
     """
     run_input = {} if run_input is None else run_input
     definition = registry.get(workflow, version)
@@ -88,7 +91,7 @@ def start_run(
         return _same_run_or_error(existing, definition.name, input_hash, cause=exc)
     if key is None:
         wake_on_commit(run.id, kind=rows[0].kind if rows else None)
-    else:
+    elif hand_on:
         admit_on_commit(key)
     return run
 
