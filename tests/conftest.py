@@ -27,6 +27,7 @@ EXAMPLE_TESTS = (
     "tests/e2e/test_sqlite_smoke.py",
     "tests/integration/test_durable_replay_command.py",
     "tests/integration/test_refund_agent.py",
+    "tests/integration/test_replay_admission.py",
     "tests/integration/test_replay_lab.py",
     "tests/integration/test_replay_lab_edges.py",
     "tests/integration/test_secret_key.py",

@@ -10,29 +10,10 @@ from django.test.utils import CaptureQueriesContext
 
 from durable_agents import api
 from durable_agents.engine.admission import admit
-from durable_agents.models import ReplayRun, Run, RunStatus, Wait
-from durable_agents.testing import drive
-from project.refunds import script
-from project.refunds.seed import CASES, seed_shop
+from durable_agents.models import ReplayRun, Run
+from tests.integration.refund_recordings import recorded, shop  # noqa: F401 - shop: a fixture
 
-pytestmark = pytest.mark.django_db(transaction=True)
-
-CASE = {case.number: case for case in CASES}
-
-
-@pytest.fixture(autouse=True)
-def shop(monkeypatch):
-    monkeypatch.setattr(script, "THINK_SECONDS", 0)
-    seed_shop()
-
-
-def recorded(number: str) -> Run:
-    run = drive(api.start("refund_agent", CASE[number].run_input).id)
-    if run.status == RunStatus.WAITING:
-        api.decide(Wait.objects.get(run=run, status="open").pk, True, by="manager")
-        run = drive(run.id)
-    assert run.status == RunStatus.COMPLETED, run.error
-    return run
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("shop")]
 
 
 def test_replay__admits_its_concurrency_once_it_commits_and_queues_the_rest_in_order():

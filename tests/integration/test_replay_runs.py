@@ -94,7 +94,7 @@ def test_replay__a_step_its_recording_never_completed_ends_that_replay_as_diverg
     source = drive(api.start("approve_charge", {"order_id": "C-2"}).id)
     api.cancel(source.id, reason="changed my mind")  # cancelled while waiting: no approval, no charge recorded
 
-    report = api.replay_here(api.replay(runs=[source.id], lanes=("baseline",)).id)
+    report = api.replay_here(api.replay(runs=[source.id], lanes=("baseline",), status="cancelled").id)
 
     [replayed] = [c.lanes["baseline"] for c in report.cases]
     assert replayed.status == RunStatus.FAILED and not replayed.agrees
@@ -109,7 +109,7 @@ def test_replay_runs__never_count_in_the_metrics_of_real_runs():
     now = Run.objects.get(pk=source.id).updated_at
     real = read_figures(now, now).by_status
 
-    api.replay_here(api.replay(runs=[source.id], lanes=("baseline",)).id)
+    api.replay_here(api.replay(runs=[source.id], lanes=("baseline",), status="cancelled").id)
 
     assert Run.objects.exclude(replay_lane="").count() == 1
     assert read_figures(now, now).by_status == real
@@ -132,7 +132,7 @@ def test_replay_run__refuses_a_tool_call_that_reaches_invoke_tool():
 
     source = drive(api.start("approve_charge", {"order_id": "C-5"}).id)
     api.cancel(source.id)
-    replay = api.replay(runs=[source.id], lanes=("baseline",))
+    replay = api.replay(runs=[source.id], lanes=("baseline",), status="cancelled")
     [run] = replay_runs(replay)
 
     ctx = SimpleNamespace(run=run)
@@ -175,7 +175,7 @@ def test_sweep__re_wakes_a_lost_replay_run_on_the_replay_queue():
     api.cancel(source.id)
     routed = {"MODEL_QUEUE": "durable-model", "REPLAY_QUEUE": "durable-replay", "WAKER": f"{__name__}.record_wake"}
     with override_settings(DURABLE_AGENTS={**settings.DURABLE_AGENTS, **routed}):
-        [run] = replay_runs(api.replay(runs=[source.id], lanes=("baseline",)))
+        [run] = replay_runs(api.replay(runs=[source.id], lanes=("baseline",), status="cancelled"))
         real = api.start("noop", {"steps": 1})
         woken.clear()
         clock.advance(timedelta(minutes=5))  # both messages lost: no progress for longer than IDLE_RESWEEP_SECONDS
@@ -189,7 +189,7 @@ def test_sweep__re_wakes_a_lost_replay_run_on_the_replay_queue():
 def test_api_runs__lists_replay_runs_only_when_asked():
     source = drive(api.start("approve_charge", {"order_id": "C-7"}).id)
     api.cancel(source.id)
-    [replayed] = replay_runs(api.replay(runs=[source.id], lanes=("baseline",)))
+    [replayed] = replay_runs(api.replay(runs=[source.id], lanes=("baseline",), status="cancelled"))
 
     assert list(api.runs(workflow="approve_charge")) == [Run.objects.get(pk=source.id)]
     assert set(api.runs(workflow="approve_charge", replays=True)) == {Run.objects.get(pk=source.id), replayed}
