@@ -10,13 +10,13 @@ filter in the sidebar and a later click there replaces it instead of contradicti
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, replace
 from urllib.parse import urlencode
 
 from django.db import connections
-from django.db.models import Count
 
-from durable_agents.admin.counting import RowCount, counts_by_value, estimated_count
+from durable_agents.admin.counting import RowCount, counts_by_value, estimated_count, exact_count_limit
 from durable_agents.admin.filters import STATUS_PARAMETER, StuckFilter, WaitDeadlineFilter, stuck_runs
 from durable_agents.clock import DbNow
 from durable_agents.health import Health, system_health
@@ -53,17 +53,20 @@ class Overview:
     waits_past_deadline: Card
     health: Health
     # Replay runs (replays.py), left out of every card: the run list hides them by default and says how many.
-    replay_runs: int = 0
+    replay_runs: RowCount = RowCount(0, exact=True)
 
 
 def build_overview() -> Overview:
     # Real runs: replay runs (replays.py) are not the system's work, and the run list the cards link to hides them.
     runs = Run.objects.only(*SUMMARY_FIELDS).filter(replay_lane="")
     counts = counts_by_value(Run, "status", list(RunStatus.values))
-    # Subtracted, counted on their own (small) index.
-    replays = dict(Run.objects.exclude(replay_lane="").values_list("status").annotate(n=Count("*")).order_by())
+    # Subtracted, read on their own index up to the console's count limit (past it, the cards are estimates).
+    limit = exact_count_limit()
+    seen = list(Run.objects.exclude(replay_lane="").values_list("status", flat=True)[: limit + 1])
+    replays, beyond = Counter(seen[:limit]), len(seen) > limit
     counts = {
-        status: replace(count, value=max(0, count.value - replays.get(status, 0))) for status, count in counts.items()
+        status: replace(count, value=max(0, count.value - replays[status]), exact=count.exact and not beyond)
+        for status, count in counts.items()
     }
     stuck = estimated_count(stuck_runs(Run.objects.filter(replay_lane="")), selective=True)
     # One statement, two index probes. A waiting run last changed when it started waiting: the
@@ -89,7 +92,7 @@ def build_overview() -> Overview:
         # a slow broker: the queue depths are what the sweep measured at its last pass, and the oldest runnable run
         # is read with the heartbeat rows (no query of its own: the run list's query budget holds).
         health=system_health(count_by_status=False, stuck=stuck.value, ask_broker=False),
-        replay_runs=sum(replays.values()),
+        replay_runs=RowCount(len(seen), exact=not beyond, at_least=beyond),
     )
 
 

@@ -187,11 +187,12 @@ def _step_actions(run: Run, page: RunPage, user: Any) -> dict[str, Any] | None:
 def _replay_runs_hidden(request: HttpRequest, overview: Overview) -> dict[str, Any] | None:
     """How many replay runs the list hides (none asked for), with the address that shows them: the overview counted
     them (on their own index) to leave them out of its cards."""
-    if request.GET.get(REPLAY_PARAMETER) or not overview.replay_runs:
+    if request.GET.get(REPLAY_PARAMETER) or not overview.replay_runs.value:
         return None
     shown = request.GET.copy()
     shown[REPLAY_PARAMETER] = "all"
-    return {"count": f"{overview.replay_runs:,}", "plural": overview.replay_runs != 1, "query": shown.urlencode()}
+    hidden = overview.replay_runs
+    return {"count": str(hidden), "plural": hidden.value != 1, "query": shown.urlencode()}
 
 
 def _replay_of(run: Run) -> dict[str, Any] | None:

@@ -26,7 +26,7 @@ RECORDED_KEYS = ("model", "system", "tools", "prompt", "thinking", "output_confi
 def recorded_prompt(ctx: Any) -> tuple[bool, Any]:
     """(True, the first prompt the recording's step sent) in a replay run whose recording has one, else (False, None):
     the prompt is then not built again, so prompt code that calls a tool uses no recorded answer."""
-    if not is_replay(ctx.run):
+    if not is_replay(getattr(ctx, "run", None)):
         return False, None
     head = (recorded_step(case_of(ctx), ctx.step.name, occurrence(ctx), with_result=False) or {}).get("head") or {}
     return ("prompt" in head), head.get("prompt")
@@ -34,7 +34,7 @@ def recorded_prompt(ctx: Any) -> tuple[bool, Any]:
 
 def replay_head(ctx: Any, head: dict[str, Any], *, agent: bool) -> dict[str, Any]:
     """`head` (built from the code deployed now) as this replay run's lane sends it; unchanged for a real run."""
-    if not is_replay(ctx.run):
+    if not is_replay(getattr(ctx, "run", None)):
         return head
     case = case_of(ctx)
     recorded = recorded_step(case, ctx.step.name, occurrence(ctx), with_result=False) or {}

@@ -62,7 +62,7 @@ def ask(ctx: Any, participant: Participant, request: ModelRequest) -> ModelRespo
     """
     remote = getattr(participant, "remote", False)
 
-    if is_replay(ctx.run):
+    if is_replay(getattr(ctx, "run", None)):
         check_budget(ctx)
 
     def prove() -> None:

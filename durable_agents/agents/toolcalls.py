@@ -58,7 +58,7 @@ Tools = dict[str, Tool[..., Any]]
 
 def run_calls(ctx: Any, blocks: Sequence[Block], tools: Tools) -> list[Result]:
     """The tool_result blocks of `blocks` (the response's tool_use blocks), in their order."""
-    if is_replay(ctx.run):
+    if is_replay(getattr(ctx, "run", None)):
         # Answered from the recording, one after the other (each takes the first unused recorded call that
         # matches), asking no one: the recording holds each approval's outcome in its call's result.
         return [replayed_call(ctx, block, tools) for block in blocks]

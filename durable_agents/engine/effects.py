@@ -83,7 +83,7 @@ def invoke_tool(
     """Invoke `tool` with `args` under idempotency `key` for the executing run `run_id`; read-only tools
     are simply called. With `lease_token`, the effect lands only while that token still holds `run_id`.
     """
-    if ctx is not None and replaying.is_replay(ctx.run):
+    if replaying.is_replay(getattr(ctx, "run", None)):
         replaying.refuse(run_id, f"calls a tool ({tool.name})")
     checked = tool.validate(args)
     if not tool.effectful:
