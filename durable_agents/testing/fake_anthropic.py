@@ -57,6 +57,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from durable_agents.testing.api_models import MODELS, ModelRules, rules_for
 from durable_agents.testing.api_rules import check_request
 from durable_agents.testing.api_shapes import check_shape
+from durable_agents.testing.fake_batches import BATCHES_PATH, Batch, BatchCall, BatchDesk, fault_result
 from durable_agents.testing.fake_cache import PromptCache
 from durable_agents.testing.fake_http import Handler, Server
 from durable_agents.testing.fake_log import CONVERSATION_HEADER, RecordedRequest, RequestLog, Responder
@@ -82,6 +83,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CONVERSATION_HEADER",
     "STOP_REASONS",
+    "Batch",
     "BlockNote",
     "FakeAnthropic",
     "Fault",
@@ -149,6 +151,8 @@ class FakeAnthropic:
         preserved_thinking: Literal["error", "allow"] = "error",
         strict_roles: bool = True,
         auto_thinking: bool = True,
+        batch_processing_seconds: float = 0.0,
+        batch_expire_after_seconds: float | None = None,
     ) -> None:
         if preserved_thinking not in ("error", "allow"):
             raise ValueError(f"preserved_thinking must be 'error' or 'allow', not {preserved_thinking!r}")
@@ -180,6 +184,14 @@ class FakeAnthropic:
         self._open.set()
         self._holds: Callable[[RecordedRequest], bool] | None = None
         self._flight = InFlight()
+        self._batch_desk = BatchDesk(
+            answer=self._answer_batched,
+            log=self._log,
+            lock=self._lock,
+            stopping=self._stopping,
+            processing_seconds=batch_processing_seconds,
+            expire_after_seconds=batch_expire_after_seconds,
+        )
         self._server: Server | None = None
         self._thread: threading.Thread | None = None
 
@@ -274,6 +286,7 @@ class FakeAnthropic:
             self.prefix_mismatches.clear()
             self.billed.clear()
             self._bucket.limited = 0
+        self._batch_desk.clear()
 
     # -- concurrency -----------------------------------------------------------------------------------------
 
@@ -305,6 +318,58 @@ class FakeAnthropic:
         """Block until at least `n` requests are in flight (True), or `timeout` seconds passed (False)."""
         return self._flight.wait_for(n, timeout)
 
+    # -- message batches -------------------------------------------------------------------------------------
+
+    @property
+    def batch_processing_seconds(self) -> float:
+        """How long after its creation a batch ends (monotonic clock, evaluated when it is next looked at)."""
+        return self._batch_desk.processing_seconds
+
+    @batch_processing_seconds.setter
+    def batch_processing_seconds(self, seconds: float) -> None:
+        self._batch_desk.processing_seconds = seconds
+
+    @property
+    def batch_expire_after_seconds(self) -> float | None:
+        """A batch still processing this long after creation ends with its requests `expired` (the API's 24 h)."""
+        return self._batch_desk.expire_after_seconds
+
+    @batch_expire_after_seconds.setter
+    def batch_expire_after_seconds(self, seconds: float | None) -> None:
+        self._batch_desk.expire_after_seconds = seconds
+
+    def hold_batches(self) -> None:
+        """Keep every batch processing (a cancelled one: canceling) until `release_batches()` or `end_batches()`."""
+        self._batch_desk.hold()
+
+    def release_batches(self) -> None:
+        self._batch_desk.release()
+
+    def end_batches(self) -> None:
+        """End every batch still processing now: its requests are answered, in order (a cancelled one's: canceled)."""
+        self._batch_desk.end_all()
+
+    def fail_batch_call(self, op: BatchCall, fault: Fault, *, after: bool = False) -> None:
+        """Serve `fault` to the next call of a batch endpoint ("create" | "retrieve" | "list" | "cancel" |
+        "delete" | "results"); with `after`, the call takes effect first: ``fail_batch_call("create",
+        Fault.reset(), after=True)`` creates the batch and drops the connection, so the client cannot know."""
+        self._batch_desk.fail_call(op, fault, after=after)
+
+    @property
+    def batches(self) -> list[Batch]:
+        """Every batch created, oldest first (deleted ones too, with `deleted` set)."""
+        return self._batch_desk.batches
+
+    @property
+    def batch_creates(self) -> int:
+        """Batch creates that took effect (an `after=True` fault counts: the batch exists)."""
+        return self._batch_desk.creates
+
+    @property
+    def batch_requests_answered(self) -> int:
+        """Batched requests answered (checked, then the queue, responder or default reply consulted)."""
+        return self._batch_desk.answered
+
     # -- log -------------------------------------------------------------------------------------------------
 
     @property
@@ -327,6 +392,15 @@ class FakeAnthropic:
         headers = {k.lower(): (REDACTED if k.lower() in _SECRET_HEADERS else v) for k, v in handler.headers.items()}
         has_key = bool(handler.headers.get("x-api-key") or handler.headers.get("authorization", "")[7:].strip())
         length = handler.content_length()
+        if path == BATCHES_PATH or path.startswith(BATCHES_PATH + "/"):
+            if has_key:
+                self._batch_desk.serve(handler, handler.command, path, headers, self.url)
+                return
+            handler.discard_body(length)
+            message = "x-api-key or authorization header is required"
+            self._log.record(handler.command, path, headers, None, refused=message)
+            handler.send_json(401, error_body("authentication_error", message))
+            return
         if length > MAX_BODY_BYTES:
             handler.discard_body(length)  # read it all, or the client sees a broken pipe instead of the 413
             message = "Request exceeds the maximum allowed number of bytes."
@@ -410,6 +484,33 @@ class FakeAnthropic:
         if binding.error:
             return _Verdict(rules=rules, binding=binding, status=400, error=binding.error)
         return _Verdict(rules=rules, binding=binding)
+
+    def _answer_batched(self, params: Any, headers: Mapping[str, str], batch_id: str) -> dict[str, Any]:
+        """One request of a batch, answered as `POST /v1/messages` would answer `params`, as its `result` object."""
+        # https://platform.claude.com/docs/en/build-with-claude/batch-processing: a few parameters are not supported
+        # in a batch (a validation error): streaming, and max_tokens 0 (a cache pre-warm would expire unused).
+        if isinstance(params, dict) and params.get("stream"):
+            verdict = _Verdict(status=400, error="stream: streaming is not supported in Message Batches requests")
+        elif isinstance(params, dict) and params.get("max_tokens") == 0:
+            verdict = _Verdict(status=400, error="max_tokens: must be at least 1 in Message Batches requests")
+        else:
+            verdict = self._check(MESSAGES_PATH, params, headers)
+        request = self._log.record(
+            "POST", MESSAGES_PATH, dict(headers), params, refused=verdict.error or None, batch_id=batch_id
+        )
+        if verdict.status != 200:
+            return {"type": "errored", "error": error_body(_ERROR_TYPES[verdict.status], verdict.error)}
+        with self._lock:
+            self.dropped_thinking.extend(verdict.binding.dropped)
+            self.prefix_mismatches.extend(verdict.binding.mismatched)
+        action = self._next_action(request)
+        if isinstance(action, Fault):
+            return fault_result(action, params)
+        message, _ = self._message(request, action, verdict)
+        if action.stop_reason == "pause_turn":
+            with self._lock:
+                self._paused.add(content_digest(message["content"]))
+        return {"type": "succeeded", "message": message}
 
     def _answer(self, handler: Handler, request: RecordedRequest, action: Reply | Fault, verdict: _Verdict) -> None:
         if isinstance(action, Fault) and action.kind == "delay":

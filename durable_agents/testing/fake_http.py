@@ -98,10 +98,12 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
 
     def send_json(self, status: int, body: Mapping[str, Any], headers: Mapping[str, str] | None = None) -> None:
-        payload = json.dumps(body).encode()
-        self._send_head(
-            status, {"content-type": "application/json", "content-length": str(len(payload)), **(headers or {})}
-        )
+        self.send_bytes(status, json.dumps(body).encode(), "application/json", headers)
+
+    def send_bytes(
+        self, status: int, payload: bytes, content_type: str, headers: Mapping[str, str] | None = None
+    ) -> None:
+        self._send_head(status, {"content-type": content_type, "content-length": str(len(payload)), **(headers or {})})
         self.wfile.write(payload)
 
     def start_stream(self, headers: Mapping[str, str] | None = None) -> None:

@@ -22,7 +22,8 @@ CONVERSATION_HEADER = "x-durable-conversation"
 @dataclass(frozen=True)
 class RecordedRequest:
     """One request as the fake saw it; credentials are already redacted. `refused` is the error it was answered
-    with when the fake refused it (a 400 or 404 message), else None."""
+    with when the fake refused it (a 400 or 404 message), else None. `batch_id` is the `msgbatch_...` a batched
+    request came in (its path is still "/v1/messages", so `count` counts it), None for a live request."""
 
     method: str
     path: str
@@ -34,6 +35,7 @@ class RecordedRequest:
     time: float
     retry_count: int | None = None  # the SDK's `x-stainless-retry-count`
     refused: str | None = None
+    batch_id: str | None = None
 
     @property
     def messages(self) -> list[dict[str, Any]]:
@@ -92,7 +94,14 @@ class RequestLog:
         self._requests: list[RecordedRequest] = []
 
     def record(
-        self, method: str, path: str, headers: dict[str, str], body: Any, *, refused: str | None = None
+        self,
+        method: str,
+        path: str,
+        headers: dict[str, str],
+        body: Any,
+        *,
+        refused: str | None = None,
+        batch_id: str | None = None,
     ) -> RecordedRequest:
         conversation, turn = identify(headers, body)
         retry = headers.get("x-stainless-retry-count", "")
@@ -110,6 +119,7 @@ class RequestLog:
                 time=time.time(),
                 retry_count=int(retry) if retry.isdigit() else None,
                 refused=refused,
+                batch_id=batch_id,
             )
             self._requests.append(request)
         return request

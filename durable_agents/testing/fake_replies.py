@@ -175,9 +175,9 @@ class Reply:
 @dataclass(frozen=True)
 class Fault:
     """A failure to serve instead of a reply; build one with `status`, `delay`, `reset`, `stream_error`,
-    `spend_limit`, `retired_model` or `too_large`."""
+    `spend_limit`, `retired_model`, `too_large`, or (batched requests only) `expired` and `canceled`."""
 
-    kind: Literal["status", "delay", "reset", "stream_error"]
+    kind: Literal["status", "delay", "reset", "stream_error", "expired", "canceled"]
     status_code: int = 0
     body: Mapping[str, Any] | None = None
     headers: Mapping[str, str] = field(default_factory=dict)
@@ -247,6 +247,29 @@ class Fault:
         code = next((c for c, t in ERROR_TYPES.items() if t == error_type), 500)
         return cls(
             kind="stream_error", status_code=code, body=error_body(error_type, message), partial_text=partial_text
+        )
+
+    @classmethod
+    def expired(cls) -> Fault:
+        """A batched request that ends `expired` (its batch ran out of time before it was processed).
+
+        Batch-only: served to a live `/v1/messages` request it is a 500 saying so, never a silent success.
+        """
+        return cls._batch_only("expired")
+
+    @classmethod
+    def canceled(cls) -> Fault:
+        """A batched request that ends `canceled` (its batch was cancelled before it was processed). Batch-only."""
+        return cls._batch_only("canceled")
+
+    @classmethod
+    def _batch_only(cls, kind: Literal["expired", "canceled"]) -> Fault:
+        message = (
+            f"Fault.{kind}() is a Message Batches result and was served to a live /v1/messages request; "
+            "script it for batched requests only"
+        )
+        return cls(
+            kind=kind, status_code=500, body=error_body("api_error", message), headers={"x-should-retry": "false"}
         )
 
 
