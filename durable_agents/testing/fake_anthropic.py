@@ -38,6 +38,15 @@ What answers a `POST /v1/messages`, first match wins: the queue (`enqueue`, `fai
 (a function of the `RecordedRequest`), then a plain `end_turn` text reply. `count_tokens`, refused requests and
 `max_tokens: 0` cache pre-warms never consume the queue. The fake does not retry anything; the SDK under test
 owns retries, and each of its attempts shows up in the log with its `x-stainless-retry-count`.
+
+Message Batches (`fake_batches`): `client.messages.batches.create/retrieve/list/cancel/delete/results` work. A batch
+ends `batch_processing_seconds` after creation (0 by default; looked at lazily, when it is retrieved, listed or its
+results fetched) and only then are its requests answered, in order, each exactly as a live `/v1/messages` (the same
+checks, queue, responder and reply building; a refusal or a `Fault` becomes an `errored` result, `Fault.expired()` /
+`Fault.canceled()` end that request so). The log records each as a "/v1/messages" request with its `batch_id`, so
+`count` counts batched asks too. `hold_batches()` / `release_batches()` / `end_batches()` make timing
+deterministic, `batch_expire_after_seconds` shortens the API's 24 h expiry, and `fail_batch_call(op, fault,
+after=True)` lets a call take effect before its fault (a batch created, a connection dropped: the client cannot know).
 """
 
 from __future__ import annotations
@@ -367,7 +376,7 @@ class FakeAnthropic:
 
     @property
     def batch_requests_answered(self) -> int:
-        """Batched requests answered (checked, then the queue, responder or default reply consulted)."""
+        """Batched requests given an answer (succeeded or errored, as live; canceled and expired ones are not)."""
         return self._batch_desk.answered
 
     # -- log -------------------------------------------------------------------------------------------------

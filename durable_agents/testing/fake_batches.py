@@ -100,8 +100,8 @@ class Batch:
     def to_json(self, base_url: str) -> dict[str, Any]:
         counts = dict.fromkeys(("processing", "succeeded", "errored", "canceled", "expired"), 0)
         for request in self.requests:
-            ended = self.ended_at is not None and request.result is not None
-            counts[request.result["type"] if ended else "processing"] += 1  # type: ignore[index]
+            result = request.result if self.ended_at is not None else None
+            counts[result["type"] if result is not None else "processing"] += 1
         return {
             "id": self.id,
             "type": "message_batch",
