@@ -246,6 +246,46 @@ SETTINGS: dict[str, Setting] = {
         "the Celery queue of replay runs (replays.py), served by a worker of their own so replays never wait in "
         'front of real runs; "" sends them where real runs go (each wake-up then costs no lookup)',
     ),
+    "BATCH_WINDOW_SECONDS": Setting(
+        60.0,
+        float,
+        'model turns sent with delivery="batch" within this long go out as one Message Batch (or sooner, once '
+        "BATCH_MAX_REQUESTS are waiting)",
+        at_least=0,
+        at_most=LONGEST_SECONDS,
+    ),
+    "BATCH_MAX_REQUESTS": Setting(
+        10_000, int, "at most this many turns in one Message Batch (the API takes 100,000)", at_least=1, at_most=100_000
+    ),
+    "BATCH_MAX_BYTES": Setting(
+        200_000_000,
+        int,
+        "at most this many bytes of requests in one Message Batch (the API takes 256 MB)",
+        at_least=1_000,
+        at_most=256_000_000,
+    ),
+    "BATCH_POLL_SECONDS": Setting(
+        30.0,
+        float,
+        "a Message Batch in flight is first polled this long after it was sent, then less often",
+        above=0,
+        at_most=LONGEST_SECONDS,
+    ),
+    "BATCH_POLL_MAX_SECONDS": Setting(
+        600.0,
+        float,
+        "the longest wait between two polls of a Message Batch (the backoff doubles up to it)",
+        above=0,
+        at_most=LONGEST_SECONDS,
+    ),
+    "BATCH_SUBMIT_GRACE_SECONDS": Setting(
+        300.0,
+        float,
+        "a Message Batch whose create request went without an answer is looked for among the API's batches this "
+        "long after (then adopted, or sent again if the API has no such batch); longer than MODEL_TIMEOUT_SECONDS",
+        above=0,
+        at_most=LONGEST_SECONDS,
+    ),
     "QUEUE": Setting(
         "",
         str,

@@ -25,7 +25,7 @@ from durable_agents.engine.control import Park, Rerun, WaitSpec
 from durable_agents.engine.waits import latest_wait
 from durable_agents.errors import DefinitionError, PermanentError
 from durable_agents.models import Step, StepKind, StepStatus, WaitKind, WaitStatus
-from durable_agents.workflows import StepDef
+from durable_agents.workflows import Batch, StepDef, delivery_param
 
 ROUTES = ("fail", "redo", "ask_human")
 VERDICT_TOOL = {
@@ -66,11 +66,13 @@ def judge(
     thinking: str | dict[str, Any] | None = None,
     effort: str | None = None,
     max_asks: int = 3,
+    delivery: Batch | str | None = None,
 ) -> StepDef:
     """A judge step; its result is {"passed", "score", "reasons"} (plus "overridden_by" if a human accepted).
 
     `thinking` and `effort` as for `agent()`, checked against the model table; `max_tokens` bounds thinking and
-    verdict together; `max_asks` bounds the asks for a valid verdict on models that refuse forced tool use.
+    verdict together; `max_asks` bounds the asks for a valid verdict on models that refuse forced tool use;
+    `delivery` as for `agent()` ("batch": at half price through the Message Batches API).
     """
     if on_fail not in ROUTES:
         raise DefinitionError(f"judge {name!r}: on_fail must be one of {ROUTES}, got {on_fail!r}")
@@ -80,9 +82,10 @@ def judge(
         raise DefinitionError(f"judge {name!r}: max_asks must be at least 1")
     choice = ModelChoice(model, thinking_param(thinking), effort, max_tokens)
     check_choice(f"judge {name!r}", choice)
+    delivery = delivery_param(delivery, f"judge {name!r}")
 
     def run(ctx: Any) -> dict[str, Any]:
-        verdict = _ask(ctx, rubric, subject, participant, choice, max_asks)
+        verdict = _ask(ctx, rubric, subject, participant, choice, max_asks, delivery)
         if verdict["passed"]:
             return verdict
         if on_fail == "redo":
@@ -98,7 +101,13 @@ def judge(
 
 
 def _ask(
-    ctx: Any, rubric: str, subject: Callable[[Any], str], participant: Any, choice: ModelChoice, max_asks: int
+    ctx: Any,
+    rubric: str,
+    subject: Callable[[Any], str],
+    participant: Any,
+    choice: ModelChoice,
+    max_asks: int,
+    delivery: Batch | str | None = None,
 ) -> dict[str, Any]:
     """The verdict: replayed from the journal when one was given (the snapshot), else asked for."""
     chosen = ctx.run.participant or participant or settings.DEFAULT_PARTICIPANT
@@ -112,6 +121,7 @@ def _ask(
         read=_read_verdict,
         max_asks=max_asks,
         answer="verdict",
+        delivery=delivery,
     )
     verdict, _turn = ask_for_call(ctx, answerer, form)
     return verdict

@@ -14,7 +14,9 @@ from durable_agents.states import (
     ACTIVE_RUN_STATUSES,
     FINISHED_RUN_STATUSES,
     RUNNABLE_RUN_STATUSES,
+    BatchTurnStatus,
     EffectStatus,
+    MessageBatchStatus,
     RunStatus,
     StepStatus,
     WaitStatus,
@@ -482,6 +484,7 @@ class WaitKind(models.TextChoices):
     SIGNAL = "signal"
     TIMER = "timer"
     CHILDREN = "children"  # a fan-out step waits for its child runs
+    BATCH = "batch"  # a model turn waits for its Message Batch result (agents/batching.py)
 
 
 class DeadlinePolicy(models.TextChoices):
@@ -770,3 +773,82 @@ class ReplayRun(models.Model):
 
     def __str__(self) -> str:
         return f"{self.lane} {self.run_id}"
+
+
+class MessageBatch(models.Model):
+    """Turns sent to the Message Batches API as one batch: the batcher's outbox row (agents/batcher.py).
+
+    Written, with its turns chosen, before the create request goes; `provider_id` once the API answered it. A row
+    left `submitting` (the answer never came) is looked for among the API's batches before anything is sent again,
+    so a batch is never created twice for the same turns.
+    """
+
+    provider_id = models.CharField(max_length=100, blank=True, default="", help_text="the API's msgbatch_ id")
+    status = models.CharField(max_length=16, choices=MessageBatchStatus.choices, default=MessageBatchStatus.SUBMITTING)
+    request_count = models.PositiveIntegerField(default=0)
+    request_bytes = models.BigIntegerField(default=0)
+    # The API's request_counts, as last polled: processing, succeeded, errored, canceled, expired.
+    counts = models.JSONField(default=dict, blank=True)
+    error = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(db_default=Now())
+    submitted_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    polled_at = models.DateTimeField(null=True, blank=True)
+    next_poll_at = models.DateTimeField(null=True, blank=True)
+    polls = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["provider_id"], condition=~Q(provider_id=""), name="durable_message_batch_provider_id"
+            ),
+        ]
+        indexes = [
+            models.Index(
+                fields=["next_poll_at"],
+                condition=Q(status__in=["submitting", "in_progress", "canceling"]),
+                name="durable_batch_in_flight",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"batch {self.provider_id or self.pk} ({self.status})"
+
+
+class BatchTurn(models.Model):
+    """One model turn of a step with `delivery="batch"`: its request, the batch it went in, and the answer.
+
+    Written (fenced by the run's lease) before the run parks on its `batch` wait; the batcher fills in `result`
+    and closes the wait. The step, woken, journals the answer as a Turn of the same index like any other.
+    """
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="batch_turns")
+    step = models.ForeignKey(Step, on_delete=models.CASCADE, related_name="batch_turns")
+    index = models.PositiveIntegerField()  # the Turn index it answers
+    purpose = models.CharField(max_length=20, default="turn")
+    custom_id = models.CharField(max_length=64, unique=True)
+    model = models.CharField(max_length=100, blank=True, default="")
+    request_digest = models.CharField(max_length=64)
+    params = OrderedJSONField(help_text="the Messages request, as it goes in the batch")
+    status = models.CharField(max_length=16, choices=BatchTurnStatus.choices, default=BatchTurnStatus.QUEUED)
+    batch = models.ForeignKey(MessageBatch, on_delete=models.SET_NULL, null=True, blank=True, related_name="turns")
+    # The batch's result for this request as the API gave it: {"type": "succeeded", "message": {...}} or another type.
+    result = OrderedJSONField(null=True, blank=True)
+    deadline = models.DateTimeField(null=True, blank=True)
+    # A failed result (errored, expired, canceled) was acted on once: the next attempt sends the turn again.
+    used = models.BooleanField(default=False)
+    cost_usd = models.DecimalField(max_digits=14, decimal_places=6, default=0)
+    created_at = models.DateTimeField(db_default=Now())
+    submitted_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["created_at"]
+        indexes = [
+            models.Index(fields=["step", "index"], name="durable_batch_turn_step"),
+            models.Index(fields=["created_at"], condition=Q(status="queued"), name="durable_batch_turn_queued"),
+        ]
+
+    def __str__(self) -> str:
+        return f"batch turn {self.index} of step {self.step_id} ({self.status})"

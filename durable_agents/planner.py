@@ -30,7 +30,7 @@ from durable_agents.engine.planned import PlannedCall, planned_rows
 from durable_agents.errors import DefinitionError, ToolArgumentsError
 from durable_agents.models import StepKind
 from durable_agents.tools import Tool
-from durable_agents.workflows import StepDef
+from durable_agents.workflows import Batch, StepDef, delivery_param
 
 PLAN_TOOL = "submit_plan"
 
@@ -74,10 +74,12 @@ def planner(
     max_attempts: int = 3,
     thinking: str | dict[str, Any] | None = None,
     effort: str | None = None,
+    delivery: Batch | str | None = None,
 ) -> StepDef:
     """A planner step: the model submits a plan of calls to `tools`; valid plans become plan rows.
 
-    `max_attempts` bounds the asks for a valid plan; `thinking`, `effort` and `max_tokens` as for `agent()`.
+    `max_attempts` bounds the asks for a valid plan; `thinking`, `effort`, `max_tokens` and `delivery` as for
+    `agent()`.
     """
     if not tools:
         raise DefinitionError(f"planner {name!r}: give the tools a plan may use")
@@ -87,6 +89,7 @@ def planner(
     plan_tool = _plan_tool(tools)
     choice = ModelChoice(model, thinking_param(thinking), effort, max_tokens)
     check_choice(f"planner {name!r}", choice)
+    delivery = delivery_param(delivery, f"planner {name!r}")
 
     def read(data: dict[str, Any]) -> tuple[list[PlannedCall] | None, str | None]:
         calls, errors = _read_plan(name, data, allowed)
@@ -96,7 +99,9 @@ def planner(
         chosen = ctx.run.participant or participant or settings.DEFAULT_PARTICIPANT
         answerer = participants.get(chosen)
         first = prompt(ctx) if prompt else json.dumps(ctx.input, cls=DjangoJSONEncoder)
-        form = Form("planner", plan_tool, instructions, first, choice, read, max_attempts, answer="plan")
+        form = Form(
+            "planner", plan_tool, instructions, first, choice, read, max_attempts, answer="plan", delivery=delivery
+        )
         calls, _turn = ask_for_call(ctx, answerer, form)
         result = {"plan": [{"tool": c.tool, "args": c.args, "step_id": c.step_id} for c in calls]}
         raise ExtendPlan(planned_rows(calls), result)

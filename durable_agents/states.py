@@ -44,6 +44,28 @@ class WaitStatus(TextChoices):
     CANCELLED = "cancelled"
 
 
+class BatchTurnStatus(TextChoices):
+    """A model turn sent through the Message Batches API (agents/batching.py)."""
+
+    QUEUED = "queued"  # journaled as submitted; waits for the batcher to put it in a batch
+    SUBMITTED = "submitted"  # in a batch the batcher sent (or is sending)
+    SUCCEEDED = "succeeded"  # its answer is in: the step journals it when its run wakes
+    ERRORED = "errored"
+    EXPIRED = "expired"
+    CANCELED = "canceled"
+    ABANDONED = "abandoned"  # its run was cancelled, or its deadline passed: a late answer is only counted
+
+
+class MessageBatchStatus(TextChoices):
+    """A batch of turns the batcher sends as one Message Batch (agents/batcher.py)."""
+
+    SUBMITTING = "submitting"  # its turns are chosen; the create request is about to go, or went without an answer
+    IN_PROGRESS = "in_progress"  # the API took it (provider_id known)
+    CANCELING = "canceling"  # every turn in it was abandoned: the API was asked to cancel it
+    ENDED = "ended"  # its results are collected
+    FAILED = "failed"  # the API refused it, or it was never created: its turns went back to the queue
+
+
 class EffectStatus(TextChoices):
     PENDING = "pending"
     APPLIED = "applied"
@@ -151,6 +173,7 @@ class WaitOp(StrEnum):
     CANCEL = "cancel"  # its run was cancelled, resumed elsewhere or re-planned
     MIGRATE = "migrate"  # an operator moved a run parked on version drift
     JOIN = "join"  # the child runs a fan-out waits for are done (as its join asks)
+    ANSWER = "answer"  # the Message Batch result of the turn it waits for came in
 
 
 WAIT_RULES: dict[WaitOp, Rule] = {
@@ -161,6 +184,45 @@ WAIT_RULES: dict[WaitOp, Rule] = {
     WaitOp.CANCEL: _rule(WaitStatus.OPEN, WaitStatus.CANCELLED),
     WaitOp.MIGRATE: _rule(WaitStatus.OPEN, WaitStatus.APPROVED),
     WaitOp.JOIN: _rule(WaitStatus.OPEN, WaitStatus.APPROVED),
+    WaitOp.ANSWER: _rule(WaitStatus.OPEN, WaitStatus.APPROVED),
+}
+
+
+class BatchTurnOp(StrEnum):
+    BATCH = "batch"  # the batcher put queued turns in a batch
+    REQUEUE = "requeue"  # their batch was refused or never created: back to the queue
+    END = "end"  # the batch's result for the turn came in
+    ABANDON = "abandon"  # its run was cancelled, or the step gave up waiting (deadline)
+    SETTLE = "settle"  # a late answer to an abandoned turn came in (counted, never used)
+
+
+BATCH_TURN_RULES: dict[BatchTurnOp, Rule] = {
+    BatchTurnOp.BATCH: _rule(BatchTurnStatus.QUEUED, BatchTurnStatus.SUBMITTED),
+    BatchTurnOp.REQUEUE: _rule(BatchTurnStatus.SUBMITTED, BatchTurnStatus.QUEUED),
+    BatchTurnOp.END: _rule(
+        BatchTurnStatus.SUBMITTED,
+        (BatchTurnStatus.SUCCEEDED, BatchTurnStatus.ERRORED, BatchTurnStatus.EXPIRED, BatchTurnStatus.CANCELED),
+    ),
+    BatchTurnOp.ABANDON: _rule((BatchTurnStatus.QUEUED, BatchTurnStatus.SUBMITTED), BatchTurnStatus.ABANDONED),
+    BatchTurnOp.SETTLE: _rule(BatchTurnStatus.ABANDONED),
+}
+
+
+class MessageBatchOp(StrEnum):
+    SUBMITTED = "submitted"  # the API answered the create: its id is known
+    CANCEL = "cancel"  # every turn in it is abandoned
+    END = "end"  # its results are collected
+    FAIL = "fail"  # refused, never created, or not ours after all
+
+
+MESSAGE_BATCH_RULES: dict[MessageBatchOp, Rule] = {
+    MessageBatchOp.SUBMITTED: _rule(MessageBatchStatus.SUBMITTING, MessageBatchStatus.IN_PROGRESS),
+    MessageBatchOp.CANCEL: _rule(MessageBatchStatus.IN_PROGRESS, MessageBatchStatus.CANCELING),
+    MessageBatchOp.END: _rule((MessageBatchStatus.IN_PROGRESS, MessageBatchStatus.CANCELING), MessageBatchStatus.ENDED),
+    MessageBatchOp.FAIL: _rule(
+        (MessageBatchStatus.SUBMITTING, MessageBatchStatus.IN_PROGRESS, MessageBatchStatus.CANCELING),
+        MessageBatchStatus.FAILED,
+    ),
 }
 
 

@@ -24,11 +24,13 @@ from celery.worker import state as worker_state
 from django.db import InterfaceError, OperationalError
 
 from durable_agents import broker, preflight, retention
+from durable_agents.agents import batcher
 from durable_agents.agents.journal import PoolTimeout
 from durable_agents.broker import countdown_route
 from durable_agents.conf import settings as durable_settings
 from durable_agents.connections import drop_connections
 from durable_agents.engine import advance as engine_advance
+from durable_agents.engine import batches as engine_batches
 from durable_agents.engine import heartbeats as engine_heartbeats
 from durable_agents.engine import outbox as engine_outbox
 from durable_agents.engine import sweep as engine_sweep
@@ -188,7 +190,18 @@ def sweep() -> dict[str, int]:
     backlog of wake-ups."""
     queued = broker.queue_depths()
     backlog = None if queued is None else broker.backlog(queued)
-    return _dropping_dead_connections(lambda: engine_sweep.sweep(backlog=backlog, queued=queued).as_dict())
+    report = _dropping_dead_connections(lambda: engine_sweep.sweep(backlog=backlog, queued=queued).as_dict())
+    if _dropping_dead_connections(engine_batches.has_work):
+        # Sent, not run here: the batcher waits on the API, and the sweep must not wait with it.
+        send_batches.apply_async(expires=60, **_routed(durable_settings.QUEUE))
+    return report
+
+
+@shared_task(name="durable_agents.batches", **JSON)
+def send_batches() -> dict[str, Any]:
+    """Send queued batch turns as Message Batches, poll those in flight and record their results
+    (agents/batcher.py); sent by the sweep while there is batch work, one pass at a time across machines."""
+    return _dropping_dead_connections(batcher.run)
 
 
 # No acks_late: a pass killed midway leaves whole batches (each one transaction); the next scheduled pass goes on.

@@ -145,6 +145,56 @@ def tool_step(
     )
 
 
+DEADLINE_POLICIES = ("live", "fail")
+EXPIRY_POLICIES = ("retry", "live", "fail")
+
+
+@dataclass(frozen=True)
+class Batch:
+    """How a step's model calls go through the Message Batches API.
+
+    `deadline`: how long a call may wait for its batch's answer (None: until the API's own 24 h expiry);
+    `on_deadline`: "live" asks the model directly once it passed, "fail" fails the step; `on_expired`: what an
+    expired or canceled result does — "retry" sends the call in a new batch, "live" asks directly, "fail" fails.
+    """
+
+    deadline: timedelta | None = None
+    on_deadline: str = "live"
+    on_expired: str = "retry"
+
+    def __init__(
+        self, *, deadline: timedelta | str | None = None, on_deadline: str = "live", on_expired: str = "retry"
+    ) -> None:
+        if isinstance(deadline, str):
+            try:
+                deadline = parse_duration(deadline)
+            except ValueError as exc:
+                raise DefinitionError(f"Batch(deadline={deadline!r}): {exc}") from None
+        if deadline is not None and deadline <= timedelta(0):
+            raise DefinitionError(f"Batch(deadline={deadline}): a deadline must be positive")
+        if on_deadline not in DEADLINE_POLICIES:
+            raise DefinitionError(f"Batch(on_deadline={on_deadline!r}): choose one of {', '.join(DEADLINE_POLICIES)}")
+        if on_expired not in EXPIRY_POLICIES:
+            raise DefinitionError(f"Batch(on_expired={on_expired!r}): choose one of {', '.join(EXPIRY_POLICIES)}")
+        object.__setattr__(self, "deadline", deadline)
+        object.__setattr__(self, "on_deadline", on_deadline)
+        object.__setattr__(self, "on_expired", on_expired)
+
+
+DELIVERY_CHOICES = ("live", "batch")
+
+
+def delivery_param(value: Batch | str | None, where: str) -> Batch | str | None:
+    """A step's or workflow's `delivery=` checked: None (inherit), "live", or a Batch ("batch": the defaults)."""
+    if value is None or isinstance(value, Batch):
+        return value
+    if value == "batch":
+        return Batch()
+    if value == "live":
+        return "live"
+    raise DefinitionError(f'{where}: delivery={value!r} is not one; use "live", "batch" or Batch(...)')
+
+
 @dataclass(frozen=True)
 class Workflow:
     """A named, versioned workflow definition. Build it with `workflow(...)`, which also registers it."""
@@ -173,6 +223,9 @@ class Workflow:
     retention: Mapping[str, str | timedelta | None] | None = None
     # Input fields a run is found by (search.py): stored on the run at start as `{field: value}` strings.
     search: Sequence[str] = ()
+    # How its model steps (agent, judge, planner) are answered unless a step says otherwise: None or "live" (each
+    # call at once), or a Batch (each call in a Message Batch, at half price: agents/batching.py).
+    delivery: Batch | str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "search", check_declaration(self.name, self.search))
@@ -385,13 +438,15 @@ def workflow(
     retention: Mapping[str, str | timedelta | None] | None = None,
     search: Sequence[str] = (),
     replace: bool = False,
+    delivery: Batch | str | None = None,
 ) -> Workflow:
     """Define and register a workflow. `plan(input)` builds a dynamic plan; by default each step runs once.
     `concurrency_key(input)` (with `concurrency_limit`) lets at most that many runs per key be in flight.
     `retention` keeps its finished runs this long by status (`{"completed": "30d"}`), unless the settings'
     RETENTION names the workflow. `search` names input fields (top-level keys, or dotted paths such as
     `"order.id"`) whose values each run stores, so the admin, `durable_runs --search` and `api.runs(search=)` find
-    the run by them.
+    the run by them. `delivery="batch"` (or a `Batch(...)`) sends every model step's calls through the Message
+    Batches API at half price, unless the step says `delivery="live"` (agents/batching.py).
 
     Example::
 
@@ -415,5 +470,6 @@ def workflow(
         concurrency_limit=concurrency_limit,
         retention=retention,
         search=search,
+        delivery=delivery_param(delivery, f"workflow {name!r}"),
     )
     return registry.register(definition, replace=replace)

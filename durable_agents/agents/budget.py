@@ -76,8 +76,9 @@ class Budget:
             cost_budget_usd=cost_limit if cost_limit is not None else self.workflow_cost_usd,
         )
 
-    def check(self, *, model: str, prompt_tokens: int, max_tokens: int, purpose: str) -> Spend:
-        """Raise BudgetExceededError if the next call (`purpose`, for the message) could cross a limit."""
+    def check(self, *, model: str, prompt_tokens: int, max_tokens: int, purpose: str, batch: bool = False) -> Spend:
+        """Raise BudgetExceededError if the next call (`purpose`, for the message) could cross a limit (`batch`: sent
+        in a Message Batch, at batch prices)."""
         spend = self.spend()
         needed = prompt_tokens + max_tokens
         if spend.token_budget is not None and spend.tokens + needed > spend.token_budget:
@@ -89,7 +90,7 @@ class Budget:
                 f"then `manage.py durable_resume {self.run_id}`"
             )
         if spend.cost_budget_usd is not None:
-            cost = cost_usd(model, Usage(input_tokens=prompt_tokens, output_tokens=max_tokens))
+            cost = cost_usd(model, Usage(input_tokens=prompt_tokens, output_tokens=max_tokens), batch=batch)
             if spend.cost_usd + cost > spend.cost_budget_usd:
                 suggested_usd = max(spend.cost_budget_usd * 2, spend.cost_usd + cost * 4).quantize(Decimal("0.01"))
                 raise BudgetExceededError(

@@ -195,6 +195,8 @@ class AnthropicParticipant:
 
     name = "anthropic"
     remote = True
+    # Its calls can go through the Message Batches API (batching.py; agents/batcher.py sends them).
+    batchable = True
 
     def __init__(self, *, client: anthropic.Anthropic | None = None, stream: bool = False) -> None:
         self._clients = [client] if client is not None else []

@@ -29,6 +29,7 @@ from django.db import DatabaseError, IntegrityError, InterfaceError, Operational
 from django.db.models import F, Max
 
 from durable_agents.agents import rate_limits
+from durable_agents.agents.batching import Batch, ask_batched, batchable
 from durable_agents.agents.compaction import Compacted
 from durable_agents.agents.messages import COMPACTION, TURN, ModelRequest, ModelResponse, Participant
 from durable_agents.agents.pricing import cost_usd
@@ -55,14 +56,30 @@ logger = logging.getLogger("durable_agents.engine")
 POOL_WAITS = 5  # pool timeouts (DATABASES OPTIONS pool "timeout" each) a journaling write waits out
 
 
-def ask(ctx: Any, participant: Participant, request: ModelRequest) -> ModelResponse:
+def ask(
+    ctx: Any,
+    participant: Participant,
+    request: ModelRequest,
+    *,
+    batch: Batch | None = None,
+    index: int | None = None,
+    purpose: str = TURN,
+) -> ModelResponse:
     """One model call of a step: prove the lease first (a thawed zombie stops here, before paying for an answer
     another worker may already have journaled), then ask holding no database connection while the model
     thinks, for a participant that waits on the network (`remote`). Journal the answer before acting on it.
+
+    With `batch` (the step's delivery), the call for journal index `index` goes in a Message Batch and the run
+    parks until its answer is in (batching.py); a participant that cannot batch answers it live.
     """
+    replay = is_replay(getattr(ctx, "run", None))
+    if batch is not None and index is not None and not replay and batchable(participant):
+        return ask_batched(
+            ctx, request, index=index, purpose=purpose, batch=batch, live=lambda: ask(ctx, participant, request)
+        )
     remote = getattr(participant, "remote", False)
 
-    if is_replay(getattr(ctx, "run", None)):
+    if replay:
         check_budget(ctx)
 
     def prove() -> None:
@@ -128,7 +145,7 @@ def journal_turn(
     leaves either the old summary and its turns, or the new summary.
     """
     usage = response.usage
-    cost = cost_usd(response.model, usage)
+    cost = cost_usd(response.model, usage, batch=response.batch)
     counters = usage_counters(usage)
     step_changes: dict[str, Any] = {"context": compacted.as_json()} if compacted else {}
     writes = _Writes(index=index)
@@ -204,7 +221,7 @@ def journal_call(
 ) -> Turn:
     """Journal a model call of a judge or planner step with its usage, fenced by the lease token (and the step's
     head with its first call)."""
-    cost = cost_usd(response.model, response.usage)
+    cost = cost_usd(response.model, response.usage, batch=response.batch)
     counters = usage_counters(response.usage)
     writes = _Writes()
 

@@ -44,6 +44,7 @@ from typing import Any
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db.models import Max
 
+from durable_agents.agents.batching import step_batch
 from durable_agents.agents.budget import Budget, PromptSize, estimate_prompt
 from durable_agents.agents.candidate import recorded_prompt, replay_head
 from durable_agents.agents.capabilities import ModelChoice, ModelProfile, check_choice, model_profile, thinking_param
@@ -57,7 +58,7 @@ from durable_agents.agents.compaction import (
     text_of,
 )
 from durable_agents.agents.journal import ask, journal_turn, record_thinking_dropped
-from durable_agents.agents.messages import TURN, ModelRequest, estimate_tokens
+from durable_agents.agents.messages import COMPACTION, TURN, ModelRequest, estimate_tokens
 from durable_agents.agents.participants import Participant, participants
 from durable_agents.agents.toolcalls import run_calls
 from durable_agents.conf import settings
@@ -72,7 +73,7 @@ from durable_agents.errors import (
 )
 from durable_agents.models import Step, StepKind, Turn
 from durable_agents.tools import Tool
-from durable_agents.workflows import RetryPolicy, StepDef
+from durable_agents.workflows import Batch, RetryPolicy, StepDef, delivery_param
 
 FINAL_STOPS = ("end_turn", "stop_sequence")
 CONTINUE_STOPS = ("max_tokens", "pause_turn")
@@ -96,6 +97,8 @@ class AgentSpec:
     thinking: dict[str, Any] | None = None
     effort: str | None = None
     fallback_model: str | None = None
+    # None: the workflow's delivery; "live"; or a Batch (each call in a Message Batch: batching.py).
+    delivery: Batch | str | None = None
 
     @property
     def choice(self) -> ModelChoice:
@@ -120,6 +123,7 @@ def agent(
     thinking: str | dict[str, Any] | None = None,
     effort: str | None = None,
     fallback_model: str | None = None,
+    delivery: Batch | str | None = None,
 ) -> StepDef:
     """An agent step: `instructions` (system prompt), `prompt(ctx)` (the user content; default: the run
     input as JSON) and the tools the model may call. Past `compact_at_prompt_tokens` of prompt, all but the
@@ -128,7 +132,9 @@ def agent(
     the run re-plans from them instead of acting on a stale world. `thinking` (None: the model's default;
     "adaptive", "between_tools", "disabled", or the whole field) and `effort` ("low" ... "max") are checked
     against the model table when the model is named here, else by a system check (E014). `max_tokens` bounds
-    thinking and answer together. `fallback_model` is asked on the next attempt after a refusal.
+    thinking and answer together. `fallback_model` is asked on the next attempt after a refusal. `delivery="batch"`
+    (or `Batch(deadline=..., ...)`) sends each model call through the Message Batches API at half price, the run
+    parked until its answer is in (batching.py); None follows the workflow's `delivery`.
 
     Example::
 
@@ -162,6 +168,7 @@ def agent(
         choice.thinking,
         effort,
         fallback_model,
+        delivery_param(delivery, f"agent {name!r}"),
     )
     return StepDef(
         name=name,
@@ -223,6 +230,7 @@ class _AgentLoop:
         # The last prompt size the API reported for a request shaped like the next one (after the last fold).
         self.measured: PromptSize | None = None
         self.budget = Budget.of(ctx.run)
+        self.batch = step_batch(ctx, spec.delivery)
         compact_at = spec.compact_at_prompt_tokens or settings.COMPACT_AT_PROMPT_TOKENS
         self.compact_at: int | None = int(compact_at) if compact_at else None
         self.keep = int(spec.keep_recent_turns or settings.KEEP_RECENT_TURNS)
@@ -317,8 +325,9 @@ class _AgentLoop:
             prompt_tokens=estimate_prompt(request.as_kwargs(), self.conversation.messages, self.measured, count),
             max_tokens=request.max_tokens,
             purpose=f"turn {self.turn_number}",
+            batch=self.batch is not None,
         )
-        response = ask(self.ctx, self.participant, request)
+        response = ask(self.ctx, self.participant, request, batch=self.batch, index=self.next_index)
         head = self.head if self.unfrozen else None
         turn = journal_turn(self.ctx, self.next_index, request, response, self.participant.name, head=head)
         self.unfrozen = False
@@ -443,9 +452,11 @@ class _AgentLoop:
             prompt_tokens=measured + estimate_tokens(COMPACTION_INSTRUCTION),
             max_tokens=request.max_tokens,
             purpose=f"compaction before turn {self.turn_number}",
+            batch=self.batch is not None,
         )
         # The largest prompt there is: a thawed zombie must stop before asking for it again (`ask` proves it).
-        response = ask(self.ctx, self.participant, request)
+        batch, index = self.batch, self.next_index
+        response = ask(self.ctx, self.participant, request, batch=batch, index=index, purpose=COMPACTION)
         folded_errors = sum(n for index, n in self.errors_by_turn.items() if index < point.covers_until)
         compacted = Compacted(
             summary=summary_text(response, request),

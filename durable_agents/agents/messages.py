@@ -106,6 +106,8 @@ class ModelResponse:
     usage: Usage = Usage()
     request_id: str = ""
     stop_details: Mapping[str, Any] | None = None
+    # Answered through the Message Batches API: billed at BATCH_PRICE_FACTOR of the live price.
+    batch: bool = False
 
 
 class Participant(Protocol):

@@ -23,6 +23,8 @@ from durable_agents.agents.messages import Usage
 from durable_agents.conf import settings
 
 MILLION = Decimal(1_000_000)
+# https://platform.claude.com/docs/en/build-with-claude/batch-processing#pricing: batches cost 50% of standard prices.
+BATCH_PRICE_FACTOR = Decimal("0.5")
 logger = logging.getLogger("durable_agents.engine")
 ONE_HOUR_WRITE_FACTOR = Decimal(2)
 
@@ -40,15 +42,19 @@ def price_of(model: str) -> tuple[Decimal, ...] | None:
     return tuple(entry)
 
 
-def cost_usd(model: str, usage: Usage) -> Decimal:
-    """USD for one model call; models without a price (scripted participants) cost nothing.
+def cost_usd(model: str, usage: Usage, *, batch: bool = False) -> Decimal:
+    """USD for one model call (`batch`: answered in a Message Batch, at half price); models without a price
+    (scripted participants) cost nothing.
 
     A price that is not one (MODEL_PRICES written wrong: a worker runs no system checks) costs nothing and is
     logged: the answer it prices was billed, and journaling it matters more than its price.
     """
     try:
         price = price_of(model)
-        return Decimal(0) if price is None else _cost(price, usage)
+        if price is None:
+            return Decimal(0)
+        cost = _cost(price, usage)
+        return (cost * BATCH_PRICE_FACTOR).quantize(Decimal("0.000001")) if batch else cost
     except (TypeError, ValueError, ArithmeticError) as exc:
         logger.error(
             "no price for %s (%s: %s): counted at 0; check DURABLE_AGENTS['MODEL_PRICES']",

@@ -22,12 +22,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from django.db.models import Max
+
+from durable_agents.agents.batching import step_batch
 from durable_agents.agents.candidate import replay_head
 from durable_agents.agents.capabilities import ModelChoice, model_profile
 from durable_agents.agents.journal import ask, frozen_head, journal_call
 from durable_agents.agents.messages import ModelRequest, Participant
 from durable_agents.errors import AgentLimitError, ModelRefusalError, PermanentError
 from durable_agents.models import Turn
+from durable_agents.workflows import Batch
 
 # The model's arguments → (the answer, None) when they hold one, else (None, what is wrong with them).
 Reader = Callable[[dict[str, Any]], tuple[Any, str | None]]
@@ -45,6 +49,8 @@ class Form:
     read: Reader
     max_asks: int = 3
     answer: str = "answer"  # what the call holds, in messages: "verdict", "plan"
+    # None: the workflow's delivery; "live"; or a Batch (each call in a Message Batch: batching.py).
+    delivery: Batch | str | None = None
 
 
 def ask_for_call(ctx: Any, participant: Participant, form: Form) -> tuple[Any, Turn]:
@@ -117,7 +123,12 @@ class _Asking:
             step_key=str(self.ctx.step.pk),
         )
         self.asked += 1
-        response = ask(self.ctx, self.participant, request)
+        batch = step_batch(self.ctx, self.form.delivery)
+        index = None
+        if batch is not None:
+            last = Turn.objects.filter(step_id=self.ctx.step.pk).aggregate(last=Max("index"))["last"]
+            index = 0 if last is None else last + 1
+        response = ask(self.ctx, self.participant, request, batch=batch, index=index, purpose=self.form.purpose)
         head = self.head if self.unfrozen else None
         turn = journal_call(self.ctx, self.form.purpose, request, response, self.participant.name, head=head)
         self.unfrozen = False

@@ -36,16 +36,21 @@ from durable_agents.engine.lease import Claim, lease_seconds, worker_id
 from durable_agents.engine.payloads import StoredResult
 from durable_agents.engine.reliance import plan_saga
 from durable_agents.errors import LeaseLostError
-from durable_agents.models import Effect, Run, Step, StepKind, Wait
+from durable_agents.models import BatchTurn, Effect, MessageBatch, Run, Step, StepKind, Wait
 from durable_agents.states import (
     ACTIVE_RUN_STATUSES,
+    BATCH_TURN_RULES,
     EFFECT_RULES,
     FINISHED_RUN_STATUSES,
+    MESSAGE_BATCH_RULES,
     RUN_RULES,
     SAGA_ENDINGS,
     STEP_RULES,
     WAIT_RULES,
+    BatchTurnOp,
+    BatchTurnStatus,
     EffectOp,
+    MessageBatchOp,
     RunOp,
     RunStatus,
     StepOp,
@@ -261,6 +266,11 @@ def park_txn(claim: Claim, step: Step, spec: WaitSpec, *, notify_to: Iterable[st
         if arrived is not None:
             wake_txn(claim.run_id)
             return arrived, False
+    if spec.kind == "batch" and batch_turn_ended(spec.name):
+        # Its answer came in while the step was parking (the batcher locks the run's row, as this UPDATE did):
+        # go on at once; nobody else would wake the run.
+        wake_txn(claim.run_id)
+        return Wait(run_id=claim.run_id, step=step, kind=spec.kind, name=spec.name, status=WaitStatus.APPROVED), False
     wait = Wait.objects.create(
         run_id=claim.run_id,
         step=step,
@@ -696,10 +706,13 @@ def move_wait(op: WaitOp, wait_id: int, *, to: str, where: Q | None = None, **ch
 
 
 def cancel_open_waits_txn(run_id: Any) -> None:
+    """Its open wait is cancelled, and a model turn it sent in a batch abandoned (a late answer is counted, never
+    used; the batcher cancels a batch once every turn in it is abandoned)."""
     _in_transaction()
     Wait.objects.filter(run_id=run_id, status__in=WAIT_RULES[WaitOp.CANCEL].sources).update(
         status=WaitStatus.CANCELLED, updated_at=DbNow()
     )
+    move_batch_turns(BatchTurnOp.ABANDON, BatchTurn.objects.filter(run_id=run_id), to=BatchTurnStatus.ABANDONED)
 
 
 def retire_decisions_txn(step_pk: int) -> None:
@@ -742,3 +755,57 @@ def move_effect(op: EffectOp, effect_pk: int, *, to: str, where: Q | None = None
     status = _target(EFFECT_RULES, op, to)
     effects = Effect.objects.filter(where or Q(), pk=effect_pk, status__in=EFFECT_RULES[op].sources)
     return effects.update(**status, updated_at=DbNow(), **changes) == 1
+
+
+# --- Batch turns and message batches (agents/batching.py, agents/batcher.py) -------------------------------
+
+
+def queue_batch_turn_txn(run_id: Any, token: int | None, **fields: Any) -> BatchTurn:
+    """Journal a model turn as submitted (queued for the batcher), fenced by the lease token of the step's worker."""
+    _in_transaction()
+    fenced = Run.objects.filter(pk=run_id)
+    if token is not None:
+        fenced = fenced.filter(lease_token=token)
+    if not fenced.update(updated_at=DbNow()):
+        raise LeaseLostError(f"run {run_id} was taken over; its turn was not sent in a batch")
+    return BatchTurn.objects.create(run_id=run_id, **fields)
+
+
+def move_batch_turns(op: BatchTurnOp, turns: QuerySet[BatchTurn], *, to: str | None = None, **changes: Any) -> int:
+    """Move the batch turns `op` applies to (those in its source statuses); how many moved."""
+    status = _target(BATCH_TURN_RULES, op, to)
+    if op in (BatchTurnOp.END, BatchTurnOp.ABANDON):
+        changes.setdefault("ended_at", DbNow())
+    return turns.filter(status__in=BATCH_TURN_RULES[op].sources).update(**status, **changes)
+
+
+def move_message_batch(op: MessageBatchOp, batch_pk: int, *, to: str, where: Q | None = None, **changes: Any) -> bool:
+    """Move one message batch for `op`; False if it was not in a source status of `op`."""
+    status = _target(MESSAGE_BATCH_RULES, op, to)
+    moved = MessageBatch.objects.filter(where or Q(), pk=batch_pk, status__in=MESSAGE_BATCH_RULES[op].sources)
+    return moved.update(**status, **changes) == 1
+
+
+def new_message_batch_txn(turn_pks: list[int], **fields: Any) -> MessageBatch | None:
+    """A message batch (status submitting) holding the queued turns among `turn_pks`; None if none was queued."""
+    _in_transaction()
+    batch = MessageBatch.objects.create(**fields)
+    moved = move_batch_turns(
+        BatchTurnOp.BATCH,
+        BatchTurn.objects.filter(pk__in=turn_pks),
+        to=BatchTurnStatus.SUBMITTED,
+        batch=batch,
+        submitted_at=DbNow(),
+    )
+    if not moved:
+        batch.delete()
+        return None
+    MessageBatch.objects.filter(pk=batch.pk).update(request_count=moved)
+    batch.request_count = moved
+    return batch
+
+
+def batch_turn_ended(custom_id: str) -> bool:
+    """True once the batch turn's result is in (or it was abandoned): nothing more will come to wake its run."""
+    ended = set(BATCH_TURN_RULES[BatchTurnOp.END].targets) | {BatchTurnStatus.ABANDONED}
+    return BatchTurn.objects.filter(custom_id=custom_id, status__in=ended).exists()

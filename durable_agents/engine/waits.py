@@ -56,7 +56,9 @@ def park_txn(claim: Claim, step: Step, spec: WaitSpec) -> Wait:
     """Release the run into `waiting` and open its wait (fenced by `claim`); notify approvers after commit."""
     if replaying.is_replay(step.run):
         replaying.refuse(claim.run_id, f"opens a {spec.kind} wait")
-    wait, opened = transitions.park_txn(claim, step, spec, notify_to=spec.notify_to or settings.APPROVERS)
+    # Nobody is told of a model turn's wait for its batch: it is the engine's, not a person's.
+    notify_to = () if spec.kind == WaitKind.BATCH else spec.notify_to or settings.APPROVERS
+    wait, opened = transitions.park_txn(claim, step, spec, notify_to=notify_to)
     if not opened:
         if wait.status != WaitStatus.OPEN:
             # A signal came while the step was parking: go on at once instead of waiting for it again.
@@ -229,6 +231,11 @@ def _apply_deadline(wait_id: int, now: datetime) -> str:
             _close_txn(wait, WaitOp.FIRE, WaitStatus.APPROVED, by="timer")
             record_event(wait.run_id, "timer_fired", step_id=_step_id(wait), wait=wait.pk)
             return "fired"
+        if wait.kind == WaitKind.BATCH:
+            # The turn's deadline: the step, woken, gives up on the batch and follows its policy (live, or fail).
+            _close_txn(wait, WaitOp.EXPIRE, WaitStatus.REJECTED, by="deadline", decision={"via": "deadline"})
+            record_event(wait.run_id, "batch_deadline", step_id=_step_id(wait), wait=wait.pk, custom_id=wait.name)
+            return "expired"
         policy = wait.on_deadline
         if policy == DeadlinePolicy.ESCALATE and wait.escalated_at is None:
             extension = max(wait.deadline - wait.created_at, timedelta(minutes=1))

@@ -1,0 +1,198 @@
+"""Model turns through the Message Batches API (`delivery="batch"`), driven in-process against the fake's batches
+endpoints through the real SDK: the run parks holding nothing, the batcher sends and collects, every turn is
+journaled once at half price, and failed results follow the documented policies.
+
+Docs: https://platform.claude.com/docs/en/build-with-claude/batch-processing (50 % of standard prices; results
+succeeded / errored / canceled / expired, matched by custom_id).
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import anthropic
+import pytest
+
+from durable_agents import api
+from durable_agents.agents import batcher
+from durable_agents.agents.loop import agent
+from durable_agents.agents.messages import Usage
+from durable_agents.agents.pricing import cost_usd
+from durable_agents.engine.advance import advance
+from durable_agents.engine.sweep import sweep
+from durable_agents.judge import judge
+from durable_agents.models import BatchTurn, Event, MessageBatch, Run, Turn, Wait
+from durable_agents.testing.fake_anthropic import Fault, Reply
+from durable_agents.workflows import Batch, registry, workflow
+from tests.integration.test_agent_faults import API_KEY, claude_on_the_fake
+from tests.testapp.models import LedgerEntry
+from tests.testapp.workflows import charge, lookup_order
+
+pytestmark = pytest.mark.django_db(transaction=True)
+MODEL = "claude-sonnet-5-5"
+FAST = {"BATCH_WINDOW_SECONDS": 0, "BATCH_POLL_SECONDS": 0.001, "BATCH_POLL_MAX_SECONDS": 0.001}
+
+
+@pytest.fixture
+def fake(monkeypatch, settings):
+    settings.DURABLE_AGENTS = {**settings.DURABLE_AGENTS, **FAST}
+    with claude_on_the_fake(monkeypatch, timeout=5) as server:
+        yield server
+
+
+@pytest.fixture
+def batched_workflows():
+    names = []
+
+    def define(name, steps, **options):
+        names.append(name)
+        return workflow(name, steps=steps, replace=True, **options)
+
+    yield define
+    for name in names:
+        registry.unregister(name)
+
+
+def client_of(fake) -> anthropic.Anthropic:
+    return anthropic.Anthropic(api_key=API_KEY, base_url=fake.url, max_retries=0, timeout=5)
+
+
+def settle(fake, run_id, *, passes: int = 20) -> Run:
+    """Advance the run while it can go; let the batcher send and collect while it waits; until it finishes."""
+    client = client_of(fake)
+    for _ in range(passes):
+        run = Run.objects.get(pk=run_id)
+        while run.status in ("pending", "running"):
+            Run.objects.filter(pk=run_id).update(wake_at=None)
+            advance(run_id)
+            run.refresh_from_db()
+        if run.is_finished:
+            return run
+        batcher.run_pass(client)
+        batcher.run_pass(client)
+    raise AssertionError(f"run {run_id} still {Run.objects.get(pk=run_id).status}")
+
+
+def test_batch_delivery__each_turn_goes_in_a_batch_and_is_journaled_once_at_half_price(fake, batched_workflows):
+    batched_workflows(
+        "batched_charge",
+        [
+            agent(
+                "assistant",
+                instructions="Look the order up, then charge it.",
+                tools=[lookup_order, charge],
+                prompt=lambda ctx: ctx.input["message"],
+                model=MODEL,
+                max_tokens=512,
+                delivery="batch",
+            )
+        ],
+    )
+    fake.enqueue(
+        Reply.tool_use("lookup_order", {"order_id": "A-1"}),
+        Reply.tool_use("charge", {"order_id": "A-1", "amount": "30.00"}),
+        Reply.text("Charged."),
+    )
+    run = api.start("batched_charge", {"message": "Charge A-1"})
+    advance(run.id)
+    run.refresh_from_db()
+    assert run.status == "waiting" and run.lease_owner == "", "a batched turn parks its run, holding no lease"
+    assert Wait.objects.get(run_id=run.id, status="open").kind == "batch"
+    assert BatchTurn.objects.get(run_id=run.id).status == "queued"
+
+    run = settle(fake, run.id)
+
+    assert run.status == "completed", run.error
+    assert fake.batch_creates == 3, "one batch per turn: each turn waits for the one before"
+    asked = [r for r in fake.requests if r.path == "/v1/messages"]
+    assert len(asked) == 3 and all(r.batch_id for r in asked), "every turn was batched, none asked live"
+    turns = list(Turn.objects.filter(run_id=run.id).order_by("index"))
+    assert [t.index for t in turns] == [0, 1, 2]
+    for turn in turns:
+        usage = Usage(turn.input_tokens, turn.output_tokens, turn.cache_write_tokens, turn.cache_read_tokens)
+        live = cost_usd(turn.model, usage)
+        assert live > 0 and turn.cost_usd == (live / 2).quantize(Decimal("0.000001")), "batch turns cost half"
+    assert run.cost_usd == sum(t.cost_usd for t in turns)
+    assert LedgerEntry.objects.filter(order_id="A-1", kind="charge").count() == 1
+    assert set(BatchTurn.objects.filter(run_id=run.id).values_list("status", flat=True)) == {"succeeded"}
+    assert set(MessageBatch.objects.values_list("status", flat=True)) == {"ended"}
+
+
+def test_batch_delivery__a_workflow_default_applies_to_its_judge_and_a_step_may_stay_live(fake, batched_workflows):
+    batched_workflows(
+        "batched_review",
+        [
+            agent("draft", instructions="Draft a reply.", model=MODEL, max_tokens=256, delivery="live"),
+            judge("review", rubric="Is it polite?", subject=lambda ctx: ctx.result("draft")["text"], model=MODEL),
+        ],
+        delivery="batch",
+    )
+    fake.enqueue(
+        Reply.text("Dear customer, done."),
+        Reply.tool_use("submit_verdict", {"passed": True, "score": 0.9, "reasons": "polite"}),
+    )
+    run = settle(fake, api.start("batched_review", {}).id)
+    assert run.status == "completed", run.error
+    asked = [r for r in fake.requests if r.path == "/v1/messages"]
+    assert [bool(r.batch_id) for r in asked] == [False, True], "the draft live, the judge's call in a batch"
+
+
+def test_batch_delivery__an_errored_result_retries_and_an_expired_one_is_sent_again(fake, batched_workflows):
+    batched_workflows(
+        "batched_retry",
+        [agent("a", instructions="Answer.", model=MODEL, max_tokens=256, delivery="batch")],
+    )
+    fake.enqueue(Fault.status(529), Fault.expired(), Reply.text("Finally."))
+    run = settle(fake, api.start("batched_retry", {}).id)
+    assert run.status == "completed", run.error
+    assert fake.batch_creates == 3
+    statuses = list(BatchTurn.objects.filter(run_id=run.id).order_by("id").values_list("status", flat=True))
+    assert statuses == ["errored", "expired", "succeeded"]
+    assert Turn.objects.filter(run_id=run.id).count() == 1
+
+
+def test_batch_delivery__a_deadline_falls_back_to_a_live_call_and_the_late_answer_is_only_counted(
+    fake, batched_workflows
+):
+    batched_workflows(
+        "batched_deadline",
+        [agent("a", instructions="Answer.", model=MODEL, max_tokens=256, delivery=Batch(deadline="1s"))],
+    )
+    fake.hold_batches()
+    run = api.start("batched_deadline", {})
+    advance(run.id)
+    batcher.run_pass(client_of(fake))
+    assert MessageBatch.objects.get().status == "in_progress"
+    # The deadline passes (on the database's clock): the sweep's wait pass closes the wait and wakes the run.
+    BatchTurn.objects.filter(run_id=run.id).update(deadline="2000-01-01T00:00:00Z")
+    Wait.objects.filter(run_id=run.id, status="open").update(deadline="2000-01-01T00:00:00Z")
+    sweep()
+    fake.enqueue(Reply.text("Live answer."))
+    run = settle(fake, run.id)
+    assert run.status == "completed"
+    assert [b["text"] for b in Turn.objects.get(run_id=run.id).content if b["type"] == "text"] == ["Live answer."]
+    assert Event.objects.filter(run_id=run.id, kind="batch_fallback").exists()
+    cost_before = run.cost_usd
+    fake.release_batches()
+    fake.enqueue(Reply.text("Late batch answer."))
+    batcher.run_pass(client_of(fake))
+    batcher.run_pass(client_of(fake))
+    run.refresh_from_db()
+    assert BatchTurn.objects.get(run_id=run.id).status == "abandoned"
+    assert run.cost_usd > cost_before, "the late answer was billed: it counts against the run"
+    assert Turn.objects.filter(run_id=run.id).count() == 1, "and is never used"
+
+
+def test_batch_delivery__cancelling_the_run_abandons_its_turn_and_cancels_the_batch(fake, batched_workflows):
+    batched_workflows(
+        "batched_cancel", [agent("a", instructions="Answer.", model=MODEL, max_tokens=256, delivery="batch")]
+    )
+    fake.hold_batches()
+    run = api.start("batched_cancel", {})
+    advance(run.id)
+    batcher.run_pass(client_of(fake))
+    api.cancel(run.id, reason="not needed")
+    assert BatchTurn.objects.get(run_id=run.id).status == "abandoned"
+    batcher.run_pass(client_of(fake))
+    assert MessageBatch.objects.get().status in ("canceling", "ended")
+    assert fake.batches[0].processing_status in ("canceling", "ended")
