@@ -426,12 +426,14 @@ def replay(
     budget_usd: Decimal | float | str | None = None,
     concurrency: int | None = None,
     actor: str = "",
+    delivery: str | None = None,
     **selection: Any,
 ) -> Any:
     """Replay a cohort, or the finished runs chosen by `runs=`, `workflow=`, `status=`, `since=`, `until=`,
     `sample=`, `seed=`, with a `candidate` (model, participant, instructions, tool_descriptions, thinking, effort)
     beside the baseline (the recorded model asked again). Nothing is applied (replays.py). Returns the Replay; its
     runs go to workers like any run (or `replay_here(replay.id)`), and `replay_report(replay.id)` compares them.
+    `delivery="batch"`: every model call through the Message Batches API, at half price (answered within 24 h).
 
     Example::
 
@@ -446,6 +448,7 @@ def replay(
         concurrency=concurrency,
         actor=actor,
         **selection,
+        delivery=delivery,
     )
 
 

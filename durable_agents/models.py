@@ -749,6 +749,8 @@ class Replay(models.Model):
     seed = models.BigIntegerField(null=True, blank=True)
     created_by = models.CharField(max_length=200, blank=True, default="")
     created_at = models.DateTimeField(db_default=Now())
+    # "batch": every model call of its runs goes through the Message Batches API, at half price; "": live.
+    delivery = models.CharField(max_length=8, blank=True, default="", db_default="")
 
     class Meta:
         ordering = ["-created_at"]

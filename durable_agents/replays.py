@@ -69,9 +69,11 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.db import IntegrityError, transaction
 
 from durable_agents import clock
+from durable_agents.agents import batcher
 from durable_agents.agents.capabilities import ModelChoice, shape_problem, thinking_param
 from durable_agents.agents.messages import TURN
 from durable_agents.agents.participants import participants
+from durable_agents.conf import settings
 from durable_agents.engine.admission import admit, admit_on_commit
 from durable_agents.engine.advance import advance
 from durable_agents.engine.payloads import load_result
@@ -441,14 +443,19 @@ def replay(
     concurrency: int | None = None,
     actor: str = "",
     seed: int | None = None,
+    delivery: str | None = None,
     **selection: Any,
 ) -> Replay:
     """Replay a cohort (by name), or the runs `selection` picks (saved as a new cohort first), in each lane.
 
     `candidate`: any of model, participant, instructions, tool_descriptions, thinking, effort. `stubs`: tool name
     → the result that answers a call the recording never made (else such a call ends that replay). `budget_usd`:
-    what the whole replay may spend; `concurrency`: its runs in flight at once (default 100).
+    what the whole replay may spend; `concurrency`: its runs in flight at once (default 100). `delivery="batch"`
+    sends every model call of its runs through the Message Batches API at half price, each run parked while its
+    batch is answered (within 24 h): give it a `concurrency` as large as the cohort, a parked run holds nothing.
     """
+    if delivery not in (None, "", "live", "batch"):
+        raise InvalidInputError(f'a replay\'s delivery is "live" or "batch", not {delivery!r}')
     lanes = tuple(dict.fromkeys(lanes))
     if not lanes or not set(lanes) <= set(LANES):
         raise InvalidInputError(f"lanes are {' and '.join(LANES)} (the observed lane is the recording itself)")
@@ -484,6 +491,7 @@ def replay(
             budget_usd=budget,
             seed=seed,
             created_by=actor,
+            delivery="batch" if delivery == "batch" else "",
         )
         key = f"durable-replay:{made.id}"
         links = []
@@ -554,20 +562,31 @@ def get_replay(replay_id: uuid.UUID | str) -> Replay:
 def run_here(replay_id: uuid.UUID | str, *, max_rounds: int = 100_000) -> bool:
     """Advance the replay's runs in this process until each has finished (True), for CI without workers: each run is
     advanced by the engine as a worker would, one after another; a retry's backoff is waited out. False if they had
-    not finished after `max_rounds` rounds."""
+    not finished after `max_rounds` rounds. A replay with `delivery="batch"` runs the batcher here too while its runs
+    wait on their batches (as long as the API takes to answer them)."""
     made = get_replay(replay_id)
     key = f"durable-replay:{made.id}"
     ids = list(ReplayRun.objects.filter(replay=made).values_list("run_id", flat=True))
     for _ in range(max_rounds):
         admit(key)
         live = Run.objects.filter(pk__in=ids).exclude(status__in=FINISHED_RUN_STATUSES)
-        rows = list(live.values_list("id", "admitted_at", "wake_at"))
+        rows = list(live.values_list("id", "admitted_at", "wake_at", "status"))
         if not rows:
             return True
         now = clock.now()
-        ready = [run_id for run_id, admitted, wake_at in rows if admitted and (wake_at is None or wake_at <= now)]
+        ready = [
+            run_id
+            for run_id, admitted, wake_at, status in rows
+            if admitted and status != RunStatus.WAITING and (wake_at is None or wake_at <= now)
+        ]
+        if not ready and any(status == RunStatus.WAITING for *_, status in rows):
+            # Parked on Message Batches: send, poll and collect them here, at the batcher's own pace.
+            report = batcher.run_pass()
+            if not report.answered:
+                time.sleep(min(float(settings.BATCH_POLL_SECONDS), 5.0))
+            continue
         if not ready:
-            due = [(wake_at - now).total_seconds() for _, admitted, wake_at in rows if admitted and wake_at]
+            due = [(wake_at - now).total_seconds() for _, admitted, wake_at, _ in rows if admitted and wake_at]
             time.sleep(min(max(min(due, default=0.1), 0.01), 5.0))
         for run_id in ready:
             advance(run_id)

@@ -39,7 +39,7 @@ from typing import Any, NoReturn
 from durable_agents import clock
 from durable_agents.agents.claude import PERMANENT_HINTS, PROMPT_TOO_LONG_TEXT, TRANSIENT_ERROR_TYPES
 from durable_agents.agents.messages import ModelRequest, ModelResponse, Usage
-from durable_agents.engine import batches
+from durable_agents.engine import batches, replaying
 from durable_agents.engine.control import Park, WaitSpec
 from durable_agents.engine.events import record_event
 from durable_agents.errors import (
@@ -65,7 +65,10 @@ ERROR_STATUSES = {
 
 
 def step_batch(ctx: Any, step_value: Batch | str | None) -> Batch | None:
-    """The Batch the step's model calls go by, or None (live): the step's `delivery`, else its workflow's."""
+    """The Batch the step's model calls go by, or None (live): the step's `delivery`, else its workflow's; in a
+    replay run, the replay's (`api.replay(..., delivery="batch")`), whatever the workflow says."""
+    if replaying.is_replay(getattr(ctx, "run", None)):
+        return Batch() if replaying.case_of(ctx).delivery == "batch" else None
     chosen = step_value
     if chosen is None:
         try:

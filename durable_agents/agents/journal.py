@@ -72,15 +72,13 @@ def ask(
     With `batch` (the step's delivery), the call for journal index `index` goes in a Message Batch and the run
     parks until its answer is in (batching.py); a participant that cannot batch answers it live.
     """
-    replay = is_replay(getattr(ctx, "run", None))
-    if batch is not None and index is not None and not replay and batchable(participant):
+    if is_replay(getattr(ctx, "run", None)):
+        check_budget(ctx)
+    if batch is not None and index is not None and batchable(participant):
         return ask_batched(
             ctx, request, index=index, purpose=purpose, batch=batch, live=lambda: ask(ctx, participant, request)
         )
     remote = getattr(participant, "remote", False)
-
-    if replay:
-        check_budget(ctx)
 
     def prove() -> None:
         ctx.ensure_lease()

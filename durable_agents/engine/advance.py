@@ -227,7 +227,8 @@ def _advance(claim: Claim, step: Step, eager: Slice | None) -> Outcome:
             value = _execute(definition, ctx)
             stored = store_result(run.id, step.step_id, value)
         except Park as park:
-            if replaying.is_replay(run):
+            # A replay run waits for no person; only for its model calls' Message Batch (replays.py).
+            if replaying.is_replay(run) and park.spec.kind != WaitKind.BATCH:
                 return _replayed_wait(claim, step, ctx, eager)
             return _park(claim, step, park.spec)
         except Rerun as rerun:

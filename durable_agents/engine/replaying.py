@@ -57,6 +57,8 @@ class Case:
     stubs: dict[str, Any]
     budget_usd: Decimal | None
     recorded_calls: list[dict[str, Any]] = field(default_factory=list)
+    # "batch": its model calls go through the Message Batches API (agents/batching.py); "": live.
+    delivery: str = ""
 
     @classmethod
     def of(cls, run_id: Any) -> Case:
@@ -74,6 +76,7 @@ class Case:
             stubs=dict(replay.stubs or {}),
             budget_usd=replay.budget_usd,
             recorded_calls=list(data.get("tool_calls") or []),
+            delivery=replay.delivery,
         )
 
 

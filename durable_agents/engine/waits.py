@@ -54,7 +54,7 @@ __all__ = ["decide_wait", "latest_wait", "park_txn", "send_signal", "sweep_waits
 
 def park_txn(claim: Claim, step: Step, spec: WaitSpec) -> Wait:
     """Release the run into `waiting` and open its wait (fenced by `claim`); notify approvers after commit."""
-    if replaying.is_replay(step.run):
+    if replaying.is_replay(step.run) and spec.kind != WaitKind.BATCH:
         replaying.refuse(claim.run_id, f"opens a {spec.kind} wait")
     # Nobody is told of a model turn's wait for its batch: it is the engine's, not a person's.
     notify_to = () if spec.kind == WaitKind.BATCH else spec.notify_to or settings.APPROVERS

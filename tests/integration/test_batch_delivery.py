@@ -20,11 +20,14 @@ from durable_agents.agents.messages import Usage
 from durable_agents.agents.pricing import cost_usd
 from durable_agents.engine.advance import advance
 from durable_agents.engine.sweep import sweep
+from durable_agents.errors import InvalidInputError
 from durable_agents.judge import judge
-from durable_agents.models import BatchTurn, Event, MessageBatch, Run, Turn, Wait
+from durable_agents.models import BatchTurn, Effect, Event, MessageBatch, ReplayRun, Run, Turn, Wait
+from durable_agents.testing import drive
 from durable_agents.testing.fake_anthropic import Fault, Reply
 from durable_agents.workflows import Batch, registry, workflow
 from tests.integration.test_agent_faults import API_KEY, claude_on_the_fake
+from tests.integration.test_replay_runs import billing_script
 from tests.testapp.models import LedgerEntry
 from tests.testapp.workflows import charge, lookup_order
 
@@ -196,3 +199,29 @@ def test_batch_delivery__cancelling_the_run_abandons_its_turn_and_cancels_the_ba
     batcher.run_pass(client_of(fake))
     assert MessageBatch.objects.get().status in ("canceling", "ended")
     assert fake.batches[0].processing_status in ("canceling", "ended")
+
+
+def test_replay_in_batch__every_model_call_of_both_lanes_goes_in_a_batch_and_nothing_is_applied(fake, monkeypatch):
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", fake.url)  # the batcher's own client, as a worker's would be made
+    fake.responder = billing_script
+    source = drive(api.start("agent_charge", {"message": "Please charge order A-1."}).id)
+    assert source.status == "completed"
+    live_asks = len(fake.requests)
+    assert live_asks == 3
+    effects, ledger = Effect.objects.count(), LedgerEntry.objects.count()
+
+    replay = api.replay(runs=[source.id], candidate={"model": "claude-haiku-4-5"}, delivery="batch", concurrency=10)
+    report = api.replay_here(replay.id)
+
+    replayed = [r for r in fake.requests[live_asks:] if r.path == "/v1/messages"]
+    assert replayed and all(r.batch_id for r in replayed), "a replay with delivery='batch' asks nothing live"
+    assert report.lanes["baseline"].agree == report.lanes["candidate"].agree == 1
+    assert (Effect.objects.count(), LedgerEntry.objects.count()) == (effects, ledger), "a replay applies nothing"
+    replay_ids = ReplayRun.objects.filter(replay=replay).values("run_id")
+    assert set(Wait.objects.filter(run_id__in=replay_ids).values_list("kind", flat=True)) == {"batch"}
+    assert BatchTurn.objects.filter(run_id__in=replay_ids, status="succeeded").count() == len(replayed)
+
+
+def test_replay_in_batch__a_delivery_that_is_not_one_is_refused():
+    with pytest.raises(InvalidInputError, match='"live" or "batch"'):
+        api.replay(runs=[], delivery="overnight")
