@@ -8,10 +8,13 @@ succeeded / errored / canceled / expired, matched by custom_id).
 
 from __future__ import annotations
 
+import json
 from decimal import Decimal
+from io import StringIO
 
 import anthropic
 import pytest
+from django.core.management import call_command
 
 from durable_agents import api
 from durable_agents.agents import batcher
@@ -22,7 +25,7 @@ from durable_agents.engine.advance import advance
 from durable_agents.engine.sweep import sweep
 from durable_agents.errors import InvalidInputError
 from durable_agents.judge import judge
-from durable_agents.models import BatchTurn, Effect, Event, MessageBatch, ReplayRun, Run, Turn, Wait
+from durable_agents.models import BatchTurn, Effect, Event, MessageBatch, Replay, ReplayRun, Run, Turn, Wait
 from durable_agents.testing import drive
 from durable_agents.testing.fake_anthropic import Fault, Reply
 from durable_agents.workflows import Batch, registry, workflow
@@ -225,3 +228,19 @@ def test_replay_in_batch__every_model_call_of_both_lanes_goes_in_a_batch_and_not
 def test_replay_in_batch__a_delivery_that_is_not_one_is_refused():
     with pytest.raises(InvalidInputError, match='"live" or "batch"'):
         api.replay(runs=[], delivery="overnight")
+
+
+def test_durable_replay_batch__the_command_replays_through_batches(fake, monkeypatch):
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", fake.url)
+    fake.responder = billing_script
+    source = drive(api.start("agent_charge", {"message": "Please charge order A-1."}).id)
+    out = StringIO()
+
+    call_command(
+        "durable_replay", "--runs", str(source.id), "--lanes", "baseline", "--batch", "--here", "--json", stdout=out
+    )
+
+    report = json.loads(out.getvalue())
+    assert report["lanes"]["baseline"]["agree"] == 1
+    assert Replay.objects.get(pk=report["replay"]).delivery == "batch"
+    assert fake.batch_creates >= 1

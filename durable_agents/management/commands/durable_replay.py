@@ -125,6 +125,11 @@ class Command(DurableCommand):
         running.add_argument("--concurrency", help="replay runs in flight at once (default 100)")
         running.add_argument("--as", dest="actor", help="who is replaying (recorded with the replay; default cli)")
         running.add_argument("--here", action="store_true", help="advance the runs in this process (no workers)")
+        running.add_argument(
+            "--batch",
+            action="store_true",
+            help="every model call through the Message Batches API, at half price (answered within 24 h)",
+        )
         running.add_argument("--timeout", help="seconds to wait for the workers (default 3600); exit 1 after")
         running.add_argument(
             "--fail-under", help="exit 1 unless the candidate agrees with the recording at least this often (0-1)"
@@ -185,6 +190,7 @@ class Command(DurableCommand):
             concurrency=_whole(options["concurrency"], "--concurrency", low=1),
             actor=check_text(options["actor"] or "cli", "--as (who is replaying)"),
             seed=_whole(options["seed"], "--seed"),
+            delivery="batch" if options["batch"] else None,
             **selection,
         )
         quiet = options["json"]
