@@ -51,6 +51,7 @@ except ImportError as missing:  # an optional extra: say which
 
 from durable_agents import clock
 from durable_agents.conf import settings
+from durable_agents.engine.batches import in_flight_summary
 from durable_agents.health import Presence, read_backlog, read_presence
 from durable_agents.models import Event, Run, RunStatus, Step
 from durable_agents.workflows import registry
@@ -161,9 +162,32 @@ class DatabaseCollector(Collector):
             "durable_step_retries_recent", f"Step retries scheduled {window}.", workflows, figures.retries
         )
         yield from _health_gauges(now)
+        yield from _batch_gauges(now)
         scrape = GaugeMetricFamily("durable_metrics_scrape_seconds", "Time the database queries of this scrape took.")
         scrape.add_metric([], time.perf_counter() - began)
         yield scrape
+
+
+def _batch_gauges(now: datetime) -> Iterator[GaugeMetricFamily]:
+    """Model turns in Message Batches (agents/batching.py): waiting for the batcher, at the API, and the oldest."""
+    summary = in_flight_summary()
+    turns = GaugeMetricFamily(
+        "durable_batch_turns",
+        "Model turns sent with delivery='batch' and not answered yet: queued (waiting for the batcher) or submitted.",
+        labels=["status"],
+    )
+    turns.add_metric(["queued"], summary["queued"])
+    turns.add_metric(["submitted"], summary["turns"] - summary["queued"])
+    yield turns
+    batches = GaugeMetricFamily("durable_batches_in_flight", "Message Batches sent and not yet collected.")
+    batches.add_metric([], summary["batches"])
+    yield batches
+    oldest = GaugeMetricFamily(
+        "durable_batch_oldest_age_seconds", "Age of the oldest Message Batch in flight (0: none); the API expires 24 h."
+    )
+    started = summary["oldest_batch_at"]
+    oldest.add_metric([], max((now - started).total_seconds(), 0.0) if started else 0.0)
+    yield oldest
 
 
 def _health_gauges(now: datetime) -> Iterator[GaugeMetricFamily]:

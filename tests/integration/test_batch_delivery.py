@@ -14,7 +14,9 @@ from io import StringIO
 
 import anthropic
 import pytest
+from django.conf import settings
 from django.core.management import call_command
+from django.test import override_settings
 
 from durable_agents import api
 from durable_agents.agents import batcher
@@ -25,6 +27,7 @@ from durable_agents.engine.advance import advance
 from durable_agents.engine.sweep import sweep
 from durable_agents.errors import InvalidInputError
 from durable_agents.judge import judge
+from durable_agents.metrics import DatabaseCollector
 from durable_agents.models import BatchTurn, Effect, Event, MessageBatch, Replay, ReplayRun, Run, Turn, Wait
 from durable_agents.testing import drive
 from durable_agents.testing.fake_anthropic import Fault, Reply
@@ -244,3 +247,23 @@ def test_durable_replay_batch__the_command_replays_through_batches(fake, monkeyp
     assert report["lanes"]["baseline"]["agree"] == 1
     assert Replay.objects.get(pk=report["replay"]).delivery == "batch"
     assert fake.batch_creates >= 1
+
+
+def test_batch_metrics__turns_and_batches_in_flight_are_exported(fake, batched_workflows):
+    batched_workflows(
+        "batched_metrics", [agent("a", instructions="Answer.", model=MODEL, max_tokens=256, delivery="batch")]
+    )
+    fake.hold_batches()
+    queued_run, sent_run = api.start("batched_metrics", {}), api.start("batched_metrics", {"n": 2})
+    advance(sent_run.id)
+    batcher.run_pass(client_of(fake))
+    advance(queued_run.id)
+    with override_settings(DURABLE_AGENTS={**settings.DURABLE_AGENTS, "BATCH_WINDOW_SECONDS": 3600}):
+        batcher.run_pass(client_of(fake))  # the second turn's window has not passed: it stays queued
+
+    figures = {family.name: family.samples for family in DatabaseCollector().collect()}
+
+    turns = {sample.labels["status"]: sample.value for sample in figures["durable_batch_turns"]}
+    assert turns == {"queued": 1, "submitted": 1}
+    assert [s.value for s in figures["durable_batches_in_flight"]] == [1]
+    assert figures["durable_batch_oldest_age_seconds"][0].value >= 0
