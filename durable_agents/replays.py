@@ -581,8 +581,7 @@ def run_here(replay_id: uuid.UUID | str, *, max_rounds: int = 100_000) -> bool:
         ]
         if not ready and any(status == RunStatus.WAITING for *_, status in rows):
             # Parked on Message Batches: send, poll and collect them here, at the batcher's own pace.
-            report = batcher.run_pass()
-            if not report.answered:
+            if not batcher.run().get("answered"):
                 time.sleep(min(float(settings.BATCH_POLL_SECONDS), 5.0))
             continue
         if not ready:

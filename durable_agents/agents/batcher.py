@@ -194,7 +194,10 @@ def _poll_due(client: anthropic.Anthropic, report: PassReport) -> None:
         except (anthropic.APIError, httpx.HTTPError) as exc:
             report.errors.append(f"results of {batch.provider_id}: {type(exc).__name__}")
             continue
-        batches.end_batch(batch, counts)
+        missing = batches.end_batch(batch, counts)
+        if missing:
+            logger.error("Message Batch %s ended without a result for %d turns; they are sent again", batch.pk, missing)
+            report.requeued += missing
         report.ended += 1
 
 

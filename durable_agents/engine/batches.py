@@ -20,7 +20,8 @@ from decimal import Decimal
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Count, DateTimeField, Exists, ExpressionWrapper, F, Min, OuterRef, Value
+from django.db.models import Count, DateTimeField, Exists, ExpressionWrapper, F, Min, OuterRef, TextField, Value
+from django.db.models.functions import Cast, Length
 
 from durable_agents.clock import DbNow
 from durable_agents.engine import transitions
@@ -37,6 +38,8 @@ from durable_agents.states import (
     WaitStatus,
 )
 
+# A request's envelope in the create body beside its params: {"custom_id": "da-<32 hex>", "params": ...}.
+REQUEST_OVERHEAD_BYTES = 64
 IN_FLIGHT = (BatchTurnStatus.QUEUED, BatchTurnStatus.SUBMITTED)
 FAILED_RESULTS = (BatchTurnStatus.ERRORED, BatchTurnStatus.EXPIRED, BatchTurnStatus.CANCELED)
 BATCHES_IN_FLIGHT = (MessageBatchStatus.SUBMITTING, MessageBatchStatus.IN_PROGRESS, MessageBatchStatus.CANCELING)
@@ -120,8 +123,10 @@ def due_turns(window: timedelta, max_requests: int, max_bytes: int) -> list[Batc
     if oldest["n"] < max_requests and not queued.filter(created_at__lte=due_before).exists():
         return []
     chosen, size = [], 0
-    for turn in queued.order_by("created_at", "id")[:max_requests]:
-        length = len(str(turn.params)) + 100
+    # Sized in the database: the requests themselves are read once, when the batch goes.
+    sized = queued.annotate(size=Length(Cast("params", TextField()))).order_by("created_at", "id")
+    for turn in sized.only("pk", "created_at")[:max_requests]:
+        length = (turn.size or 0) + REQUEST_OVERHEAD_BYTES
         if chosen and size + length > max_bytes:
             break
         chosen.append(turn)
@@ -264,10 +269,25 @@ def _count_late(turn: BatchTurn, cost: Decimal, counters: dict[str, Any]) -> Non
     )
 
 
-def end_batch(batch: MessageBatch, counts: dict[str, int]) -> bool:
-    return transitions.move_message_batch(
-        MessageBatchOp.END, batch.pk, to=MessageBatchStatus.ENDED, counts=counts, ended_at=DbNow(), polled_at=DbNow()
-    )
+def end_batch(batch: MessageBatch, counts: dict[str, int]) -> int:
+    """Its results are all recorded: the batch ended. A turn its results did not name (none should be left) goes back
+    to the queue rather than wait for ever; how many did."""
+    with transaction.atomic():
+        transitions.move_message_batch(
+            MessageBatchOp.END,
+            batch.pk,
+            to=MessageBatchStatus.ENDED,
+            counts=counts,
+            ended_at=DbNow(),
+            polled_at=DbNow(),
+        )
+        return transitions.move_batch_turns(
+            BatchTurnOp.REQUEUE,
+            BatchTurn.objects.filter(batch=batch),
+            to=BatchTurnStatus.QUEUED,
+            batch=None,
+            submitted_at=None,
+        )
 
 
 def not_ours(batch: MessageBatch) -> int:
