@@ -41,7 +41,7 @@ def _now(batch: MessageBatch) -> Any:
 
 @admin.register(MessageBatch)
 class MessageBatchAdmin(admin.ModelAdmin):
-    list_display = ("batch_id", "status_badge", "request_count", "counts_column", "age", "polls", "next_poll")
+    list_display = ("batch_id", "status_badge", "requests", "counts_column", "age", "polls", "next_poll")
     list_display_links = ("batch_id",)
     list_filter = ("status",)
     search_fields = ("=provider_id",)
@@ -56,11 +56,11 @@ class MessageBatchAdmin(admin.ModelAdmin):
         "request_count",
         "request_bytes",
         "counts_column",
-        "created_at",
-        "submitted_at",
-        "ended_at",
-        "polled_at",
-        "next_poll_at",
+        "created",
+        "submitted",
+        "ended",
+        "polled",
+        "next_poll",
         "polls",
         "error",
         "turns_column",
@@ -94,6 +94,26 @@ class MessageBatchAdmin(admin.ModelAdmin):
     @admin.display(description="status", ordering="status")
     def status_badge(self, batch: MessageBatch) -> SafeString:
         return format_html('<span class="durable-badge durable-{}">{}</span>', batch.status, batch.status)
+
+    @admin.display(description="requests", ordering="request_count")
+    def requests(self, batch: MessageBatch) -> int:
+        return batch.request_count
+
+    @admin.display(description="created")
+    def created(self, batch: MessageBatch) -> SafeString:
+        return when_html(batch.created_at)
+
+    @admin.display(description="submitted")
+    def submitted(self, batch: MessageBatch) -> SafeString:
+        return when_html(batch.submitted_at)
+
+    @admin.display(description="ended")
+    def ended(self, batch: MessageBatch) -> SafeString:
+        return when_html(batch.ended_at)
+
+    @admin.display(description="last polled")
+    def polled(self, batch: MessageBatch) -> SafeString:
+        return when_html(batch.polled_at)
 
     @admin.display(description="counts")
     def counts_column(self, batch: MessageBatch) -> str:

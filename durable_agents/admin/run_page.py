@@ -196,7 +196,7 @@ class RunPage:
     saga: SagaProgress | None = None
     # By wait id: an approval asked again because the run re-planned after it was given (and the earlier one).
     asked_again: dict[int, AskedAgain] = field(default_factory=dict)
-    # The run's model turns sent with delivery="batch" (latest first), each with its batch.
+    # The run's model turns sent with delivery="batch" (the latest BATCH_TURNS_SHOWN, oldest first), with their batches.
     batch_turns: list[BatchTurn] = field(default_factory=list)
 
     @property
@@ -207,9 +207,10 @@ class RunPage:
         return {turn.pk for turn, _, _ in self.turns if turn.request_id in answered}
 
     @property
-    def batch_turn_rows(self) -> list[tuple[BatchTurn, str]]:
-        """Each batch turn with its age: how long it has waited, or how long its batch took to end it."""
-        return [(b, batch_turn_age(b, self.now)) for b in self.batch_turns]
+    def batch_turn_rows(self) -> list[tuple[BatchTurn, str, str]]:
+        """Each batch turn with its age (how long it has waited, or how long its batch took to end it) and when it
+        was journaled, as text."""
+        return [(b, batch_turn_age(b, self.now), when_text(b.created_at)) for b in self.batch_turns]
 
     @property
     def effect_rows(self) -> list[tuple[Effect, Compensation | None]]:
@@ -400,7 +401,7 @@ def build_run_page(run: Run, *, now: datetime) -> RunPage:
         compensations=states,
         saga=saga_progress(run, states),
         asked_again=asked_again(waits, runs=[run.pk]),
-        batch_turns=batch_turns,
+        batch_turns=batch_turns[::-1],
         **_family(run),
         **_key_queue(run),
     )
