@@ -83,11 +83,12 @@ from durable_agents.search import check_filters
 from durable_agents.storable import check_json, check_text, whole_number
 from durable_agents.tools import Field, Tool, tool
 from durable_agents.waits import approval, sleep, wait_for_signal
-from durable_agents.workflows import PlannedStep, RetryPolicy, Workflow, call, registry, tool_step, workflow
+from durable_agents.workflows import Batch, PlannedStep, RetryPolicy, Workflow, call, registry, tool_step, workflow
 
 __all__ = [
     "AgentLimitError",
     "ApprovalRejectedError",
+    "Batch",
     "BudgetExceededError",
     "ChildRunFailedError",
     "CohortNotFoundError",

@@ -408,6 +408,23 @@ def describe_run(run_id: uuid.UUID | str, *, events: int = 200) -> dict[str, Any
             }
             for w in run.waits.order_by("id")
         ],
+        # Its model turns sent with delivery="batch": the request and answer stay out (the conversation so far).
+        "batch_turns": [
+            {
+                "step_id": b.step.step_id,
+                "index": b.index,
+                "purpose": b.purpose,
+                "status": b.status,
+                "custom_id": b.custom_id,
+                "batch": (b.batch.provider_id or f"#{b.batch.pk}") if b.batch else None,
+                "batch_status": b.batch.status if b.batch else None,
+                "created_at": _iso(b.created_at),
+                "ended_at": _iso(b.ended_at),
+                "deadline": _iso(b.deadline),
+                "cost_usd": str(b.cost_usd),
+            }
+            for b in run.batch_turns.select_related("step", "batch").defer("params", "result").order_by("id")
+        ],
         "events": [
             {
                 "at": _iso(e.created_at),

@@ -1,7 +1,8 @@
 """What the run page shows, read in a fixed number of queries whatever the run's history length.
 
 The troubleshooting answers come first (last committed step, in-flight effect, retry history, version),
-then the timeline, steps, turns, effects and events. Long histories are windowed: the steps around the
+then the timeline, steps, turns (those answered in a Message Batch marked as batch-priced), the run's Message Batch
+turns, effects and events. Long histories are windowed: the steps around the
 cursor, the latest turns, effects and events.
 """
 
@@ -46,6 +47,7 @@ from durable_agents.engine.admission import holding
 from durable_agents.errors import UnknownWorkflowError
 from durable_agents.models import (
     ACTIVE_RUN_STATUSES,
+    BatchTurn,
     Effect,
     EffectKind,
     EffectStatus,
@@ -60,12 +62,14 @@ from durable_agents.models import (
     WaitStatus,
 )
 from durable_agents.operations import concurrency_note, is_executing, step_status_shown
+from durable_agents.states import BatchTurnStatus
 from durable_agents.workflows import registry
 
 # Steps shown: this many plan positions, most of them before the cursor (where problems are).
 STEP_WINDOW = 200
 STEPS_BEFORE_CURSOR = 150
 TURNS_SHOWN = 50
+BATCH_TURNS_SHOWN = 50
 EFFECTS_SHOWN = 200
 EVENTS_SHOWN = 200
 WAITS_SHOWN = 50
@@ -192,6 +196,21 @@ class RunPage:
     saga: SagaProgress | None = None
     # By wait id: an approval asked again because the run re-planned after it was given (and the earlier one).
     asked_again: dict[int, AskedAgain] = field(default_factory=dict)
+    # The run's model turns sent with delivery="batch" (the latest BATCH_TURNS_SHOWN, oldest first), with their batches.
+    batch_turns: list[BatchTurn] = field(default_factory=list)
+
+    @property
+    def batch_priced(self) -> set[int]:
+        """The journaled turns (pks) answered in a Message Batch, priced at batch prices: a batch answer is journaled
+        with its request's custom id as the turn's request id."""
+        answered = {b.custom_id for b in self.batch_turns if b.status == BatchTurnStatus.SUCCEEDED}
+        return {turn.pk for turn, _, _ in self.turns if turn.request_id in answered}
+
+    @property
+    def batch_turn_rows(self) -> list[tuple[BatchTurn, str, str]]:
+        """Each batch turn with its age (how long it has waited, or how long its batch took to end it) and when it
+        was journaled, as text."""
+        return [(b, batch_turn_age(b, self.now), when_text(b.created_at)) for b in self.batch_turns]
 
     @property
     def effect_rows(self) -> list[tuple[Effect, Compensation | None]]:
@@ -261,10 +280,30 @@ class RunPage:
 
 
 HISTORY_KINDS = ("step_retry", "failed", "lease_takeover", "swept")
+BATCH_TURN_FIELDS = (
+    "run_id",
+    "step__step_id",
+    "index",
+    "purpose",
+    "custom_id",
+    "model",
+    "status",
+    "deadline",
+    "used",
+    "cost_usd",
+    "created_at",
+    "submitted_at",
+    "ended_at",
+    "batch__provider_id",
+    "batch__status",
+    "batch__request_count",
+    "batch__created_at",
+    "batch__ended_at",
+)
 
 
 def build_run_page(run: Run, *, now: datetime) -> RunPage:
-    """Everything the run page shows: nine indexed queries, none of which grows with the history."""
+    """Everything the run page shows: ten indexed queries, none of which grows with the history."""
     low = max(0, run.cursor - STEPS_BEFORE_CURSOR)
     high = low + STEP_WINDOW
     steps = list(
@@ -305,6 +344,13 @@ def build_run_page(run: Run, *, now: datetime) -> RunPage:
         .select_related("step")
         .defer("step__context", "step__result")
         .order_by("-id")[:WAITS_SHOWN]
+    )
+    # Its request and answer stay out of the page: a batch turn's request is the whole conversation so far.
+    batch_turns = list(
+        BatchTurn.objects.filter(run=run)
+        .select_related("step", "batch")
+        .only(*BATCH_TURN_FIELDS)
+        .order_by("-id")[:BATCH_TURNS_SHOWN]
     )
     failures = [_failure(e) for e in history if e.kind in ("step_retry", "failed")]
     row_of = RowOf.of(steps)
@@ -355,9 +401,17 @@ def build_run_page(run: Run, *, now: datetime) -> RunPage:
         compensations=states,
         saga=saga_progress(run, states),
         asked_again=asked_again(waits, runs=[run.pk]),
+        batch_turns=batch_turns[::-1],
         **_family(run),
         **_key_queue(run),
     )
+
+
+def batch_turn_age(turn: BatchTurn, now: datetime) -> str:
+    """ "waiting 12 min" while in flight; "ended after 40 min" once its result (or its abandonment) came."""
+    if turn.ended_at is None:
+        return f"waiting {coarse_duration((now - turn.created_at).total_seconds())}"
+    return f"ended after {coarse_duration((turn.ended_at - turn.created_at).total_seconds())}"
 
 
 def _family(run: Run) -> dict[str, Any]:

@@ -17,6 +17,7 @@ PUBLIC_API = [
     "EffectConflictError",
     "DefinitionError",
     "ApprovalRejectedError",
+    "Batch",
     "DurableAgentsError",
     "EffectOutcomeUnknownError",
     "Field",

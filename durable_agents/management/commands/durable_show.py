@@ -1,4 +1,5 @@
-"""durable_show RUN_ID [--json]: a run, its steps (numbered from 1, as in the admin) and its events."""
+"""durable_show RUN_ID [--json]: a run, its steps (numbered from 1, as in the admin), its Message Batch turns and its
+events."""
 
 from __future__ import annotations
 
@@ -80,6 +81,15 @@ class Command(DurableCommand):
             if said is not None:
                 why = f"  {said.why}" if said.later.pk == w["id"] else f"  {said.replaced}"
             write(f"wait {w['id']}: {w['kind']} {w['name']} {w['status']}{who}  deadline {w['deadline'] or '-'}{why}")
+        if data["batch_turns"]:
+            write("message batch turns:")
+        for b in data["batch_turns"]:
+            batch = f"batch {b['batch']} ({b['batch_status']})" if b["batch"] else "no batch yet"
+            ended = f"  ended {b['ended_at']}" if b["ended_at"] else ""
+            write(
+                f"  {b['step_id']:<24} turn {b['index']:<3} {b['purpose']:<10} {b['status']:<10} {batch}"
+                f"  since {b['created_at']}{ended}"
+            )
         write("events:")
         for e in data["events"]:
             detail = _brief(e["detail"]) or ""
