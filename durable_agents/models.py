@@ -801,6 +801,7 @@ class MessageBatch(models.Model):
 
     class Meta:
         ordering = ["-created_at"]
+        verbose_name_plural = "message batches"
         constraints = [
             models.UniqueConstraint(
                 fields=["provider_id"], condition=~Q(provider_id=""), name="durable_message_batch_provider_id"

@@ -62,6 +62,7 @@ class Migration(migrations.Migration):
             ],
             options={
                 "ordering": ["-created_at"],
+                "verbose_name_plural": "message batches",
                 "indexes": [
                     models.Index(
                         condition=models.Q(("status__in", ["submitting", "in_progress", "canceling"])),
