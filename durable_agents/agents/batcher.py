@@ -11,8 +11,10 @@ time across machines, under a job lease) does, in order:
    batcher killed), the row stays `submitting`: after BATCH_SUBMIT_GRACE_SECONDS the API's batches created since
    are listed, and one nobody here knows that holds as many requests is adopted; if there is none, the create
    never landed and the turns are sent again. An adopted batch whose results hold none of its custom ids was
-   someone else's: its turns are sent again. A refusal for what the batch holds (a 4xx) ends its turns errored
-   with the API's words; any other failure before an answer puts them back in the queue;
+   someone else's: its turns are sent again. Lost creates are looked for first, and while one is unresolved no
+   other batch goes: told apart by their size alone, two lost creates of one size could each adopt the other's
+   batch and send their own turns again. A refusal for what the batch holds (a 4xx) ends its turns errored with
+   the API's words; any other failure before an answer puts them back in the queue;
 3. **poll** each batch in flight whose time has come (first after BATCH_POLL_SECONDS, then doubling up to
    BATCH_POLL_MAX_SECONDS, on the database's clock); once it ended, stream its results (JSON lines, in the API's
    key order) and record each: its turn ends, its wait closes, its run wakes. Recording is idempotent, so a pass
@@ -85,13 +87,17 @@ def run_pass(client: anthropic.Anthropic | None = None) -> PassReport:
     report = PassReport()
     report.abandoned = batches.abandon_turns_of_finished_runs()
     _cancel_unwanted(client, report)
-    _send_due(client, report)
     _recover_lost_creates(client, report)
+    _send_due(client, report)
     _poll_due(client, report)
     return report
 
 
 def _send_due(client: anthropic.Anthropic, report: PassReport) -> None:
+    if batches.create_unanswered():
+        # A lost create is told from the API's list by its size alone: with a second one of the same size out,
+        # each could adopt the other's batch and send its own turns again. Nothing goes until it is resolved.
+        return
     window = timedelta(seconds=float(settings.BATCH_WINDOW_SECONDS))
     while turns := batches.due_turns(window, int(settings.BATCH_MAX_REQUESTS), int(settings.BATCH_MAX_BYTES)):
         batch = batches.open_batch(turns)
@@ -103,6 +109,9 @@ def _send_due(client: anthropic.Anthropic, report: PassReport) -> None:
 
 def _send(client: anthropic.Anthropic, batch: MessageBatch, report: PassReport) -> bool:
     requests = batches.requests_of(batch)
+    if len(requests) != batch.request_count:
+        # A turn was abandoned since the row was committed: a lost create is recognised by what it really holds.
+        batches.recount(batch, len(requests))
     try:
         created = client.messages.batches.create(requests=requests)  # type: ignore[arg-type]
     except anthropic.APIStatusError as exc:
