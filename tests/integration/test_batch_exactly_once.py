@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections import Counter
 from datetime import timedelta
 
@@ -23,7 +24,7 @@ from durable_agents.agents import batcher
 from durable_agents.agents.loop import agent
 from durable_agents.engine import batches
 from durable_agents.engine.advance import advance
-from durable_agents.models import BatchTurn, MessageBatch, Run, Turn, Wait
+from durable_agents.models import BatchTurn, JobLease, MessageBatch, Run, Turn, Wait
 from durable_agents.testing.fake_anthropic import Fault, Reply
 from tests.integration.test_batch_delivery import FAST, MODEL, batched_workflows, client_of, fake, settle  # noqa: F401
 from tests.testapp.models import LedgerEntry
@@ -216,6 +217,30 @@ def test_lost_create__a_turn_abandoned_before_the_create_went_does_not_hide_the_
     assert run.status == "completed", run.error
     assert fake.batch_creates == 1, "the landed batch (one request, not the row's first two) was adopted"
     sent_once(fake, [kept.id])
+
+
+def test_zombie_batcher__a_pass_that_lost_its_lease_sends_no_create(fake, answering, grace, monkeypatch):  # noqa: F811
+    run = parked(answering, {"q": "Frozen?"})
+    open_batch = batches.open_batch
+
+    def frozen_past_its_lease(turns):
+        batch = open_batch(turns)
+        # Frozen here (SIGSTOP, a swap storm) past its lease: another pass took the batcher over. That pass finds
+        # this row unanswered after the grace period and sends its turns itself; the thawed one must not too.
+        JobLease.objects.filter(name="batches").update(token=uuid.uuid4(), holder="another:1")
+        return batch
+
+    monkeypatch.setattr(batches, "open_batch", frozen_past_its_lease)
+    batcher.run(client_of(fake))
+    monkeypatch.setattr(batches, "open_batch", open_batch)
+    assert fake.batch_creates == 0, "the pass that lost its lease sent nothing"
+
+    grace(0)
+    run = settle(fake, run.id)
+
+    assert run.status == "completed", run.error
+    assert fake.batch_creates == 1
+    sent_once(fake, [run.id])
 
 
 def test_results_read_twice__a_pass_killed_after_half_the_results_records_the_rest_once(
