@@ -100,7 +100,7 @@ def run_pass(client: anthropic.Anthropic | None = None, *, lease: JobLeaseHeld |
 
 
 def _send_due(client: anthropic.Anthropic, report: PassReport, lease: JobLeaseHeld | None) -> None:
-    if batches.create_unanswered():
+    if batches.has_unanswered_create():
         # A lost create is told from the API's list by its size alone: with a second one of the same size out,
         # each could adopt the other's batch and send its own turns again. Nothing goes until it is resolved.
         return

@@ -194,7 +194,7 @@ def submitting_since(older_than: timedelta) -> list[MessageBatch]:
     return list(MessageBatch.objects.filter(status=MessageBatchStatus.SUBMITTING, created_at__lte=before))
 
 
-def create_unanswered() -> bool:
+def has_unanswered_create() -> bool:
     """True while a batch's create request went without an answer that is not resolved yet (adopted or requeued)."""
     return MessageBatch.objects.filter(status=MessageBatchStatus.SUBMITTING).exists()
 
