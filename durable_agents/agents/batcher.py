@@ -11,8 +11,10 @@ time across machines, under a job lease) does, in order:
    batcher killed), the row stays `submitting`: after BATCH_SUBMIT_GRACE_SECONDS the API's batches created since
    are listed, and one nobody here knows that holds as many requests is adopted; if there is none, the create
    never landed and the turns are sent again. An adopted batch whose results hold none of its custom ids was
-   someone else's: its turns are sent again. A refusal for what the batch holds (a 4xx) ends its turns errored
-   with the API's words; any other failure before an answer puts them back in the queue;
+   someone else's: its turns are sent again. Lost creates are looked for first, and while one is unresolved no
+   other batch goes: told apart by their size alone, two lost creates of one size could each adopt the other's
+   batch and send their own turns again. A refusal for what the batch holds (a 4xx) ends its turns errored with
+   the API's words; any other failure before an answer puts them back in the queue;
 3. **poll** each batch in flight whose time has come (first after BATCH_POLL_SECONDS, then doubling up to
    BATCH_POLL_MAX_SECONDS, on the database's clock); once it ended, stream its results (JSON lines, in the API's
    key order) and record each: its turn ends, its wait closes, its run wakes. Recording is idempotent, so a pass
@@ -20,7 +22,9 @@ time across machines, under a job lease) does, in order:
 
 What is not guaranteed: a create request whose answer was lost, made while another installation sharing the API
 key created a batch of the same size in the same minutes, may adopt that batch first; its results then hold none
-of our custom ids, and the turns are sent again (paid twice, answered once).
+of our custom ids, and the turns are sent again (paid twice, answered once). And a pass checks its lease right
+before each create request: one frozen between that check and the request, past its lease, still sends it (the
+check-then-act no lease closes); the pass that took over sends the same turns, and both batches are paid.
 """
 
 from __future__ import annotations
@@ -76,33 +80,48 @@ def run(client: anthropic.Anthropic | None = None) -> dict[str, Any]:
     with JobLeaseHeld("batches", seconds=LEASE_SECONDS) as lease:
         if lease.holder is not None:
             return {"busy": f"{lease.holder.holder} holds the batcher until {lease.holder.until}"}
-        return run_pass(client).as_dict()
+        return run_pass(client, lease=lease).as_dict()
 
 
-def run_pass(client: anthropic.Anthropic | None = None) -> PassReport:
-    """One pass of the batcher (module docstring). Errors talking to the API are logged and left for the next pass."""
+def run_pass(client: anthropic.Anthropic | None = None, *, lease: JobLeaseHeld | None = None) -> PassReport:
+    """One pass of the batcher (module docstring). Errors talking to the API are logged and left for the next pass.
+
+    With `lease` (the job lease `run` holds) no create request goes once the lease is lost: a pass frozen past its
+    lease (SIGSTOP, a swap storm) would otherwise send turns that the pass which took over sends too.
+    """
     client = client or new_clients()[0]
     report = PassReport()
     report.abandoned = batches.abandon_turns_of_finished_runs()
     _cancel_unwanted(client, report)
-    _send_due(client, report)
     _recover_lost_creates(client, report)
+    _send_due(client, report, lease)
     _poll_due(client, report)
     return report
 
 
-def _send_due(client: anthropic.Anthropic, report: PassReport) -> None:
+def _send_due(client: anthropic.Anthropic, report: PassReport, lease: JobLeaseHeld | None) -> None:
+    if batches.has_unanswered_create():
+        # A lost create is told from the API's list by its size alone: with a second one of the same size out,
+        # each could adopt the other's batch and send its own turns again. Nothing goes until it is resolved.
+        return
     window = timedelta(seconds=float(settings.BATCH_WINDOW_SECONDS))
     while turns := batches.due_turns(window, int(settings.BATCH_MAX_REQUESTS), int(settings.BATCH_MAX_BYTES)):
         batch = batches.open_batch(turns)
         if batch is None:
             continue
-        if not _send(client, batch, report):
+        if not _send(client, batch, report, lease):
             return  # the API is not taking batches now: the next pass tries again
 
 
-def _send(client: anthropic.Anthropic, batch: MessageBatch, report: PassReport) -> bool:
+def _send(client: anthropic.Anthropic, batch: MessageBatch, report: PassReport, lease: JobLeaseHeld | None) -> bool:
     requests = batches.requests_of(batch)
+    if len(requests) != batch.request_count:
+        # A turn was abandoned since the row was committed: a lost create is recognised by what it really holds.
+        batches.recount(batch, len(requests))
+    if lease is not None and not lease.renew():
+        # Another pass holds the batcher now: the row, left `submitting`, is its to look for after the grace period.
+        report.errors.append(f"batch {batch.pk}: not sent, the batcher's lease was lost")
+        return False
     try:
         created = client.messages.batches.create(requests=requests)  # type: ignore[arg-type]
     except anthropic.APIStatusError as exc:

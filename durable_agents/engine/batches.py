@@ -147,6 +147,13 @@ def requests_of(batch: MessageBatch) -> list[dict[str, Any]]:
     return [{"custom_id": t.custom_id, "params": t.params} for t in turns.only("custom_id", "params")]
 
 
+def recount(batch: MessageBatch, count: int) -> None:
+    """The batch's create carries `count` requests (its turns abandoned meanwhile stay out): recorded before it goes,
+    since a create whose answer is lost is looked for among the API's batches by that size."""
+    MessageBatch.objects.filter(pk=batch.pk).update(request_count=count)
+    batch.request_count = count
+
+
 def submitted(batch: MessageBatch, provider_id: str, counts: dict[str, int], poll_in: timedelta) -> bool:
     """The API took the batch: its id, and when to poll it first."""
     return transitions.move_message_batch(
@@ -190,6 +197,11 @@ def submitting_since(older_than: timedelta) -> list[MessageBatch]:
     """Batches whose create request went without an answer `older_than` ago (the batcher died, or it timed out)."""
     before = ExpressionWrapper(DbNow() - Value(older_than), output_field=DateTimeField())
     return list(MessageBatch.objects.filter(status=MessageBatchStatus.SUBMITTING, created_at__lte=before))
+
+
+def has_unanswered_create() -> bool:
+    """True while a batch's create request went without an answer that is not resolved yet (adopted or requeued)."""
+    return MessageBatch.objects.filter(status=MessageBatchStatus.SUBMITTING).exists()
 
 
 def known_provider_ids(ids: list[str]) -> set[str]:

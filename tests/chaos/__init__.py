@@ -4,6 +4,7 @@
     test_outages.py      Redis wiped and killed, Postgres restarted (mid-load and idle), the broker down at start
     test_delivery.py     the same advance delivered 10x concurrently; SIGSTOP/SIGCONT zombies
     test_model_faults.py the Anthropic fault matrix at volume (429 retry-after, 5xx, 529, timeouts, resets, streams)
+    test_batch_crashes.py batch delivery: the step or the batcher SIGKILLed at each point from submit to journal
     test_bad_inputs.py   bad input on every surface: a clear error, nothing changed
     test_secret_scan.py  no API key or secret in any table, stored file, log or model request (runs last)
 

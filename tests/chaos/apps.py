@@ -10,7 +10,9 @@ Loaded only by worker subprocesses (tests/chaos/settings.py), after `durable_age
 * every request of the "anthropic" participant carries the sending process's pid in a header
   (`x-chaos-pid`), so a request the fake saw after its turn was journaled is attributed to the process
   that sent it;
-* DURABLE_CHAOS_STREAM=1 makes the "anthropic" participant stream, so mid-stream errors are exercised.
+* DURABLE_CHAOS_STREAM=1 makes the "anthropic" participant stream, so mid-stream errors are exercised;
+* DURABLE_CHAOS_BATCH=1 sends the instrumented workflows' model calls through the Message Batches API
+  (`delivery="batch"`), with the kill points of batch_points.py.
 
 The workflows under test are not changed: their step functions are wrapped, and the wrapper calls them.
 """
@@ -39,13 +41,19 @@ class ChaosConfig(AppConfig):
 
     def ready(self) -> None:
         from durable_agents.signals import step_committed
-        from durable_agents.workflows import registry
+        from durable_agents.workflows import Batch, registry
 
+        batched = os.environ.get("DURABLE_CHAOS_BATCH") == "1"
         for name in filter(None, os.environ.get("DURABLE_CHAOS_RECORD", "refund_agent").split(",")):
             for version in registry.versions(name):
                 definition = registry.get(name, version)
                 steps = tuple(dataclasses.replace(s, fn=_recorded(s.fn)) if s.fn else s for s in definition.steps)
-                registry.register(dataclasses.replace(definition, steps=steps), replace=True)
+                changes: dict[str, Any] = {"steps": steps, **({"delivery": Batch()} if batched else {})}
+                registry.register(dataclasses.replace(definition, **changes), replace=True)
+        if batched:
+            from tests.chaos import batch_points
+
+            batch_points.install()
         step_committed.connect(_record_commit, dispatch_uid="chaos-record-commit")
         from durable_agents.agents.participants import participants
 
