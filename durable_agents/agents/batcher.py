@@ -52,7 +52,8 @@ logger = logging.getLogger("durable_agents.batches")
 # The API's clock and ours may disagree: a lost create is looked for among batches created this long before it.
 CLOCK_SKEW = timedelta(minutes=5)
 POLLS_PER_PASS = 100
-LEASE_SECONDS = 120.0
+# Renewed every third of it while a pass runs; a pass killed outright holds the batcher up this long at most.
+LEASE_SECONDS = 30.0
 
 
 @dataclass
@@ -115,6 +116,10 @@ def _send_due(client: anthropic.Anthropic, report: PassReport, lease: JobLeaseHe
 
 def _send(client: anthropic.Anthropic, batch: MessageBatch, report: PassReport, lease: JobLeaseHeld | None) -> bool:
     requests = batches.requests_of(batch)
+    if not requests:
+        # Every turn it was to carry was abandoned since (their runs cancelled): there is nothing to send.
+        batches.not_created(batch, "every turn it was to carry was abandoned before it went")
+        return True
     if len(requests) != batch.request_count:
         # A turn was abandoned since the row was committed: a lost create is recognised by what it really holds.
         batches.recount(batch, len(requests))
