@@ -219,7 +219,8 @@ def main() -> int:
             run_cohort(WORKFLOW, 1, "warm", timeout=120)  # the workers up, imported and connected
             print(f"live: {args.runs} runs, answers of {args.latency:g} s ({load()})", flush=True)
             asked = len(fake.requests)
-            live = run_cohort(WORKFLOW, args.runs, "live", timeout)
+            # The same orders in both cohorts: the same prompts, so the same tokens, at two prices.
+            live = run_cohort(WORKFLOW, args.runs, "order", timeout)
             live_requests = len(fake.requests) - asked
             print(f"  done in {live.seconds:.1f} s ({load()})", flush=True)
             print(
@@ -227,7 +228,7 @@ def main() -> int:
                 f"polls from {args.poll:g} s ({load()})",
                 flush=True,
             )
-            batch = run_cohort(BATCHED_WORKFLOW, args.runs, "batch", timeout)
+            batch = run_cohort(BATCHED_WORKFLOW, args.runs, "order", timeout)
             print(f"  done in {batch.seconds:.1f} s ({load()})", flush=True)
             creates = fake.batch_creates
             answered = fake.batch_requests_answered
