@@ -1,5 +1,5 @@
 """Every benchmark, one command: step cost, engine at scale, tokens, the console at a million runs, the zombie window,
-the replay lab.
+the replay lab, half-price batch turns.
 
     python bench/all.py            # the full figures (about 10 minutes on 2 cores)
     python bench/all.py --quick    # smaller counts, for a first look
@@ -27,6 +27,7 @@ FULL = [
     ["children.py", "--children", "1000", "--parents", "1000"],
     ["overload.py"],
     ["replay.py", "--runs", "1000"],
+    ["batches.py", "--runs", "1000"],
 ]
 QUICK = [
     ["steps.py", "--steps", "200", "--runs", "200"],
@@ -37,6 +38,7 @@ QUICK = [
     ["children.py", "--children", "200", "--parents", "200"],
     ["overload.py", "--waves", "2"],
     ["replay.py", "--runs", "200", "--concurrency", "100"],
+    ["batches.py", "--runs", "200", "--processing", "20"],
 ]
 
 

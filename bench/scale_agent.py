@@ -2,7 +2,8 @@
 
 Imported by the process that starts runs (after Django is set up) and by its workers (`--include
 bench.scale_agent`). The fake model's side, `answer`, lives here too so both sides agree on the script:
-turn 0 asks for `look_up_order`, turn 1 answers in text.
+turn 0 asks for `look_up_order`, turn 1 answers in text. BATCHED_WORKFLOW is the same conversation with
+`delivery="batch"` (bench/batches.py): each of its two calls goes in a Message Batch at half price.
 
 `look_up_order` is an effect (it marks the order as looked at): every execution of its body is counted in the
 broker's Redis (`applied(key)`), outside Postgres, so a test can tell an effect applied twice.
@@ -20,6 +21,7 @@ from durable_agents.testing.fake_anthropic import RecordedRequest, Reply
 from durable_agents.tools import ToolRegistry
 
 WORKFLOW = "bench_scale_conversation"
+BATCHED_WORKFLOW = "bench_scale_conversation_batched"  # the same conversation, its calls in Message Batches
 
 
 # A registry of its own: the bench's tool never collides with an application's tool names.
@@ -44,20 +46,20 @@ def applied() -> dict[str, int]:
     return {key.decode(): int(count) for key, count in _redis().hgetall(APPLIED).items()}
 
 
-workflow(
-    WORKFLOW,
-    steps=[
-        agent(
-            "support",
-            instructions="You answer customers about their orders. Look the order up before you answer.",
-            tools=[look_up_order],
-            prompt=lambda ctx: f"Where is my order {ctx.input['order_id']}?",
-            max_tokens=256,
-            max_turns=4,
-        )
-    ],
-    replace=True,
-)
+def _support(**options: Any) -> Any:
+    return agent(
+        "support",
+        instructions="You answer customers about their orders. Look the order up before you answer.",
+        tools=[look_up_order],
+        prompt=lambda ctx: f"Where is my order {ctx.input['order_id']}?",
+        max_tokens=256,
+        max_turns=4,
+        **options,
+    )
+
+
+workflow(WORKFLOW, steps=[_support()], replace=True)
+workflow(BATCHED_WORKFLOW, steps=[_support(delivery="batch")], replace=True)
 
 
 def answer(request: RecordedRequest) -> Reply:

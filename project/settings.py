@@ -316,6 +316,11 @@ DURABLE_AGENTS = {
     "MODEL_RATE_LIMITS": env_json("DURABLE_MODEL_RATE_LIMITS"),
     # "postgres" (the default) or a redis:// URL every worker reaches.
     "RATE_LIMIT_BACKEND": os.environ.get("DURABLE_RATE_LIMIT_BACKEND", "").strip() or "postgres",
+    # Turns with delivery="batch" go out every BATCH_WINDOW_SECONDS; a batch is polled from BATCH_POLL_SECONDS on,
+    # backing off to BATCH_POLL_MAX_SECONDS (`durable_demo --batch` makes them seconds).
+    "BATCH_WINDOW_SECONDS": env_seconds("DURABLE_BATCH_WINDOW_SECONDS", 60.0),
+    "BATCH_POLL_SECONDS": env_seconds("DURABLE_BATCH_POLL_SECONDS", 30.0),
+    "BATCH_POLL_MAX_SECONDS": env_seconds("DURABLE_BATCH_POLL_MAX_SECONDS", 600.0),
 }
 
 # Behind a proxy that ends HTTPS (Heroku's router, a load balancer), the admin's and the decision page's forms

@@ -9,7 +9,9 @@ waits), and ends with a summary (report.py). True only if every run ended as exp
 The agent: Claude when ANTHROPIC_API_KEY is set; with `stand_in`, Claude's default model played through the real
 SDK by the strict stand-in of the Messages API (durable_agents.testing.fake_anthropic: thinking blocks with
 signatures, prefill and forced tool choice refused, every request checked against the documented rules);
-else the scripted participant, offline.
+else the scripted participant, offline. With `batch` (`--batch`, which implies the stand-in), the reviewer's turns go
+through the stand-in's Message Batches endpoints at half price: each run parks while its batch processes, the
+workers' sweep sends the batcher, and the feed shows each turn queued, sent, answered and its cost.
 """
 
 from __future__ import annotations
@@ -29,7 +31,20 @@ from django.utils import timezone
 
 from durable_agents import api
 from durable_agents.conf import settings as durable_settings
-from durable_agents.models import Effect, EffectKind, EffectStatus, Event, Run, RunStatus, Turn, Wait, WaitStatus
+from durable_agents.models import (
+    BatchTurn,
+    BatchTurnStatus,
+    Effect,
+    EffectKind,
+    EffectStatus,
+    Event,
+    Run,
+    RunStatus,
+    Turn,
+    Wait,
+    WaitKind,
+    WaitStatus,
+)
 from durable_agents.testing import WorkerProcess
 from durable_agents.testing.fake_anthropic import FakeAnthropic
 from project.refunds import workflows
@@ -43,6 +58,15 @@ WORKFLOW = "refund_agent"
 POLL_SECONDS = 0.1
 # The demo's workers recover a killed worker's run within seconds: a short lease, a frequent sweep.
 WORKER_ENV_DEFAULTS = {"DURABLE_LEASE_SECONDS": "3", "DURABLE_SWEEP_SECONDS": "1", "DURABLE_IDLE_RESWEEP_SECONDS": "3"}
+# --batch: the stand-in's batches end after BATCH_PROCESSING_SECONDS; the batcher sends within half a second and
+# polls every second, so the demo sees a batch's whole life in seconds (the API's: minutes to 24 h).
+BATCH_PROCESSING_SECONDS = 3.0
+BATCH_WORKER_ENV = {
+    "REFUNDS_REVIEW_DELIVERY": "batch",
+    "DURABLE_BATCH_WINDOW_SECONDS": "0.5",
+    "DURABLE_BATCH_POLL_SECONDS": "1",
+    "DURABLE_BATCH_POLL_MAX_SECONDS": "1",
+}
 
 
 @dataclass
@@ -54,6 +78,7 @@ class Demo:
     runs: dict[uuid.UUID, Case] = field(default_factory=dict)
     workers: dict[str, WorkerProcess] = field(default_factory=dict)
     kill: Kill | None = None
+    batch: bool = False
     approved_at: datetime | None = None
     clock: float = 0.0
 
@@ -73,10 +98,16 @@ def run_demo(
     approve_after: float = 3.0,
     kill_fallback_after: float = 20.0,
     stand_in: bool = False,
+    batch: bool = False,
 ) -> bool:
-    """Run the demo; True if every run ended as expected and the SIGKILL landed mid-run."""
-    demo = Demo(write)
-    fake = FakeAnthropic(responder=stand_in_reply, latency=THINK_SECONDS).start() if stand_in else None
+    """Run the demo; True if every run ended as expected and the SIGKILL landed mid-run (with `batch`: and every
+    review was answered in a Message Batch)."""
+    demo = Demo(write, batch=batch)
+    fake = None
+    if stand_in or batch:
+        fake = FakeAnthropic(
+            responder=stand_in_reply, latency=THINK_SECONDS, batch_processing_seconds=BATCH_PROCESSING_SECONDS
+        ).start()
     try:
         return _run(demo, timeout, approve_after, kill_fallback_after, fake)
     finally:
@@ -100,6 +131,8 @@ def _run(
     worker_env["DURABLE_VAR_DIR"] = str(settings.VAR_DIR)
     if fake is not None:
         worker_env.update(fake.environ(api_key="stand-in-key"))
+    if demo.batch:
+        worker_env.update({name: os.environ.get(name, value) for name, value in BATCH_WORKER_ENV.items()})
     queues = [getattr(settings, "CELERY_TASK_DEFAULT_QUEUE", "celery"), durable_settings.MODEL_QUEUE]
     queues = [queue for queue in queues if queue]
 
@@ -143,8 +176,26 @@ def _run(
         for worker in demo.workers.values():
             worker.kill()
     outcome = Outcome(runs=demo.runs, kill=demo.kill, started=demo.started, log_dir=log_dir)
-    passed = report(demo.write, outcome)
+    batched = _report_batches(demo) if demo.batch else True
+    passed = report(demo.write, outcome) and batched
     return passed and not (fake is not None and _refused(fake))
+
+
+def _report_batches(demo: Demo) -> bool:
+    """The reviewer's turns through Message Batches: how many, in how many batches, at what price. True if every run's
+    review was answered in a batch."""
+    answered = BatchTurn.objects.filter(run_id__in=demo.runs, status=BatchTurnStatus.SUCCEEDED)
+    cost = sum((turn.cost_usd for turn in answered), Decimal(0))
+    batches = answered.values("batch").distinct().count()
+    reviewed = set(answered.values_list("run_id", flat=True))
+    demo.write(
+        f"Reviews in Message Batches: {answered.count()} turn(s) of {len(reviewed)} run(s) in {batches} batch(es), "
+        f"${cost:.4f} at the batch price (${2 * cost:.4f} live: batches bill half)."
+    )
+    if reviewed != set(demo.runs):
+        demo.write(f"!! {len(demo.runs) - len(reviewed)} run(s) were reviewed without a batch")
+        return False
+    return True
 
 
 def _refused(fake: FakeAnthropic) -> list[str]:
@@ -159,6 +210,11 @@ def _header(demo: Demo, fake: FakeAnthropic | None) -> None:
     broker = {"filesystem": "a broker in files (no server)", "redis": "Redis", "amqp": "RabbitMQ"}.get(scheme, scheme)
     lease = os.environ.get("DURABLE_LEASE_SECONDS", WORKER_ENV_DEFAULTS["DURABLE_LEASE_SECONDS"])
     demo.write(f"durable_agents demo: a refund agent on {database}, {broker}, real celery workers, a {lease}s lease.")
+    if demo.batch:
+        demo.write(
+            f"The reviewer sends its turns in Message Batches (half price) to the stand-in, whose batches take "
+            f"{BATCH_PROCESSING_SECONDS:g}s; each run parks, holding no worker, until its batch answers."
+        )
     if fake is not None:
         demo.write(
             f"The agent is Claude's default model ({durable_settings.DEFAULT_MODEL}) played by the strict stand-in of "
@@ -224,7 +280,8 @@ def _maybe_approve(demo: Demo, approve_after: float) -> None:
     """A manager approves the open refund after a pause, once the SIGKILL happened (or nothing else runs)."""
     if demo.approved_at is not None:
         return
-    wait = Wait.objects.filter(run_id__in=demo.runs, status=WaitStatus.OPEN).order_by("created_at").first()
+    opened = Wait.objects.filter(run_id__in=demo.runs, kind=WaitKind.APPROVAL, status=WaitStatus.OPEN)
+    wait = opened.order_by("created_at").first()
     if wait is None or (timezone.now() - wait.created_at).total_seconds() < approve_after:
         return
     others_active = Run.objects.active().filter(pk__in=demo.runs).exclude(pk=wait.run_id).exists()
@@ -244,6 +301,7 @@ class Feed:
         self.last_turn = 0
         self.last_event = 0
         self.effects: set[int] = set()
+        self.batch_stages: dict[int, int] = {}  # BatchTurn id → its stages shown (1 queued, 2 sent, 3 ended)
         self.rows: dict[uuid.UUID, Run] = {}
 
     def poll(self) -> None:
@@ -259,8 +317,10 @@ class Feed:
         events = Event.objects.filter(run_id__in=ids, pk__gt=self.last_event).order_by("pk")
         for event in events:
             self.last_event = event.pk
-            if event.kind in self.SHOWN_EVENTS:
+            if event.kind in self.SHOWN_EVENTS and (event.detail or {}).get("wait_kind") != WaitKind.BATCH:
                 lines.append((event.created_at, self.demo.order_of(event.run_id), self._event_line(event)))
+        if self.demo.batch:
+            lines += self._batch_lines(ids)
         for run in Run.objects.filter(pk__in=ids):
             before = self.rows.get(run.id)
             self.rows[run.id] = run
@@ -271,6 +331,31 @@ class Feed:
                 )
         for at, order, text in sorted(lines, key=lambda line: line[0]):
             self.demo.say(text, at=at, order=order)
+
+    def _batch_lines(self, ids: list[uuid.UUID]) -> list[tuple[datetime, str, str]]:
+        """A batched turn's life, each stage shown once: queued (the run parks), sent in a batch, answered."""
+        lines = []
+        for turn in BatchTurn.objects.filter(run_id__in=ids).select_related("batch").order_by("pk"):
+            shown = self.batch_stages.get(turn.pk, 0)
+            order = self.demo.order_of(turn.run_id)
+            batch = turn.batch.provider_id if turn.batch is not None else ""
+            if shown < 1:
+                lines.append(
+                    (turn.created_at, order, "⧗ the reviewer's turn is queued for a Message Batch; the run parks")
+                )
+                shown = 1
+            if shown < 2 and batch and turn.submitted_at is not None:  # the id comes with the API's answer
+                lines.append((turn.submitted_at, order, f"→ sent in batch {batch}"))
+                shown = 2
+            if shown < 3 and turn.ended_at is not None:
+                if turn.status == BatchTurnStatus.SUCCEEDED:
+                    text = f"✓ batch {batch} answered: ${turn.cost_usd:.4f} at the batch price; the run wakes"
+                else:
+                    text = f"batch {batch or '(not sent)'}: the turn {turn.status}"
+                lines.append((turn.ended_at, order, text))
+                shown = 3
+            self.batch_stages[turn.pk] = shown
+        return lines
 
     def _event_line(self, event: Event) -> str:
         detail = event.detail or {}

@@ -44,6 +44,9 @@ from project.refunds.tools import email_customer, issue_refund, lookup_order
 SCRIPT = "refund-script"
 participants.register(SCRIPT, ScriptedParticipant(play, name=SCRIPT))
 PARTICIPANT = "anthropic" if os.environ.get("ANTHROPIC_API_KEY") else SCRIPT
+# "batch" (`durable_demo --batch` sets it for its workers): the reviewer's turns go through the Message Batches API
+# at half price, the run parked until the batch answers. Only Claude through the API is batched.
+REVIEW_DELIVERY = os.environ.get("REFUNDS_REVIEW_DELIVERY", "live")
 
 MESSAGE_MAX_CHARS = 5000
 ORDER_FRESH_FOR = timedelta(minutes=10)
@@ -140,6 +143,7 @@ refund_agent = workflow(
             redo_step="resolve",
             max_redos=2,
             participant=PARTICIPANT,
+            delivery=REVIEW_DELIVERY,
         ),
     ],
 )

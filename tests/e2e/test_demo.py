@@ -48,6 +48,8 @@ def demo_env(tmp_path: Path) -> dict[str, str]:
         # Claude's default model through the real SDK, played by the strict stand-in of the Messages API: thinking
         # blocks, no prefill, no forced tool choice for the reviewer (`scripts/demo --stand-in`).
         pytest.param(["--stand-in"], id="stand-in"),
+        # The same, with the reviewer's turns in Message Batches at half price (`scripts/demo --batch`).
+        pytest.param(["--batch"], id="batch"),
     ],
 )
 def test_demo__refund_agents_survive_a_sigkill_without_a_second_refund(demo_env, tmp_path, agent):
@@ -119,6 +121,17 @@ def test_demo__refund_agents_survive_a_sigkill_without_a_second_refund(demo_env,
         assert turns == [("anthropic", "claude-sonnet-5-5")], turns
         thinking = db.execute("SELECT COUNT(*) FROM durable_agents_turn WHERE content LIKE '%\"thinking\"%'")
         assert thinking.fetchone()[0] > 0, "the default model thinks: its turns carry thinking blocks"
+    if "--batch" in agent:
+        batched = db.execute(
+            "SELECT s.step_id, t.status, COUNT(DISTINCT t.run_id), MIN(t.cost_usd) > 0 "
+            "FROM durable_agents_batchturn t "
+            "JOIN durable_agents_step s ON s.id = t.step_id GROUP BY 1, 2"
+        ).fetchall()
+        assert batched == [("review_email", "succeeded", len(CASES), 1)], (
+            f"every run's review, and only the review, should be answered in a Message Batch at a cost: {batched}"
+        )
+        assert "⧗ the reviewer's turn is queued for a Message Batch" in demo.stdout, output
+        assert "at the batch price" in demo.stdout and "Reviews in Message Batches" in demo.stdout, output
 
 
 def _refunds_by_order(db: sqlite3.Connection) -> dict[str, list[Decimal]]:

@@ -25,6 +25,11 @@ class Command(BaseCommand):
             action="store_true",
             help="Claude's default model played by the strict stand-in of the Messages API (the real SDK, offline)",
         )
+        parser.add_argument(
+            "--batch",
+            action="store_true",
+            help="the reviewer's turns in Message Batches at half price, against the stand-in (implies --stand-in)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         passed = run_demo(
@@ -32,6 +37,7 @@ class Command(BaseCommand):
             timeout=options["timeout"],
             approve_after=options["approve_after"],
             stand_in=options["stand_in"],
+            batch=options["batch"],
         )
         if not passed:
             raise CommandError("not every run ended as expected; see the summary above", returncode=1)
