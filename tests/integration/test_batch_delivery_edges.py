@@ -1,0 +1,414 @@
+"""Batch delivery (issue 32) attacked at its edges, in-process against the fake's batches endpoints through the real
+SDK: a turn is answered and counted once whatever races it (a deadline, a cancel, a participant swap), a billed
+answer is counted even when it is never used, failed results and lost batches follow the policies, the send window
+puts each turn in one batch, and bad definitions are refused with a clear message.
+
+Docs: https://platform.claude.com/docs/en/build-with-claude/batch-processing
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from decimal import Decimal
+
+import pytest
+
+from durable_agents import api
+from durable_agents.agents import batcher
+from durable_agents.agents.loop import agent
+from durable_agents.agents.participants import ScriptedParticipant, participants
+from durable_agents.engine import batches
+from durable_agents.engine.advance import advance
+from durable_agents.engine.runs import start_run
+from durable_agents.engine.sweep import sweep
+from durable_agents.errors import DefinitionError
+from durable_agents.models import BatchTurn, Event, MessageBatch, Run, Turn, Wait
+from durable_agents.testing.fake_anthropic import Fault, Reply
+from durable_agents.workflows import Batch, registry, workflow
+from tests.integration.test_agent_faults import claude_on_the_fake
+from tests.integration.test_batch_delivery import FAST, MODEL, client_of, settle
+
+pytestmark = pytest.mark.django_db(transaction=True)
+PAST = "2000-01-01T00:00:00Z"
+
+
+@pytest.fixture
+def fake(monkeypatch, settings):
+    settings.DURABLE_AGENTS = {**settings.DURABLE_AGENTS, **FAST}
+    with claude_on_the_fake(monkeypatch, timeout=5) as server:
+        yield server
+
+
+@pytest.fixture
+def batched_workflows():
+    names = []
+
+    def define(name, steps, **options):
+        names.append(name)
+        return workflow(name, steps=steps, replace=True, **options)
+
+    yield define
+    for name in names:
+        registry.unregister(name)
+
+
+def one_agent(define, name, delivery="batch", **options):
+    define(name, [agent("a", instructions="Answer.", model=MODEL, max_tokens=256, delivery=delivery)], **options)
+
+
+def texts(run_id) -> list[str]:
+    return [b["text"] for t in Turn.objects.filter(run_id=run_id).order_by("index") for b in t.content if "text" in b]
+
+
+def live_asks(fake) -> int:
+    return sum(1 for r in fake.requests if r.path == "/v1/messages" and not r.batch_id)
+
+
+def park_in_a_held_batch(fake, run_id) -> BatchTurn:
+    """Advance the run onto its batch wait and let the batcher send the turn; the fake holds the batch."""
+    fake.hold_batches()
+    advance(run_id)
+    batcher.run_pass(client_of(fake))
+    turn = BatchTurn.objects.get(run_id=run_id)
+    assert turn.status == "submitted" and Run.objects.get(pk=run_id).status == "waiting"
+    return turn
+
+
+def pass_the_deadline(run_id) -> None:
+    """The turn's deadline passes on the database's clock; the sweep's wait pass wakes the run."""
+    BatchTurn.objects.filter(run_id=run_id).update(deadline=PAST)
+    Wait.objects.filter(run_id=run_id, status="open").update(deadline=PAST)
+    sweep()
+
+
+def advance_while_runnable(run_id) -> Run:
+    run = Run.objects.get(pk=run_id)
+    while run.status in ("pending", "running"):
+        Run.objects.filter(pk=run_id).update(wake_at=None)
+        advance(run_id)
+        run.refresh_from_db()
+    return run
+
+
+# --- Money: a turn answered and counted once ----------------------------------------------------------------
+
+
+# HOLE found by this probe (failed on 93257c4; fixed in the commit after).
+def test_batch_edges__an_answer_recorded_as_the_deadline_passes_is_used_not_asked_again_live(
+    fake, batched_workflows, monkeypatch
+):
+    one_agent(batched_workflows, "edge_deadline_race", delivery=Batch(deadline="1h"))
+    run = api.start("edge_deadline_race", {})
+    park_in_a_held_batch(fake, run.id)
+    pass_the_deadline(run.id)
+    fake.enqueue(Reply.text("Batch answer."), Reply.text("Live answer."))
+    fake.release_batches()
+    read = batches.latest_turn
+
+    def read_then_the_result_comes(step_pk, index):
+        # The step read its turn in flight; the batcher records the answer before the step gives up on it.
+        turn = read(step_pk, index)
+        batcher.run_pass(client_of(fake))
+        batcher.run_pass(client_of(fake))
+        return turn
+
+    monkeypatch.setattr(batches, "latest_turn", read_then_the_result_comes)
+    run = advance_while_runnable(run.id)
+    assert run.status == "completed", run.error
+    assert texts(run.id) == ["Batch answer."], "the batch's answer was in: asking live again pays twice"
+    assert live_asks(fake) == 0
+    turn = BatchTurn.objects.get(run_id=run.id)
+    assert run.cost_usd == turn.cost_usd, "the run counts the one answer it was billed for, once"
+
+
+# HOLE found by this probe (failed on 93257c4; fixed in the commit after).
+def test_batch_edges__an_answer_recorded_just_before_a_cancel_is_still_counted_on_the_run(fake, batched_workflows):
+    one_agent(batched_workflows, "edge_cancel_after_result")
+    run = api.start("edge_cancel_after_result", {})
+    park_in_a_held_batch(fake, run.id)
+    fake.enqueue(Reply.text("Billed answer."))
+    fake.release_batches()
+    batcher.run_pass(client_of(fake))
+    turn = BatchTurn.objects.get(run_id=run.id)
+    assert turn.status == "succeeded" and turn.cost_usd > 0
+    assert Run.objects.get(pk=run.id).status == "pending", "the answer woke the run"
+
+    api.cancel(run.id, reason="changed my mind")
+    batcher.run_pass(client_of(fake))
+
+    run.refresh_from_db()
+    assert run.status == "cancelled"
+    assert run.cost_usd == turn.cost_usd, "the API billed the answer: the cancelled run must count it"
+    assert Event.objects.filter(run_id=run.id, kind="unjournaled_usage").count() == 1
+
+    # Resumed, the run asks again (the answer it was billed for is counted and set aside), and counts that too.
+    fake.enqueue(Reply.text("Asked again."))
+    api.resume(run.id)
+    run = settle(fake, run.id)
+    assert run.status == "completed", run.error
+    assert texts(run.id) == ["Asked again."]
+    assert run.cost_usd == sum(BatchTurn.objects.filter(run_id=run.id).values_list("cost_usd", flat=True))
+    assert Turn.objects.filter(run_id=run.id).count() == 1
+
+
+# HOLE found by this probe (failed on 93257c4; fixed in the commit after).
+def test_batch_edges__a_participant_swapped_while_the_turn_is_in_a_batch_answers_and_the_billed_answer_counts(
+    fake, batched_workflows
+):
+    one_agent(batched_workflows, "edge_swap")
+    with participants.isolated():
+        participants.register("stand_in", ScriptedParticipant(lambda request: "Scripted answer.", name="stand_in"))
+        run = api.start("edge_swap", {})
+        park_in_a_held_batch(fake, run.id)
+        api.swap_participant(run.id, "stand_in", actor="ops")
+        fake.enqueue(Reply.text("Batch answer."))
+        fake.release_batches()
+        run = settle(fake, run.id)
+        assert run.status == "completed", run.error
+        billed = BatchTurn.objects.get(run_id=run.id)
+        assert billed.cost_usd > 0
+        journaled = sum(Turn.objects.filter(run_id=run.id).values_list("cost_usd", flat=True))
+        assert run.cost_usd == journaled + billed.cost_usd or texts(run.id) == ["Batch answer."], (
+            "a batch answer the API billed must be used or counted on the run"
+        )
+
+
+def test_batch_edges__a_run_over_its_budget_never_submits_a_turn(fake, batched_workflows):
+    one_agent(batched_workflows, "edge_budget")
+    run = api.start("edge_budget", {})
+    api.set_budget(run.id, tokens=10, actor="ops")
+    run = advance_while_runnable(run.id)
+    assert run.status == "failed" and "budget" in str(run.error).lower(), run.error
+    assert not BatchTurn.objects.filter(run_id=run.id).exists(), "a turn over budget must not be sent"
+
+
+# --- Results -----------------------------------------------------------------------------------------------
+
+
+# HOLE found by this probe (failed on 93257c4; fixed in the commit after).
+def test_batch_edges__deadline_with_on_deadline_fail_fails_clearly_and_a_resume_sends_the_turn_again(
+    fake, batched_workflows
+):
+    one_agent(batched_workflows, "edge_deadline_fail", delivery=Batch(deadline="1h", on_deadline="fail"))
+    run = api.start("edge_deadline_fail", {})
+    park_in_a_held_batch(fake, run.id)
+    pass_the_deadline(run.id)
+    run = advance_while_runnable(run.id)
+    assert run.status == "failed"
+    assert "deadline" in run.error["message"] and "on_deadline='fail'" in run.error["message"], run.error
+    assert BatchTurn.objects.get(run_id=run.id).status == "abandoned"
+
+    # The batch's late answer is counted, never used.
+    fake.enqueue(Reply.text("Late."))
+    fake.release_batches()
+    batcher.run_pass(client_of(fake))
+    batcher.run_pass(client_of(fake))
+    run.refresh_from_db()
+    assert run.cost_usd == BatchTurn.objects.get(run_id=run.id).cost_usd > 0
+
+    api.resume(run.id)
+    fake.enqueue(Reply.text("Sent again."))
+    run = settle(fake, run.id)
+    assert run.status == "completed", f"the error said a resume sends the turn again; it failed: {run.error}"
+    assert texts(run.id) == ["Sent again."]
+    assert BatchTurn.objects.filter(run_id=run.id).count() == 2
+
+
+def test_batch_edges__an_invalid_request_fails_with_the_apis_words_and_a_resume_sends_it_again(fake, batched_workflows):
+    one_agent(batched_workflows, "edge_invalid")
+    fake.enqueue(Fault.status(400, "max_tokens: too many for this model"))
+    run = settle(fake, api.start("edge_invalid", {}).id)
+    assert run.status == "failed"
+    assert "invalid_request_error" in run.error["message"], run.error
+    assert "max_tokens: too many" in run.error["message"], run.error
+    fake.enqueue(Reply.text("Fine now."))
+    api.resume(run.id)
+    run = settle(fake, run.id)
+    assert run.status == "completed", run.error
+    assert texts(run.id) == ["Fine now."]
+    assert list(BatchTurn.objects.filter(run_id=run.id).order_by("id").values_list("status", flat=True)) == [
+        "errored",
+        "succeeded",
+    ]
+
+
+def test_batch_edges__a_batch_cancelled_at_the_console_is_sent_again(fake, batched_workflows):
+    one_agent(batched_workflows, "edge_console_cancel")
+    run = api.start("edge_console_cancel", {})
+    park_in_a_held_batch(fake, run.id)
+    client_of(fake).messages.batches.cancel(MessageBatch.objects.get().provider_id)
+    fake.release_batches()
+    fake.enqueue(Reply.text("Second batch."))
+    run = settle(fake, run.id)
+    assert run.status == "completed", run.error
+    assert texts(run.id) == ["Second batch."]
+    statuses = list(BatchTurn.objects.filter(run_id=run.id).order_by("id").values_list("status", flat=True))
+    assert statuses == ["canceled", "succeeded"]
+
+
+def test_batch_edges__a_batch_the_api_no_longer_knows_is_sent_again(fake, batched_workflows):
+    one_agent(batched_workflows, "edge_deleted")
+    run = api.start("edge_deleted", {})
+    park_in_a_held_batch(fake, run.id)
+    fake.fail_batch_call("retrieve", Fault.status(404, "not found"))
+    fake.release_batches()
+    fake.enqueue(Reply.text("Sent again."))
+    run = settle(fake, run.id)
+    assert run.status == "completed", run.error
+    assert MessageBatch.objects.filter(status="failed").count() == 1
+    assert Turn.objects.filter(run_id=run.id).count() == 1
+
+
+def test_batch_edges__a_result_for_an_unknown_custom_id_changes_nothing(fake, batched_workflows):
+    one_agent(batched_workflows, "edge_unknown")
+    run = api.start("edge_unknown", {})
+    park_in_a_held_batch(fake, run.id)
+    batch = MessageBatch.objects.get()
+    assert batches.record_result(batch, "da-nobody", {"type": "succeeded", "message": {}}) == "unknown"
+    assert Run.objects.get(pk=run.id).status == "waiting"
+
+
+# HOLE found by this probe (failed on 93257c4; fixed in the commit after).
+def test_batch_edges__a_malformed_succeeded_message_fails_the_step_clearly_not_as_an_empty_answer(
+    fake, batched_workflows
+):
+    one_agent(batched_workflows, "edge_malformed")
+    run = api.start("edge_malformed", {})
+    turn = park_in_a_held_batch(fake, run.id)
+    batches.record_result(MessageBatch.objects.get(), turn.custom_id, {"type": "succeeded", "message": {"id": "x"}})
+    run = advance_while_runnable(run.id)
+    assert run.status in ("failed", "waiting"), run.status
+    assert not Turn.objects.filter(run_id=run.id, content=[]).exists(), "an answer with no content was journaled"
+
+
+def test_batch_edges__a_result_read_twice_is_recorded_and_counted_once(fake, batched_workflows):
+    one_agent(batched_workflows, "edge_read_twice", delivery=Batch(deadline="1h"))
+    run = api.start("edge_read_twice", {})
+    turn = park_in_a_held_batch(fake, run.id)
+    batch = MessageBatch.objects.get()
+    # Abandoned (deadline): its late answer is counted on the run; the batcher reads the results again after a crash.
+    batches.abandon(turn, "test")
+    result = {
+        "type": "succeeded",
+        "message": {"content": [{"type": "text", "text": "x"}], "model": MODEL, "usage": {"output_tokens": 10}},
+    }
+    assert batches.record_result(batch, turn.custom_id, result, cost=Decimal("0.01")) == "late"
+    assert batches.record_result(batch, turn.custom_id, result, cost=Decimal("0.01")) == "known"
+    assert Run.objects.get(pk=run.id).cost_usd == Decimal("0.01")
+
+
+# --- The window ----------------------------------------------------------------------------------------------
+
+
+def test_batch_edges__five_turns_with_at_most_two_a_batch_go_in_three_batches_each_once(
+    fake, batched_workflows, settings
+):
+    settings.DURABLE_AGENTS = {**settings.DURABLE_AGENTS, "BATCH_MAX_REQUESTS": 2}
+    one_agent(batched_workflows, "edge_window")
+    fake.hold_batches()
+    ids = [api.start("edge_window", {"n": n}).id for n in range(5)]
+    for run_id in ids:
+        advance(run_id)
+    batcher.run_pass(client_of(fake))
+    assert [b.request_count for b in fake.batches] == [2, 2, 1]
+    sent = [c for b in fake.batches for c in b.custom_ids]
+    assert sorted(sent) == sorted(BatchTurn.objects.values_list("custom_id", flat=True)), "each turn in one batch"
+    fake.release_batches()
+    for run_id in ids:
+        assert settle(fake, run_id).status == "completed"
+    assert fake.batch_creates == 3
+
+
+def test_batch_edges__a_tiny_byte_limit_still_sends_each_turn_alone(fake, batched_workflows, settings):
+    settings.DURABLE_AGENTS = {**settings.DURABLE_AGENTS, "BATCH_MAX_BYTES": 1}
+    one_agent(batched_workflows, "edge_bytes")
+    fake.hold_batches()
+    ids = [api.start("edge_bytes", {"n": n}).id for n in range(3)]
+    for run_id in ids:
+        advance(run_id)
+    batcher.run_pass(client_of(fake))
+    assert [b.request_count for b in fake.batches] == [1, 1, 1]
+
+
+def test_batch_edges__a_turn_queued_while_a_batch_is_opened_goes_in_the_next(fake, batched_workflows, monkeypatch):
+    one_agent(batched_workflows, "edge_open_race")
+    fake.hold_batches()
+    first = api.start("edge_open_race", {"n": 1}).id
+    second = api.start("edge_open_race", {"n": 2}).id
+    advance(first)
+    opened = batches.open_batch
+
+    def open_while_another_queues(turns):
+        advance(second)  # queued after the batch's turns were chosen
+        return opened(turns)
+
+    monkeypatch.setattr(batches, "open_batch", open_while_another_queues)
+    batcher.run_pass(client_of(fake))
+    monkeypatch.setattr(batches, "open_batch", opened)
+    batcher.run_pass(client_of(fake))
+    assert sorted(b.request_count for b in fake.batches) == [1, 1]
+    assert set(BatchTurn.objects.values_list("status", flat=True)) == {"submitted"}
+
+
+# --- Operator actions ------------------------------------------------------------------------------------------
+
+
+def test_batch_edges__a_fork_of_a_run_parked_on_a_batch_sends_its_own_turn(fake, batched_workflows):
+    batched_workflows(
+        "edge_fork",
+        [
+            agent("first", instructions="One.", model=MODEL, max_tokens=64, delivery="live"),
+            agent("second", instructions="Two.", model=MODEL, max_tokens=64, delivery="batch"),
+        ],
+    )
+    fake.enqueue(Reply.text("first"))
+    run = api.start("edge_fork", {})
+    advance(run.id)
+    park_in_a_held_batch(fake, run.id)
+    forked = api.fork(run.id, "second", actor="ops")
+    fake.enqueue(Reply.text("original"), Reply.text("fork"))
+    fake.release_batches()
+    forked = settle(fake, forked.id)
+    run = settle(fake, run.id)
+    assert run.status == forked.status == "completed"
+    original_ids = set(BatchTurn.objects.filter(run_id=run.id).values_list("custom_id", flat=True))
+    fork_ids = set(BatchTurn.objects.filter(run_id=forked.id).values_list("custom_id", flat=True))
+    assert original_ids and fork_ids and not original_ids & fork_ids, "a fork shares no batch turn"
+    assert texts(forked.id) == ["fork"] and texts(run.id) == ["first", "original"]
+
+
+def test_batch_edges__a_scripted_participant_answers_a_batched_step_live(fake, batched_workflows):
+    one_agent(batched_workflows, "edge_scripted")
+    with participants.isolated():
+        participants.register("stand_in", ScriptedParticipant(lambda request: "Scripted.", name="stand_in"))
+        run = start_run("edge_scripted", {}, participant="stand_in")
+        run = advance_while_runnable(run.id)
+    assert run.status == "completed", run.error
+    assert texts(run.id) == ["Scripted."]
+    assert not BatchTurn.objects.exists() and fake.batch_creates == 0
+
+
+# --- Definitions -----------------------------------------------------------------------------------------------
+
+
+# HOLE found by this probe (failed on 93257c4; fixed in the commit after).
+@pytest.mark.parametrize(
+    ("build", "words"),
+    [
+        (lambda: Batch(deadline="-1h"), "deadline"),
+        (lambda: Batch(deadline="soon"), "deadline"),
+        (lambda: Batch(deadline=5), "deadline"),
+        (lambda: Batch(on_expired="maybe"), "on_expired"),
+        (lambda: Batch(on_deadline="later"), "on_deadline"),
+        (lambda: agent("a", instructions="x", delivery="Batch"), "delivery"),
+        (lambda: agent("a", instructions="x", delivery=Batch), "delivery"),
+        (lambda: workflow("edge_bad", steps=[], delivery="batched", replace=True), "delivery"),
+    ],
+)
+def test_batch_edges__bad_delivery_definitions_are_refused_with_a_clear_message(build, words):
+    with pytest.raises(DefinitionError, match=words):
+        build()
+
+
+def test_batch_edges__deadline_accepts_a_timedelta():
+    assert Batch(deadline=timedelta(hours=2)).deadline == timedelta(hours=2)
