@@ -19,7 +19,13 @@ What a result that is not an answer does, like the same outcome live:
     expired,     by `Batch.on_expired`: "retry" (default) sends the turn in a new batch, "live" asks now, "fail"
     canceled     fails the step (a resume sends it again)
     deadline     `Batch.deadline` passed with no answer: by `Batch.on_deadline`, "live" (default) gives up on the
-                 batch and asks now, "fail" fails the step; the batch's late answer is counted, never used
+                 batch and asks now, "fail" fails the step (a resume sends it again); the batch's late answer is
+                 counted, never used. An answer recorded as the deadline passed is used, not asked for again
+    malformed    a succeeded message without content or usage: retried like an api_error, never journaled empty
+
+An answer the API billed is counted on its run even when it is never used: an abandoned turn's late answer, one
+that came just before its run was cancelled (the batcher counts it), or one a swapped-in participant that cannot
+batch (a scripted one) made useless; a resumed step then asks again.
 
 Only Claude through the API (the "anthropic" participant) is batched; a scripted or function participant answers
 the same turn live. A replay run's turns go live too.
@@ -93,22 +99,31 @@ def ask_batched(
     digest = request.digest()
     turn = batches.latest_turn(ctx.step.pk, index)
     if turn is not None and turn.request_digest != digest:
-        # Not this request (the model or participant changed since): its answer would answer something else.
-        if turn.status in batches.IN_FLIGHT:
-            batches.abandon(turn, "the step asks another request at this turn")
+        # Not this request (the model or participant changed since): its answer would answer something else, and
+        # an answer already in was billed all the same (counted on the run).
+        batches.set_aside(turn, "the step asks another request at this turn")
         turn = None
-    if turn is None or (turn.status in batches.FAILED_RESULTS and turn.used):
+    if turn is None or (turn.used and (turn.status in batches.FAILED_RESULTS or is_malformed(turn))):
         _submit(ctx, request, index, purpose, batch, digest)
     status = turn.status
     if status == BatchTurnStatus.SUCCEEDED:
-        return response_of(turn)
+        if not is_malformed(turn):
+            return response_of(turn)
+        batches.mark_used(turn)
+        raise ModelUnavailableError(
+            f"turn {index}'s answer in a Message Batch has no content or usage (the step retries, sending it again)"
+        )
     if status in batches.IN_FLIGHT:
         if turn.deadline is not None and turn.deadline <= clock.now():
-            batches.abandon(turn, "its deadline passed")
+            if not batches.abandon(turn, "its deadline passed"):
+                # Its result was recorded since it was read: act on that instead of paying for a live call too.
+                return ask_batched(ctx, request, index=index, purpose=purpose, batch=batch, live=live)
             return _past_deadline(ctx, turn, batch, live)
         raise Park(_wait_spec(turn))
     if status == BatchTurnStatus.ABANDONED:
-        if turn.deadline is not None and turn.ended_at is not None and turn.deadline <= turn.ended_at:
+        past_deadline = turn.deadline is not None and turn.ended_at is not None and turn.deadline <= turn.ended_at
+        # A step failed by on_deadline="fail" (the turn then marked used) is resumed to send the turn again.
+        if past_deadline and not (batch.on_deadline == "fail" and turn.used):
             return _past_deadline(ctx, turn, batch, live)
         _submit(ctx, request, index, purpose, batch, digest)  # abandoned by a cancel the run was resumed from
     batches.mark_used(turn)
@@ -123,9 +138,18 @@ def ask_batched(
     _submit(ctx, request, index, purpose, batch, digest)
 
 
+def set_aside_batch_turn(ctx: Any, index: int) -> None:
+    """Journal index `index` is answered another way (a participant that cannot batch): its batch turn, if any, is
+    given up."""
+    turn = batches.latest_turn(ctx.step.pk, index)
+    if turn is not None:
+        batches.set_aside(turn, "a participant that answers live took the turn")
+
+
 def _past_deadline(ctx: Any, turn: BatchTurn, batch: Batch, live: Callable[[], ModelResponse]) -> ModelResponse:
     why = f"no answer from the Message Batches API to turn {turn.index} within its deadline ({batch.deadline})"
     if batch.on_deadline == "fail":
+        batches.mark_used(turn)
         raise PermanentError(f"{why} (on_deadline='fail'); resume the run to send it again")
     record_event(ctx.run_id, "batch_fallback", step_id=ctx.step_id, turn=turn.index, reason=why)
     return live()
@@ -148,6 +172,18 @@ def _submit(ctx: Any, request: ModelRequest, index: int, purpose: str, batch: Ba
 
 def _wait_spec(turn: BatchTurn) -> WaitSpec:
     return WaitSpec(kind=WaitKind.BATCH, name=turn.custom_id, deadline=turn.deadline)
+
+
+def is_malformed(turn: BatchTurn) -> bool:
+    """A succeeded result whose message lacks the content or usage a live answer always has."""
+    if turn.status != BatchTurnStatus.SUCCEEDED:
+        return False
+    message = (turn.result or {}).get("message")
+    return not (
+        isinstance(message, dict)
+        and isinstance(message.get("content"), list)
+        and isinstance(message.get("usage"), dict)
+    )
 
 
 def response_of(turn: BatchTurn) -> ModelResponse:

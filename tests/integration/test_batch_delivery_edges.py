@@ -93,7 +93,7 @@ def advance_while_runnable(run_id) -> Run:
 # --- Money: a turn answered and counted once ----------------------------------------------------------------
 
 
-# HOLE found by this probe (failed on 93257c4; fixed in the commit after).
+# HOLE: this probe failed on 93257c4 (fixed on this branch).
 def test_batch_edges__an_answer_recorded_as_the_deadline_passes_is_used_not_asked_again_live(
     fake, batched_workflows, monkeypatch
 ):
@@ -121,7 +121,7 @@ def test_batch_edges__an_answer_recorded_as_the_deadline_passes_is_used_not_aske
     assert run.cost_usd == turn.cost_usd, "the run counts the one answer it was billed for, once"
 
 
-# HOLE found by this probe (failed on 93257c4; fixed in the commit after).
+# HOLE: this probe failed on 93257c4 (fixed on this branch).
 def test_batch_edges__an_answer_recorded_just_before_a_cancel_is_still_counted_on_the_run(fake, batched_workflows):
     one_agent(batched_workflows, "edge_cancel_after_result")
     run = api.start("edge_cancel_after_result", {})
@@ -151,7 +151,7 @@ def test_batch_edges__an_answer_recorded_just_before_a_cancel_is_still_counted_o
     assert Turn.objects.filter(run_id=run.id).count() == 1
 
 
-# HOLE found by this probe (failed on 93257c4; fixed in the commit after).
+# HOLE: this probe failed on 93257c4 (fixed on this branch).
 def test_batch_edges__a_participant_swapped_while_the_turn_is_in_a_batch_answers_and_the_billed_answer_counts(
     fake, batched_workflows
 ):
@@ -164,13 +164,13 @@ def test_batch_edges__a_participant_swapped_while_the_turn_is_in_a_batch_answers
         fake.enqueue(Reply.text("Batch answer."))
         fake.release_batches()
         run = settle(fake, run.id)
-        assert run.status == "completed", run.error
-        billed = BatchTurn.objects.get(run_id=run.id)
-        assert billed.cost_usd > 0
-        journaled = sum(Turn.objects.filter(run_id=run.id).values_list("cost_usd", flat=True))
-        assert run.cost_usd == journaled + billed.cost_usd or texts(run.id) == ["Batch answer."], (
-            "a batch answer the API billed must be used or counted on the run"
-        )
+    assert run.status == "completed", run.error
+    assert texts(run.id) == ["Scripted answer."], "the participant swapped in answers the turn"
+    billed = BatchTurn.objects.get(run_id=run.id)
+    assert billed.status == "abandoned" and billed.cost_usd > 0
+    journaled = sum(Turn.objects.filter(run_id=run.id).values_list("cost_usd", flat=True))
+    assert run.cost_usd == journaled + billed.cost_usd, "the batch answer the API billed is counted on the run"
+    assert Event.objects.filter(run_id=run.id, kind="unjournaled_usage").count() == 1
 
 
 def test_batch_edges__a_run_over_its_budget_never_submits_a_turn(fake, batched_workflows):
@@ -185,7 +185,7 @@ def test_batch_edges__a_run_over_its_budget_never_submits_a_turn(fake, batched_w
 # --- Results -----------------------------------------------------------------------------------------------
 
 
-# HOLE found by this probe (failed on 93257c4; fixed in the commit after).
+# HOLE: this probe failed on 93257c4 (fixed on this branch).
 def test_batch_edges__deadline_with_on_deadline_fail_fails_clearly_and_a_resume_sends_the_turn_again(
     fake, batched_workflows
 ):
@@ -268,17 +268,23 @@ def test_batch_edges__a_result_for_an_unknown_custom_id_changes_nothing(fake, ba
     assert Run.objects.get(pk=run.id).status == "waiting"
 
 
-# HOLE found by this probe (failed on 93257c4; fixed in the commit after).
-def test_batch_edges__a_malformed_succeeded_message_fails_the_step_clearly_not_as_an_empty_answer(
+# HOLE: this probe failed on 93257c4 (fixed on this branch).
+def test_batch_edges__a_malformed_succeeded_message_is_sent_again_not_journaled_as_an_empty_answer(
     fake, batched_workflows
 ):
     one_agent(batched_workflows, "edge_malformed")
     run = api.start("edge_malformed", {})
     turn = park_in_a_held_batch(fake, run.id)
     batches.record_result(MessageBatch.objects.get(), turn.custom_id, {"type": "succeeded", "message": {"id": "x"}})
-    run = advance_while_runnable(run.id)
-    assert run.status in ("failed", "waiting"), run.status
-    assert not Turn.objects.filter(run_id=run.id, content=[]).exists(), "an answer with no content was journaled"
+    advance_while_runnable(run.id)
+    assert not Turn.objects.filter(run_id=run.id).exists(), "an answer with no content or usage was journaled"
+    # The first batch's own answer comes after the malformed one was recorded: known, not used.
+    fake.enqueue(Reply.text("First batch's."), Reply.text("Whole answer."))
+    fake.release_batches()
+    run = settle(fake, run.id)
+    assert run.status == "completed", run.error
+    assert texts(run.id) == ["Whole answer."]
+    assert BatchTurn.objects.filter(run_id=run.id).count() == 2
 
 
 def test_batch_edges__a_result_read_twice_is_recorded_and_counted_once(fake, batched_workflows):
@@ -391,7 +397,7 @@ def test_batch_edges__a_scripted_participant_answers_a_batched_step_live(fake, b
 # --- Definitions -----------------------------------------------------------------------------------------------
 
 
-# HOLE found by this probe (failed on 93257c4; fixed in the commit after).
+# HOLE: this probe failed on 93257c4 (fixed on this branch).
 @pytest.mark.parametrize(
     ("build", "words"),
     [
