@@ -15,14 +15,17 @@ import pytest
 
 from durable_agents import api
 from durable_agents.agents import batcher
+from durable_agents.agents import loop as loop_module
+from durable_agents.agents.batching import error_of
 from durable_agents.agents.loop import agent
 from durable_agents.agents.participants import ScriptedParticipant, participants
 from durable_agents.engine import batches
 from durable_agents.engine.advance import advance
 from durable_agents.engine.runs import start_run
 from durable_agents.engine.sweep import sweep
-from durable_agents.errors import DefinitionError
+from durable_agents.errors import ContextWindowExceededError, DefinitionError, ModelUnavailableError
 from durable_agents.models import BatchTurn, Event, MessageBatch, Run, Turn, Wait
+from durable_agents.replays import run_here
 from durable_agents.testing.fake_anthropic import Fault, Reply
 from durable_agents.workflows import Batch, registry, workflow
 from tests.integration.test_agent_faults import claude_on_the_fake
@@ -418,3 +421,99 @@ def test_batch_edges__bad_delivery_definitions_are_refused_with_a_clear_message(
 
 def test_batch_edges__deadline_accepts_a_timedelta():
     assert Batch(deadline=timedelta(hours=2)).deadline == timedelta(hours=2)
+
+
+# --- More money and operator probes ------------------------------------------------------------------------------
+
+
+def test_batch_edges__a_crash_after_the_answer_is_journaled_replays_it_and_asks_nothing_again(
+    fake, batched_workflows, monkeypatch
+):
+    one_agent(batched_workflows, "edge_crash_after_journal")
+    fake.enqueue(Reply.text("Once."))
+    run = api.start("edge_crash_after_journal", {})
+    journal = loop_module.journal_turn
+    crashes = []
+
+    def journal_then_crash(*args, **kwargs):
+        turn = journal(*args, **kwargs)
+        if not crashes:
+            crashes.append(turn.index)
+            raise ModelUnavailableError("the worker died right after journaling the batch answer")
+        return turn
+
+    monkeypatch.setattr(loop_module, "journal_turn", journal_then_crash)
+    run = settle(fake, run.id)
+    assert crashes == [0] and run.status == "completed", run.error
+    assert texts(run.id) == ["Once."]
+    assert BatchTurn.objects.filter(run_id=run.id).count() == 1 and fake.batch_creates == 1, "asked once"
+    assert run.cost_usd == Turn.objects.get(run_id=run.id).cost_usd, "counted once"
+
+
+def test_batch_edges__a_cancelled_run_resumed_sends_its_abandoned_turn_again(fake, batched_workflows):
+    one_agent(batched_workflows, "edge_cancel_resume")
+    run = api.start("edge_cancel_resume", {})
+    first = park_in_a_held_batch(fake, run.id)
+    api.cancel(run.id, reason="oops")
+    batcher.run_pass(client_of(fake))  # every turn of the batch abandoned: the batch is cancelled at the API
+    api.resume(run.id)
+    fake.enqueue(Reply.text("After the resume."))
+    fake.release_batches()
+    run = settle(fake, run.id)
+    assert run.status == "completed", run.error
+    assert texts(run.id) == ["After the resume."]
+    turns = list(BatchTurn.objects.filter(run_id=run.id).order_by("id"))
+    assert [t.status for t in turns] == ["abandoned", "succeeded"] and turns[0].pk == first.pk
+    assert turns[0].custom_id != turns[1].custom_id
+
+
+def test_batch_edges__a_refusal_in_a_batch_result_retries_on_the_fallback_model_in_a_batch(fake, batched_workflows):
+    batched_workflows(
+        "edge_refusal",
+        [
+            agent(
+                "a",
+                instructions="Answer.",
+                model=MODEL,
+                fallback_model="claude-opus-4-1",
+                max_tokens=256,
+                delivery="batch",
+            )
+        ],
+    )
+    fake.enqueue(Reply.refusal("cyber"), Reply.text("Fallback answered."))
+    run = settle(fake, api.start("edge_refusal", {}).id)
+    assert run.status == "completed", run.error
+    assert texts(run.id)[-1] == "Fallback answered."
+    models = list(BatchTurn.objects.filter(run_id=run.id).order_by("id").values_list("model", flat=True))
+    assert models == [MODEL, "claude-opus-4-1"]
+    assert live_asks(fake) == 0
+
+
+def test_batch_edges__a_replay_of_a_batched_run_answers_live_and_never_parks(fake, batched_workflows):
+    one_agent(batched_workflows, "edge_replay")
+    fake.enqueue(Reply.text("Recorded."))
+    recorded = settle(fake, api.start("edge_replay", {}).id)
+    assert recorded.status == "completed", recorded.error
+    creates = fake.batch_creates
+    replay = api.replay(runs=[str(recorded.id)], lanes=["baseline"], actor="ops")
+    fake.enqueue(Reply.text("Replayed."))
+    run_here(replay.id)
+    replayed = Run.objects.exclude(pk=recorded.id).get()
+    assert replayed.status == "completed", replayed.error
+    assert not BatchTurn.objects.filter(run_id=replayed.id).exists(), "a replay run never parks on a batch"
+    assert fake.batch_creates == creates and live_asks(fake) == 1
+
+
+def test_batch_edges__a_prompt_too_long_result_is_the_context_window_error_the_agent_compacts_on():
+    turn = BatchTurn(
+        index=3,
+        result={
+            "type": "errored",
+            "error": {
+                "type": "error",
+                "error": {"type": "invalid_request_error", "message": "prompt is too long: 210000 tokens > 200000"},
+            },
+        },
+    )
+    assert isinstance(error_of(turn), ContextWindowExceededError)
