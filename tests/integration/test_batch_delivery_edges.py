@@ -18,12 +18,15 @@ from durable_agents.agents import batcher
 from durable_agents.agents import loop as loop_module
 from durable_agents.agents.batching import error_of
 from durable_agents.agents.loop import agent
+from durable_agents.agents.messages import Usage
 from durable_agents.agents.participants import ScriptedParticipant, participants
+from durable_agents.agents.pricing import cost_usd
 from durable_agents.engine import batches
 from durable_agents.engine.advance import advance
 from durable_agents.engine.runs import start_run
 from durable_agents.engine.sweep import sweep
 from durable_agents.errors import ContextWindowExceededError, DefinitionError, ModelUnavailableError
+from durable_agents.judge import judge
 from durable_agents.models import BatchTurn, Event, MessageBatch, Run, Turn, Wait
 from durable_agents.replays import run_here
 from durable_agents.testing.fake_anthropic import Fault, Reply
@@ -517,3 +520,50 @@ def test_batch_edges__a_prompt_too_long_result_is_the_context_window_error_the_a
         },
     )
     assert isinstance(error_of(turn), ContextWindowExceededError)
+
+
+def test_batch_edges__a_cost_budget_is_checked_at_batch_prices(fake, batched_workflows):
+    batched_workflows(
+        "edge_budget_price",
+        [agent("a", instructions="Answer.", model=MODEL, max_tokens=4000, delivery="batch")],
+    )
+    live = cost_usd(MODEL, Usage(input_tokens=0, output_tokens=4000))
+    run = api.start("edge_budget_price", {})
+    # Enough for the call at batch prices (half), not for the same call live.
+    api.set_budget(run.id, cost_usd=(live * Decimal("0.75")).quantize(Decimal("0.000001")), actor="ops")
+    fake.enqueue(Reply.text("Within budget."))
+    run = settle(fake, run.id)
+    assert run.status == "completed", run.error
+    assert run.cost_usd <= run.cost_budget_usd
+
+
+def test_batch_edges__a_judge_redo_sends_the_redone_step_in_a_new_batch_request(fake, batched_workflows):
+    batched_workflows(
+        "edge_redo",
+        [
+            agent("draft", instructions="Draft a reply.", model=MODEL, max_tokens=256),
+            judge(
+                "review",
+                rubric="Is it polite?",
+                subject=lambda ctx: ctx.result("draft")["text"],
+                model=MODEL,
+                on_fail="redo",
+                redo_step="draft",
+            ),
+        ],
+        delivery="batch",
+    )
+    fake.enqueue(
+        Reply.text("Go away."),
+        Reply.tool_use("submit_verdict", {"passed": False, "score": 0.1, "reasons": "rude"}),
+        Reply.text("Dear customer, done."),
+        Reply.tool_use("submit_verdict", {"passed": True, "score": 0.9, "reasons": "polite"}),
+    )
+    run = settle(fake, api.start("edge_redo", {}).id)
+    assert run.status == "completed", run.error
+    turns = BatchTurn.objects.filter(run_id=run.id)
+    assert turns.count() == 4 and set(turns.values_list("status", flat=True)) == {"succeeded"}
+    assert len(set(turns.values_list("custom_id", flat=True))) == 4
+    assert Turn.objects.filter(run_id=run.id).count() == 4, "each batch answer journaled once"
+    assert run.cost_usd == sum(turns.values_list("cost_usd", flat=True)), "and counted once"
+    assert live_asks(fake) == 0
