@@ -8,6 +8,7 @@ Docs: https://platform.claude.com/docs/en/build-with-claude/batch-processing
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 from decimal import Decimal
 
@@ -60,6 +61,22 @@ def batched_workflows():
 
 def one_agent(define, name, delivery="batch", **options):
     define(name, [agent("a", instructions="Answer.", model=MODEL, max_tokens=256, delivery=delivery)], **options)
+
+
+def prompted_agent(define, name):
+    define(
+        name,
+        [
+            agent(
+                "a",
+                instructions="Answer.",
+                prompt=lambda ctx: ctx.input["message"],
+                model=MODEL,
+                max_tokens=64,
+                delivery="batch",
+            )
+        ],
+    )
 
 
 def texts(run_id) -> list[str]:
@@ -331,11 +348,11 @@ def test_batch_edges__five_turns_with_at_most_two_a_batch_go_in_three_batches_ea
     assert fake.batch_creates == 3
 
 
-def test_batch_edges__a_tiny_byte_limit_still_sends_each_turn_alone(fake, batched_workflows, settings):
-    settings.DURABLE_AGENTS = {**settings.DURABLE_AGENTS, "BATCH_MAX_BYTES": 1}
-    one_agent(batched_workflows, "edge_bytes")
+def test_batch_edges__a_request_over_the_byte_limit_still_goes_alone(fake, batched_workflows, settings):
+    settings.DURABLE_AGENTS = {**settings.DURABLE_AGENTS, "BATCH_MAX_BYTES": 1000}
+    prompted_agent(batched_workflows, "edge_bytes")
     fake.hold_batches()
-    ids = [api.start("edge_bytes", {"n": n}).id for n in range(3)]
+    ids = [api.start("edge_bytes", {"message": "x" * 1200 + str(n)}).id for n in range(3)]
     for run_id in ids:
         advance(run_id)
     batcher.run_pass(client_of(fake))
@@ -567,3 +584,19 @@ def test_batch_edges__a_judge_redo_sends_the_redone_step_in_a_new_batch_request(
     assert Turn.objects.filter(run_id=run.id).count() == 4, "each batch answer journaled once"
     assert run.cost_usd == sum(turns.values_list("cost_usd", flat=True)), "and counted once"
     assert live_asks(fake) == 0
+
+
+# HOLE: this probe failed on 93257c4 (fixed on this branch).
+def test_batch_edges__the_byte_limit_counts_the_bytes_sent_not_the_characters(fake, batched_workflows, settings):
+    settings.DURABLE_AGENTS = {**settings.DURABLE_AGENTS, "BATCH_MAX_BYTES": 2000}
+    prompted_agent(batched_workflows, "edge_bytes_wide")
+    fake.hold_batches()
+    ids = [api.start("edge_bytes_wide", {"message": "漢字" * 100 + str(n)}).id for n in range(3)]
+    for run_id in ids:
+        advance(run_id)
+    batcher.run_pass(client_of(fake))
+    for batch in fake.batches:
+        sent = sum(len(json.dumps({"custom_id": r.custom_id, "params": r.params}).encode()) for r in batch.requests)
+        assert batch.request_count == 1 or sent <= 2000, (
+            f"a batch of {batch.request_count} requests carried {sent} bytes, over BATCH_MAX_BYTES (2000)"
+        )
