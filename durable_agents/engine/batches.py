@@ -14,6 +14,7 @@ abandoned turn is counted against its run, never used: the API billed it.
 
 from __future__ import annotations
 
+import json
 import uuid
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -179,12 +180,18 @@ def due_turns(window: timedelta, max_requests: int, max_bytes: int) -> list[Batc
         return []
     chosen, size = [], 0
     for turn in queued.order_by("created_at", "id")[:max_requests]:
-        length = len(str(turn.params)) + 100
+        length = request_bytes(turn)
         if chosen and size + length > max_bytes:
             break
         chosen.append(turn)
         size += length
     return chosen
+
+
+def request_bytes(turn: BatchTurn) -> int:
+    """The bytes the turn adds to a create request's body, at most: its request as JSON with every non-ASCII
+    character escaped (6 or 12 bytes each, more than its UTF-8), and a separator."""
+    return len(json.dumps({"custom_id": turn.custom_id, "params": turn.params}).encode()) + 1
 
 
 def open_batch(turns: list[BatchTurn]) -> MessageBatch | None:
