@@ -34,6 +34,7 @@ from durable_agents.testing.fake_anthropic import Fault, Reply
 from durable_agents.workflows import Batch, registry, workflow
 from tests.integration.test_agent_faults import claude_on_the_fake
 from tests.integration.test_batch_delivery import FAST, MODEL, client_of, settle
+from tests.testapp.workflows import lookup_order
 
 pytestmark = pytest.mark.django_db(transaction=True)
 PAST = "2000-01-01T00:00:00Z"
@@ -600,3 +601,41 @@ def test_batch_edges__the_byte_limit_counts_the_bytes_sent_not_the_characters(fa
         assert batch.request_count == 1 or sent <= 2000, (
             f"a batch of {batch.request_count} requests carried {sent} bytes, over BATCH_MAX_BYTES (2000)"
         )
+
+
+# HOLE: this probe failed on 93257c4 (fixed on this branch).
+def test_batch_edges__a_prompt_too_long_result_compacts_once_and_the_compaction_answer_is_used(fake, batched_workflows):
+    batched_workflows(
+        "edge_overflow",
+        [
+            agent(
+                "a",
+                instructions="Look the order up.",
+                tools=[lookup_order],
+                prompt=lambda ctx: "Look A-1 up twice.",
+                model=MODEL,
+                max_tokens=256,
+                keep_recent_turns=1,
+                delivery="batch",
+            )
+        ],
+    )
+    fake.enqueue(
+        Reply.tool_use("lookup_order", {"order_id": "A-1"}),
+        Reply.tool_use("lookup_order", {"order_id": "A-1"}),
+        Fault.status(400, "prompt is too long: 210000 tokens > 200000 maximum"),
+        Reply.text("Summary: A-1 looked up twice."),
+        Reply.text("Done."),
+    )
+    run = settle(fake, api.start("edge_overflow", {}).id, passes=12)
+    assert run.status == "completed", run.error
+    assert texts(run.id)[-1] == "Done."
+    purposes = list(BatchTurn.objects.filter(run_id=run.id).order_by("id").values_list("purpose", "status"))
+    assert purposes == [
+        ("turn", "succeeded"),
+        ("turn", "succeeded"),
+        ("turn", "errored"),
+        ("compaction", "succeeded"),
+        ("turn", "succeeded"),
+    ], "the compaction's answer is used once it comes, not set aside for the request that overflowed"
+    assert not Event.objects.filter(run_id=run.id, kind="unjournaled_usage").exists()
