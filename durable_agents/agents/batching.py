@@ -44,7 +44,7 @@ from typing import Any, NoReturn
 
 from durable_agents import clock
 from durable_agents.agents.claude import PERMANENT_HINTS, PROMPT_TOO_LONG_TEXT, TRANSIENT_ERROR_TYPES
-from durable_agents.agents.messages import ModelRequest, ModelResponse, Usage
+from durable_agents.agents.messages import COMPACTION, TURN, ModelRequest, ModelResponse, Usage
 from durable_agents.engine import batches
 from durable_agents.engine.control import Park, WaitSpec
 from durable_agents.engine.events import record_event
@@ -98,6 +98,10 @@ def ask_batched(
     it comes (raises Park), or the policies above apply."""
     digest = request.digest()
     turn = batches.latest_turn(ctx.step.pk, index)
+    if turn is not None and turn.purpose == COMPACTION and purpose == TURN:
+        # The step was compacting before this turn (its request overflowed the context window) when it parked: the
+        # re-executed loop does not know it until told, and compacts again, finding the compaction's own turn.
+        raise ContextWindowExceededError(f"turn {index} overflowed the context window: compacting first")
     if turn is not None and turn.request_digest != digest:
         # Not this request (the model or participant changed since): its answer would answer something else, and
         # an answer already in was billed all the same (counted on the run).
