@@ -639,3 +639,14 @@ def test_batch_edges__a_prompt_too_long_result_compacts_once_and_the_compaction_
         ("turn", "succeeded"),
     ], "the compaction's answer is used once it comes, not set aside for the request that overflowed"
     assert not Event.objects.filter(run_id=run.id, kind="unjournaled_usage").exists()
+
+
+# HOLE: this probe failed on 93257c4 (fixed on this branch).
+def test_batch_edges__on_expired_live_stays_live_when_the_live_call_is_retried(fake, batched_workflows):
+    one_agent(batched_workflows, "edge_expired_live", delivery=Batch(on_expired="live"))
+    fake.enqueue(Fault.expired(), Fault.status(529), Reply.text("Live, second try."))
+    run = settle(fake, api.start("edge_expired_live", {}).id)
+    assert run.status == "completed", run.error
+    assert texts(run.id) == ["Live, second try."]
+    assert fake.batch_creates == 1, "the policy said live: the retry of the live call went back into a batch"
+    assert live_asks(fake) == 2
