@@ -107,7 +107,11 @@ def ask_batched(
         # an answer already in was billed all the same (counted on the run).
         batches.set_aside(turn, "the step asks another request at this turn")
         turn = None
-    if turn is None or (turn.used and (turn.status in batches.FAILED_RESULTS or is_malformed(turn))):
+    if turn is None:
+        _submit(ctx, request, index, purpose, batch, digest)
+    if turn.used and (turn.status in batches.FAILED_RESULTS or is_malformed(turn)):
+        if turn.status in (BatchTurnStatus.EXPIRED, BatchTurnStatus.CANCELED) and batch.on_expired == "live":
+            return live()  # the policy chose a live answer: a retried live call stays live
         _submit(ctx, request, index, purpose, batch, digest)
     status = turn.status
     if status == BatchTurnStatus.SUCCEEDED:
