@@ -650,3 +650,49 @@ def test_batch_edges__on_expired_live_stays_live_when_the_live_call_is_retried(f
     assert texts(run.id) == ["Live, second try."]
     assert fake.batch_creates == 1, "the policy said live: the retry of the live call went back into a batch"
     assert live_asks(fake) == 2
+
+
+# HOLE: this probe failed on 93257c4 (fixed on this branch).
+def test_batch_edges__a_cancel_while_the_batch_is_being_opened_sends_no_empty_batch(
+    fake, batched_workflows, monkeypatch
+):
+    one_agent(batched_workflows, "edge_cancel_opening")
+    fake.hold_batches()
+    kept = api.start("edge_cancel_opening", {"n": 1}).id
+    gone = api.start("edge_cancel_opening", {"n": 2}).id
+    advance(kept)
+    advance(gone)
+    requests_of = batches.requests_of
+
+    def cancel_then_read(batch):
+        api.cancel(gone, reason="while its batch was being sent")
+        return requests_of(batch)
+
+    monkeypatch.setattr(batches, "requests_of", cancel_then_read)
+    report = batcher.run_pass(client_of(fake))
+    assert not report.errors, report.errors
+    [sent] = fake.batches
+    [batch] = MessageBatch.objects.all()
+    assert sent.request_count == batch.request_count == 1, (
+        "the row must say how many requests went: a lost create is found by that count"
+    )
+
+
+# HOLE: this probe failed on 93257c4 (fixed on this branch).
+def test_batch_edges__a_batch_whose_every_turn_was_cancelled_before_sending_is_not_sent(
+    fake, batched_workflows, monkeypatch
+):
+    one_agent(batched_workflows, "edge_cancel_all_opening")
+    run = api.start("edge_cancel_all_opening", {}).id
+    advance(run)
+    requests_of = batches.requests_of
+
+    def cancel_then_read(batch):
+        api.cancel(run, reason="while its batch was being sent")
+        return requests_of(batch)
+
+    monkeypatch.setattr(batches, "requests_of", cancel_then_read)
+    report = batcher.run_pass(client_of(fake))
+    assert not report.errors, report.errors
+    assert fake.batch_creates == 0 and not fake.batches
+    assert set(MessageBatch.objects.values_list("status", flat=True)) <= {"failed"}
