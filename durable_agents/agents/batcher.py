@@ -105,6 +105,11 @@ def _send_due(client: anthropic.Anthropic, report: PassReport) -> None:
 
 def _send(client: anthropic.Anthropic, batch: MessageBatch, report: PassReport) -> bool:
     requests = batches.requests_of(batch)
+    if not requests:
+        batches.not_created(batch, "every turn was abandoned before the batch was sent")
+        return True
+    # A cancel since the batch was opened took turns out: the row says how many go (a lost create is found by it).
+    batches.sending(batch, len(requests))
     try:
         created = client.messages.batches.create(requests=requests)  # type: ignore[arg-type]
     except anthropic.APIStatusError as exc:

@@ -207,6 +207,13 @@ def requests_of(batch: MessageBatch) -> list[dict[str, Any]]:
     return [{"custom_id": t.custom_id, "params": t.params} for t in turns.only("custom_id", "params")]
 
 
+def sending(batch: MessageBatch, count: int) -> None:
+    """The create request about to go carries `count` requests (fewer than opened if turns were abandoned since)."""
+    if count != batch.request_count:
+        MessageBatch.objects.filter(pk=batch.pk, status=MessageBatchStatus.SUBMITTING).update(request_count=count)
+        batch.request_count = count
+
+
 def submitted(batch: MessageBatch, provider_id: str, counts: dict[str, int], poll_in: timedelta) -> bool:
     """The API took the batch: its id, and when to poll it first."""
     return transitions.move_message_batch(
