@@ -696,3 +696,68 @@ def test_batch_edges__a_batch_whose_every_turn_was_cancelled_before_sending_is_n
     assert not report.errors, report.errors
     assert fake.batch_creates == 0 and not fake.batches
     assert set(MessageBatch.objects.values_list("status", flat=True)) <= {"failed"}
+
+
+# --- Lost creates --------------------------------------------------------------------------------------------
+
+
+def lose_creates(settings) -> None:
+    """A create whose answer is lost is looked for at once (the grace period is the test's, not production's)."""
+    settings.DURABLE_AGENTS = {**settings.DURABLE_AGENTS, "BATCH_SUBMIT_GRACE_SECONDS": 0.001}
+
+
+def test_batch_edges__a_create_that_landed_without_an_answer_is_adopted_not_sent_again(
+    fake, batched_workflows, settings
+):
+    lose_creates(settings)
+    one_agent(batched_workflows, "edge_lost_landed")
+    fake.fail_batch_call("create", Fault.reset(), after=True)
+    fake.enqueue(Reply.text("Once."))
+    run = settle(fake, api.start("edge_lost_landed", {}).id)
+    assert run.status == "completed", run.error
+    assert fake.batch_creates == 1 and len(fake.batches) == 1, "the batch that landed was adopted, not sent again"
+    assert texts(run.id) == ["Once."]
+
+
+def test_batch_edges__a_create_that_never_landed_is_sent_again(fake, batched_workflows, settings):
+    lose_creates(settings)
+    one_agent(batched_workflows, "edge_lost_never")
+    fake.fail_batch_call("create", Fault.reset())
+    fake.enqueue(Reply.text("Second send."))
+    run = settle(fake, api.start("edge_lost_never", {}).id)
+    assert run.status == "completed", run.error
+    assert len(fake.batches) == 1 and texts(run.id) == ["Second send."]
+    assert list(MessageBatch.objects.order_by("id").values_list("status", flat=True)) == ["failed", "ended"]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="adoption matches a lost create by request count only: when two creates of one size lose their answers "
+    "in one grace period and only the second landed, the first row adopts the second's batch, both rows' turns are "
+    "sent again, and the adopted batch's answers (billed) are never counted. Matching by custom id needs the results "
+    "(only once the batch ended) or the request list the API does not return: a design change.",
+)
+def test_batch_edges__two_lost_creates_of_one_size_where_only_the_second_landed_count_every_billed_answer(
+    fake, batched_workflows, settings
+):
+    settings.DURABLE_AGENTS = {**settings.DURABLE_AGENTS, "BATCH_MAX_REQUESTS": 1}
+    one_agent(batched_workflows, "edge_lost_two")
+    fake.hold_batches()
+    first = api.start("edge_lost_two", {"n": 1}).id
+    second = api.start("edge_lost_two", {"n": 2}).id
+    advance(first)
+    advance(second)
+    fake.fail_batch_call("create", Fault.reset())  # the first never lands
+    fake.fail_batch_call("create", Fault.reset(), after=True)  # the second lands, its answer lost
+    batcher.run_pass(client_of(fake))  # the first create goes without an answer: the pass stops sending
+    batcher.run_pass(client_of(fake))  # the second goes, and lands without an answer
+    assert MessageBatch.objects.filter(status="submitting").count() == 2
+    # The grace period passes for both (their rows made older, the API's batches stay as they are).
+    MessageBatch.objects.update(created_at="2000-01-01T00:00:00Z")
+    fake.release_batches()
+    for run_id in (first, second):
+        assert settle(fake, run_id).status == "completed"
+    billed = sum(BatchTurn.objects.values_list("cost_usd", flat=True))
+    counted = sum(Run.objects.values_list("cost_usd", flat=True))
+    assert fake.batch_requests_answered == BatchTurn.objects.filter(cost_usd__gt=0).count(), "every answer recorded"
+    assert counted == billed
