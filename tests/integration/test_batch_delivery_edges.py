@@ -761,3 +761,23 @@ def test_batch_edges__two_lost_creates_of_one_size_where_only_the_second_landed_
     counted = sum(Run.objects.values_list("cost_usd", flat=True))
     assert fake.batch_requests_answered == BatchTurn.objects.filter(cost_usd__gt=0).count(), "every answer recorded"
     assert counted == billed
+
+
+# HOLE: this probe failed on 93257c4 (fixed on this branch).
+def test_batch_edges__a_step_redeployed_live_while_its_turn_is_in_a_batch_counts_the_billed_answer(
+    fake, batched_workflows
+):
+    one_agent(batched_workflows, "edge_redeployed")
+    run = api.start("edge_redeployed", {})
+    park_in_a_held_batch(fake, run.id)
+    one_agent(batched_workflows, "edge_redeployed", delivery="live")  # the same version, now asking live
+    fake.enqueue(Reply.text("Batch answer."), Reply.text("Live answer."))
+    fake.release_batches()
+    run = settle(fake, run.id)
+    assert run.status == "completed", run.error
+    batcher.run_pass(client_of(fake))
+    run.refresh_from_db()
+    billed = BatchTurn.objects.get(run_id=run.id)
+    journaled = sum(Turn.objects.filter(run_id=run.id).values_list("cost_usd", flat=True))
+    assert texts(run.id) == ["Live answer."]
+    assert run.cost_usd == journaled + billed.cost_usd, "the batch answer the API billed is counted on the run"
