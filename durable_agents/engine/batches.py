@@ -34,11 +34,14 @@ from durable_agents.states import (
     BatchTurnStatus,
     MessageBatchOp,
     MessageBatchStatus,
+    StepStatus,
     WaitOp,
     WaitStatus,
 )
 
 IN_FLIGHT = (BatchTurnStatus.QUEUED, BatchTurnStatus.SUBMITTED)
+# A step in these statuses never executes again (a rerun copies it): an answer it did not journal stays unused.
+FINISHED_STEP_STATUSES = (StepStatus.DONE, StepStatus.SKIPPED, StepStatus.SUPERSEDED)
 FAILED_RESULTS = (BatchTurnStatus.ERRORED, BatchTurnStatus.EXPIRED, BatchTurnStatus.CANCELED)
 BATCHES_IN_FLIGHT = (MessageBatchStatus.SUBMITTING, MessageBatchStatus.IN_PROGRESS, MessageBatchStatus.CANCELING)
 # A result's "type" -> the status its turn ends in.
@@ -133,17 +136,20 @@ def set_aside(turn: BatchTurn, reason: str) -> str:
 
 
 def is_journaled(turn: BatchTurn) -> bool:
-    """True once its step journaled a Turn at its index (from this answer, or a live fallback's)."""
-    return Turn.objects.filter(step_id=turn.step_id, index=turn.index).exists()
+    """True once its step journaled its answer (a Turn at its index whose request id is its custom id)."""
+    return Turn.objects.filter(step_id=turn.step_id, index=turn.index, request_id=turn.custom_id).exists()
 
 
-def set_aside_answers_of_finished_runs() -> int:
-    """Succeeded answers whose run ended before using them (cancelled between the answer and the step's next
-    execution): billed, so counted on the run; how many."""
+def set_aside_unused_answers() -> int:
+    """Succeeded answers no step will use, counted on their runs (billed); how many. Their run ended between the
+    answer and the step's next execution (a cancel), or their step finished another way (redeployed live)."""
     finished = ~Exists(Run.objects.filter(pk=OuterRef("run_id"), status__in=ACTIVE_RUN_STATUSES))
-    journaled = Exists(Turn.objects.filter(step_id=OuterRef("step_id"), index=OuterRef("index")))
-    unused = BatchTurn.objects.filter(finished, ~journaled, status=BatchTurnStatus.SUCCEEDED)
-    reason = "a batch answer that came as its run ended, never used"
+    step_over = Exists(Step.objects.filter(pk=OuterRef("step_id"), status__in=FINISHED_STEP_STATUSES))
+    journaled = Exists(
+        Turn.objects.filter(step_id=OuterRef("step_id"), index=OuterRef("index"), request_id=OuterRef("custom_id"))
+    )
+    unused = BatchTurn.objects.filter(finished | step_over, ~journaled, status=BatchTurnStatus.SUCCEEDED)
+    reason = "a batch answer its step never used (its run ended, or the step finished another way)"
     return sum(set_aside(turn, reason) == "counted" for turn in unused)
 
 
