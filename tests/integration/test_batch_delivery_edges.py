@@ -26,7 +26,12 @@ from durable_agents.engine import batches
 from durable_agents.engine.advance import advance
 from durable_agents.engine.runs import start_run
 from durable_agents.engine.sweep import sweep
-from durable_agents.errors import ContextWindowExceededError, DefinitionError, ModelUnavailableError
+from durable_agents.errors import (
+    ContextWindowExceededError,
+    DefinitionError,
+    DurableAgentsError,
+    ModelUnavailableError,
+)
 from durable_agents.judge import judge
 from durable_agents.models import BatchTurn, Event, MessageBatch, Run, Turn, Wait
 from durable_agents.replays import run_here
@@ -781,3 +786,41 @@ def test_batch_edges__a_step_redeployed_live_while_its_turn_is_in_a_batch_counts
     journaled = sum(Turn.objects.filter(run_id=run.id).values_list("cost_usd", flat=True))
     assert texts(run.id) == ["Live answer."]
     assert run.cost_usd == journaled + billed.cost_usd, "the batch answer the API billed is counted on the run"
+
+
+def test_batch_edges__resuming_a_run_parked_on_a_batch_parks_it_again_on_the_same_turn(fake, batched_workflows):
+    one_agent(batched_workflows, "edge_rewake")
+    run = api.start("edge_rewake", {})
+    turn = park_in_a_held_batch(fake, run.id)
+    try:
+        api.resume(run.id)  # "re-wake a stalled one"
+    except DurableAgentsError:
+        pass  # refused for a run that waits on something: nothing changed either
+    advance_while_runnable(run.id)
+    assert list(BatchTurn.objects.filter(run_id=run.id).values_list("pk", flat=True)) == [turn.pk], "asked once"
+    assert Run.objects.get(pk=run.id).status == "waiting"
+    fake.enqueue(Reply.text("Once."))
+    fake.release_batches()
+    run = settle(fake, run.id)
+    assert run.status == "completed" and texts(run.id) == ["Once."]
+
+
+def test_batch_edges__an_operator_cannot_approve_a_batch_wait(fake, batched_workflows):
+    one_agent(batched_workflows, "edge_decide")
+    run = api.start("edge_decide", {})
+    park_in_a_held_batch(fake, run.id)
+    wait = Wait.objects.get(run_id=run.id, status="open")
+    with pytest.raises(DurableAgentsError):
+        api.decide(wait.pk, True, by="ops")
+    assert Wait.objects.get(pk=wait.pk).status == "open"
+
+
+# HOLE: this probe failed on 93257c4 (fixed on this branch).
+@pytest.mark.parametrize("error", ["boom", None, ["x"], {"type": "error", "error": "boom"}])
+def test_batch_edges__an_errored_result_of_an_odd_shape_is_the_apis_error_not_a_crash(fake, batched_workflows, error):
+    one_agent(batched_workflows, "edge_odd_error")
+    run = api.start("edge_odd_error", {})
+    turn = park_in_a_held_batch(fake, run.id)
+    batches.record_result(MessageBatch.objects.get(), turn.custom_id, {"type": "errored", "error": error})
+    turn.refresh_from_db()
+    assert isinstance(error_of(turn), ModelUnavailableError), "an unknown error retries, as an api_error would"
