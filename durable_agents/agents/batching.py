@@ -223,7 +223,8 @@ def usage_from_json(usage: dict[str, Any]) -> Usage:
 
 def error_of(turn: BatchTurn) -> Exception:
     """An errored result as the live call would have raised it (claude.map_errors' rules)."""
-    outer = (turn.result or {}).get("error") or {}
+    outer = (turn.result or {}).get("error")
+    outer = outer if isinstance(outer, dict) else {}
     error = outer.get("error") if isinstance(outer.get("error"), dict) else outer
     kind = str(error.get("type") or "api_error")
     message = str(error.get("message") or kind)

@@ -8,6 +8,7 @@ Docs: https://platform.claude.com/docs/en/build-with-claude/batch-processing
 
 from __future__ import annotations
 
+import contextlib
 import json
 from datetime import timedelta
 from decimal import Decimal
@@ -792,10 +793,9 @@ def test_batch_edges__resuming_a_run_parked_on_a_batch_parks_it_again_on_the_sam
     one_agent(batched_workflows, "edge_rewake")
     run = api.start("edge_rewake", {})
     turn = park_in_a_held_batch(fake, run.id)
-    try:
-        api.resume(run.id)  # "re-wake a stalled one"
-    except DurableAgentsError:
-        pass  # refused for a run that waits on something: nothing changed either
+    # "re-wake a stalled one"; refused for a run that waits on something (nothing changed either).
+    with contextlib.suppress(DurableAgentsError):
+        api.resume(run.id)
     advance_while_runnable(run.id)
     assert list(BatchTurn.objects.filter(run_id=run.id).values_list("pk", flat=True)) == [turn.pk], "asked once"
     assert Run.objects.get(pk=run.id).status == "waiting"
