@@ -824,3 +824,37 @@ def test_batch_edges__an_errored_result_of_an_odd_shape_is_the_apis_error_not_a_
     batches.record_result(MessageBatch.objects.get(), turn.custom_id, {"type": "errored", "error": error})
     turn.refresh_from_db()
     assert isinstance(error_of(turn), ModelUnavailableError), "an unknown error retries, as an api_error would"
+
+
+def test_batch_edges__a_crash_after_the_turn_is_queued_parks_on_that_turn_not_a_second(
+    fake, batched_workflows, monkeypatch
+):
+    one_agent(batched_workflows, "edge_crash_after_queue")
+    queue_turn = batches.queue_turn
+    crashes = []
+
+    def queue_then_crash(*args, **kwargs):
+        turn = queue_turn(*args, **kwargs)
+        if not crashes:
+            crashes.append(turn.pk)
+            raise ModelUnavailableError("the worker died right after journaling the turn as submitted")
+        return turn
+
+    monkeypatch.setattr(batches, "queue_turn", queue_then_crash)
+    fake.enqueue(Reply.text("Once."))
+    run = settle(fake, api.start("edge_crash_after_queue", {}).id)
+    assert run.status == "completed", run.error
+    assert list(BatchTurn.objects.filter(run_id=run.id).values_list("pk", flat=True)) == crashes, "queued once"
+    assert fake.batch_creates == 1
+
+
+def test_batch_edges__an_expired_result_with_on_expired_fail_fails_and_a_resume_sends_it_again(fake, batched_workflows):
+    one_agent(batched_workflows, "edge_expired_fail", delivery=Batch(on_expired="fail"))
+    fake.enqueue(Fault.expired())
+    run = settle(fake, api.start("edge_expired_fail", {}).id)
+    assert run.status == "failed" and "on_expired='fail'" in run.error["message"], run.error
+    fake.enqueue(Reply.text("Sent again."))
+    api.resume(run.id)
+    run = settle(fake, run.id)
+    assert run.status == "completed", run.error
+    assert texts(run.id) == ["Sent again."] and live_asks(fake) == 0
