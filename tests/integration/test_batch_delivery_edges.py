@@ -858,3 +858,23 @@ def test_batch_edges__an_expired_result_with_on_expired_fail_fails_and_a_resume_
     run = settle(fake, run.id)
     assert run.status == "completed", run.error
     assert texts(run.id) == ["Sent again."] and live_asks(fake) == 0
+
+
+def test_batch_edges__a_request_changed_while_its_turn_was_in_a_batch_is_sent_anew_and_both_answers_count(
+    fake, batched_workflows
+):
+    one_agent(batched_workflows, "edge_changed")
+    run = api.start("edge_changed", {})
+    park_in_a_held_batch(fake, run.id)
+    batched_workflows(
+        "edge_changed",
+        [agent("a", instructions="Answer briefly.", model=MODEL, max_tokens=256, delivery="batch")],
+    )
+    fake.enqueue(Reply.text("Answer to the old request."), Reply.text("Answer to the new one."))
+    fake.release_batches()
+    run = settle(fake, run.id)
+    assert run.status == "completed", run.error
+    assert texts(run.id) == ["Answer to the new one."]
+    turns = list(BatchTurn.objects.filter(run_id=run.id).order_by("id"))
+    assert [t.status for t in turns] == ["abandoned", "succeeded"]
+    assert run.cost_usd == turns[0].cost_usd + turns[1].cost_usd, "both answers were billed: both count"
