@@ -880,3 +880,31 @@ def test_batch_edges__a_request_changed_while_its_turn_was_in_a_batch_is_sent_an
     turns = list(BatchTurn.objects.filter(run_id=run.id).order_by("id"))
     assert [t.status for t in turns] == ["abandoned", "succeeded"]
     assert run.cost_usd == turns[0].cost_usd + turns[1].cost_usd, "both answers were billed: both count"
+
+
+# HOLE: this probe failed on 93257c4 (fixed on this branch).
+@pytest.mark.parametrize(
+    ("delivery", "fault"),
+    [(Batch(deadline="1h", on_deadline="live"), None), (Batch(on_expired="live"), Fault.expired())],
+    ids=["deadline", "expired"],
+)
+def test_batch_edges__a_live_fallback_is_checked_against_the_budget_at_live_prices(
+    fake, batched_workflows, delivery, fault
+):
+    batched_workflows(
+        "edge_fallback_budget",
+        [agent("a", instructions="Answer.", model=MODEL, max_tokens=4000, delivery=delivery)],
+    )
+    live = cost_usd(MODEL, Usage(input_tokens=0, output_tokens=4000))
+    run = api.start("edge_fallback_budget", {})
+    # Enough for the call at batch prices, not for the same call live.
+    api.set_budget(run.id, cost_usd=(live * Decimal("0.75")).quantize(Decimal("0.000001")), actor="ops")
+    if fault is None:
+        park_in_a_held_batch(fake, run.id)
+        pass_the_deadline(run.id)
+    else:
+        fake.enqueue(fault)
+    fake.enqueue(Reply.text("Live answer."))
+    run = settle(fake, run.id)
+    assert live_asks(fake) == 0, "the live fallback could cost more than the budget left: it must not be asked"
+    assert run.status == "failed" and "budget" in run.error["message"], run.error
