@@ -43,6 +43,7 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 from durable_agents import clock
+from durable_agents.agents.budget import Budget, estimate_prompt
 from durable_agents.agents.claude import PERMANENT_HINTS, PROMPT_TOO_LONG_TEXT, TRANSIENT_ERROR_TYPES
 from durable_agents.agents.messages import COMPACTION, TURN, ModelRequest, ModelResponse, Usage
 from durable_agents.engine import batches
@@ -111,7 +112,7 @@ def ask_batched(
         _submit(ctx, request, index, purpose, batch, digest)
     if turn.used and (turn.status in batches.FAILED_RESULTS or is_malformed(turn)):
         if turn.status in (BatchTurnStatus.EXPIRED, BatchTurnStatus.CANCELED) and batch.on_expired == "live":
-            return live()  # the policy chose a live answer: a retried live call stays live
+            return _ask_live(ctx, request, index, live)  # the policy chose a live answer: a retry stays live
         _submit(ctx, request, index, purpose, batch, digest)
     status = turn.status
     if status == BatchTurnStatus.SUCCEEDED:
@@ -126,13 +127,13 @@ def ask_batched(
             if not batches.abandon(turn, "its deadline passed"):
                 # Its result was recorded since it was read: act on that instead of paying for a live call too.
                 return ask_batched(ctx, request, index=index, purpose=purpose, batch=batch, live=live)
-            return _past_deadline(ctx, turn, batch, live)
+            return _past_deadline(ctx, turn, batch, request, live)
         raise Park(_wait_spec(turn))
     if status == BatchTurnStatus.ABANDONED:
         past_deadline = turn.deadline is not None and turn.ended_at is not None and turn.deadline <= turn.ended_at
         # A step failed by on_deadline="fail" (the turn then marked used) is resumed to send the turn again.
         if past_deadline and not (batch.on_deadline == "fail" and turn.used):
-            return _past_deadline(ctx, turn, batch, live)
+            return _past_deadline(ctx, turn, batch, request, live)
         _submit(ctx, request, index, purpose, batch, digest)  # abandoned by a cancel the run was resumed from
     batches.mark_used(turn)
     if status == BatchTurnStatus.ERRORED:
@@ -140,7 +141,7 @@ def ask_batched(
     why = f"the Message Batch {'expired' if status == BatchTurnStatus.EXPIRED else 'was canceled'} before turn {index}"
     if batch.on_expired == "live":
         record_event(ctx.run_id, "batch_fallback", step_id=ctx.step_id, turn=index, reason=why)
-        return live()
+        return _ask_live(ctx, request, index, live)
     if batch.on_expired == "fail":
         raise PermanentError(f"{why} was answered (on_expired='fail'); resume the run to send it again")
     _submit(ctx, request, index, purpose, batch, digest)
@@ -154,12 +155,27 @@ def set_aside_batch_turn(ctx: Any, index: int) -> None:
         batches.set_aside(turn, "a participant that answers live took the turn")
 
 
-def _past_deadline(ctx: Any, turn: BatchTurn, batch: Batch, live: Callable[[], ModelResponse]) -> ModelResponse:
+def _past_deadline(
+    ctx: Any, turn: BatchTurn, batch: Batch, request: ModelRequest, live: Callable[[], ModelResponse]
+) -> ModelResponse:
     why = f"no answer from the Message Batches API to turn {turn.index} within its deadline ({batch.deadline})"
     if batch.on_deadline == "fail":
         batches.mark_used(turn)
         raise PermanentError(f"{why} (on_deadline='fail'); resume the run to send it again")
     record_event(ctx.run_id, "batch_fallback", step_id=ctx.step_id, turn=turn.index, reason=why)
+    return _ask_live(ctx, request, turn.index, live)
+
+
+def _ask_live(ctx: Any, request: ModelRequest, index: int, live: Callable[[], ModelResponse]) -> ModelResponse:
+    """The turn asked live after all. Its budget was checked at batch prices, half the live ones: checked again."""
+    run = getattr(ctx, "run", None)
+    if run is not None:
+        Budget.of(run).check(
+            model=request.model,
+            prompt_tokens=estimate_prompt(request.as_kwargs(), request.messages, None),
+            max_tokens=request.max_tokens,
+            purpose=f"turn {index}, asked live after its batch",
+        )
     return live()
 
 
