@@ -23,6 +23,9 @@ What a result that is not an answer does, like the same outcome live:
                  counted, never used. An answer recorded as the deadline passed is used, not asked for again
     malformed    a succeeded message without content or usage: retried like an api_error, never journaled empty
 
+A turn asked live after all (a deadline's or an expiry's "live") is checked against the run's budget at live prices
+first: the budget let it go at batch prices, half as much.
+
 An answer the API billed is counted on its run even when it is never used: an abandoned turn's late answer, one
 that came just before its run was cancelled (the batcher counts it), or one a swapped-in participant that cannot
 batch (a scripted one) made useless; a resumed step then asks again.
