@@ -908,3 +908,38 @@ def test_batch_edges__a_live_fallback_is_checked_against_the_budget_at_live_pric
     run = settle(fake, run.id)
     assert live_asks(fake) == 0, "the live fallback could cost more than the budget left: it must not be asked"
     assert run.status == "failed" and "budget" in run.error["message"], run.error
+
+
+def test_batch_edges__results_read_again_after_a_crash_before_the_batch_is_marked_ended_count_once(
+    fake, batched_workflows, monkeypatch
+):
+    one_agent(batched_workflows, "edge_reread")
+    first_cancelled = api.start("edge_reread", {"n": 1})
+    second = api.start("edge_reread", {"n": 2})
+    fake.hold_batches()
+    advance(first_cancelled.id)
+    advance(second.id)
+    batcher.run_pass(client_of(fake))
+    api.cancel(first_cancelled.id, reason="its answer will be late")
+    fake.enqueue(Reply.text("Late."), Reply.text("Answered."))
+    fake.release_batches()
+    end_batch = batches.end_batch
+    crashed = []
+
+    def crash_once(batch, counts):
+        if not crashed:
+            crashed.append(batch.pk)
+            raise RuntimeError("the batcher died after recording the results, before marking the batch ended")
+        return end_batch(batch, counts)
+
+    monkeypatch.setattr(batches, "end_batch", crash_once)
+    with pytest.raises(RuntimeError):
+        batcher.run_pass(client_of(fake))
+    batcher.run_pass(client_of(fake))
+    assert crashed and MessageBatch.objects.get().status == "ended"
+    run = settle(fake, second.id)
+    assert run.status == "completed" and Turn.objects.filter(run_id=run.id).count() == 1
+    assert run.cost_usd == BatchTurn.objects.get(run_id=run.id).cost_usd
+    late = Run.objects.get(pk=first_cancelled.id)
+    assert late.cost_usd == BatchTurn.objects.get(run_id=late.id).cost_usd > 0, "the late answer counted once"
+    assert Event.objects.filter(run_id=late.id, kind="unjournaled_usage").count() == 1
