@@ -194,6 +194,7 @@ class BatchTurnOp(StrEnum):
     END = "end"  # the batch's result for the turn came in
     ABANDON = "abandon"  # its run was cancelled, or the step gave up waiting (deadline)
     SETTLE = "settle"  # a late answer to an abandoned turn came in (counted, never used)
+    SET_ASIDE = "set_aside"  # a succeeded answer its step will never use (its run ended, or it asks another way)
 
 
 BATCH_TURN_RULES: dict[BatchTurnOp, Rule] = {
@@ -205,6 +206,7 @@ BATCH_TURN_RULES: dict[BatchTurnOp, Rule] = {
     ),
     BatchTurnOp.ABANDON: _rule((BatchTurnStatus.QUEUED, BatchTurnStatus.SUBMITTED), BatchTurnStatus.ABANDONED),
     BatchTurnOp.SETTLE: _rule(BatchTurnStatus.ABANDONED),
+    BatchTurnOp.SET_ASIDE: _rule(BatchTurnStatus.SUCCEEDED, BatchTurnStatus.ABANDONED),
 }
 
 

@@ -168,8 +168,10 @@ class Batch:
         if isinstance(deadline, str):
             try:
                 deadline = parse_duration(deadline)
-            except ValueError as exc:
+            except (ValueError, InvalidInputError) as exc:
                 raise DefinitionError(f"Batch(deadline={deadline!r}): {exc}") from None
+        elif deadline is not None and not isinstance(deadline, timedelta):
+            raise DefinitionError(f'Batch(deadline={deadline!r}): give a duration, e.g. "2h", or a timedelta')
         if deadline is not None and deadline <= timedelta(0):
             raise DefinitionError(f"Batch(deadline={deadline}): a deadline must be positive")
         if on_deadline not in DEADLINE_POLICIES:

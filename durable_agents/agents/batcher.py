@@ -3,8 +3,9 @@
 One pass (`run_pass`, the `durable_agents.batches` task the sweep sends while there is batch work; one pass at a
 time across machines, under a job lease) does, in order:
 
-1. **abandon** the turns of runs that finished by another road, and **cancel** at the API each batch of which no
-   turn is wanted any more (every run in it was cancelled);
+1. **abandon** the turns of runs that finished by another road (an answer no step will use — its run ended just
+   after it came, its step finished another way — is counted on its run), and **cancel** at the API each batch of
+   which no turn is wanted any more (every run in it was cancelled);
 2. **send**: the queued turns go out once BATCH_MAX_REQUESTS wait or the oldest has waited BATCH_WINDOW_SECONDS.
    Exactly once, like an effect's outbox row: the MessageBatch row, with its turns chosen, is committed before
    the create request goes; the API's answer records its id. If no answer came (a timeout, a cut connection, the
@@ -93,6 +94,7 @@ def run_pass(client: anthropic.Anthropic | None = None, *, lease: JobLeaseHeld |
     client = client or new_clients()[0]
     report = PassReport()
     report.abandoned = batches.abandon_turns_of_finished_runs()
+    report.late += batches.set_aside_unused_answers()
     _cancel_unwanted(client, report)
     _recover_lost_creates(client, report)
     _send_due(client, report, lease)

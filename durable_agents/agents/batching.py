@@ -19,7 +19,16 @@ What a result that is not an answer does, like the same outcome live:
     expired,     by `Batch.on_expired`: "retry" (default) sends the turn in a new batch, "live" asks now, "fail"
     canceled     fails the step (a resume sends it again)
     deadline     `Batch.deadline` passed with no answer: by `Batch.on_deadline`, "live" (default) gives up on the
-                 batch and asks now, "fail" fails the step; the batch's late answer is counted, never used
+                 batch and asks now, "fail" fails the step (a resume sends it again); the batch's late answer is
+                 counted, never used. An answer recorded as the deadline passed is used, not asked for again
+    malformed    a succeeded message without content or usage: retried like an api_error, never journaled empty
+
+A turn asked live after all (a deadline's or an expiry's "live") is checked against the run's budget at live prices
+first: the budget let it go at batch prices, half as much.
+
+An answer the API billed is counted on its run even when it is never used: an abandoned turn's late answer, one
+that came just before its run was cancelled (the batcher counts it), or one a swapped-in participant that cannot
+batch (a scripted one) made useless; a resumed step then asks again.
 
 Only Claude through the API (the "anthropic" participant) is batched; a scripted or function participant answers
 the same turn live. A replay run's turns go live too.
@@ -37,8 +46,9 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 from durable_agents import clock
+from durable_agents.agents.budget import Budget, estimate_prompt
 from durable_agents.agents.claude import PERMANENT_HINTS, PROMPT_TOO_LONG_TEXT, TRANSIENT_ERROR_TYPES
-from durable_agents.agents.messages import ModelRequest, ModelResponse, Usage
+from durable_agents.agents.messages import COMPACTION, TURN, ModelRequest, ModelResponse, Usage
 from durable_agents.engine import batches, replaying
 from durable_agents.engine.control import Park, WaitSpec
 from durable_agents.engine.events import record_event
@@ -95,24 +105,41 @@ def ask_batched(
     it comes (raises Park), or the policies above apply."""
     digest = request.digest()
     turn = batches.latest_turn(ctx.step.pk, index)
+    if turn is not None and turn.purpose == COMPACTION and purpose == TURN:
+        # The step was compacting before this turn (its request overflowed the context window) when it parked: the
+        # re-executed loop does not know it until told, and compacts again, finding the compaction's own turn.
+        raise ContextWindowExceededError(f"turn {index} overflowed the context window: compacting first")
     if turn is not None and turn.request_digest != digest:
-        # Not this request (the model or participant changed since): its answer would answer something else.
-        if turn.status in batches.IN_FLIGHT:
-            batches.abandon(turn, "the step asks another request at this turn")
+        # Not this request (the model or participant changed since): its answer would answer something else, and
+        # an answer already in was billed all the same (counted on the run).
+        batches.set_aside(turn, "the step asks another request at this turn")
         turn = None
-    if turn is None or (turn.status in batches.FAILED_RESULTS and turn.used):
+    if turn is None:
+        _submit(ctx, request, index, purpose, batch, digest)
+    if turn.used and (turn.status in batches.FAILED_RESULTS or is_malformed(turn)):
+        if turn.status in (BatchTurnStatus.EXPIRED, BatchTurnStatus.CANCELED) and batch.on_expired == "live":
+            return _ask_live(ctx, request, index, live)  # the policy chose a live answer: a retry stays live
         _submit(ctx, request, index, purpose, batch, digest)
     status = turn.status
     if status == BatchTurnStatus.SUCCEEDED:
-        return response_of(turn)
+        if not is_malformed(turn):
+            return response_of(turn)
+        batches.mark_used(turn)
+        raise ModelUnavailableError(
+            f"turn {index}'s answer in a Message Batch has no content or usage (the step retries, sending it again)"
+        )
     if status in batches.IN_FLIGHT:
         if turn.deadline is not None and turn.deadline <= clock.now():
-            batches.abandon(turn, "its deadline passed")
-            return _past_deadline(ctx, turn, batch, live)
+            if not batches.abandon(turn, "its deadline passed"):
+                # Its result was recorded since it was read: act on that instead of paying for a live call too.
+                return ask_batched(ctx, request, index=index, purpose=purpose, batch=batch, live=live)
+            return _past_deadline(ctx, turn, batch, request, live)
         raise Park(_wait_spec(turn))
     if status == BatchTurnStatus.ABANDONED:
-        if turn.deadline is not None and turn.ended_at is not None and turn.deadline <= turn.ended_at:
-            return _past_deadline(ctx, turn, batch, live)
+        past_deadline = turn.deadline is not None and turn.ended_at is not None and turn.deadline <= turn.ended_at
+        # A step failed by on_deadline="fail" (the turn then marked used) is resumed to send the turn again.
+        if past_deadline and not (batch.on_deadline == "fail" and turn.used):
+            return _past_deadline(ctx, turn, batch, request, live)
         _submit(ctx, request, index, purpose, batch, digest)  # abandoned by a cancel the run was resumed from
     batches.mark_used(turn)
     if status == BatchTurnStatus.ERRORED:
@@ -120,17 +147,41 @@ def ask_batched(
     why = f"the Message Batch {'expired' if status == BatchTurnStatus.EXPIRED else 'was canceled'} before turn {index}"
     if batch.on_expired == "live":
         record_event(ctx.run_id, "batch_fallback", step_id=ctx.step_id, turn=index, reason=why)
-        return live()
+        return _ask_live(ctx, request, index, live)
     if batch.on_expired == "fail":
         raise PermanentError(f"{why} was answered (on_expired='fail'); resume the run to send it again")
     _submit(ctx, request, index, purpose, batch, digest)
 
 
-def _past_deadline(ctx: Any, turn: BatchTurn, batch: Batch, live: Callable[[], ModelResponse]) -> ModelResponse:
+def set_aside_batch_turn(ctx: Any, index: int) -> None:
+    """Journal index `index` is answered another way (a participant that cannot batch): its batch turn, if any, is
+    given up."""
+    turn = batches.latest_turn(ctx.step.pk, index)
+    if turn is not None:
+        batches.set_aside(turn, "a participant that answers live took the turn")
+
+
+def _past_deadline(
+    ctx: Any, turn: BatchTurn, batch: Batch, request: ModelRequest, live: Callable[[], ModelResponse]
+) -> ModelResponse:
     why = f"no answer from the Message Batches API to turn {turn.index} within its deadline ({batch.deadline})"
     if batch.on_deadline == "fail":
+        batches.mark_used(turn)
         raise PermanentError(f"{why} (on_deadline='fail'); resume the run to send it again")
     record_event(ctx.run_id, "batch_fallback", step_id=ctx.step_id, turn=turn.index, reason=why)
+    return _ask_live(ctx, request, turn.index, live)
+
+
+def _ask_live(ctx: Any, request: ModelRequest, index: int, live: Callable[[], ModelResponse]) -> ModelResponse:
+    """The turn asked live after all. Its budget was checked at batch prices, half the live ones: checked again."""
+    run = getattr(ctx, "run", None)
+    if run is not None:
+        Budget.of(run).check(
+            model=request.model,
+            prompt_tokens=estimate_prompt(request.as_kwargs(), request.messages, None),
+            max_tokens=request.max_tokens,
+            purpose=f"turn {index}, asked live after its batch",
+        )
     return live()
 
 
@@ -151,6 +202,18 @@ def _submit(ctx: Any, request: ModelRequest, index: int, purpose: str, batch: Ba
 
 def _wait_spec(turn: BatchTurn) -> WaitSpec:
     return WaitSpec(kind=WaitKind.BATCH, name=turn.custom_id, deadline=turn.deadline)
+
+
+def is_malformed(turn: BatchTurn) -> bool:
+    """A succeeded result whose message lacks the content or usage a live answer always has."""
+    if turn.status != BatchTurnStatus.SUCCEEDED:
+        return False
+    message = (turn.result or {}).get("message")
+    return not (
+        isinstance(message, dict)
+        and isinstance(message.get("content"), list)
+        and isinstance(message.get("usage"), dict)
+    )
 
 
 def response_of(turn: BatchTurn) -> ModelResponse:
@@ -182,7 +245,8 @@ def usage_from_json(usage: dict[str, Any]) -> Usage:
 
 def error_of(turn: BatchTurn) -> Exception:
     """An errored result as the live call would have raised it (claude.map_errors' rules)."""
-    outer = (turn.result or {}).get("error") or {}
+    outer = (turn.result or {}).get("error")
+    outer = outer if isinstance(outer, dict) else {}
     error = outer.get("error") if isinstance(outer.get("error"), dict) else outer
     kind = str(error.get("type") or "api_error")
     message = str(error.get("message") or kind)

@@ -29,7 +29,7 @@ from django.db import DatabaseError, IntegrityError, InterfaceError, Operational
 from django.db.models import F, Max
 
 from durable_agents.agents import rate_limits
-from durable_agents.agents.batching import Batch, ask_batched, batchable
+from durable_agents.agents.batching import Batch, ask_batched, batchable, set_aside_batch_turn
 from durable_agents.agents.compaction import Compacted
 from durable_agents.agents.messages import COMPACTION, TURN, ModelRequest, ModelResponse, Participant
 from durable_agents.agents.pricing import cost_usd
@@ -74,10 +74,14 @@ def ask(
     """
     if is_replay(getattr(ctx, "run", None)):
         check_budget(ctx)
-    if batch is not None and index is not None and batchable(participant):
-        return ask_batched(
-            ctx, request, index=index, purpose=purpose, batch=batch, live=lambda: ask(ctx, participant, request)
-        )
+    if batch is not None and index is not None:
+        if batchable(participant):
+            return ask_batched(
+                ctx, request, index=index, purpose=purpose, batch=batch, live=lambda: ask(ctx, participant, request)
+            )
+        # A participant swapped in while the turn was in a batch answers it now: the batch's turn is given up
+        # (its answer, billed, counted on the run).
+        set_aside_batch_turn(ctx, index)
     remote = getattr(participant, "remote", False)
 
     def prove() -> None:

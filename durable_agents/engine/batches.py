@@ -27,13 +27,14 @@ from durable_agents.clock import DbNow
 from durable_agents.engine import transitions
 from durable_agents.engine.events import record_event
 from durable_agents.engine.wake import wake_on_commit
-from durable_agents.models import BatchTurn, MessageBatch, Run, Step, Wait, WaitKind
+from durable_agents.models import BatchTurn, MessageBatch, Run, Step, Turn, Wait, WaitKind
 from durable_agents.states import (
     ACTIVE_RUN_STATUSES,
     BatchTurnOp,
     BatchTurnStatus,
     MessageBatchOp,
     MessageBatchStatus,
+    StepStatus,
     WaitOp,
     WaitStatus,
 )
@@ -41,6 +42,8 @@ from durable_agents.states import (
 # A request's envelope in the create body beside its params: {"custom_id": "da-<32 hex>", "params": ...}.
 REQUEST_OVERHEAD_BYTES = 64
 IN_FLIGHT = (BatchTurnStatus.QUEUED, BatchTurnStatus.SUBMITTED)
+# A step in these statuses never executes again (a rerun copies it): an answer it did not journal stays unused.
+FINISHED_STEP_STATUSES = (StepStatus.DONE, StepStatus.SKIPPED, StepStatus.SUPERSEDED)
 FAILED_RESULTS = (BatchTurnStatus.ERRORED, BatchTurnStatus.EXPIRED, BatchTurnStatus.CANCELED)
 BATCHES_IN_FLIGHT = (MessageBatchStatus.SUBMITTING, MessageBatchStatus.IN_PROGRESS, MessageBatchStatus.CANCELING)
 # A result's "type" -> the status its turn ends in.
@@ -109,6 +112,67 @@ def abandon(turn: BatchTurn, reason: str) -> bool:
     return bool(moved)
 
 
+def set_aside(turn: BatchTurn, reason: str) -> str:
+    """Give up a turn its step will not use: "abandoned" if it was in flight (a late answer is counted when it
+    comes); "counted" if its answer had come and was never journaled (the API billed it: counted on the run, and
+    a resumed step asks again); "" if it was journaled after all, or already set aside.
+
+    Locks the run's row first, as `record_result` and the journal's fenced write do: an answer recorded or
+    journaled meanwhile is seen here, so it is counted once."""
+    with transaction.atomic():
+        Run.objects.select_for_update().filter(pk=turn.run_id).first()
+        current = BatchTurn.objects.select_for_update().get(pk=turn.pk)
+        if current.status in IN_FLIGHT:
+            transitions.move_batch_turns(
+                BatchTurnOp.ABANDON, BatchTurn.objects.filter(pk=turn.pk), to=BatchTurnStatus.ABANDONED
+            )
+            record_event(turn.run_id, "batch_abandoned", turn=turn.index, custom_id=turn.custom_id, reason=reason)
+            return "abandoned"
+        if current.status != BatchTurnStatus.SUCCEEDED or is_journaled(current):
+            return ""
+        transitions.move_batch_turns(
+            BatchTurnOp.SET_ASIDE, BatchTurn.objects.filter(pk=turn.pk), to=BatchTurnStatus.ABANDONED
+        )
+        _count_late(current, current.cost_usd, billed_counters(current.result), reason=reason)
+        return "counted"
+
+
+def is_journaled(turn: BatchTurn) -> bool:
+    """True once its step journaled its answer (a Turn at its index whose request id is its custom id)."""
+    return Turn.objects.filter(step_id=turn.step_id, index=turn.index, request_id=turn.custom_id).exists()
+
+
+def set_aside_unused_answers() -> int:
+    """Succeeded answers no step will use, counted on their runs (billed); how many. Their run ended between the
+    answer and the step's next execution (a cancel), or their step finished another way (redeployed live)."""
+    finished = ~Exists(Run.objects.filter(pk=OuterRef("run_id"), status__in=ACTIVE_RUN_STATUSES))
+    step_over = Exists(Step.objects.filter(pk=OuterRef("step_id"), status__in=FINISHED_STEP_STATUSES))
+    journaled = Exists(
+        Turn.objects.filter(step_id=OuterRef("step_id"), index=OuterRef("index"), request_id=OuterRef("custom_id"))
+    )
+    unused = BatchTurn.objects.filter(finished | step_over, ~journaled, status=BatchTurnStatus.SUCCEEDED)
+    reason = "a batch answer its step never used (its run ended, or the step finished another way)"
+    return sum(set_aside(turn, reason) == "counted" for turn in unused)
+
+
+def billed_counters(result: dict[str, Any] | None) -> dict[str, int]:
+    """The token counters (Run and Step columns) of a succeeded result's `usage`."""
+    message = (result or {}).get("message")
+    usage = message.get("usage") if isinstance(message, dict) else None
+    usage = usage if isinstance(usage, dict) else {}
+
+    def tokens(key: str) -> int:
+        value = usage.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+    return {
+        "input_tokens": tokens("input_tokens"),
+        "output_tokens": tokens("output_tokens"),
+        "cache_write_tokens": tokens("cache_creation_input_tokens"),
+        "cache_read_tokens": tokens("cache_read_input_tokens"),
+    }
+
+
 # --- The batcher's side -----------------------------------------------------------------------------------
 
 
@@ -123,10 +187,11 @@ def due_turns(window: timedelta, max_requests: int, max_bytes: int) -> list[Batc
     if oldest["n"] < max_requests and not queued.filter(created_at__lte=due_before).exists():
         return []
     chosen, size = [], 0
-    # Sized in the database: the requests themselves are read once, when the batch goes.
+    # Sized in the database: the requests themselves are read once, when the batch goes. The stored JSON escapes
+    # every non-ASCII character, so its length bounds the UTF-8 bytes the create request carries.
     sized = queued.annotate(size=Length(Cast("params", TextField()))).order_by("created_at", "id")
-    for turn in sized.only("pk", "created_at")[:max_requests]:
-        length = (turn.size or 0) + REQUEST_OVERHEAD_BYTES
+    for turn in sized.only("pk", "created_at", "custom_id")[:max_requests]:
+        length = (turn.size or 0) + len(turn.custom_id) + REQUEST_OVERHEAD_BYTES
         if chosen and size + length > max_bytes:
             break
         chosen.append(turn)
@@ -265,7 +330,13 @@ def record_result(
         return "known"
 
 
-def _count_late(turn: BatchTurn, cost: Decimal, counters: dict[str, Any]) -> None:
+def _count_late(
+    turn: BatchTurn,
+    cost: Decimal,
+    counters: dict[str, Any],
+    *,
+    reason: str = "a batch answer to a turn its run had abandoned",
+) -> None:
     """An abandoned turn's answer was billed: its tokens and cost go on its run and step, with an event."""
     increments = {name: F(name) + value for name, value in counters.items()}
     Run.objects.filter(pk=turn.run_id).update(cost_usd=F("cost_usd") + cost, **increments)
@@ -276,7 +347,7 @@ def _count_late(turn: BatchTurn, cost: Decimal, counters: dict[str, Any]) -> Non
         turn=turn.index,
         custom_id=turn.custom_id,
         cost_usd=str(cost),
-        reason="a batch answer to a turn its run had abandoned",
+        reason=reason,
         **{name: int(value) for name, value in counters.items()},
     )
 
