@@ -851,6 +851,13 @@ class BatchTurn(models.Model):
         indexes = [
             models.Index(fields=["step", "index"], name="durable_batch_turn_step"),
             models.Index(fields=["created_at"], condition=Q(status="queued"), name="durable_batch_turn_queued"),
+            models.Index(
+                fields=["run"], condition=Q(status__in=["queued", "submitted"]), name="durable_batch_turn_in_flight"
+            ),
+            # Answers no Turn journaled yet: the batcher looks among them for those no step will use.
+            models.Index(
+                fields=["step"], condition=Q(status="succeeded", used=False), name="durable_batch_turn_unused"
+            ),
         ]
 
     def __str__(self) -> str:

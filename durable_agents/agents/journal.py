@@ -42,6 +42,7 @@ from durable_agents.agents.unjournaled import (
 )
 from durable_agents.clock import DbNow
 from durable_agents.connections import fresh_connection, release_connection
+from durable_agents.engine import batches
 from durable_agents.engine.events import record_event
 from durable_agents.engine.replaying import check_budget, is_replay
 from durable_agents.errors import LeaseLostError
@@ -165,6 +166,8 @@ def journal_turn(
         Step.objects.filter(pk=ctx.step.pk).update(cost_usd=F("cost_usd") + cost, **counters, **step_changes)
         turn = create_turn(ctx, index, COMPACTION if compacted else TURN, request, response, participant, cost)
         _freeze_txn(ctx, head)
+        if response.batch:
+            batches.journaled_txn(response.request_id)
         _record_refusal_txn(ctx, index, response)
         if compacted:
             record_event(
@@ -240,6 +243,8 @@ def journal_call(
         Step.objects.filter(pk=ctx.step.pk).update(cost_usd=F("cost_usd") + cost, **counters)
         turn = create_turn(ctx, index, purpose, request, response, participant, cost)
         _freeze_txn(ctx, head)
+        if response.batch:
+            batches.journaled_txn(response.request_id)
         _record_refusal_txn(ctx, index, response)
         writes.committing = True
         return turn

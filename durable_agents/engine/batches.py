@@ -96,6 +96,11 @@ def latest_turn(step_pk: int, index: int) -> BatchTurn | None:
     return BatchTurn.objects.filter(step_id=step_pk, index=index).order_by("-id").first()
 
 
+def journaled_txn(custom_id: str) -> None:
+    """The answer of batch turn `custom_id` is journaled as a Turn (in the journaling transaction): used."""
+    BatchTurn.objects.filter(custom_id=custom_id, used=False).update(used=True)
+
+
 def mark_used(turn: BatchTurn) -> bool:
     """A failed result is acted on once: the next execution sends the turn again instead of failing again."""
     return BatchTurn.objects.filter(pk=turn.pk, used=False).update(used=True) == 1
@@ -150,7 +155,8 @@ def set_aside_unused_answers() -> int:
     journaled = Exists(
         Turn.objects.filter(step_id=OuterRef("step_id"), index=OuterRef("index"), request_id=OuterRef("custom_id"))
     )
-    unused = BatchTurn.objects.filter(finished | step_over, ~journaled, status=BatchTurnStatus.SUCCEEDED)
+    # `used`: its answer was journaled (journaled_txn), so only answers never journaled are looked at (an index).
+    unused = BatchTurn.objects.filter(finished | step_over, ~journaled, status=BatchTurnStatus.SUCCEEDED, used=False)
     reason = "a batch answer its step never used (its run ended, or the step finished another way)"
     return sum(set_aside(turn, reason) == "counted" for turn in unused)
 
@@ -384,7 +390,7 @@ def abandon_turns_of_finished_runs() -> int:
     finished = ~Exists(Run.objects.filter(pk=OuterRef("run_id"), status__in=ACTIVE_RUN_STATUSES))
     with transaction.atomic():
         return transitions.move_batch_turns(
-            BatchTurnOp.ABANDON, BatchTurn.objects.filter(finished), to=BatchTurnStatus.ABANDONED
+            BatchTurnOp.ABANDON, BatchTurn.objects.filter(finished, status__in=IN_FLIGHT), to=BatchTurnStatus.ABANDONED
         )
 
 

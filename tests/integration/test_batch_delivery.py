@@ -124,6 +124,9 @@ def test_batch_delivery__each_turn_goes_in_a_batch_and_is_journaled_once_at_half
     assert run.cost_usd == sum(t.cost_usd for t in turns)
     assert LedgerEntry.objects.filter(order_id="A-1", kind="charge").count() == 1
     assert set(BatchTurn.objects.filter(run_id=run.id).values_list("status", flat=True)) == {"succeeded"}
+    assert set(BatchTurn.objects.filter(run_id=run.id).values_list("used", flat=True)) == {True}, (
+        "a journaled answer is marked used: the batcher's look for unused answers skips it (an index)"
+    )
     assert set(MessageBatch.objects.values_list("status", flat=True)) == {"ended"}
 
 
