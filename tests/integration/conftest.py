@@ -10,6 +10,7 @@ from django.db import connection
 from django.test import override_settings
 
 from durable_agents import clock, tasks
+from tests.integration.batch_helpers import batch_fake, batched_workflows  # noqa: F401 - fixtures of the batch tests
 from tests.integration.outside_carrier import CARRIER
 from tests.testapp.trust import HOOKS
 
