@@ -34,7 +34,7 @@ def test_celery__each_task_is_acks_late_json_and_resultless_whatever_the_global_
         "from tests.celery import app\n"
         "from durable_agents import tasks\n"
         "assert app.conf.task_serializer == 'pickle'\n"
-        "for t in (tasks.advance, tasks.sweep, tasks.deliver_notification):\n"
+        "for t in (tasks.advance, tasks.sweep, tasks.deliver_notification, tasks.send_batches):\n"
         "    print(t.name, t.serializer, t.ignore_result, t.acks_late, t.reject_on_worker_lost)\n"
     )
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "pickle_settings", "PYTHONPATH": f"{tmp_path}:{ROOT}"}
@@ -45,6 +45,7 @@ def test_celery__each_task_is_acks_late_json_and_resultless_whatever_the_global_
         "durable_agents.advance": ["json", "True", "True", "True"],
         "durable_agents.sweep": ["json", "True", "False", "False"],
         "durable_agents.deliver_notification": ["json", "True", "True", "False"],
+        "durable_agents.batches": ["json", "True", "False", "False"],
     }
 
 
