@@ -107,7 +107,7 @@ def _ask(
     participant: Any,
     choice: ModelChoice,
     max_asks: int,
-    delivery: Batch | str | None = None,
+    delivery: Batch | str | None,
 ) -> dict[str, Any]:
     """The verdict: replayed from the journal when one was given (the snapshot), else asked for."""
     chosen = ctx.run.participant or participant or settings.DEFAULT_PARTICIPANT

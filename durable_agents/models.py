@@ -839,7 +839,8 @@ class BatchTurn(models.Model):
     # The batch's result for this request as the API gave it: {"type": "succeeded", "message": {...}} or another type.
     result = OrderedJSONField(null=True, blank=True)
     deadline = models.DateTimeField(null=True, blank=True)
-    # A failed result (errored, expired, canceled) was acted on once: the next attempt sends the turn again.
+    # Its answer was acted on: journaled as a Turn, or a failed result (errored, expired, canceled, past the deadline
+    # with on_deadline="fail") raised once, so the next attempt sends the turn again.
     used = models.BooleanField(default=False)
     cost_usd = models.DecimalField(max_digits=14, decimal_places=6, default=0)
     created_at = models.DateTimeField(db_default=Now())

@@ -53,7 +53,9 @@ class BatchTurnStatus(TextChoices):
     ERRORED = "errored"
     EXPIRED = "expired"
     CANCELED = "canceled"
-    ABANDONED = "abandoned"  # its run was cancelled, or its deadline passed: a late answer is only counted
+    # Given up: its run was cancelled, its deadline passed, or its step no longer asks it (the request changed, a
+    # participant that answers live took it, its answer was unusable or never used). An answer is counted, never used.
+    ABANDONED = "abandoned"
 
 
 class MessageBatchStatus(TextChoices):

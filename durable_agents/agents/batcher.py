@@ -41,7 +41,7 @@ import anthropic
 import httpx2 as httpx
 
 from durable_agents.agents.batching import response_of
-from durable_agents.agents.claude import new_clients
+from durable_agents.agents.claude import new_client
 from durable_agents.agents.pricing import cost_usd
 from durable_agents.conf import settings
 from durable_agents.engine import batches
@@ -91,7 +91,10 @@ def run_pass(client: anthropic.Anthropic | None = None, *, lease: JobLeaseHeld |
     With `lease` (the job lease `run` holds) no create request goes once the lease is lost: a pass frozen past its
     lease (SIGSTOP, a swap storm) would otherwise send turns that the pass which took over sends too.
     """
-    client = client or new_clients()[0]
+    if client is None:
+        # A client of its own for the pass, closed at its end (its connections are not kept between passes).
+        with new_client() as own:
+            return run_pass(own, lease=lease)
     report = PassReport()
     report.abandoned = batches.abandon_turns_of_finished_runs()
     report.late += batches.set_aside_unused_answers()
@@ -260,14 +263,7 @@ def _billed(custom_id: Any, result: dict[str, Any]) -> tuple[Decimal, dict[str, 
         return Decimal(0), {}
     turn.result = result
     response = response_of(turn)
-    usage = response.usage
-    tokens = {
-        "input_tokens": usage.input_tokens,
-        "output_tokens": usage.output_tokens,
-        "cache_write_tokens": usage.cache_write_tokens,
-        "cache_read_tokens": usage.cache_read_tokens,
-    }
-    return cost_usd(response.model, usage, batch=True), tokens
+    return cost_usd(response.model, response.usage, batch=True), batches.billed_counters(result)
 
 
 def _cancel_unwanted(client: anthropic.Anthropic, report: PassReport) -> None:
@@ -275,7 +271,10 @@ def _cancel_unwanted(client: anthropic.Anthropic, report: PassReport) -> None:
         try:
             client.messages.batches.cancel(batch.provider_id)
         except anthropic.APIStatusError as exc:
-            # Ended meanwhile (409 or 400: nothing to cancel): its results are collected as any batch's.
+            if exc.status_code not in (400, 409):
+                report.errors.append(f"cancel of {batch.provider_id}: {exc.status_code}")
+                continue  # asked again next pass
+            # Ended meanwhile (nothing to cancel): its results are collected as any batch's.
             logger.info("cancel of %s answered %s", batch.provider_id, exc.status_code)
         except (anthropic.APIError, httpx.HTTPError) as exc:
             report.errors.append(f"cancel of {batch.provider_id}: {type(exc).__name__}")

@@ -31,7 +31,8 @@ that came just before its run was cancelled (the batcher counts it), or one a sw
 batch (a scripted one) made useless; a resumed step then asks again.
 
 Only Claude through the API (the "anthropic" participant) is batched; a scripted or function participant answers
-the same turn live. A replay run's turns go live too.
+the same turn live. A replay run's turns go live unless its replay asks `delivery="batch"` (then every model call of
+the replay run is batched, whatever its workflow says).
 
 Example::
 
@@ -88,7 +89,7 @@ def step_batch(ctx: Any, step_value: Batch | str | None) -> Batch | None:
     return chosen if isinstance(chosen, Batch) else None
 
 
-def batchable(participant: Any) -> bool:
+def can_batch(participant: Any) -> bool:
     return bool(getattr(participant, "batchable", False))
 
 
@@ -124,7 +125,7 @@ def ask_batched(
     if status == BatchTurnStatus.SUCCEEDED:
         if not is_malformed(turn):
             return response_of(turn)
-        batches.mark_used(turn)
+        batches.set_aside(turn, "its answer has no content or usage")  # billed all the same: counted on the run
         raise ModelUnavailableError(
             f"turn {index}'s answer in a Message Batch has no content or usage (the step retries, sending it again)"
         )
@@ -225,7 +226,7 @@ def response_of(turn: BatchTurn) -> ModelResponse:
         stop_reason=message.get("stop_reason") or "",
         model=message.get("model") or turn.model,
         usage=usage_from_json(message.get("usage") or {}),
-        request_id=f"{turn.custom_id}",
+        request_id=turn.custom_id,
         stop_details=details if isinstance(details, dict) else None,
         batch=True,
     )

@@ -371,6 +371,13 @@ def new_clients() -> list[anthropic.Anthropic]:
     ]
 
 
+def new_client() -> anthropic.Anthropic:
+    """One Anthropic client as `new_clients` makes them (key and base URL from the environment, no SDK retries), with
+    a few connections: for a job that makes a handful of calls and closes it (the batcher's pass)."""
+    timeout = float(settings.MODEL_TIMEOUT_SECONDS)
+    return anthropic.Anthropic(max_retries=0, timeout=timeout)
+
+
 def usage_of(usage: Any) -> Usage:
     """The billed tokens of a Messages API `usage` object; 1 h cache writes are priced apart from 5 min ones."""
     split = getattr(usage, "cache_creation", None)

@@ -29,7 +29,7 @@ from django.db import DatabaseError, IntegrityError, InterfaceError, Operational
 from django.db.models import F, Max
 
 from durable_agents.agents import rate_limits
-from durable_agents.agents.batching import Batch, ask_batched, batchable, set_aside_batch_turn
+from durable_agents.agents.batching import Batch, ask_batched, can_batch, set_aside_batch_turn
 from durable_agents.agents.compaction import Compacted
 from durable_agents.agents.messages import COMPACTION, TURN, ModelRequest, ModelResponse, Participant
 from durable_agents.agents.pricing import cost_usd
@@ -76,7 +76,7 @@ def ask(
     if is_replay(getattr(ctx, "run", None)):
         check_budget(ctx)
     if batch is not None and index is not None:
-        if batchable(participant):
+        if can_batch(participant):
             return ask_batched(
                 ctx, request, index=index, purpose=purpose, batch=batch, live=lambda: ask(ctx, participant, request)
             )
@@ -262,16 +262,19 @@ def _journal(
     what: str,
 ) -> Turn:
     """`write()` the billed answer into the journal; whatever stops it, count its usage, then raise."""
+    # A batch answer that is not journaled is not lost: its batch turn keeps it for the next execution to journal,
+    # or for the batcher to count once no step will (engine/batches.py). Counting it here would count it twice.
+    count = (lambda billed: None) if response.batch else count_unjournaled
     try:
         turn = _written(write, writes)
     except LeaseLostError:
-        count_unjournaled(_billed(ctx, request, response, cost, writes, "lease lost"))
+        count(_billed(ctx, request, response, cost, writes, "lease lost"))
         raise
     except IntegrityError as exc:
-        count_unjournaled(_billed(ctx, request, response, cost, writes, "journaled by another worker"))
+        count(_billed(ctx, request, response, cost, writes, "journaled by another worker"))
         raise LeaseLostError(f"{what} was journaled by another worker") from exc
     except Exception as exc:  # noqa: BLE001 - whatever stopped the write, the answer was billed
-        count_unjournaled(_billed(ctx, request, response, cost, writes, _why_not_journaled(exc)))
+        count(_billed(ctx, request, response, cost, writes, _why_not_journaled(exc)))
         raise
     record_owed()
     return turn

@@ -455,8 +455,7 @@ class _AgentLoop:
             batch=self.batch is not None,
         )
         # The largest prompt there is: a thawed zombie must stop before asking for it again (`ask` proves it).
-        batch, index = self.batch, self.next_index
-        response = ask(self.ctx, self.participant, request, batch=batch, index=index, purpose=COMPACTION)
+        response = ask(self.ctx, self.participant, request, batch=self.batch, index=self.next_index, purpose=COMPACTION)
         folded_errors = sum(n for index, n in self.errors_by_turn.items() if index < point.covers_until)
         compacted = Compacted(
             summary=summary_text(response, request),

@@ -20,7 +20,7 @@ from decimal import Decimal
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Count, DateTimeField, Exists, ExpressionWrapper, F, Min, OuterRef, TextField, Value
+from django.db.models import Count, DateTimeField, Exists, ExpressionWrapper, F, Min, OuterRef, Sum, TextField, Value
 from django.db.models.functions import Cast, Length
 
 from durable_agents.clock import DbNow
@@ -102,13 +102,16 @@ def journaled_txn(custom_id: str) -> None:
 
 
 def mark_used(turn: BatchTurn) -> bool:
-    """A failed result is acted on once: the next execution sends the turn again instead of failing again."""
+    """A failed result (or a deadline's "fail") is acted on once: the next execution sends the turn again instead of
+    failing again."""
     return BatchTurn.objects.filter(pk=turn.pk, used=False).update(used=True) == 1
 
 
 def abandon(turn: BatchTurn, reason: str) -> bool:
     """Give up waiting for the turn's answer (its deadline passed, or the step asks something else)."""
     with transaction.atomic():
+        # The run's row first, as record_result locks it: the deadline racing the answer cannot deadlock.
+        Run.objects.select_for_update().filter(pk=turn.run_id).first()
         moved = transitions.move_batch_turns(
             BatchTurnOp.ABANDON, BatchTurn.objects.filter(pk=turn.pk), to=BatchTurnStatus.ABANDONED
         )
@@ -209,7 +212,12 @@ def open_batch(turns: list[BatchTurn]) -> MessageBatch | None:
     """The batch (status submitting) that will carry `turns`, committed before anything is sent; None if none of
     them is still queued (a cancel abandoned them meanwhile)."""
     with transaction.atomic():
-        return transitions.new_message_batch_txn([t.pk for t in turns])
+        batch = transitions.new_message_batch_txn([t.pk for t in turns])
+        if batch is not None:
+            size = BatchTurn.objects.filter(batch=batch).aggregate(size=Sum(Length(Cast("params", TextField()))))
+            batch.request_bytes = size["size"] or 0
+            MessageBatch.objects.filter(pk=batch.pk).update(request_bytes=batch.request_bytes)
+        return batch
 
 
 def requests_of(batch: MessageBatch) -> list[dict[str, Any]]:
@@ -253,14 +261,12 @@ def not_created(batch: MessageBatch, error: str) -> int:
 
 def refused(batch: MessageBatch, error: dict[str, Any]) -> int:
     """The API refused the batch for what it holds (a 4xx): sending it again would be refused again, so each of its
-    turns ends errored with the API's words, and its step fails saying them."""
-    with transaction.atomic():
-        transitions.move_message_batch(
-            MessageBatchOp.FAIL, batch.pk, to=MessageBatchStatus.FAILED, error=str(error)[:2000]
-        )
-        turns = list(BatchTurn.objects.filter(batch=batch, status=BatchTurnStatus.SUBMITTED).values_list("custom_id"))
+    turns ends errored with the API's words, and its step fails saying them. The batch is marked failed last: killed
+    halfway, it is still `submitting`, and the lost-create recovery gives the turns not yet ended back to the queue."""
+    turns = list(BatchTurn.objects.filter(batch=batch, status=BatchTurnStatus.SUBMITTED).values_list("custom_id"))
     for (custom_id,) in turns:
         record_result(batch, custom_id, {"type": "errored", "error": {"type": "error", "error": error}})
+    transitions.move_message_batch(MessageBatchOp.FAIL, batch.pk, to=MessageBatchStatus.FAILED, error=str(error)[:2000])
     return len(turns)
 
 

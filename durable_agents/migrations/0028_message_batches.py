@@ -149,16 +149,6 @@ class Migration(migrations.Migration):
                         fields=["created_at"],
                         name="durable_batch_turn_queued",
                     ),
-                    models.Index(
-                        condition=models.Q(("status__in", ["queued", "submitted"])),
-                        fields=["run"],
-                        name="durable_batch_turn_in_flight",
-                    ),
-                    models.Index(
-                        condition=models.Q(("status", "succeeded"), ("used", False)),
-                        fields=["step"],
-                        name="durable_batch_turn_unused",
-                    ),
                 ],
             },
         ),

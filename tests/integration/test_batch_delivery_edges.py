@@ -16,9 +16,10 @@ from decimal import Decimal
 import pytest
 
 from durable_agents import api
-from durable_agents.agents import batcher
+from durable_agents.agents import batcher, journal
 from durable_agents.agents import loop as loop_module
 from durable_agents.agents.batching import error_of
+from durable_agents.agents.journal import create_turn
 from durable_agents.agents.loop import agent
 from durable_agents.agents.messages import Usage
 from durable_agents.agents.participants import ScriptedParticipant, participants
@@ -933,3 +934,45 @@ def test_batch_edges__results_read_again_after_a_crash_before_the_batch_is_marke
     late = Run.objects.get(pk=first_cancelled.id)
     assert late.cost_usd == BatchTurn.objects.get(run_id=late.id).cost_usd > 0, "the late answer counted once"
     assert Event.objects.filter(run_id=late.id, kind="unjournaled_usage").count() == 1
+
+
+def test_batch_edges__a_batch_answer_whose_journal_write_failed_is_counted_once(
+    batch_fake, batched_workflows, monkeypatch
+):
+    """The batch turn keeps the answer for the next execution to journal: counting it as unjournaled as well (as a
+    live answer is, which the retry asks for again) would bill the run twice for one answer."""
+    one_agent(batched_workflows, "edge_journal_failed")
+    run = api.start("edge_journal_failed", {})
+    failures = []
+
+    def failing_once(*args, **kwargs):
+        if not failures:
+            failures.append(1)
+            raise RuntimeError("the journal write failed")
+        return create_turn(*args, **kwargs)
+
+    monkeypatch.setattr(journal, "create_turn", failing_once)
+    run = settle(batch_fake, run.id)
+    assert run.status == "failed" and failures, "the journal write failed (an unexpected error fails the step)"
+    api.resume(run.id)
+    run = settle(batch_fake, run.id)
+    assert run.status == "completed", run.error
+    turn = Turn.objects.get(run_id=run.id)
+    assert run.cost_usd == turn.cost_usd > 0, "one answer, billed once, counted once"
+    assert not Event.objects.filter(run_id=run.id, kind="unjournaled_usage").exists()
+
+
+def test_batch_edges__a_malformed_answer_with_usage_is_counted_and_the_turn_sent_again(batch_fake, batched_workflows):
+    one_agent(batched_workflows, "edge_malformed_usage")
+    run = api.start("edge_malformed_usage", {})
+    turn = park_in_a_held_batch(batch_fake, run.id)
+    usage = {"input_tokens": 1000, "output_tokens": 100}
+    malformed = {"type": "succeeded", "message": {"id": "x", "model": MODEL, "usage": usage}}
+    batches.record_result(MessageBatch.objects.get(), turn.custom_id, malformed, cost=Decimal("0.0015"))
+    advance_while_runnable(run.id)
+    run.refresh_from_db()
+    assert run.input_tokens == 1000 and run.cost_usd == Decimal("0.0015"), "the billed malformed answer is counted"
+    batch_fake.enqueue(Reply.text("First batch's."), Reply.text("Whole answer."))
+    batch_fake.release_batches()
+    run = settle(batch_fake, run.id)
+    assert texts(run.id) == ["Whole answer."]
