@@ -45,8 +45,9 @@ SCRIPT = "refund-script"
 participants.register(SCRIPT, ScriptedParticipant(play, name=SCRIPT))
 PARTICIPANT = "anthropic" if os.environ.get("ANTHROPIC_API_KEY") else SCRIPT
 # "batch" (`durable_demo --batch` sets it for its workers): the reviewer's turns go through the Message Batches API
-# at half price, the run parked until the batch answers. Only Claude through the API is batched.
-REVIEW_DELIVERY = os.environ.get("REFUNDS_REVIEW_DELIVERY", "live")
+# at half price, the run parked until the batch answers. Only Claude through the API is batched. Unset: the
+# workflow's delivery (live).
+REVIEW_DELIVERY = os.environ.get("REFUNDS_REVIEW_DELIVERY") or None
 
 MESSAGE_MAX_CHARS = 5000
 ORDER_FRESH_FOR = timedelta(minutes=10)
