@@ -178,7 +178,7 @@ def insert_as(state: ProjectState, alias: str, model_names: list[str], counter: 
     return failures
 
 
-INSERTED = ["run", "step", "wait", "effect", "event", "turn", "payload", "schedule"]
+INSERTED = ["run", "step", "wait", "effect", "event", "turn", "payload", "schedule", "batchturn"]
 
 
 def test_upgrade__the_previous_releases_inserts_succeed_after_each_migration(scratch):
