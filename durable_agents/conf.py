@@ -467,6 +467,22 @@ SETTINGS: dict[str, Setting] = {
     ),
     "KEEP_RECENT_TURNS": Setting(6, int, "turns a compaction keeps verbatim after the summary", at_least=1),
     "COMPACTION_MAX_TOKENS": Setting(4096, int, "the most a compaction's summary may take", at_least=1),
+    "TRACING": Setting(
+        False,
+        bool,
+        "OpenTelemetry spans of runs, steps, model calls, tools, effects and waits, sent to the application's tracer "
+        "provider (needs opentelemetry-api: the durable-agents[otel] extra); off: nothing imported",
+    ),
+    "TRACE_CONTENT": Setting(
+        False,
+        bool,
+        "with TRACING, spans also carry prompts, answers and tool arguments, redacted as the logs are",
+    ),
+    "TRACE_URL": Setting(
+        "",
+        str,
+        'the run page links to its trace: a URL with "{trace_id}", e.g. "http://jaeger:16686/trace/{trace_id}"',
+    ),
     "PROMPT_CACHE_TTL": Setting(
         "5m",
         Literal["5m", "1h"] | None,

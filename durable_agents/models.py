@@ -203,6 +203,8 @@ class Run(models.Model):
     # "" for a real run. Metrics and concurrency keys of real runs never count it. A database default: the previous
     # release inserts runs without naming it while the migration applies.
     replay_lane = models.CharField(max_length=16, blank=True, default="", db_default="")
+    # The W3C traceparent of the run's span (tracing.py): every later span of the run is its child, on any worker.
+    trace_context = models.CharField(max_length=64, blank=True, default="", db_default="", editable=False)
 
     objects = RunQuerySet.as_manager()
 

@@ -24,6 +24,7 @@ from typing import Any
 from django.db import InterfaceError, OperationalError, connection, transaction
 from django.db.models import F
 
+from durable_agents import tracing
 from durable_agents.clock import DbNow
 from durable_agents.conf import settings
 from durable_agents.engine import replaying, transitions
@@ -88,6 +89,10 @@ class Outcome(StrEnum):
     LEASE_LOST = "lease_lost"
 
 
+# The attempts a trace shows failed (status ERROR): the step's body raised, or its work was discarded.
+FAILED_ATTEMPTS = frozenset({Outcome.RETRY, Outcome.FAILED, Outcome.LEASE_LOST})
+
+
 def advance(run_id: uuid.UUID | str) -> Outcome:
     """Advance one run by exactly one step. Safe to call any number of times, concurrently."""
     run_id = as_uuid(run_id)
@@ -141,6 +146,15 @@ def _advance_claimed(run_id: uuid.UUID, claimed: tuple[Claim, Step | None] | Non
         _record_takeover(claim, step)
     if step is None:
         return _finish_empty(claim)
+    with tracing.run_span(f"step {step.name}", step.run.trace_context, _attempt_attributes(claim, step)) as traced:
+        outcome = _advance_recorded(claim, step, eager)
+        traced.set({tracing.OUTCOME: outcome.value})
+        if outcome in FAILED_ATTEMPTS:
+            traced.fail(outcome.value)
+    return outcome
+
+
+def _advance_recorded(claim: Claim, step: Step, eager: Slice | None) -> Outcome:
     try:
         return _advance(claim, step, eager)
     except LeaseLostError:
@@ -152,8 +166,39 @@ def _advance_claimed(run_id: uuid.UUID, claimed: tuple[Claim, Step | None] | Non
         return _fail_unrecorded(claim, step, exc)
 
 
+def _attempt_attributes(claim: Claim, step: Step) -> dict[str, Any]:
+    run = step.run
+    return {
+        tracing.RUN_ID: str(claim.run_id),
+        tracing.WORKFLOW: run.workflow,
+        tracing.WORKFLOW_VERSION: run.workflow_version,
+        tracing.STEP_ID: step.step_id,
+        tracing.STEP_NAME: step.name,
+        tracing.STEP_KIND: step.kind,
+        tracing.ATTEMPT: claim.attempt,
+        tracing.WORKER: claim.owner,
+        tracing.LEASE_TOKEN: claim.token,
+    }
+
+
 def _record_takeover(claim: Claim, step: Step | None) -> None:
     """The previous holder died holding the lease: its attempt (claimed when, lease out when) is history."""
+    if step is not None:
+        # Its process never ended that attempt's span: draw it from the database's times, as the timeline does.
+        tracing.record_run_span(
+            f"step {step.name}",
+            step.run.trace_context,
+            claim.previous_claimed_at,
+            claim.previous_expires_at,
+            {
+                **_attempt_attributes(claim, step),
+                tracing.ATTEMPT: claim.attempt - 1,
+                tracing.WORKER: claim.previous_owner,
+                tracing.LEASE_TOKEN: None,
+                tracing.OUTCOME: "worker_lost",
+            },
+            error="worker_lost",
+        )
     record_event(
         claim.run_id,
         "lease_takeover",

@@ -45,6 +45,7 @@ RUN_FIELDS = _in_model_order(
         "parent_id",
         "concurrency_key",
         "replay_lane",
+        "trace_context",
     },
 )
 STEP_FIELDS = _in_model_order(

@@ -12,6 +12,7 @@ from typing import Any
 
 from django.db import IntegrityError, transaction
 
+from durable_agents import tracing
 from durable_agents.engine import transitions
 from durable_agents.engine.admission import admit_on_commit, concurrency_of
 from durable_agents.engine.events import record_event
@@ -81,6 +82,9 @@ def start_run(
         replay_lane=replay_lane,
     )
     rows = [plan_row(run.id, definition, element, position) for position, element in enumerate(plan)]
+    # The run's span, child of the caller's (a request, a parent's step): its context is kept in the row.
+    traced = tracing.start_run(definition.name, definition.version, run.id)
+    run.trace_context = traced.traceparent
     try:
         insert_run(run, rows)
     except IntegrityError as exc:
@@ -88,7 +92,10 @@ def start_run(
         existing = Run.objects.filter(idempotency_key=idempotency_key).first() if idempotency_key else None
         if existing is None:
             raise
+        traced.set({tracing.RUN_ID: str(existing.id), "durable_agents.run.reused": True})
         return _same_run_or_error(existing, definition.name, input_hash, cause=exc)
+    finally:
+        tracing.end(traced)
     if key is None:
         wake_on_commit(run.id, kind=rows[0].kind if rows else None)
     elif hand_on:

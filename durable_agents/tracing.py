@@ -1,0 +1,253 @@
+"""OpenTelemetry traces of runs, steps, model calls, tools, effects and waits (`DURABLE_AGENTS["TRACING"]`).
+
+Off by default, and then free: nothing of OpenTelemetry is imported, each hook is one settings read. On, spans go
+to whatever tracer provider the application configured through the OpenTelemetry API (`opentelemetry-api`, the
+`durable-agents[otel]` extra); the SDK, its exporters and sampling stay the application's choice.
+
+One trace per run, however long it lives. `start_run` opens the run's span (`run <workflow>`) as a child of
+whatever span is current (the Django request that started it, a parent run's step, a schedule's sweep) and keeps
+its W3C `traceparent` in the run's row (`Run.trace_context`): every later span of the run is a child of that
+span, taken from the row, not from a Celery message (which the sweep may replace), so a run recovered on another
+machine days later goes on in the same trace. The run span itself ends when the start commits: a trace viewer
+draws it as the root of the run's tree, with each step attempt, wait and operator action under it, and each
+model call, tool call and effect under its attempt. Where a span starts inside another trace (Celery's task span
+under opentelemetry-instrumentation-celery, an operator's admin request), it links to it instead of joining it.
+
+Nothing secret becomes an attribute: ids, names, counts, outcomes. Prompts, answers and tool arguments only with
+`DURABLE_AGENTS["TRACE_CONTENT"]`, redacted as the logs are (the callers pass redacted text).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import re
+from collections.abc import Iterator, Mapping
+from datetime import datetime
+from typing import Any
+
+from durable_agents.conf import settings
+
+TRACER_NAME = "durable_agents"
+
+# Attributes of this library's own spans (the GenAI ones are OpenTelemetry's: gen_ai.*).
+RUN_ID = "durable_agents.run.id"
+WORKFLOW = "durable_agents.workflow.name"
+WORKFLOW_VERSION = "durable_agents.workflow.version"
+STEP_ID = "durable_agents.step.id"
+STEP_NAME = "durable_agents.step.name"
+STEP_KIND = "durable_agents.step.kind"
+ATTEMPT = "durable_agents.step.attempt"
+OUTCOME = "durable_agents.step.outcome"
+WORKER = "durable_agents.worker"
+LEASE_TOKEN = "durable_agents.lease.token"
+
+_TRACEPARENT = re.compile(r"^00-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}$")
+
+
+class Span:
+    """A span being recorded, or nothing (`OFF`): the same calls either way."""
+
+    __slots__ = ("_span",)
+
+    def __init__(self, span: Any = None) -> None:
+        self._span = span
+
+    def set(self, attributes: Mapping[str, Any]) -> None:
+        """Set attributes; None values are left out."""
+        if self._span is not None:
+            self._span.set_attributes(_clean(attributes))
+
+    def event(self, name: str, attributes: Mapping[str, Any] | None = None) -> None:
+        if self._span is not None:
+            self._span.add_event(name, _clean(attributes))
+
+    def fail(self, error: BaseException | str) -> None:
+        """Mark the span failed (status ERROR, `error.type`), recording the exception if one is given."""
+        if self._span is None:
+            return
+        api = _api()
+        kind = type(error).__qualname__ if isinstance(error, BaseException) else str(error)
+        if isinstance(error, BaseException):
+            self._span.record_exception(error)
+        self._span.set_attribute("error.type", kind)
+        self._span.set_status(api.Status(api.StatusCode.ERROR, kind))
+
+    @property
+    def traceparent(self) -> str:
+        if self._span is None:
+            return ""
+        context = self._span.get_span_context()
+        return f"00-{context.trace_id:032x}-{context.span_id:016x}-{int(context.trace_flags):02x}"
+
+
+OFF = Span()
+
+
+def enabled() -> bool:
+    return bool(settings.TRACING)
+
+
+def content_enabled() -> bool:
+    """True when prompts, answers and tool arguments may be attributes (redacted by the caller)."""
+    return bool(settings.TRACING) and bool(settings.TRACE_CONTENT)
+
+
+def start_run(workflow: str, version: int, run_id: Any) -> Span:
+    """The span of a run being started, child of the current span; ended by the caller once the run is stored."""
+    if not settings.TRACING:
+        return OFF
+    api = _api()
+    attributes = {RUN_ID: str(run_id), WORKFLOW: workflow, WORKFLOW_VERSION: version}
+    return Span(api.tracer().start_span(f"run {workflow}", attributes=attributes))
+
+
+def end(span: Span) -> None:
+    if span._span is not None:
+        span._span.end()
+
+
+@contextlib.contextmanager
+def run_span(name: str, trace_context: str, attributes: Mapping[str, Any] | None = None) -> Iterator[Span]:
+    """A span of the run whose row holds `trace_context` (a step attempt, an operator's action), current while the
+    block runs; linked to the span that was current (a Celery task's, a request's) rather than its child."""
+    if not settings.TRACING:
+        yield OFF
+        return
+    api = _api()
+    parent, links = _run_parent(api, trace_context)
+    span = api.tracer().start_span(name, context=parent, links=links, attributes=_clean(attributes))
+    with api.trace.use_span(span, end_on_exit=True, record_exception=False, set_status_on_exception=False):
+        handle = Span(span)
+        try:
+            yield handle
+        except BaseException as exc:
+            handle.fail(exc)
+            raise
+
+
+@contextlib.contextmanager
+def span(name: str, attributes: Mapping[str, Any] | None = None, *, client: bool = False) -> Iterator[Span]:
+    """A child of the current span (a model call, a tool call, an effect, a sweep pass); `client`: a call out of
+    this process (SpanKind CLIENT, as the GenAI conventions ask of a model call)."""
+    if not settings.TRACING:
+        yield OFF
+        return
+    api = _api()
+    kind = api.trace.SpanKind.CLIENT if client else api.trace.SpanKind.INTERNAL
+    with api.tracer().start_as_current_span(
+        name, kind=kind, attributes=_clean(attributes), record_exception=False, set_status_on_exception=False
+    ) as current:
+        handle = Span(current)
+        try:
+            yield handle
+        except BaseException as exc:
+            handle.fail(exc)
+            raise
+
+
+def record_run_span(
+    name: str,
+    trace_context: str,
+    start: datetime | None,
+    end_at: datetime | None,
+    attributes: Mapping[str, Any] | None = None,
+    *,
+    error: str = "",
+) -> None:
+    """A span of the run drawn after the fact from the database's times: a wait from its opening to its decision,
+    an attempt whose worker died (from its claim to its lease's expiry)."""
+    if not settings.TRACING:
+        return
+    api = _api()
+    parent, links = _run_parent(api, trace_context)
+    made = api.tracer().start_span(
+        name, context=parent, links=links, attributes=_clean(attributes), start_time=_nanos(start)
+    )
+    if error:
+        Span(made).fail(error)
+    made.end(end_time=_nanos(end_at))
+
+
+def current_ids() -> tuple[str, str] | None:
+    """(trace id, span id) of the current span, as hex, for log lines; None when off or outside a span."""
+    if not settings.TRACING:
+        return None
+    context = _api().trace.get_current_span().get_span_context()
+    if not context.is_valid:
+        return None
+    return f"{context.trace_id:032x}", f"{context.span_id:016x}"
+
+
+def trace_id(trace_context: str) -> str:
+    """The trace id (32 hex digits) a run's stored `traceparent` names, or "" (none, or not one)."""
+    found = _TRACEPARENT.match(trace_context or "")
+    return found.group(1) if found else ""
+
+
+def trace_url(trace_context: str) -> str:
+    """The run's trace in the operators' viewer (`TRACE_URL` with `{trace_id}`), or "" when either is missing."""
+    template, found = settings.TRACE_URL, trace_id(trace_context)
+    return template.replace("{trace_id}", found) if template and found else ""
+
+
+class _Api:
+    """The OpenTelemetry API, imported on first use with tracing on."""
+
+    def __init__(self) -> None:
+        self.trace = importlib.import_module("opentelemetry.trace")
+        self.context = importlib.import_module("opentelemetry.context")
+        self.Status = self.trace.Status
+        self.StatusCode = self.trace.StatusCode
+        version = importlib.import_module("durable_agents").__version__
+        self._version = version
+
+    def tracer(self) -> Any:
+        # Asked each time: the application may set its provider after this module first ran (the API's proxy
+        # tracer would follow anyway; this keeps the instrumentation scope's version right).
+        return self.trace.get_tracer(TRACER_NAME, self._version)
+
+
+_loaded: _Api | None = None
+
+
+def _api() -> _Api:
+    global _loaded
+    if _loaded is None:
+        _loaded = _Api()
+    return _loaded
+
+
+def _run_parent(api: _Api, trace_context: str) -> tuple[Any, list[Any]]:
+    """The context whose span is the run's (from its row), and a link to the span current in this process when it
+    is another one; a run without a stored context (started before tracing was on) gets a trace per span."""
+    current = api.trace.get_current_span().get_span_context()
+    found = _TRACEPARENT.match(trace_context or "")
+    if found is None:
+        return api.context.Context(), [api.trace.Link(current)] if current.is_valid else []
+    run = api.trace.SpanContext(
+        trace_id=int(found.group(1), 16),
+        span_id=int(found.group(2), 16),
+        is_remote=True,
+        trace_flags=api.trace.TraceFlags(int(trace_context[-2:], 16)),
+    )
+    parent = api.trace.set_span_in_context(api.trace.NonRecordingSpan(run), api.context.Context())
+    linked = current.is_valid and current.span_id != run.span_id
+    return parent, [api.trace.Link(current)] if linked else []
+
+
+def _nanos(moment: datetime | None) -> int | None:
+    return None if moment is None else int(moment.timestamp() * 1_000_000_000)
+
+
+def _clean(attributes: Mapping[str, Any] | None) -> dict[str, Any]:
+    return {k: _value(v) for k, v in (attributes or {}).items() if v is not None}
+
+
+def _value(value: Any) -> Any:
+    # OpenTelemetry takes str, bool, int, float and sequences of one of them; anything else is shown as text.
+    if isinstance(value, str | bool | int | float):
+        return value
+    if isinstance(value, list | tuple) and all(isinstance(item, str) for item in value):
+        return list(value)
+    return str(value)
