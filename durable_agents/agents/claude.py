@@ -37,6 +37,7 @@ from typing import Any
 import anthropic
 import httpx2 as httpx
 
+from durable_agents import tracing
 from durable_agents.agents import rate_limits
 from durable_agents.agents.messages import TURN, ModelRequest, ModelResponse, Usage
 from durable_agents.conf import settings
@@ -227,6 +228,9 @@ class AnthropicParticipant:
             counted = self._first_count(client, request)
             with limiter_faults_are_transient(request.model):
                 reservation = shared.acquire(request.model, key, kwargs, request.max_tokens, input_tokens=counted)
+        # The call's span (opened by the journal's `ask`) learns where it goes and, once answered, the message's id.
+        traced = tracing.current()
+        traced.set({tracing.SERVER_ADDRESS: client.base_url.host, tracing.SERVER_PORT: client.base_url.port})
         try:
             message, headers, wire = self._call(client, kwargs)
         except ModelUnavailableError as exc:
@@ -244,6 +248,7 @@ class AnthropicParticipant:
                     shared.settle(reservation, Usage())
             raise
         usage = usage_of(message.usage)
+        traced.set({tracing.GEN_AI_RESPONSE_ID: getattr(message, "id", None)})
         if shared:
             # The answer is billed: a limiter that fails now must not lose it (the step would ask for it again).
             with limiter_faults_logged("the billed usage"):
