@@ -37,8 +37,10 @@ from durable_agents.testing.fake_anthropic import FakeAnthropic, Reply
 from durable_agents.testing.fake_replies import tool_use_block
 from durable_agents.tools import tool
 from durable_agents.workflows import registry, workflow
+from tests.integration.batch_helpers import settle
 from tests.integration.tracing_helpers import spans  # noqa: F401
 from tests.testapp.models import LedgerEntry
+from tests.testapp.workflows import charge
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -99,7 +101,7 @@ def traced_workflows():
             api.agent(
                 "assistant",
                 instructions="You refund orders.",
-                tools=[traced_refund, traced_charge, traced_flaky],
+                tools=[traced_refund, traced_charge, traced_flaky, charge],
                 prompt=lambda ctx: ctx.input["message"],
                 model=MODEL,
                 max_tokens=512,
@@ -220,6 +222,62 @@ def test_spans__a_re_executed_step_reuses_its_applied_effect(traced, model, trac
     assert len(traced.named(f"chat {MODEL}")) == 2, "turn 0 asked once, turn 1 once"
     flaky = traced.named("execute_tool traced_flaky")
     assert flaky[0].status.status_code == StatusCode.ERROR and attributes(flaky[0])["error.type"] == "RetryableError"
+    assert traced.orphans() == []
+
+
+def test_spans__parallel_tool_calls_nest_under_their_attempt(traced, model, traced_workflows):
+    """Calls of one response run on threads of their own: each execute_tool span is still the attempt's child."""
+    model.enqueue(
+        tool_reply(
+            ("traced_charge", {"order_id": "P-1"}, "toolu_p1"),
+            ("traced_charge", {"order_id": "P-2"}, "toolu_p2"),
+        ),
+        Reply.text("Charged both."),
+    )
+    run = api.start("traced_agent", {"message": "Charge P-1 and P-2."})
+    assert drive(run.id).status == "completed"
+    step = traced.one("step assistant")
+    calls = traced.named("execute_tool traced_charge")
+    assert sorted(attributes(c)["gen_ai.tool.call.id"] for c in calls) == ["toolu_p1", "toolu_p2"]
+    assert all(traced.parent_of(c) is step for c in calls)
+    assert traced.orphans() == []
+
+
+def test_spans__a_compensation_is_its_own_span(traced, model, traced_workflows):
+    """Cancelled with compensation, the run undoes its charge: a `compensate charge` span, outcome "compensated",
+    under the compensation step's attempt."""
+    model.enqueue(
+        tool_reply(("charge", {"order_id": "K-1", "amount": "30.00"}, "toolu_k1")),
+        tool_reply(("traced_refund", {"order_id": "K-1", "amount": "5.00"}, "toolu_k2")),
+    )
+    run = api.start("traced_agent", {"message": "Charge K-1."})
+    assert drive(run.id).status == "waiting"
+    api.cancel(run.id, compensate=True, actor="ops")
+    assert drive(run.id).status == "cancelled"
+    undo = traced.one("compensate charge")
+    assert attributes(undo)["durable_agents.effect.outcome"] == "compensated"
+    assert traced.parent_of(undo).name.startswith("step ")
+    assert traced.parent_of(traced.one("cancel run")) is traced.one("run traced_agent")
+    assert traced.orphans() == []
+
+
+def test_spans__a_turn_answered_in_a_message_batch(traced, batch_fake, batched_workflows):
+    """A turn sent in a Message Batch: its chat span is drawn in the attempt that takes the answer up (marked
+    batched, usage and cost at the batch price), and the run's `wait batch` span spans the time it waited."""
+    batched_workflows(
+        "traced_batched",
+        [api.agent("assistant", instructions="Answer.", model=MODEL, max_tokens=256, delivery="batch")],
+    )
+    batch_fake.enqueue(Reply.text("Batched answer."))
+    run = api.start("traced_batched", {})
+    assert settle(batch_fake, run.id).status == "completed"
+    chat = traced.one(f"chat {MODEL}")
+    got = attributes(chat)
+    assert got["durable_agents.model.batched"] is True
+    assert got["gen_ai.usage.output_tokens"] > 0
+    assert got["durable_agents.cost_usd"] == float(Turn.objects.get(run_id=run.id, index=0).cost_usd)
+    assert traced.parent_of(chat).name == "step assistant"
+    assert attributes(traced.one("wait batch"))["durable_agents.wait.decided_by"] == "batch"
     assert traced.orphans() == []
 
 
