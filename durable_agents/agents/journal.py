@@ -19,7 +19,6 @@ rebuilt request is byte-identical to the one first sent. A refusal's stop_detail
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ from durable_agents import tracing
 from durable_agents.agents import rate_limits
 from durable_agents.agents.batching import Batch, ask_batched, can_batch, set_aside_batch_turn
 from durable_agents.agents.compaction import Compacted
+from durable_agents.agents.genai import answer_attributes, chat_attributes
 from durable_agents.agents.messages import COMPACTION, TURN, ModelRequest, ModelResponse, Participant
 from durable_agents.agents.pricing import cost_usd
 from durable_agents.agents.unjournaled import (
@@ -49,7 +49,6 @@ from durable_agents.engine.events import record_event
 from durable_agents.engine.replaying import check_budget, is_replay
 from durable_agents.errors import LeaseLostError
 from durable_agents.models import Run, Step, Turn
-from durable_agents.redaction import redactor
 
 try:
     from psycopg_pool import PoolTimeout
@@ -75,6 +74,9 @@ def ask(
 
     With `batch` (the step's delivery), the call for journal index `index` goes in a Message Batch and the run
     parks until its answer is in (batching.py); a participant that cannot batch answers it live.
+
+    Traced as a `chat {model}` span (SpanKind CLIENT, the GenAI conventions' attributes: genai.py) under the step
+    attempt's; an answer taken from a Message Batch gets one too, marked batched, where it is taken up.
     """
     if is_replay(getattr(ctx, "run", None)):
         check_budget(ctx)
@@ -86,9 +88,9 @@ def ask(
             if answer.batch:
                 # Answered in a Message Batch the batcher sent: the call is drawn where its answer was taken up.
                 with tracing.span(
-                    f"{tracing.CHAT} {request.model}", _chat_attributes(ctx, participant, request)
+                    f"{tracing.CHAT} {request.model}", chat_attributes(ctx, participant, request)
                 ) as traced:
-                    traced.set({**_answer_attributes(answer), "durable_agents.model.batched": True})
+                    traced.set({**answer_attributes(answer), tracing.MODEL_BATCHED: True})
             return answer
         # A participant swapped in while the turn was in a batch answers it now: the batch's turn is given up
         # (its answer, billed, counted on the run).
@@ -104,7 +106,7 @@ def ask(
     # A wait for room in the shared rate limit can outlast the lease: proven again after it, right before the call.
     with (
         tracing.span(
-            f"{tracing.CHAT} {request.model}", _chat_attributes(ctx, participant, request), client=True
+            f"{tracing.CHAT} {request.model}", chat_attributes(ctx, participant, request), client=True
         ) as traced,
         rate_limits.proving_after_waits(prove),
     ):
@@ -114,80 +116,8 @@ def ask(
             status = getattr(exc, "status", None)
             traced.fail(exc, str(status) if status else "")
             raise
-        traced.set(_answer_attributes(answer))
+        traced.set(answer_attributes(answer))
         return answer
-
-
-def _chat_attributes(ctx: Any, participant: Participant, request: ModelRequest) -> dict[str, Any]:
-    """The GenAI semantic conventions' attributes of a model call, known before it is sent."""
-    if not tracing.enabled():
-        return {}
-    attributes = {
-        tracing.GEN_AI_OPERATION_NAME: tracing.CHAT,
-        tracing.GEN_AI_PROVIDER_NAME: participant.name,
-        tracing.GEN_AI_REQUEST_MODEL: request.model,
-        tracing.GEN_AI_REQUEST_MAX_TOKENS: request.max_tokens,
-        tracing.GEN_AI_CONVERSATION_ID: str(ctx.run_id),
-        "durable_agents.model.purpose": request.purpose,
-        "durable_agents.model.turn": request.turn,
-    }
-    if tracing.content_enabled():
-        attributes[tracing.GEN_AI_INPUT_MESSAGES] = redactor()(json.dumps(_messages_of(request), default=str))
-    return attributes
-
-
-def _answer_attributes(answer: ModelResponse) -> dict[str, Any]:
-    """The GenAI attributes of an answer: model, finish reason, usage (input tokens counted whole, cached or not, as
-    the conventions ask of `gen_ai.usage.input_tokens`), and its cost."""
-    if not tracing.enabled():
-        return {}
-    usage = answer.usage
-    attributes = {
-        tracing.GEN_AI_RESPONSE_MODEL: answer.model,
-        tracing.GEN_AI_RESPONSE_FINISH_REASONS: [answer.stop_reason] if answer.stop_reason else None,
-        tracing.GEN_AI_USAGE_INPUT_TOKENS: usage.prompt_tokens,
-        tracing.GEN_AI_USAGE_OUTPUT_TOKENS: usage.output_tokens,
-        tracing.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: usage.cache_read_tokens,
-        tracing.GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS: usage.cache_write_tokens,
-        tracing.COST_USD: float(cost_usd(answer.model, usage, batch=answer.batch)),
-        "durable_agents.model.request_id": answer.request_id or None,
-    }
-    if tracing.content_enabled():
-        output = [{"role": "assistant", "parts": _parts(answer.content), "finish_reason": answer.stop_reason}]
-        attributes[tracing.GEN_AI_OUTPUT_MESSAGES] = redactor()(json.dumps(output, default=str))
-    return attributes
-
-
-def _messages_of(request: ModelRequest) -> list[dict[str, Any]]:
-    """The request's system prompt and messages in the shape of `gen_ai.input.messages` (role and parts)."""
-    found: list[dict[str, Any]] = []
-    if request.system:
-        found.append({"role": "system", "parts": _parts(request.system)})
-    found.extend({"role": m.get("role"), "parts": _parts(m.get("content"))} for m in request.messages)
-    return found
-
-
-def _parts(content: Any) -> list[dict[str, Any]]:
-    if isinstance(content, str):
-        return [{"type": "text", "content": content}]
-    parts: list[dict[str, Any]] = []
-    for block in content or ():
-        kind = block.get("type")
-        if kind == "text":
-            parts.append({"type": "text", "content": block.get("text", "")})
-        elif kind == "tool_use":
-            parts.append(
-                {"type": "tool_call", "id": block.get("id"), "name": block.get("name"), "arguments": block.get("input")}
-            )
-        elif kind == "tool_result":
-            parts.append(
-                {"type": "tool_call_response", "id": block.get("tool_use_id"), "response": block.get("content")}
-            )
-        elif kind == "thinking":
-            parts.append({"type": "reasoning", "content": block.get("thinking", "")})
-        else:
-            parts.append({"type": str(kind)})
-    return parts
 
 
 @dataclass

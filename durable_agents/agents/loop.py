@@ -274,7 +274,7 @@ class _AgentLoop:
         for turn in journal:
             self.next_index = max(self.next_index, turn.index + 1)
             # Answered before (this step's earlier attempt): no call, so no chat span; the attempt's span says so.
-            traced.event("model turn replayed from journal", {"durable_agents.model.turn": turn.index})
+            traced.event("model turn replayed from journal", {tracing.MODEL_TURN: turn.index})
             outcome = self._act(turn, replayed=True)
             if outcome is not None:
                 return outcome

@@ -91,6 +91,8 @@ def invoke_tool(
     Traced as the GenAI semantic conventions' `execute_tool {tool}` span (`gen_ai.tool.name`, `gen_ai.tool.call.id`)
     with the effect's key and outcome ("applied": it ran now, "reused": its recorded result was returned); a
     compensation is `compensate {tool}` (outcome "compensated")."""
+    if not tracing.enabled():
+        return _invoke(tool, args, key, run_id, step_pk, ctx, compensates, lease_token)
     name = f"compensate {compensates.tool}" if compensates is not None else f"{tracing.EXECUTE_TOOL} {tool.name}"
     with tracing.span(name, _call_attributes(tool, args, call_id)) as traced:
         result = _invoke(tool, args, key, run_id, step_pk, ctx, compensates, lease_token)
@@ -130,8 +132,6 @@ def _invoke(
 
 
 def _call_attributes(tool: Tool[..., Any], args: Mapping[str, Any], call_id: str) -> dict[str, Any]:
-    if not tracing.enabled():
-        return {}
     attributes = {
         tracing.GEN_AI_OPERATION_NAME: tracing.EXECUTE_TOOL,
         tracing.GEN_AI_TOOL_NAME: tool.name,
