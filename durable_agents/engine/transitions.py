@@ -712,22 +712,24 @@ def move_wait(op: WaitOp, wait_id: int, *, to: str, where: Q | None = None, **ch
 
 def trace_closed_wait(wait_id: int) -> None:
     """The span `wait {kind}` of a closed wait, in its run's trace, from its opening to its decision (the database's
-    times): who decided, what (its status, never a comment or a payload), and through what (api, admin, link, cli,
-    signal, deadline, timer)."""
+    times; a cancelled wait, to its cancellation): who decided, what (its status, never a comment or a payload), and
+    through what (api, admin, link, cli, signal, deadline, timer)."""
     found = (
         Wait.objects.filter(pk=wait_id)
-        .values_list("kind", "status", "decided_by", "decision", "created_at", "decided_at", "run__trace_context")
+        .values_list(
+            "kind", "status", "decided_by", "decision", "created_at", "decided_at", "run__trace_context", "updated_at"
+        )
         .first()
     )
     if found is None:
         return
-    kind, status, by, decision, opened, decided, trace_context = found
+    kind, status, by, decision, opened, decided, trace_context, updated = found
     via = (decision or {}).get("via") if isinstance(decision, dict) else None
     tracing.record_run_span(
         f"wait {kind}",
         trace_context,
         opened,
-        decided,
+        decided or updated,
         {
             tracing.WAIT_ID: wait_id,
             tracing.WAIT_KIND: kind,
@@ -742,9 +744,11 @@ def cancel_open_waits_txn(run_id: Any) -> None:
     """Its open wait is cancelled, and a model turn it sent in a batch abandoned (a late answer is counted, never
     used; the batcher cancels a batch once every turn in it is abandoned)."""
     _in_transaction()
-    Wait.objects.filter(run_id=run_id, status__in=WAIT_RULES[WaitOp.CANCEL].sources).update(
-        status=WaitStatus.CANCELLED, updated_at=DbNow()
-    )
+    cancelling = Wait.objects.filter(run_id=run_id, status__in=WAIT_RULES[WaitOp.CANCEL].sources)
+    if tracing.enabled():
+        for wait_id in cancelling.values_list("pk", flat=True):
+            transaction.on_commit(lambda wait_id=wait_id: trace_closed_wait(wait_id))
+    cancelling.update(status=WaitStatus.CANCELLED, updated_at=DbNow())
     move_batch_turns(BatchTurnOp.ABANDON, BatchTurn.objects.filter(run_id=run_id), to=BatchTurnStatus.ABANDONED)
 
 

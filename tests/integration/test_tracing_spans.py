@@ -347,6 +347,8 @@ def test_spans__an_operator_cancel_sits_in_the_run_trace(traced, model, traced_w
     assert traced.parent_of(cancel) is root
     assert attributes(cancel)["durable_agents.actor"] == "ops"
     assert "not needed" not in str(attributes(cancel))
+    waited = traced.one("wait approval")
+    assert traced.parent_of(waited) is root and attributes(waited)["durable_agents.wait.decision"] == "cancelled"
     assert traced.orphans() == []
 
 
