@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import re
+import traceback
 from collections.abc import Iterator, Mapping
 from datetime import datetime
 from typing import Any
@@ -103,18 +104,24 @@ class Span:
         if self._span is not None:
             self._span.add_event(name, _clean(attributes))
 
-    def fail(self, error: BaseException | str, kind: str = "") -> None:
+    def fail(self, error: BaseException | str, kind: str = "", *, message: str = "") -> None:
         """Mark the span failed (status ERROR, `error.type`: `kind`, else the exception's class or the text),
         recording the exception if one is given. Once: the first cause stands, so a caller that named the error
-        more precisely (an HTTP status) is not overwritten by the exception leaving the span's block."""
+        more precisely (an HTTP status) is not overwritten by the exception leaving the span's block.
+
+        An exception's text may quote what it failed on (a tool's arguments, a prompt): the event shows its class
+        and its frames, and its text only as `message`, which the caller passes redacted."""
         if self._span is None or self._failed:
             return
         self._failed = True
         api = _api()
         kind = kind or (type(error).__qualname__ if isinstance(error, BaseException) else str(error))
         if isinstance(error, BaseException):
-            self._span.record_exception(error)
-        self._span.set_attribute("error.type", kind)
+            name = type(error).__qualname__
+            frames = "".join(traceback.format_tb(error.__traceback__))
+            shown = {"exception.message": message or name, "exception.stacktrace": f"{frames}{name}"}
+            self._span.record_exception(error, attributes=shown)
+        self._span.set_attribute(ERROR_TYPE, kind)
         self._span.set_status(api.Status(api.StatusCode.ERROR, kind))
 
     @property

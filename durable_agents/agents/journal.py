@@ -49,6 +49,7 @@ from durable_agents.engine.events import record_event
 from durable_agents.engine.replaying import check_budget, is_replay
 from durable_agents.errors import LeaseLostError
 from durable_agents.models import Run, Step, Turn
+from durable_agents.redaction import redact
 
 try:
     from psycopg_pool import PoolTimeout
@@ -113,8 +114,9 @@ def ask(
         try:
             answer = participant.respond(request)
         except Exception as exc:
+            # The domain's errors say what the API answered (the key scrubbed): shown, redacted as the logs are.
             status = getattr(exc, "status", None)
-            traced.fail(exc, str(status) if status else "")
+            traced.fail(exc, str(status) if status else "", message=redact(str(exc)))
             raise
         traced.set(answer_attributes(answer))
         return answer

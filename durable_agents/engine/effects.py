@@ -95,7 +95,12 @@ def invoke_tool(
         return _invoke(tool, args, key, run_id, step_pk, ctx, compensates, lease_token)
     name = f"compensate {compensates.tool}" if compensates is not None else f"{tracing.EXECUTE_TOOL} {tool.name}"
     with tracing.span(name, _call_attributes(tool, args, call_id)) as traced:
-        result = _invoke(tool, args, key, run_id, step_pk, ctx, compensates, lease_token)
+        try:
+            result = _invoke(tool, args, key, run_id, step_pk, ctx, compensates, lease_token)
+        except Exception as exc:
+            # A tool's error may quote its arguments: its text is content.
+            traced.fail(exc, message=redact(str(exc)) if tracing.content_enabled() else "")
+            raise
         if tracing.content_enabled():
             traced.set({tracing.GEN_AI_TOOL_CALL_RESULT: _redacted_json(result)})
         return result

@@ -30,7 +30,7 @@ from durable_agents import api
 from durable_agents.agents.claude import AnthropicParticipant
 from durable_agents.agents.participants import participants
 from durable_agents.engine.sweep import sweep
-from durable_agents.errors import RetryableError
+from durable_agents.errors import RetryableError, ToolFailedError
 from durable_agents.models import Turn, Wait, WaitStatus
 from durable_agents.testing import drive
 from durable_agents.testing.fake_anthropic import FakeAnthropic, Reply
@@ -74,6 +74,12 @@ def traced_flaky(order_id: str) -> dict[str, Any]:
     return {"order_id": order_id}
 
 
+@tool(name="traced_picky")
+def traced_picky(order_id: str) -> dict[str, Any]:
+    """Look an order up; it never finds one, and says which it looked for."""
+    raise ToolFailedError(f"no order {order_id}")
+
+
 @pytest.fixture
 def fake():
     with FakeAnthropic() as server:
@@ -101,7 +107,7 @@ def traced_workflows():
             api.agent(
                 "assistant",
                 instructions="You refund orders.",
-                tools=[traced_refund, traced_charge, traced_flaky, charge],
+                tools=[traced_refund, traced_charge, traced_flaky, traced_picky, charge],
                 prompt=lambda ctx: ctx.input["message"],
                 model=MODEL,
                 max_tokens=512,
@@ -283,9 +289,13 @@ def test_spans__a_turn_answered_in_a_message_batch(traced, batch_fake, batched_w
 
 def test_spans__content_is_absent_by_default(traced, model, traced_workflows):
     """Prompts, answers and tool arguments are opt-in (gen_ai.input.messages, gen_ai.output.messages,
-    gen_ai.tool.call.arguments, gen_ai.tool.call.result): off, no span or event carries them."""
+    gen_ai.tool.call.arguments, gen_ai.tool.call.result): off, no span or event carries them — not even the text of
+    an exception event (exception.message, exception.stacktrace) of a tool whose error quotes its arguments."""
     model.enqueue(
-        tool_reply(("traced_charge", {"order_id": "S-1", "note": f"password={SECRET}"}, "toolu_s")),
+        tool_reply(
+            ("traced_charge", {"order_id": "S-1", "note": f"password={SECRET}"}, "toolu_s"),
+            ("traced_picky", {"order_id": f"Z-{SECRET}"}, "toolu_picky"),
+        ),
         Reply.text(f"Done, the password={SECRET}."),
     )
     run = api.start("traced_agent", {"message": f"Charge S-1, my password={SECRET}."})
@@ -301,6 +311,11 @@ def test_spans__content_is_absent_by_default(traced, model, traced_workflows):
         texts = [str(v) for v in attributes(span).values()]
         texts += [str(v) for event in span.events for v in (event.attributes or {}).values()]
         assert not any(SECRET in t or "Charge S-1" in t for t in texts), span.name
+    picky = traced.one("execute_tool traced_picky")
+    (raised,) = [e for e in picky.events if e.name == "exception"]
+    assert raised.attributes["exception.type"].endswith("ToolFailedError"), (
+        "the exception's class and frames, not its text"
+    )
 
 
 def test_spans__content_when_on_is_redacted(traced, model, traced_workflows, settings):
