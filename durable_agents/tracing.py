@@ -23,6 +23,7 @@ import contextlib
 import importlib
 import logging
 import re
+import traceback
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime
@@ -47,6 +48,46 @@ ATTEMPT = "durable_agents.step.attempt"
 OUTCOME = "durable_agents.step.outcome"
 WORKER = "durable_agents.worker"
 LEASE_TOKEN = "durable_agents.lease.token"
+COST_USD = "durable_agents.cost_usd"
+MODEL_TURN = "durable_agents.model.turn"
+MODEL_PURPOSE = "durable_agents.model.purpose"
+MODEL_BATCHED = "durable_agents.model.batched"
+MODEL_REQUEST_ID = "durable_agents.model.request_id"
+EFFECT_KEY = "durable_agents.effect.key"
+EFFECT_OUTCOME = "durable_agents.effect.outcome"
+WAIT_ID = "durable_agents.wait.id"
+WAIT_KIND = "durable_agents.wait.kind"
+WAIT_DECISION = "durable_agents.wait.decision"
+WAIT_DECIDED_BY = "durable_agents.wait.decided_by"
+WAIT_VIA = "durable_agents.wait.via"
+ACTOR = "durable_agents.actor"
+
+# OpenTelemetry's GenAI semantic conventions (opentelemetry-semantic-conventions 0.66b2,
+# `opentelemetry.semconv._incubating.attributes.gen_ai_attributes`, now kept in the semantic-conventions-genai
+# repository under the same names), and the general `server.address` and `error.type`.
+GEN_AI_OPERATION_NAME = "gen_ai.operation.name"  # "chat" (a model call), "execute_tool" (a tool call)
+GEN_AI_PROVIDER_NAME = "gen_ai.provider.name"  # "anthropic" for Claude
+GEN_AI_CONVERSATION_ID = "gen_ai.conversation.id"
+GEN_AI_REQUEST_MODEL = "gen_ai.request.model"
+GEN_AI_REQUEST_MAX_TOKENS = "gen_ai.request.max_tokens"
+GEN_AI_RESPONSE_MODEL = "gen_ai.response.model"
+GEN_AI_RESPONSE_ID = "gen_ai.response.id"
+GEN_AI_RESPONSE_FINISH_REASONS = "gen_ai.response.finish_reasons"
+GEN_AI_USAGE_INPUT_TOKENS = "gen_ai.usage.input_tokens"
+GEN_AI_USAGE_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
+GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS = "gen_ai.usage.cache_read.input_tokens"
+GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS = "gen_ai.usage.cache_creation.input_tokens"
+GEN_AI_INPUT_MESSAGES = "gen_ai.input.messages"
+GEN_AI_OUTPUT_MESSAGES = "gen_ai.output.messages"
+GEN_AI_TOOL_NAME = "gen_ai.tool.name"
+GEN_AI_TOOL_CALL_ID = "gen_ai.tool.call.id"
+GEN_AI_TOOL_CALL_ARGUMENTS = "gen_ai.tool.call.arguments"
+GEN_AI_TOOL_CALL_RESULT = "gen_ai.tool.call.result"
+SERVER_ADDRESS = "server.address"
+SERVER_PORT = "server.port"
+ERROR_TYPE = "error.type"
+CHAT = "chat"
+EXECUTE_TOOL = "execute_tool"
 
 _TRACEPARENT = re.compile(r"^00-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}$")
 
@@ -54,10 +95,11 @@ _TRACEPARENT = re.compile(r"^00-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}$")
 class Span:
     """A span being recorded, or nothing (`OFF`): the same calls either way."""
 
-    __slots__ = ("_span",)
+    __slots__ = ("_failed", "_span")
 
     def __init__(self, span: Any = None) -> None:
         self._span = span
+        self._failed = False
 
     def set(self, attributes: Mapping[str, Any]) -> None:
         """Set attributes; None values are left out."""
@@ -68,15 +110,24 @@ class Span:
         if self._span is not None:
             self._span.add_event(name, _clean(attributes))
 
-    def fail(self, error: BaseException | str) -> None:
-        """Mark the span failed (status ERROR, `error.type`), recording the exception if one is given."""
-        if self._span is None:
+    def fail(self, error: BaseException | str, kind: str = "", *, message: str = "") -> None:
+        """Mark the span failed (status ERROR, `error.type`: `kind`, else the exception's class or the text),
+        recording the exception if one is given. Once: the first cause stands, so a caller that named the error
+        more precisely (an HTTP status) is not overwritten by the exception leaving the span's block.
+
+        An exception's text may quote what it failed on (a tool's arguments, a prompt): the event shows its class
+        and its frames, and its text only as `message`, which the caller passes redacted."""
+        if self._span is None or self._failed:
             return
+        self._failed = True
         api = _api()
-        kind = type(error).__qualname__ if isinstance(error, BaseException) else str(error)
+        kind = kind or (type(error).__qualname__ if isinstance(error, BaseException) else str(error))
         if isinstance(error, BaseException):
-            self._span.record_exception(error)
-        self._span.set_attribute("error.type", kind)
+            name = type(error).__qualname__
+            frames = "".join(traceback.format_tb(error.__traceback__))
+            shown = {"exception.message": message or name, "exception.stacktrace": f"{frames}{name}"}
+            self._span.record_exception(error, attributes=shown)
+        self._span.set_attribute(ERROR_TYPE, kind)
         self._span.set_status(api.Status(api.StatusCode.ERROR, kind))
 
     @property
@@ -99,6 +150,14 @@ def enabled() -> bool:
 def content_enabled() -> bool:
     """True when prompts, answers and tool arguments may be attributes (redacted by the caller)."""
     return bool(settings.TRACING) and bool(settings.TRACE_CONTENT)
+
+
+def current() -> Span:
+    """The span current in this context (a step attempt, a model call), to add to; `OFF` when off or none."""
+    if not settings.TRACING:
+        return OFF
+    found = _api().trace.get_current_span()
+    return Span(found) if found.is_recording() else OFF
 
 
 def start_run(workflow: str, version: int, run_id: Any, *, links_to: str = "") -> Span:

@@ -24,6 +24,7 @@ answered requests are billed and journaled: an HTTP error carries no usage, and 
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import json
 import logging
@@ -37,6 +38,7 @@ from typing import Any
 import anthropic
 import httpx2 as httpx
 
+from durable_agents import tracing
 from durable_agents.agents import rate_limits
 from durable_agents.agents.messages import TURN, ModelRequest, ModelResponse, Usage
 from durable_agents.conf import settings
@@ -220,6 +222,10 @@ class AnthropicParticipant:
         (rate_limits.py)."""
         kwargs = request.as_kwargs()
         client = self.client
+        if SDK_SPANS and tracing.enabled():
+            # The journal's `chat` span is this call's span (GenAI conventions, with its cost): the SDK's own
+            # `anthropic.messages.create` span would be a second CLIENT span of the same call, its tokens counted twice.
+            client = client.with_options(open_telemetry={"traces": False})
         shared = rate_limits.limiter()
         key = client.api_key or ""
         reservation = None
@@ -227,6 +233,9 @@ class AnthropicParticipant:
             counted = self._first_count(client, request)
             with limiter_faults_are_transient(request.model):
                 reservation = shared.acquire(request.model, key, kwargs, request.max_tokens, input_tokens=counted)
+        # The call's span (opened by the journal's `ask`) learns where it goes and, once answered, the message's id.
+        traced = tracing.current()
+        traced.set({tracing.SERVER_ADDRESS: client.base_url.host, tracing.SERVER_PORT: client.base_url.port})
         try:
             message, headers, wire = self._call(client, kwargs)
         except ModelUnavailableError as exc:
@@ -244,6 +253,7 @@ class AnthropicParticipant:
                     shared.settle(reservation, Usage())
             raise
         usage = usage_of(message.usage)
+        traced.set({tracing.GEN_AI_RESPONSE_ID: getattr(message, "id", None)})
         if shared:
             # The answer is billed: a limiter that fails now must not lose it (the step would ask for it again).
             with limiter_faults_logged("the billed usage"):
@@ -347,6 +357,10 @@ def count_input_tokens(client: anthropic.Anthropic, request: dict[str, Any]) -> 
         return None
     tokens = getattr(counted, "input_tokens", None)
     return int(tokens) if isinstance(tokens, int) and tokens > 0 else None
+
+
+# The SDK traces its own calls (anthropic._tracing, from 2.16) unless told not to.
+SDK_SPANS = "open_telemetry" in inspect.signature(anthropic.Anthropic.copy).parameters
 
 
 def new_clients() -> list[anthropic.Anthropic]:

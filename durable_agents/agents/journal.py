@@ -28,9 +28,11 @@ from typing import Any
 from django.db import DatabaseError, IntegrityError, InterfaceError, OperationalError, transaction
 from django.db.models import F, Max
 
+from durable_agents import tracing
 from durable_agents.agents import rate_limits
 from durable_agents.agents.batching import Batch, ask_batched, can_batch, set_aside_batch_turn
 from durable_agents.agents.compaction import Compacted
+from durable_agents.agents.genai import answer_attributes, chat_attributes
 from durable_agents.agents.messages import COMPACTION, TURN, ModelRequest, ModelResponse, Participant
 from durable_agents.agents.pricing import cost_usd
 from durable_agents.agents.unjournaled import (
@@ -47,6 +49,7 @@ from durable_agents.engine.events import record_event
 from durable_agents.engine.replaying import check_budget, is_replay
 from durable_agents.errors import LeaseLostError
 from durable_agents.models import Run, Step, Turn
+from durable_agents.redaction import redact
 
 try:
     from psycopg_pool import PoolTimeout
@@ -72,14 +75,24 @@ def ask(
 
     With `batch` (the step's delivery), the call for journal index `index` goes in a Message Batch and the run
     parks until its answer is in (batching.py); a participant that cannot batch answers it live.
+
+    Traced as a `chat {model}` span (SpanKind CLIENT, the GenAI conventions' attributes: genai.py) under the step
+    attempt's; an answer taken from a Message Batch gets one too, marked batched, where it is taken up.
     """
     if is_replay(getattr(ctx, "run", None)):
         check_budget(ctx)
     if batch is not None and index is not None:
         if can_batch(participant):
-            return ask_batched(
+            answer = ask_batched(
                 ctx, request, index=index, purpose=purpose, batch=batch, live=lambda: ask(ctx, participant, request)
             )
+            if answer.batch:
+                # Answered in a Message Batch the batcher sent: the call is drawn where its answer was taken up.
+                with tracing.span(
+                    f"{tracing.CHAT} {request.model}", chat_attributes(ctx, participant, request)
+                ) as traced:
+                    traced.set({**answer_attributes(answer), tracing.MODEL_BATCHED: True})
+            return answer
         # A participant swapped in while the turn was in a batch answers it now: the batch's turn is given up
         # (its answer, billed, counted on the run).
         set_aside_batch_turn(ctx, index)
@@ -92,8 +105,21 @@ def ask(
 
     prove()
     # A wait for room in the shared rate limit can outlast the lease: proven again after it, right before the call.
-    with rate_limits.proving_after_waits(prove):
-        return participant.respond(request)
+    with (
+        tracing.span(
+            f"{tracing.CHAT} {request.model}", chat_attributes(ctx, participant, request), client=True
+        ) as traced,
+        rate_limits.proving_after_waits(prove),
+    ):
+        try:
+            answer = participant.respond(request)
+        except Exception as exc:
+            # The domain's errors say what the API answered (the key scrubbed): shown, redacted as the logs are.
+            status = getattr(exc, "status", None)
+            traced.fail(exc, str(status) if status else "", message=redact(str(exc)))
+            raise
+        traced.set(answer_attributes(answer))
+        return answer
 
 
 @dataclass

@@ -44,6 +44,7 @@ from typing import Any
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db.models import Max
 
+from durable_agents import tracing
 from durable_agents.agents.batching import step_batch
 from durable_agents.agents.budget import Budget, PromptSize, estimate_prompt
 from durable_agents.agents.candidate import recorded_prompt, replay_head
@@ -269,8 +270,11 @@ class _AgentLoop:
     def run(self) -> dict[str, Any]:
         since = self.compacted.covers_until if self.compacted else 0
         journal = Turn.objects.filter(step_id=self.ctx.step.pk, purpose=TURN, index__gte=since).order_by("index")
+        traced = tracing.current()
         for turn in journal:
             self.next_index = max(self.next_index, turn.index + 1)
+            # Answered before (this step's earlier attempt): no call, so no chat span; the attempt's span says so.
+            traced.event("model turn replayed from journal", {tracing.MODEL_TURN: turn.index})
             outcome = self._act(turn, replayed=True)
             if outcome is not None:
                 return outcome

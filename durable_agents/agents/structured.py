@@ -24,6 +24,7 @@ from typing import Any
 
 from django.db.models import Max
 
+from durable_agents import tracing
 from durable_agents.agents.batching import step_batch
 from durable_agents.agents.candidate import replay_head
 from durable_agents.agents.capabilities import ModelChoice, model_profile
@@ -88,7 +89,9 @@ class _Asking:
 
     def run(self) -> tuple[Any, Turn]:
         journal = Turn.objects.filter(step_id=self.ctx.step.pk, purpose=self.form.purpose).order_by("index")
+        traced = tracing.current()
         for turn in journal:
+            traced.event("model turn replayed from journal", {tracing.MODEL_TURN: turn.index})
             found = self._consider(turn, replayed=True)
             if found is not None:
                 return found, turn

@@ -26,6 +26,7 @@ worker, whose monkey-patching makes the pool's threads greenlets) with its own d
 
 from __future__ import annotations
 
+import contextvars
 import json
 import threading
 from collections.abc import Callable, Sequence
@@ -90,7 +91,7 @@ def run_call(ctx: Any, block: Block, tools: Tools) -> Result:
     if tool is None:
         return _not_deployed(ctx, use_id, name, tools)
     try:
-        result = ctx.call_tool(tool, block.get("input") or {}, key=ctx.idempotency_key(use_id))
+        result = ctx.call_tool(tool, block.get("input") or {}, key=ctx.idempotency_key(use_id), call_id=use_id)
     except (ToolArgumentsError, ToolFailedError, ApprovalRejectedError) as exc:
         return _error(use_id, str(exc))
     except (RetryableError, LeaseLostError, PermanentError):
@@ -163,7 +164,11 @@ def _run_batch(ctx: Any, batch: list[Block], tools: Tools) -> list[Result]:
     # This thread only waits now: a pooled connection goes back for the calls to use.
     release_connection(pooled_only=True)
     with ThreadPoolExecutor(max_workers=limit, thread_name_prefix="durable-tool") as pool:
-        futures = [pool.submit(_on_own_connection, stop, run_call, ctx, block, tools) for block in batch]
+        # Each call runs in a copy of this thread's context, so its span is a child of the step attempt's.
+        futures = [
+            pool.submit(contextvars.copy_context().run, _on_own_connection, stop, run_call, ctx, block, tools)
+            for block in batch
+        ]
     return _outcomes(futures)
 
 

@@ -105,9 +105,12 @@ class StepContext:
         )
         return verdict.get("reasons", "") if verdict and not verdict.get("passed") else ""
 
-    def call_tool(self, tool: Tool[..., Any] | str, args: Mapping[str, Any], *, key: str | None = None) -> Any:
+    def call_tool(
+        self, tool: Tool[..., Any] | str, args: Mapping[str, Any], *, key: str | None = None, call_id: str = ""
+    ) -> Any:
         """Invoke a tool from this step. Effectful tools get an outbox row and a key that is the same
         every time this step re-executes (n-th call of this step), so an applied effect is never repeated.
+        `call_id`: the model's tool_use id when the model asked for the call (the trace shows it).
 
         Example: ``ctx.call_tool(issue_refund, {"order_id": "A1", "amount": "10.00"})``
         """
@@ -123,7 +126,14 @@ class StepContext:
         if resolved.effectful and resolved.needs_approval:
             require_approval(self, resolved, args, key)
         return invoke_tool(
-            resolved, args, key=key, run_id=self.run.id, step_pk=self.step.pk, ctx=self, lease_token=self.lease_token
+            resolved,
+            args,
+            key=key,
+            run_id=self.run.id,
+            step_pk=self.step.pk,
+            ctx=self,
+            lease_token=self.lease_token,
+            call_id=call_id,
         )
 
     @property

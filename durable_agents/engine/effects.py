@@ -19,6 +19,7 @@ still send it once when it thaws. The receiver dedupes on the key, so the effect
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -26,6 +27,7 @@ from typing import Any
 from django.db import IntegrityError, transaction
 from django.db.models import F
 
+from durable_agents import tracing
 from durable_agents.clock import DbNow
 from durable_agents.conf import settings
 from durable_agents.connections import release_connection
@@ -45,6 +47,7 @@ from durable_agents.errors import (
     ToolFailedError,
 )
 from durable_agents.models import Effect, EffectKind, EffectStatus, Run, RunStatus
+from durable_agents.redaction import redact
 from durable_agents.states import EffectOp
 from durable_agents.storable import check_json
 from durable_agents.tools import Tool
@@ -79,10 +82,40 @@ def invoke_tool(
     ctx: Any = None,
     compensates: Effect | None = None,
     lease_token: int | None = None,
+    call_id: str = "",
 ) -> Any:
     """Invoke `tool` with `args` under idempotency `key` for the executing run `run_id`; read-only tools
     are simply called. With `lease_token`, the effect lands only while that token still holds `run_id`.
-    """
+    `call_id`: the model's tool_use id, for the trace.
+
+    Traced as the GenAI semantic conventions' `execute_tool {tool}` span (`gen_ai.tool.name`, `gen_ai.tool.call.id`)
+    with the effect's key and outcome ("applied": it ran now, "reused": its recorded result was returned); a
+    compensation is `compensate {tool}` (outcome "compensated")."""
+    if not tracing.enabled():
+        return _invoke(tool, args, key, run_id, step_pk, ctx, compensates, lease_token)
+    name = f"compensate {compensates.tool}" if compensates is not None else f"{tracing.EXECUTE_TOOL} {tool.name}"
+    with tracing.span(name, _call_attributes(tool, args, call_id)) as traced:
+        try:
+            result = _invoke(tool, args, key, run_id, step_pk, ctx, compensates, lease_token)
+        except Exception as exc:
+            # A tool's error may quote its arguments: its text is content.
+            traced.fail(exc, message=redact(str(exc)) if tracing.content_enabled() else "")
+            raise
+        if tracing.content_enabled():
+            traced.set({tracing.GEN_AI_TOOL_CALL_RESULT: _redacted_json(result)})
+        return result
+
+
+def _invoke(
+    tool: Tool[..., Any],
+    args: Mapping[str, Any],
+    key: str,
+    run_id: Any,
+    step_pk: int | None,
+    ctx: Any,
+    compensates: Effect | None,
+    lease_token: int | None,
+) -> Any:
     if replaying.is_replay(getattr(ctx, "run", None)):
         replaying.refuse(run_id, f"calls a tool ({tool.name})")
     checked = tool.validate(args)
@@ -91,15 +124,38 @@ def invoke_tool(
     effect = _record_pending(
         tool, checked, key=effect_key(key), run_id=run_id, step_pk=step_pk, compensates=compensates
     )
+    tracing.current().set({tracing.EFFECT_KEY: effect.idempotency_key})
     if step_pk is not None and compensates is None and str(effect.run_id) != str(run_id):
         # Applied, or in flight, by another run under a key this run shares (a fork and its source): this run
         # relies on it too, so neither's saga undoes it while the other stands on it.
         rely_on([effect], run_id, [step_pk])
     if effect.status == EffectStatus.APPLIED:
-        return effect.result
+        return _traced(effect, reused=True, result=effect.result)
     if tool.transactional:
         return _apply_in_transaction(tool, checked, effect, ctx, run_id, lease_token)
     return _apply_external(tool, checked, effect, ctx, run_id, lease_token)
+
+
+def _call_attributes(tool: Tool[..., Any], args: Mapping[str, Any], call_id: str) -> dict[str, Any]:
+    attributes = {
+        tracing.GEN_AI_OPERATION_NAME: tracing.EXECUTE_TOOL,
+        tracing.GEN_AI_TOOL_NAME: tool.name,
+        tracing.GEN_AI_TOOL_CALL_ID: call_id or None,
+    }
+    if tracing.content_enabled():
+        attributes[tracing.GEN_AI_TOOL_CALL_ARGUMENTS] = _redacted_json(args)
+    return attributes
+
+
+def _redacted_json(value: Any) -> str:
+    return redact(json.dumps(value, default=str))
+
+
+def _traced(effect: Effect, *, reused: bool, result: Any) -> Any:
+    """`result`, its effect's outcome on the current span: reused (recorded before), applied or compensated now."""
+    outcome = "reused" if reused else "compensated" if effect.compensates_id is not None else "applied"
+    tracing.current().set({tracing.EFFECT_OUTCOME: outcome})
+    return result
 
 
 def _record_pending(
@@ -166,12 +222,12 @@ def _apply_in_transaction(
             # The row lock makes a concurrent duplicate wait here, then see `applied`.
             locked = Effect.objects.select_for_update().get(pk=effect.pk)
             if locked.status == EffectStatus.APPLIED:
-                return locked.result
+                return _traced(effect, reused=True, result=locked.result)
             result = tool.invoke(args, idempotency_key=effect.idempotency_key, ctx=ctx)
             # An unstorable result rolls the tool's own writes back with it: applied without a record is no option.
             _check_result(tool, result)
             _applied_txn(effect, result, attempts=F("attempts") + 1)
-            return result
+            return _traced(effect, reused=False, result=result)
     except Exception as exc:
         _record_failure(effect, exc)
         raise
@@ -200,7 +256,7 @@ def _apply_external(
             raise LeaseLostError(f"run {run_id} was taken over; {tool.name} was not called")
         current = Effect.objects.get(pk=effect.pk)
         if current.status == EffectStatus.APPLIED:
-            return current.result
+            return _traced(effect, reused=True, result=current.result)
         reason = (
             f"{tool.name} was invoked {current.attempts} times under key {effect.idempotency_key!r} without a "
             "recorded outcome; check the receiving system, then record what happened with "
@@ -221,7 +277,7 @@ def _apply_external(
     _check_result(tool, result)
     with transaction.atomic():
         _applied_txn(effect, result)
-    return result
+    return _traced(effect, reused=False, result=result)
 
 
 def _holds(run_id: Any, token: int, *, lock: bool = False) -> bool:

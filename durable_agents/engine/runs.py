@@ -119,6 +119,17 @@ def cancel_run(run_id: uuid.UUID | str, *, reason: str = "", actor: str = "", co
     A run already compensating goes on compensating: a saga is never cut short.
     """
     run = get_run(run_id)
+    with tracing.run_span("cancel run", run.trace_context, _action_attributes(run, actor), run_id=run.id) as traced:
+        traced.set({"durable_agents.cancel.compensate": compensate})
+        return _cancel(run, reason=reason, actor=actor, compensate=compensate)
+
+
+def _action_attributes(run: Run, actor: str) -> dict[str, Any]:
+    """An operator's action on a run, as its span in the run's trace shows it (who; never the reason's text)."""
+    return {tracing.RUN_ID: str(run.id), tracing.WORKFLOW: run.workflow, tracing.ACTOR: actor or None}
+
+
+def _cancel(run: Run, *, reason: str, actor: str, compensate: bool) -> Run:
     if run.is_finished:
         raise InvalidTransitionError(f"run {run.id} is already {run.status}; there is nothing to cancel")
     step_id = current_step_id(run.id, run.cursor)
@@ -190,8 +201,15 @@ def resume_run(run_id: uuid.UUID | str, *, from_step: str | None = None, actor: 
     compensation from where it stopped.
     """
     run = get_run(run_id)
-    if from_step is not None:
-        return _rerun_from_step(run, from_step, actor=actor)
+    name = "rerun run" if from_step is not None else "resume run"
+    with tracing.run_span(name, run.trace_context, _action_attributes(run, actor), run_id=run.id) as traced:
+        traced.set({tracing.STEP_ID: from_step, "durable_agents.run.previous_status": run.status})
+        if from_step is not None:
+            return _rerun_from_step(run, from_step, actor=actor)
+        return _resume(run, actor=actor)
+
+
+def _resume(run: Run, *, actor: str) -> Run:
     if run.status in (RunStatus.PENDING, RunStatus.RUNNING):
         with transaction.atomic():
             transitions.wake_up_txn(run.id)

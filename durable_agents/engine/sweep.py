@@ -23,7 +23,7 @@ from django.db import transaction
 from django.db.models import DateTimeField, DurationField, ExpressionWrapper, F, OuterRef, Q, QuerySet, Subquery, Value
 from django.db.models.lookups import LessThanOrEqual
 
-from durable_agents import clock
+from durable_agents import clock, tracing
 from durable_agents.conf import settings
 from durable_agents.engine.admission import admit_waiting
 from durable_agents.engine.family import sweep_children
@@ -109,7 +109,16 @@ def sweep(*, backlog: Mapping[str | None, int] | None = None, queued: Mapping[st
     RESWEEP_BACKOFF_MAX_SECONDS. Runs whose holder died (lease expired) are re-woken all the same.
 
     `queued`: the same measurement by queue name (broker.queue_depths()), recorded on the sweep's heartbeat row as
-    measured when the pass began, for the console (None: unknown)."""
+    measured when the pass began, for the console (None: unknown).
+
+    Traced as a span `durable_agents.sweep` with what the pass did (`durable_agents.sweep.<count>`)."""
+    with tracing.span("durable_agents.sweep") as traced:
+        report = _sweep(backlog, queued)
+        traced.set({f"durable_agents.sweep.{name}": count for name, count in report.as_dict().items()})
+        return report
+
+
+def _sweep(backlog: Mapping[str | None, int] | None, queued: Mapping[str, int] | None) -> SweepReport:
     now = clock.now()
     idle = timedelta(seconds=float(settings.IDLE_RESWEEP_SECONDS))
     lease_free = Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now)

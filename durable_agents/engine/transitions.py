@@ -27,7 +27,7 @@ from django.db import connection, transaction
 from django.db.models import Case, Exists, F, Q, QuerySet, When
 from django.db.models.functions import Coalesce
 
-from durable_agents import clock
+from durable_agents import clock, tracing
 from durable_agents.clock import DbNow
 from durable_agents.engine import hotpath
 from durable_agents.engine.control import WaitSpec
@@ -702,16 +702,62 @@ def move_wait(op: WaitOp, wait_id: int, *, to: str, where: Q | None = None, **ch
     """Close an open wait for `op` (decide, signal, fire, expire, migrate); False if it was not open."""
     status = _target(WAIT_RULES, op, to)
     moved = Wait.objects.filter(where or Q(), pk=wait_id, status__in=WAIT_RULES[op].sources)
-    return moved.update(**status, updated_at=DbNow(), **changes) == 1
+    if moved.update(**status, updated_at=DbNow(), **changes) != 1:
+        return False
+    if tracing.enabled():
+        # Drawn once the decision committed, exactly once: only the one move that closed the wait gets here.
+        transaction.on_commit(lambda: trace_closed_wait(wait_id), robust=True)
+    return True
+
+
+def trace_closed_wait(wait_id: int) -> None:
+    """The span `wait {kind}` of a closed wait, in its run's trace, from its opening to its decision (the database's
+    times; a cancelled wait, to its cancellation): who decided, what (its status, never a comment or a payload), and
+    through what (api, admin, link, cli, signal, deadline, timer)."""
+    found = (
+        Wait.objects.filter(pk=wait_id)
+        .values_list(
+            "kind",
+            "status",
+            "decided_by",
+            "decision",
+            "created_at",
+            "decided_at",
+            "run__trace_context",
+            "updated_at",
+            "run_id",
+        )
+        .first()
+    )
+    if found is None:
+        return
+    kind, status, by, decision, opened, decided, trace_context, updated, run_id = found
+    via = (decision or {}).get("via") if isinstance(decision, dict) else None
+    tracing.record_run_span(
+        f"wait {kind}",
+        trace_context,
+        opened,
+        decided or updated,
+        {
+            tracing.WAIT_ID: wait_id,
+            tracing.WAIT_KIND: kind,
+            tracing.WAIT_DECISION: status,
+            tracing.WAIT_DECIDED_BY: by or None,
+            tracing.WAIT_VIA: via or by or None,
+        },
+        run_id=run_id,
+    )
 
 
 def cancel_open_waits_txn(run_id: Any) -> None:
     """Its open wait is cancelled, and a model turn it sent in a batch abandoned (a late answer is counted, never
     used; the batcher cancels a batch once every turn in it is abandoned)."""
     _in_transaction()
-    Wait.objects.filter(run_id=run_id, status__in=WAIT_RULES[WaitOp.CANCEL].sources).update(
-        status=WaitStatus.CANCELLED, updated_at=DbNow()
-    )
+    cancelling = Wait.objects.filter(run_id=run_id, status__in=WAIT_RULES[WaitOp.CANCEL].sources)
+    if tracing.enabled():
+        for wait_id in cancelling.values_list("pk", flat=True):
+            transaction.on_commit(lambda wait_id=wait_id: trace_closed_wait(wait_id), robust=True)
+    cancelling.update(status=WaitStatus.CANCELLED, updated_at=DbNow())
     move_batch_turns(BatchTurnOp.ABANDON, BatchTurn.objects.filter(run_id=run_id), to=BatchTurnStatus.ABANDONED)
 
 

@@ -18,7 +18,7 @@ from typing import Any
 from django.db import transaction
 from django.db.models import DateTimeField, ExpressionWrapper, F, Q, Value
 
-from durable_agents import clock
+from durable_agents import clock, tracing
 from durable_agents.clock import DbNow
 from durable_agents.conf import settings
 from durable_agents.display import when_text
@@ -65,6 +65,7 @@ def park_txn(claim: Claim, step: Step, spec: WaitSpec) -> Wait:
             wake_on_commit(claim.run_id)
         return wait
     send_on_commit(wait_opened, run_id=claim.run_id, wait_id=wait.pk, kind=spec.kind, name=spec.name)
+    tracing.current().event("wait opened", {tracing.WAIT_ID: wait.pk, tracing.WAIT_KIND: spec.kind})
     record_event(
         claim.run_id,
         "waiting",
