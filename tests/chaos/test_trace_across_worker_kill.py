@@ -19,13 +19,11 @@ never the parent of a step, which links to its task's span instead.
 
 from __future__ import annotations
 
-import json
 import threading
 import uuid
 from collections import Counter
 from collections.abc import Iterator
 from decimal import Decimal
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -36,13 +34,13 @@ from opentelemetry.instrumentation.django import DjangoInstrumentor
 
 from durable_agents import api, tracing
 from durable_agents.models import Event, Wait, WaitStatus
-from durable_agents.testing import WorkerProcess, wait_for, wait_for_run
+from durable_agents.testing import wait_for, wait_for_run
 from durable_agents.testing.fake_anthropic import FakeAnthropic, RecordedRequest, Reply
 from project.refunds.models import OutboundEmail, Refund
 from project.refunds.script import stand_in_reply
 from project.refunds.seed import CASES, seed_shop
 from tests.chaos.apps import COMMIT_PREFIX, PID_HEADER
-from tests.chaos.fleet import ROOT
+from tests.chaos.traces import Tree, exported, traced_env, worker
 from tests.chaos.workload import timeout
 from tests.testapp.models import Execution
 
@@ -114,14 +112,7 @@ def test_trace_across_worker_kill__request_run_steps_calls_tools_and_wait_form_o
 ):
     seed_shop()
     traces = chaos_logs / "spans"
-    traces.mkdir(exist_ok=True)
-    env = {
-        **chaos_env,
-        "DURABLE_CELERY_APP": "project",
-        "OTEL_TRACES_EXPORTER": "console",
-        "OTEL_SERVICE_NAME": "refunds-worker",
-        "DURABLE_CHAOS_TRACES": str(traces),
-    }
+    env = traced_env(chaos_env, traces)
     first = worker(env, chaos_logs / "worker-first.log")
     try:
         answer = client.post("/support/refunds", {"order_id": ORDER.number, "message": ORDER.message})
@@ -210,51 +201,3 @@ def test_trace_across_worker_kill__request_run_steps_calls_tools_and_wait_form_o
     assert any(s["name"] == "execute_tool email_customer" for s in tools)
     waits = tree.named("wait approval")
     assert len(waits) == 1 and tree.parent(waits[0]) is run_span, "the approval drawn under the run, once"
-
-
-def worker(env: dict[str, str], log: Path, *, beat: bool = False) -> WorkerProcess:
-    return WorkerProcess(env=env, cwd=ROOT, log_path=log, pool="prefork", concurrency=1, beat=beat).start()
-
-
-def exported(spans: Any, traces: Path) -> list[dict[str, Any]]:
-    """Every span ended: this process's (the in-memory exporter) and each worker process's (its file)."""
-    found = [json.loads(span.to_json(indent=None)) for span in spans.all]
-    for file in sorted(traces.glob("spans-*.jsonl")):
-        found += [json.loads(line) for line in file.read_text().splitlines() if line.strip()]
-    return found
-
-
-class Tree:
-    """Exported spans (the SDK's JSON form), with the questions asked of a trace."""
-
-    def __init__(self, spans: list[dict[str, Any]]) -> None:
-        self.spans = spans
-        self.by_id = {s["context"]["span_id"]: s for s in spans}
-
-    def named(self, prefix: str) -> list[dict[str, Any]]:
-        return [s for s in self.spans if s["name"].startswith(prefix)]
-
-    def one(self, name: str) -> dict[str, Any]:
-        found = [s for s in self.spans if s["name"] == name]
-        names = sorted(s["name"] for s in self.spans)
-        assert len(found) == 1, f"expected one span {name!r}, got {len(found)} of {names}"
-        return found[0]
-
-    def parent(self, span: dict[str, Any]) -> dict[str, Any] | None:
-        return self.by_id.get(span["parent_id"]) if span["parent_id"] else None
-
-    def of_run(self, run_id: str) -> list[dict[str, Any]]:
-        """The run's own spans and everything under them."""
-        roots = [s for s in self.spans if s["attributes"].get("durable_agents.run.id") == run_id]
-        found, seen = [], set()
-        while roots:
-            span = roots.pop()
-            if span["context"]["span_id"] in seen:
-                continue
-            seen.add(span["context"]["span_id"])
-            found.append(span)
-            roots += [s for s in self.spans if s["parent_id"] == span["context"]["span_id"]]
-        return found
-
-    def orphans(self) -> list[str]:
-        return [s["name"] for s in self.spans if s["parent_id"] and s["parent_id"] not in self.by_id]
