@@ -16,12 +16,16 @@ operation, provider, request and response model, finish reasons and token usage.
 from __future__ import annotations
 
 import gzip
+import os
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
+from django.core.exceptions import ImproperlyConfigured
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
@@ -31,8 +35,10 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from durable_agents import api, tracing
 from durable_agents.testing import wait_for, wait_for_run
 from durable_agents.testing.fake_anthropic import FakeAnthropic
+from project import tracing as project_tracing
 from project.refunds.script import stand_in_reply
 from project.refunds.seed import CASES, seed_shop
+from tests.conftest import ROOT
 from tests.integration.tracing_helpers import spans  # noqa: F401 - the test process's SDK (the run's span)
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(300), pytest.mark.usefixtures("spans")]
@@ -198,3 +204,58 @@ def test_otlp_export__console_prints_the_runs_spans_on_the_workers_stdout(start_
 
     text = wait_for(printed, timeout=60, what="the step spans printed by the worker's ConsoleSpanExporter")
     assert f'"trace_id": "0x{trace_id}"' in text, "the printed spans are in the run's trace"
+
+
+@pytest.mark.parametrize(
+    ("environ", "expected"),
+    [
+        ({}, []),
+        ({"OTEL_TRACES_EXPORTER": "none"}, []),
+        ({"OTEL_TRACES_EXPORTER": "console"}, ["console"]),
+        ({"OTEL_TRACES_EXPORTER": " otlp , console ,otlp"}, ["otlp", "console"]),
+        ({"OTEL_TRACES_EXPORTER": "console,none"}, []),
+        ({"OTEL_TRACES_EXPORTER": "otlp", "OTEL_SDK_DISABLED": "true"}, []),
+        ({"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"}, ["otlp"]),
+    ],
+)
+def test_otlp_export__the_exporters_are_read_as_the_sdk_environment_specifies(monkeypatch, environ, expected):
+    """OTEL_TRACES_EXPORTER is a comma-separated list; "none" means no exporter; OTEL_SDK_DISABLED=true turns the
+    SDK off (OpenTelemetry SDK environment variables, "Exporter Selection" and "General SDK Configuration")."""
+    for name in ("OTEL_TRACES_EXPORTER", "OTEL_SDK_DISABLED", "OTEL_EXPORTER_OTLP_PROTOCOL"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    assert project_tracing.exporters() == expected
+    assert project_tracing.enabled() is bool(expected)
+
+
+@pytest.mark.parametrize(
+    "environ",
+    [{"OTEL_TRACES_EXPORTER": "zipkin"}, {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}],
+)
+def test_otlp_export__an_exporter_the_project_cannot_make_stops_start_up(monkeypatch, environ):
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ImproperlyConfigured, match="OTEL_"):
+        project_tracing.exporters()
+
+
+@pytest.mark.parametrize(
+    ("environ", "service"),
+    [
+        ({}, "refunds-worker"),
+        ({"OTEL_SERVICE_NAME": "support-agents"}, "support-agents"),
+        ({"OTEL_RESOURCE_ATTRIBUTES": "service.name=from-attributes"}, "from-attributes"),
+    ],
+)
+def test_otlp_export__the_service_name_defaults_to_the_process_kind_unless_the_environment_names_one(
+    worker_env, environ, service
+):
+    """OTEL_SERVICE_NAME, else service.name in OTEL_RESOURCE_ATTRIBUTES, names the resource (Resource semantic
+    conventions, SDK environment variables); the example project's default stands in for "unknown_service"."""
+    inherited = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env = {**inherited, **worker_env, "OTEL_TRACES_EXPORTER": "console", **environ}
+    code = "from project import tracing; print(tracing.configure(tracing.WORKER).resource.attributes['service.name'])"
+    done = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == service
