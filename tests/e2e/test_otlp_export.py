@@ -135,9 +135,9 @@ def shop(transactional_db: None) -> None:
     seed_shop()
 
 
-def example_worker(start_worker: Any, **otel: str) -> Any:
+def example_worker(start_worker: Any, pool: str = "prefork", **otel: str) -> Any:
     """The example project's worker as the Procfile starts it (`celery -A project`, prefork), with OTEL_* set."""
-    return start_worker(app="project", pool="prefork", concurrency=1, env=otel)
+    return start_worker(app="project", pool=pool, concurrency=1, env=otel)
 
 
 def test_otlp_export__a_refund_runs_spans_reach_an_otlp_http_receiver_in_the_runs_trace(start_worker, fake, receiver):
@@ -193,8 +193,11 @@ def test_otlp_export__a_refund_runs_spans_reach_an_otlp_http_receiver_in_the_run
         assert found["gen_ai.response.finish_reasons"] in (["tool_use"], ["end_turn"])
 
 
-def test_otlp_export__console_prints_the_runs_spans_on_the_workers_stdout(start_worker, fake):
-    worker = example_worker(start_worker, OTEL_TRACES_EXPORTER="console")
+@pytest.mark.parametrize("pool", ["prefork", "threads"])
+def test_otlp_export__console_prints_the_runs_spans_on_the_workers_stdout(start_worker, fake, pool):
+    """Configured after the fork in a prefork pool's child (worker_process_init), in the worker's own process for a
+    pool without children (worker_init)."""
+    worker = example_worker(start_worker, pool, OTEL_TRACES_EXPORTER="console")
     run = wait_for_run(api.start("refund_agent", CASE["A-1005"].run_input).id, "completed", timeout=120)
     trace_id = tracing.trace_id(run.trace_context)
 
