@@ -9,6 +9,8 @@ DJANGO_LOCAL_SECRET_KEY  "1": without DJANGO_SECRET_KEY, use a random key made o
 DJANGO_DEBUG             "1" turns debug on (and allows the local key)
 DJANGO_BEHIND_HTTPS_PROXY "1": a proxy ends HTTPS and sets X-Forwarded-Proto (Heroku, a load balancer)
 DURABLE_*                the app's knobs (DURABLE_AGENTS below); README, "Production", lists them all
+OTEL_TRACES_EXPORTER     "console" or "otlp" turns tracing on (DURABLE_AGENTS["TRACING"]); the other OTEL_* variables
+                         configure the OpenTelemetry SDK (project/tracing.py)
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from urllib.parse import urlsplit
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.utils import get_random_secret_key
+
+from project import tracing
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("DURABLE_VAR_DIR", BASE_DIR / "var"))
@@ -321,6 +325,10 @@ DURABLE_AGENTS = {
     "BATCH_WINDOW_SECONDS": env_seconds("DURABLE_BATCH_WINDOW_SECONDS", 60.0),
     "BATCH_POLL_SECONDS": env_seconds("DURABLE_BATCH_POLL_SECONDS", 30.0),
     "BATCH_POLL_MAX_SECONDS": env_seconds("DURABLE_BATCH_POLL_MAX_SECONDS", 600.0),
+    # Spans of runs, steps, model calls and tools, on when OTEL_TRACES_EXPORTER names an exporter (project/tracing.py).
+    "TRACING": tracing.enabled(),
+    # "http://127.0.0.1:16686/trace/{trace_id}" (Jaeger): the admin's run page links to the run's trace.
+    "TRACE_URL": os.environ.get("DURABLE_TRACE_URL", ""),
 }
 
 # Behind a proxy that ends HTTPS (Heroku's router, a load balancer), the admin's and the decision page's forms

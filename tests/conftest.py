@@ -24,6 +24,7 @@ TESTS = ROOT / "tests"
 EXAMPLE_TESTS = (
     "tests/chaos",
     "tests/e2e/test_demo.py",
+    "tests/e2e/test_otlp_export.py",
     "tests/e2e/test_sqlite_smoke.py",
     "tests/integration/test_durable_replay_command.py",
     "tests/integration/test_refund_agent.py",

@@ -11,12 +11,14 @@ os.environ.setdefault("DJANGO_LOCAL_SECRET_KEY", "1")
 from tests import settings as library  # noqa: E402, I001
 
 from project.settings import *  # noqa: E402, F403
+from project.settings import DURABLE_AGENTS as EXAMPLE_DURABLE_AGENTS  # noqa: E402
 from project.settings import INSTALLED_APPS, VAR_DIR  # noqa: E402
 
 INSTALLED_APPS = [*INSTALLED_APPS, "tests.testapp"]
 MEDIA_ROOT = VAR_DIR / "media"
 EMAIL_BACKEND = library.EMAIL_BACKEND
 PASSWORD_HASHERS = library.PASSWORD_HASHERS
-DURABLE_AGENTS = library.DURABLE_AGENTS
+# Tracing as the example project turns it on (OTEL_TRACES_EXPORTER); DURABLE_TEST_SETTINGS may still override it.
+DURABLE_AGENTS = {"TRACING": EXAMPLE_DURABLE_AGENTS["TRACING"], **library.DURABLE_AGENTS}
 if hasattr(library, "CELERY_TASK_ROUTES"):
     CELERY_TASK_ROUTES = library.CELERY_TASK_ROUTES

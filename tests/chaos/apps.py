@@ -12,7 +12,10 @@ Loaded only by worker subprocesses (tests/chaos/settings.py), after `durable_age
   that sent it;
 * DURABLE_CHAOS_STREAM=1 makes the "anthropic" participant stream, so mid-stream errors are exercised;
 * DURABLE_CHAOS_BATCH=1 sends the instrumented workflows' model calls through the Message Batches API
-  (`delivery="batch"`), with the kill points of batch_points.py.
+  (`delivery="batch"`), with the kill points of batch_points.py;
+* DURABLE_CHAOS_TRACES=<dir> (with the example project's SDK on: OTEL_TRACES_EXPORTER, `celery -A project`) also
+  writes every span each pool process ends to <dir>/spans-<pid>.jsonl, one JSON object a line, as it ends (the
+  SDK's SimpleSpanProcessor and ConsoleSpanExporter): what a SIGKILL cannot take back.
 
 The workflows under test are not changed: their step functions are wrapped, and the wrapper calls them.
 """
@@ -55,6 +58,10 @@ class ChaosConfig(AppConfig):
 
             batch_points.install()
         step_committed.connect(_record_commit, dispatch_uid="chaos-record-commit")
+        if os.environ.get("DURABLE_CHAOS_TRACES"):
+            from celery.signals import worker_process_init
+
+            worker_process_init.connect(_trace_to_file, weak=False, dispatch_uid="chaos-trace-to-file")
         from durable_agents.agents.participants import participants
 
         participants.register("anthropic", _SignedParticipant(stream=os.environ.get("DURABLE_CHAOS_STREAM") == "1"))
@@ -75,6 +82,20 @@ def _record_commit(sender: Any, run_id: Any, step_id: str, attempt: int, **kwarg
     from tests.testapp.models import Execution
 
     Execution.objects.create(run_id=run_id, step_id=f"{COMMIT_PREFIX}{step_id}", pid=os.getpid(), attempt=attempt)
+
+
+def _trace_to_file(**kwargs: Any) -> None:
+    from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SimpleSpanProcessor
+
+    from project import tracing
+
+    provider = tracing.configure(tracing.WORKER, celery=True)
+    if provider is None:
+        raise RuntimeError("DURABLE_CHAOS_TRACES needs the example project's SDK on: set OTEL_TRACES_EXPORTER")
+    path = os.path.join(os.environ["DURABLE_CHAOS_TRACES"], f"spans-{os.getpid()}.jsonl")
+    out = open(path, "a", buffering=1)  # noqa: SIM115 - the process's life long; each line reaches the OS as written
+    exporter = ConsoleSpanExporter(out=out, formatter=lambda span: span.to_json(indent=None) + "\n")
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
 
 
 class _SignedParticipant(AnthropicParticipant):

@@ -18,6 +18,7 @@ from tests.conftest import require_example_session
 require_example_session()  # before the workload imports the example project's models
 
 from tests.chaos.workload import Model  # noqa: E402
+from tests.integration.tracing_helpers import spans  # noqa: E402, F401 - an in-memory SDK in the test process
 
 SECRET_SCAN = "tests/chaos/test_secret_scan.py"
 
