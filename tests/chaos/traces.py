@@ -67,5 +67,10 @@ class Tree:
             roots += [s for s in self.spans if s["parent_id"] == span["context"]["span_id"]]
         return found
 
-    def orphans(self) -> list[str]:
-        return [s["name"] for s in self.spans if s["parent_id"] and s["parent_id"] not in self.by_id]
+    def orphans(self, trace_id: str | None = None) -> list[str]:
+        """Spans (of one trace, if given) whose parent was never exported: a tree a viewer would draw broken."""
+        return [
+            s["name"]
+            for s in self.spans
+            if s["parent_id"] and s["parent_id"] not in self.by_id and trace_id in (None, s["context"]["trace_id"])
+        ]
