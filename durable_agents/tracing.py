@@ -21,14 +21,20 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import logging
 import re
-from collections.abc import Iterator, Mapping
+import uuid
+from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime
 from typing import Any
+
+from django.db import transaction
 
 from durable_agents.conf import settings
 
 TRACER_NAME = "durable_agents"
+
+logger = logging.getLogger("durable_agents.tracing")
 
 # Attributes of this library's own spans (the GenAI ones are OpenTelemetry's: gen_ai.*).
 RUN_ID = "durable_agents.run.id"
@@ -78,6 +84,8 @@ class Span:
         if self._span is None:
             return ""
         context = self._span.get_span_context()
+        if not context.is_valid:  # the API without an SDK: nothing to continue
+            return ""
         return f"00-{context.trace_id:032x}-{context.span_id:016x}-{int(context.trace_flags):02x}"
 
 
@@ -93,37 +101,45 @@ def content_enabled() -> bool:
     return bool(settings.TRACING) and bool(settings.TRACE_CONTENT)
 
 
-def start_run(workflow: str, version: int, run_id: Any) -> Span:
-    """The span of a run being started, child of the current span; ended by the caller once the run is stored."""
+def start_run(workflow: str, version: int, run_id: Any, *, links_to: str = "") -> Span:
+    """The span of a run being started, child of the current span (linked to the run span `links_to` names: a
+    fork's source); the caller ends it once the run is stored (`end_on_commit`)."""
     if not settings.TRACING:
         return OFF
     api = _api()
-    attributes = {RUN_ID: str(run_id), WORKFLOW: workflow, WORKFLOW_VERSION: version}
-    return Span(api.tracer().start_span(f"run {workflow}", attributes=attributes))
+    attributes = _clean({RUN_ID: str(run_id) if run_id else None, WORKFLOW: workflow, WORKFLOW_VERSION: version})
+    source = _span_context(api, links_to)
+    links = [api.trace.Link(source)] if source is not None else []
+    made = _safely(lambda: api.tracer().start_span(f"run {workflow}", attributes=attributes, links=links))
+    return OFF if made is None else Span(made)
 
 
 def end(span: Span) -> None:
     if span._span is not None:
-        span._span.end()
+        _safely(span._span.end)
+
+
+def end_on_commit(span: Span) -> None:
+    """End the run's span when the start commits; a start rolled back never exports it."""
+    if span._span is not None:
+        made = span._span
+        transaction.on_commit(lambda: _safely(made.end))
 
 
 @contextlib.contextmanager
-def run_span(name: str, trace_context: str, attributes: Mapping[str, Any] | None = None) -> Iterator[Span]:
+def run_span(
+    name: str, trace_context: str, attributes: Mapping[str, Any] | None = None, *, run_id: uuid.UUID | None = None
+) -> Iterator[Span]:
     """A span of the run whose row holds `trace_context` (a step attempt, an operator's action), current while the
     block runs; linked to the span that was current (a Celery task's, a request's) rather than its child."""
     if not settings.TRACING:
         yield OFF
         return
     api = _api()
-    parent, links = _run_parent(api, trace_context)
-    span = api.tracer().start_span(name, context=parent, links=links, attributes=_clean(attributes))
-    with api.trace.use_span(span, end_on_exit=True, record_exception=False, set_status_on_exception=False):
-        handle = Span(span)
-        try:
-            yield handle
-        except BaseException as exc:
-            handle.fail(exc)
-            raise
+    parent, links = _run_parent(api, trace_context, run_id)
+    made = _safely(lambda: api.tracer().start_span(name, context=parent, links=links, attributes=_clean(attributes)))
+    with _current(api, made) as handle:
+        yield handle
 
 
 @contextlib.contextmanager
@@ -135,15 +151,9 @@ def span(name: str, attributes: Mapping[str, Any] | None = None, *, client: bool
         return
     api = _api()
     kind = api.trace.SpanKind.CLIENT if client else api.trace.SpanKind.INTERNAL
-    with api.tracer().start_as_current_span(
-        name, kind=kind, attributes=_clean(attributes), record_exception=False, set_status_on_exception=False
-    ) as current:
-        handle = Span(current)
-        try:
-            yield handle
-        except BaseException as exc:
-            handle.fail(exc)
-            raise
+    made = _safely(lambda: api.tracer().start_span(name, kind=kind, attributes=_clean(attributes)))
+    with _current(api, made) as handle:
+        yield handle
 
 
 def record_run_span(
@@ -154,19 +164,25 @@ def record_run_span(
     attributes: Mapping[str, Any] | None = None,
     *,
     error: str = "",
+    run_id: uuid.UUID | None = None,
 ) -> None:
     """A span of the run drawn after the fact from the database's times: a wait from its opening to its decision,
     an attempt whose worker died (from its claim to its lease's expiry)."""
     if not settings.TRACING:
         return
     api = _api()
-    parent, links = _run_parent(api, trace_context)
-    made = api.tracer().start_span(
-        name, context=parent, links=links, attributes=_clean(attributes), start_time=_nanos(start)
-    )
-    if error:
-        Span(made).fail(error)
-    made.end(end_time=_nanos(end_at))
+    parent, links = _run_parent(api, trace_context, run_id)
+
+    def draw() -> None:
+        made = api.tracer().start_span(
+            name, context=parent, links=links, attributes=_clean(attributes), start_time=_nanos(start)
+        )
+        if error:
+            Span(made).fail(error)
+        finish, began = _nanos(end_at), _nanos(start)
+        made.end(end_time=max(finish, began) if finish is not None and began is not None else finish)
+
+    _safely(draw)
 
 
 def current_ids() -> tuple[str, str] | None:
@@ -218,22 +234,68 @@ def _api() -> _Api:
     return _loaded
 
 
-def _run_parent(api: _Api, trace_context: str) -> tuple[Any, list[Any]]:
+@contextlib.contextmanager
+def _current(api: _Api, made: Any) -> Iterator[Span]:
+    """`made` current while the block runs, ended after it (failed if the block raised)."""
+    if made is None:
+        yield OFF
+        return
+    handle = Span(made)
+    token = api.context.attach(api.trace.set_span_in_context(made))
+    try:
+        yield handle
+    except BaseException as exc:
+        handle.fail(exc)
+        raise
+    finally:
+        api.context.detach(token)
+        _safely(made.end)
+
+
+def _safely(call: Callable[[], Any]) -> Any:
+    """A span started or ended: a faulty processor, sampler or exporter of the application's SDK (which the API
+    lets raise) never fails a step or a start that committed; it is logged, then None."""
+    global _faults
+    try:
+        return call()
+    except Exception:  # noqa: BLE001 - the application's SDK, not ours: a trace is never worth a step
+        _faults += 1
+        logger.log(logging.WARNING if _faults == 1 else logging.DEBUG, "tracing failed (spans go on)", exc_info=True)
+        return None
+
+
+_faults = 0
+
+
+def _run_parent(api: _Api, trace_context: str, run_id: uuid.UUID | None) -> tuple[Any, list[Any]]:
     """The context whose span is the run's (from its row), and a link to the span current in this process when it
-    is another one; a run without a stored context (started before tracing was on) gets a trace per span."""
+    is another one. A run without a stored context (started before tracing was on) is a trace of its own: the
+    trace id is its run id, under a parent span never exported."""
     current = api.trace.get_current_span().get_span_context()
-    found = _TRACEPARENT.match(trace_context or "")
-    if found is None:
+    run = _span_context(api, trace_context)
+    if run is None and run_id is None:
         return api.context.Context(), [api.trace.Link(current)] if current.is_valid else []
-    run = api.trace.SpanContext(
-        trace_id=int(found.group(1), 16),
-        span_id=int(found.group(2), 16),
+    run = run or api.trace.SpanContext(
+        trace_id=run_id.int,
+        span_id=(run_id.int & 0xFFFF_FFFF_FFFF_FFFF) or 1,
         is_remote=True,
-        trace_flags=api.trace.TraceFlags(int(trace_context[-2:], 16)),
+        trace_flags=api.trace.TraceFlags(api.trace.TraceFlags.SAMPLED),
     )
     parent = api.trace.set_span_in_context(api.trace.NonRecordingSpan(run), api.context.Context())
     linked = current.is_valid and current.span_id != run.span_id
     return parent, [api.trace.Link(current)] if linked else []
+
+
+def _span_context(api: _Api, traceparent: str) -> Any:
+    found = _TRACEPARENT.match(traceparent or "")
+    if found is None or not int(found.group(1), 16) or not int(found.group(2), 16):
+        return None
+    return api.trace.SpanContext(
+        trace_id=int(found.group(1), 16),
+        span_id=int(found.group(2), 16),
+        is_remote=True,
+        trace_flags=api.trace.TraceFlags(int(traceparent[-2:], 16)),
+    )
 
 
 def _nanos(moment: datetime | None) -> int | None:

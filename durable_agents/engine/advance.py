@@ -146,7 +146,9 @@ def _advance_claimed(run_id: uuid.UUID, claimed: tuple[Claim, Step | None] | Non
         _record_takeover(claim, step)
     if step is None:
         return _finish_empty(claim)
-    with tracing.run_span(f"step {step.name}", step.run.trace_context, _attempt_attributes(claim, step)) as traced:
+    attributes = _attempt_attributes(claim, step) if tracing.enabled() else None
+    name, context = f"step {step.name}", step.run.trace_context
+    with tracing.run_span(name, context, attributes, run_id=claim.run_id) as traced:
         outcome = _advance_recorded(claim, step, eager)
         traced.set({tracing.OUTCOME: outcome.value})
         if outcome in FAILED_ATTEMPTS:
@@ -198,6 +200,7 @@ def _record_takeover(claim: Claim, step: Step | None) -> None:
                 tracing.OUTCOME: "worker_lost",
             },
             error="worker_lost",
+            run_id=claim.run_id,
         )
     record_event(
         claim.run_id,

@@ -32,7 +32,7 @@ from typing import Any
 from django.db import IntegrityError, connection, transaction
 from django.db.models import Count, Q
 
-from durable_agents import clock
+from durable_agents import clock, tracing
 from durable_agents.clock import DbNow
 from durable_agents.conf import settings
 from durable_agents.engine import transitions
@@ -118,6 +118,7 @@ def spawn(parent: Run, step: Step, workflow: str, inputs: Sequence[Any], *, leas
             return 0
         runs: list[Run] = []
         rows: list[Step] = []
+        traced: list[tracing.Span] = []
         scopes = _scopes_of_source_children(parent, step)
         slots: dict[str, Any] = {}
         for index in missing:
@@ -145,6 +146,9 @@ def spawn(parent: Run, step: Step, workflow: str, inputs: Sequence[Any], *, leas
                 slot_of_id=slots.get(key) if key is not None else None,
                 search=definition.search_attributes(child_input),
             )
+            # In its parent's trace: the child's span is a child of the step that starts it.
+            traced.append(tracing.start_run(definition.name, definition.version, child.id))
+            child.trace_context = traced[-1].traceparent
             runs.append(child)
             rows.extend(plan_row(child.id, definition, element, position) for position, element in enumerate(plan))
         try:
@@ -154,6 +158,8 @@ def spawn(parent: Run, step: Step, workflow: str, inputs: Sequence[Any], *, leas
                     # or an operator's cancel, now holds: its children would escape that cancel's compensation.
                     raise LeaseLostError(f"run {parent.id} is no longer held by token {lease_token}; no child started")
                 _insert(runs, rows)
+                for span in traced:
+                    tracing.end_on_commit(span)
                 # With the children, never without: the count a re-execution checks after a prune (above).
                 record_event(parent.id, "children_started", step_id=step.step_id, count=len(runs), workflow=workflow)
         except IntegrityError as exc:

@@ -16,6 +16,7 @@ from typing import Any
 from django.db import transaction
 from django.db.models import Q
 
+from durable_agents import tracing
 from durable_agents.clock import DbNow
 from durable_agents.engine import transitions
 from durable_agents.engine.admission import admit_on_commit, concurrency_of
@@ -262,6 +263,8 @@ def fork_run(run_id: uuid.UUID | str, at_step: str, *, input: Any = None, actor:
     # repeated. Not once the source compensates: an undone effect's result no longer holds.
     compensated = bool(source.finish_as) or source.effects.filter(status=EffectStatus.COMPENSATED).exists()
     shared = input_hash == source.input_hash and not compensated
+    # A trace of its own (a fork is new work, often days later), its run span linked to the source's.
+    traced = tracing.start_run(source.workflow, source.workflow_version, "", links_to=source.trace_context)
     with transaction.atomic():
         fork = Run.objects.create(
             workflow=source.workflow,
@@ -280,7 +283,10 @@ def fork_run(run_id: uuid.UUID | str, at_step: str, *, input: Any = None, actor:
             # A fork of a slot's run is that slot's work: its schedule's overlap policy sees it (engine/schedules.py).
             schedule=source.schedule,
             search=search,
+            trace_context=traced.traceparent,
         )
+        traced.set({tracing.RUN_ID: str(fork.id)})
+        tracing.end_on_commit(traced)
         transitions.copy_plan_txn(steps, fork.id, target.position)
         _rely_on_copied_checkpoints(source, fork, target)
         # Out-of-row results are rows of their run: the fork gets its own, which outlive the source.

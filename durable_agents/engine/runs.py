@@ -93,9 +93,9 @@ def start_run(
         if existing is None:
             raise
         traced.set({tracing.RUN_ID: str(existing.id), "durable_agents.run.reused": True})
-        return _same_run_or_error(existing, definition.name, input_hash, cause=exc)
-    finally:
         tracing.end(traced)
+        return _same_run_or_error(existing, definition.name, input_hash, cause=exc)
+    tracing.end_on_commit(traced)
     if key is None:
         wake_on_commit(run.id, kind=rows[0].kind if rows else None)
     elif hand_on:

@@ -12,6 +12,7 @@ from django.test import override_settings
 from durable_agents import clock, tasks
 from tests.integration.batch_helpers import batch_fake, batched_workflows  # noqa: F401 - fixtures of the batch tests
 from tests.integration.outside_carrier import CARRIER
+from tests.integration.tracing_helpers import spans  # noqa: F401 - the tracing tests' in-memory exporter
 from tests.testapp.trust import HOOKS
 
 MODEL_QUEUE = "durable-model"
