@@ -17,7 +17,7 @@ from tests.integration import tracing_helpers
 from tests.integration.test_admin import login
 from tests.integration.test_run_page import page, section
 
-pytestmark = pytest.mark.django_db
+pytestmark = pytest.mark.django_db(transaction=True)  # the run span ends when its start commits
 
 spans = tracing_helpers.spans
 
