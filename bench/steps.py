@@ -79,6 +79,7 @@ def start_workers(n: int, slice_ms: int, env: dict[str, str] | None = None) -> l
         WorkerProcess(
             name=f"bench-{i}",
             app="project",
+            log_path=os.environ.get("BENCH_WORKER_LOG") or None,
             env={"DURABLE_EAGER_SLICE_MS": str(slice_ms), **(env or {})},
             extra_args=["--include", "bench.baseline"],
             cwd=ROOT,
@@ -89,7 +90,12 @@ def start_workers(n: int, slice_ms: int, env: dict[str, str] | None = None) -> l
     key = f"warm-{uuid.uuid4()}"
     for _ in range(n * 4):
         noop.delay(key)
-    wait_for(lambda: int(_redis.get(key) or 0) >= n * 4, timeout=60, what="workers to start")
+    try:
+        wait_for(lambda: int(_redis.get(key) or 0) >= n * 4, timeout=60, what="workers to start")
+    except TimeoutError:
+        for worker in workers:
+            worker.stop()
+        raise
     return workers
 
 
