@@ -52,15 +52,17 @@ ROOT = prepare(DB_NAME, BROKER)
 DBOS_PYTHON = ROOT / "bench" / ".venv-dbos" / "bin" / "python"
 
 import redis  # noqa: E402
+from django.conf import settings  # noqa: E402
 from django.db import connection, transaction  # noqa: E402
 from django.test.utils import CaptureQueriesContext  # noqa: E402
 
 from bench.baseline import _redis, hop, noop  # noqa: E402
-from durable_agents import api  # noqa: E402
+from durable_agents import api, tracing  # noqa: E402
 from durable_agents.engine.advance import advance  # noqa: E402
 from durable_agents.models import Run  # noqa: E402
 from durable_agents.testing import WorkerProcess, wait_for  # noqa: E402
 
+SPANS_TIMED = 20_000
 TRACING_MODES = {
     "off": "tracing off",
     "memory": "on, in-memory exporter (SimpleSpanProcessor)",
@@ -283,9 +285,74 @@ def tracing_overhead(workers: int, slice_ms: int, steps: int, rounds: int) -> tu
                     for worker in started:
                         worker.stop()  # a warm shutdown: the batch processor sends what it still holds
                 best[mode] = min(took, best.get(mode, took))
-    finally:
+    except BaseException:
         receiver.close()
+        raise
     return best, receiver
+
+
+def tracing_in_process(steps: int, rounds: int, receiver_url: str) -> dict[str, float]:
+    """Seconds per `advance()` in this process, without broker or worker: what a span adds to a step's own work.
+
+    One tracer provider serves every mode (the API takes one per process); its processor is switched between modes.
+    """
+    from django.test import override_settings
+    from opentelemetry import trace
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    class Switch(SpanProcessor):
+        def __init__(self) -> None:
+            self.active: SpanProcessor | None = None
+
+        def on_start(self, span: Any, parent_context: Any = None) -> None:
+            if self.active is not None:
+                self.active.on_start(span, parent_context)
+
+        def on_end(self, span: Any) -> None:
+            if self.active is not None:
+                self.active.on_end(span)
+
+    switch = Switch()
+    provider = TracerProvider()
+    provider.add_span_processor(switch)
+    trace.set_tracer_provider(provider)
+    processors = {
+        "memory": SimpleSpanProcessor(InMemorySpanExporter()),
+        "otlp": BatchSpanProcessor(OTLPSpanExporter(endpoint=receiver_url)),
+    }
+    best: dict[str, float] = {}
+    for _ in range(rounds):
+        for mode in TRACING_MODES:
+            switch.active = processors.get(mode)
+            with override_settings(DURABLE_AGENTS={**settings.DURABLE_AGENTS, "TRACING": mode != "off"}):
+                run = api.start("noop", {"steps": steps})
+                began = time.perf_counter()
+                for _ in range(steps):
+                    advance(run.id)
+                took = (time.perf_counter() - began) / steps
+            assert Run.objects.get(pk=run.id).status == "completed"
+            best[mode] = min(took, best.get(mode, took))
+    # The span alone, without the step's database work around it: what one attempt's span costs this process.
+    parent = Run.objects.get(pk=run.id).trace_context
+    attributes = {
+        "durable_agents.run.id": str(run.id),
+        "durable_agents.step.id": "tick-1",
+        "durable_agents.step.attempt": 1,
+    }
+    for mode in ("memory", "otlp"):
+        switch.active = processors[mode]
+        with override_settings(DURABLE_AGENTS={**settings.DURABLE_AGENTS, "TRACING": True}):
+            began = time.perf_counter()
+            for _ in range(SPANS_TIMED):
+                with tracing.run_span("step tick", parent, attributes) as traced:
+                    traced.set({"durable_agents.step.outcome": "committed"})
+            best[f"span {mode}"] = (time.perf_counter() - began) / SPANS_TIMED
+    processors["otlp"].shutdown()
+    redis.Redis.from_url(BROKER).flushdb()  # the wake-ups of those runs: no worker took them
+    return best
 
 
 def print_tracing(figures: dict[str, float], receiver: OtlpReceiver, workers: int, slice_ms: int, args: Any) -> None:
@@ -298,6 +365,17 @@ def print_tracing(figures: dict[str, float], receiver: OtlpReceiver, workers: in
     for mode, label in TRACING_MODES.items():
         print(f"{label:<48} {figures[mode] * 1000:>8.2f} {figures[mode] / figures['off']:>6.2f}")
     print(f"the OTLP receiver got {receiver.spans} spans in {receiver.requests} requests")
+    local = tracing_in_process(args.steps, args.tracing_rounds, receiver.url)
+    print(f"\none advance() in this process, no broker or worker ({args.steps} steps, best of {args.tracing_rounds})")
+    print(f"{'tracing':<48} {'ms/step':>8} {'÷ off':>6} {'+ µs':>6}")
+    for mode, label in TRACING_MODES.items():
+        added = (local[mode] - local["off"]) * 1e6
+        print(f"{label:<48} {local[mode] * 1000:>8.3f} {local[mode] / local['off']:>6.2f} {added:>6.0f}")
+    print(
+        f"a step's span alone ({SPANS_TIMED:,} in a loop, no database): {local['span memory'] * 1e6:.0f} µs in memory, "
+        f"{local['span otlp'] * 1e6:.0f} µs batched to OTLP (its export thread's work included)"
+    )
+    receiver.close()
 
 
 def main() -> None:
