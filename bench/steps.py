@@ -21,7 +21,8 @@ off, on with the SDK's in-memory exporter (SimpleSpanProcessor: each span export
 thread) and on with a BatchSpanProcessor and the OTLP/HTTP exporter sending to a receiver in this process (an
 http.server answering 200 to POST /v1/traces and counting the spans it is sent). bench/tracing_settings.py sets up
 each worker's SDK. The modes alternate for --tracing-rounds rounds and the best of each is printed, with its ratio to
-off: noise on a shared machine only ever adds time.
+off: noise on a shared machine only ever adds time. Then the same in this process, without broker or worker (one
+`advance()` a step, the provider's processor switched between modes), and a step's span alone in a loop.
 """
 
 from __future__ import annotations
