@@ -1,6 +1,7 @@
 """Step cost: sequential durable no-op steps and one-step-run throughput, beside raw Celery and DBOS.
 
     python bench/steps.py [--steps 500] [--runs 500] [--workers 2] [--slice-ms 100] [--dbos | --no-dbos]
+                          [--tracing-only | --no-tracing] [--tracing-rounds 2]
 
 Needs Postgres and Redis (scripts/test starts them). Prints figures and ratios; asserts nothing.
 Both sides use the same broker, worker pool and Celery settings (acks_late, prefetch 1), measured in the
@@ -14,6 +15,14 @@ DBOS Transact runs in the same run when bench/.venv-dbos exists (--dbos creates 
 workflows through a DBOS queue served by --workers DBOS processes, on its own database BENCH_DATABASE_dbos.
 The ratios durable/DBOS print beside the goals of issue 17: a step no slower than DBOS's, one-step runs at
 2.5 times DBOS's queued workflows/s.
+
+Tracing's cost per step (`DURABLE_AGENTS["TRACING"]`): the same sequential no-op steps on workers with tracing
+off, on with the SDK's in-memory exporter (SimpleSpanProcessor: each span exported as it ends, in the step's
+thread) and on with a BatchSpanProcessor and the OTLP/HTTP exporter sending to a receiver in this process (an
+http.server answering 200 to POST /v1/traces and counting the spans it is sent). bench/tracing_settings.py sets up
+each worker's SDK. The modes alternate for --tracing-rounds rounds and the best of each is printed, with its ratio to
+off: noise on a shared machine only ever adds time. Then the same in this process, without broker or worker (one
+`advance()` a step, the provider's processor switched between modes), and a step's span alone in a loop.
 """
 
 from __future__ import annotations
@@ -22,8 +31,11 @@ import argparse
 import json
 import os
 import subprocess
+import threading
 import time
 import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 try:
     from bench._setup import prepare
@@ -41,14 +53,22 @@ ROOT = prepare(DB_NAME, BROKER)
 DBOS_PYTHON = ROOT / "bench" / ".venv-dbos" / "bin" / "python"
 
 import redis  # noqa: E402
+from django.conf import settings  # noqa: E402
 from django.db import connection, transaction  # noqa: E402
 from django.test.utils import CaptureQueriesContext  # noqa: E402
 
 from bench.baseline import _redis, hop, noop  # noqa: E402
-from durable_agents import api  # noqa: E402
+from durable_agents import api, tracing  # noqa: E402
 from durable_agents.engine.advance import advance  # noqa: E402
 from durable_agents.models import Run  # noqa: E402
 from durable_agents.testing import WorkerProcess, wait_for  # noqa: E402
+
+SPANS_TIMED = 20_000
+TRACING_MODES = {
+    "off": "tracing off",
+    "memory": "on, in-memory exporter (SimpleSpanProcessor)",
+    "otlp": "on, OTLP/HTTP exporter (BatchSpanProcessor)",
+}
 
 
 def pg_counters() -> tuple[int, int]:
@@ -57,11 +77,13 @@ def pg_counters() -> tuple[int, int]:
         return cursor.fetchone()
 
 
-def start_workers(n: int, slice_ms: int) -> list[WorkerProcess]:
+def start_workers(n: int, slice_ms: int, env: dict[str, str] | None = None) -> list[WorkerProcess]:
     workers = [
         WorkerProcess(
             name=f"bench-{i}",
-            env={"DURABLE_EAGER_SLICE_MS": str(slice_ms)},
+            app="project",
+            log_path=os.environ.get("BENCH_WORKER_LOG") or None,
+            env={"DURABLE_EAGER_SLICE_MS": str(slice_ms), **(env or {})},
             extra_args=["--include", "bench.baseline"],
             cwd=ROOT,
         ).start()
@@ -71,7 +93,12 @@ def start_workers(n: int, slice_ms: int) -> list[WorkerProcess]:
     key = f"warm-{uuid.uuid4()}"
     for _ in range(n * 4):
         noop.delay(key)
-    wait_for(lambda: int(_redis.get(key) or 0) >= n * 4, timeout=60, what="workers to start")
+    try:
+        wait_for(lambda: int(_redis.get(key) or 0) >= n * 4, timeout=60, what="workers to start")
+    except TimeoutError:
+        for worker in workers:
+            worker.stop()
+        raise
     return workers
 
 
@@ -84,6 +111,14 @@ def sequential(steps: int) -> tuple[float, float, float, float]:
 
     time.sleep(STATS_LAG)
     xact0, sessions0 = pg_counters()
+    durable = durable_step(steps)
+    time.sleep(STATS_LAG)
+    xact1, sessions1 = pg_counters()
+    return raw, durable, (xact1 - xact0) / steps, (sessions1 - sessions0) / steps
+
+
+def durable_step(steps: int) -> float:
+    """Seconds per step of one run of `steps` sequential no-op steps, from its creation to its completion."""
     run = api.start("noop", {"steps": steps})
     done = wait_for(
         lambda: Run.objects.filter(pk=run.id, status="completed").first(),
@@ -91,10 +126,7 @@ def sequential(steps: int) -> tuple[float, float, float, float]:
         interval=0.01,
         what="the durable run",
     )
-    durable = (done.finished_at - done.created_at).total_seconds() / steps
-    time.sleep(STATS_LAG)
-    xact1, sessions1 = pg_counters()
-    return raw, durable, (xact1 - xact0) / steps, (sessions1 - sessions0) / steps
+    return (done.finished_at - done.created_at).total_seconds() / steps
 
 
 def throughput(runs: int) -> tuple[float, float, float]:
@@ -200,6 +232,153 @@ def print_table(figures: dict[str, dict[str, float]], dbos: dict[str, float] | s
         print(f"DBOS {dbos}")
 
 
+class OtlpReceiver:
+    """A local OTLP/HTTP trace receiver: 200 to each POST /v1/traces, counting the requests and the spans."""
+
+    def __init__(self) -> None:
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+        self.requests = self.spans = 0
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                if self.path == "/v1/traces":
+                    request = ExportTraceServiceRequest.FromString(body)
+                    receiver.requests += 1
+                    receiver.spans += sum(
+                        len(scope.spans) for resource in request.resource_spans for scope in resource.scope_spans
+                    )
+                self.send_response(200 if self.path == "/v1/traces" else 404)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1/traces"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+
+
+def tracing_overhead(workers: int, slice_ms: int, steps: int, rounds: int) -> tuple[dict[str, float], OtlpReceiver]:
+    """Seconds per sequential step with tracing off, in memory and to OTLP: the best of `rounds` alternating runs."""
+    receiver = OtlpReceiver()
+    best: dict[str, float] = {}
+    try:
+        for _ in range(rounds):
+            for mode in TRACING_MODES:
+                redis.Redis.from_url(BROKER).flushdb()
+                env = {
+                    "DJANGO_SETTINGS_MODULE": "bench.tracing_settings",
+                    "BENCH_TRACING": mode,
+                    "BENCH_OTLP_ENDPOINT": receiver.url,
+                }
+                started = start_workers(workers, slice_ms, env)
+                try:
+                    took = durable_step(steps)
+                finally:
+                    for worker in started:
+                        worker.stop()  # a warm shutdown: the batch processor sends what it still holds
+                best[mode] = min(took, best.get(mode, took))
+    except BaseException:
+        receiver.close()
+        raise
+    return best, receiver
+
+
+def tracing_in_process(steps: int, rounds: int, receiver_url: str) -> dict[str, float]:
+    """Seconds per `advance()` in this process, without broker or worker: what a span adds to a step's own work.
+
+    One tracer provider serves every mode (the API takes one per process); its processor is switched between modes.
+    """
+    from django.test import override_settings
+    from opentelemetry import trace
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    class Switch(SpanProcessor):
+        def __init__(self) -> None:
+            self.active: SpanProcessor | None = None
+
+        def on_start(self, span: Any, parent_context: Any = None) -> None:
+            if self.active is not None:
+                self.active.on_start(span, parent_context)
+
+        def on_end(self, span: Any) -> None:
+            if self.active is not None:
+                self.active.on_end(span)
+
+    switch = Switch()
+    provider = TracerProvider()
+    provider.add_span_processor(switch)
+    trace.set_tracer_provider(provider)
+    processors = {
+        "memory": SimpleSpanProcessor(InMemorySpanExporter()),
+        "otlp": BatchSpanProcessor(OTLPSpanExporter(endpoint=receiver_url)),
+    }
+    best: dict[str, float] = {}
+    for _ in range(rounds):
+        for mode in TRACING_MODES:
+            switch.active = processors.get(mode)
+            with override_settings(DURABLE_AGENTS={**settings.DURABLE_AGENTS, "TRACING": mode != "off"}):
+                run = api.start("noop", {"steps": steps})
+                began = time.perf_counter()
+                for _ in range(steps):
+                    advance(run.id)
+                took = (time.perf_counter() - began) / steps
+            assert Run.objects.get(pk=run.id).status == "completed"
+            best[mode] = min(took, best.get(mode, took))
+    # The span alone, without the step's database work around it: what one attempt's span costs this process.
+    parent = Run.objects.get(pk=run.id).trace_context
+    attributes = {
+        "durable_agents.run.id": str(run.id),
+        "durable_agents.step.id": "tick-1",
+        "durable_agents.step.attempt": 1,
+    }
+    for mode in ("memory", "otlp"):
+        switch.active = processors[mode]
+        with override_settings(DURABLE_AGENTS={**settings.DURABLE_AGENTS, "TRACING": True}):
+            began = time.perf_counter()
+            for _ in range(SPANS_TIMED):
+                with tracing.run_span("step tick", parent, attributes) as traced:
+                    traced.set({"durable_agents.step.outcome": "committed"})
+            best[f"span {mode}"] = (time.perf_counter() - began) / SPANS_TIMED
+    processors["otlp"].shutdown()
+    redis.Redis.from_url(BROKER).flushdb()  # the wake-ups of those runs: no worker took them
+    return best
+
+
+def print_tracing(figures: dict[str, float], receiver: OtlpReceiver, workers: int, slice_ms: int, args: Any) -> None:
+    eager = f"eager {slice_ms} ms" if slice_ms else "one step per task"
+    print(
+        f"\ntracing cost per step — {workers} solo workers ({eager}), {args.steps} sequential no-op steps, "
+        f"best of {args.tracing_rounds} rounds"
+    )
+    print(f"{'tracing':<48} {'ms/step':>8} {'÷ off':>6}")
+    for mode, label in TRACING_MODES.items():
+        print(f"{label:<48} {figures[mode] * 1000:>8.2f} {figures[mode] / figures['off']:>6.2f}")
+    print(f"the OTLP receiver got {receiver.spans} spans in {receiver.requests} requests")
+    local = tracing_in_process(args.steps, args.tracing_rounds, receiver.url)
+    print(f"\none advance() in this process, no broker or worker ({args.steps} steps, best of {args.tracing_rounds})")
+    print(f"{'tracing':<48} {'ms/step':>8} {'÷ off':>6} {'+ µs':>6}")
+    for mode, label in TRACING_MODES.items():
+        added = (local[mode] - local["off"]) * 1e6
+        print(f"{label:<48} {local[mode] * 1000:>8.3f} {local[mode] / local['off']:>6.2f} {added:>6.0f}")
+    print(
+        f"a step's span alone ({SPANS_TIMED:,} in a loop, no database): {local['span memory'] * 1e6:.0f} µs in memory, "
+        f"{local['span otlp'] * 1e6:.0f} µs batched to OTLP (its export thread's work included)"
+    )
+    receiver.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=500)
@@ -208,7 +387,14 @@ def main() -> None:
     parser.add_argument("--slice-ms", type=int, default=100)
     parser.add_argument("--dbos", action="store_true", help="create bench/.venv-dbos first if it is missing")
     parser.add_argument("--no-dbos", action="store_true", help="leave DBOS out")
+    parser.add_argument("--tracing-only", action="store_true", help="measure only tracing's cost per step")
+    parser.add_argument("--no-tracing", action="store_true", help="leave tracing's cost per step out")
+    parser.add_argument("--tracing-rounds", type=int, default=2)
     args = parser.parse_args()
+    if args.tracing_only:
+        figures_traced, receiver = tracing_overhead(args.workers, args.slice_ms, args.steps, args.tracing_rounds)
+        print_tracing(figures_traced, receiver, args.workers, args.slice_ms, args)
+        return
     modes = {f"eager {args.slice_ms} ms": args.slice_ms, "one step per task": 0}
     figures = {name: measure(args.workers, ms, args.steps, args.runs) for name, ms in modes.items()}
     statements = statements_per_step()
@@ -218,6 +404,9 @@ def main() -> None:
         f" {args.steps} sequential steps, {args.runs} one-step runs"
     )
     print_table(figures, dbos, statements)
+    if not args.no_tracing:
+        figures_traced, receiver = tracing_overhead(args.workers, args.slice_ms, args.steps, args.tracing_rounds)
+        print_tracing(figures_traced, receiver, args.workers, args.slice_ms, args)
 
 
 if __name__ == "__main__":

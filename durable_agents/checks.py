@@ -18,6 +18,7 @@ Registered in `DurableAgentsConfig.ready()` under the tag `durable_agents`; `man
     E013  a MODELS entry is not a model profile (an unknown field, a wrong value)
     E014  a model step asks its model for what the model table says it refuses (thinking, effort, max_tokens)
     E015  durable_agents.urls is not included, and the project asks people for approvals (steps, tools, APPROVERS)
+    E016  TRACING is on, and the OpenTelemetry API (opentelemetry-api) is not installed
     W000  a check could not run (its own bug; it reports instead of raising)
     W001  no `durable_agents.sweep` in CELERY_BEAT_SCHEDULE: runs whose message was lost are never woken
     W002  Celery may send or accept pickle
@@ -32,6 +33,7 @@ Registered in `DurableAgentsConfig.ready()` under the tag `durable_agents`; `man
           (up to MAX_COUNTDOWN_SECONDS) in its only prefetch slot until due (broker.py says exactly when)
     W011  RabbitMQ with a quorum queue, and worker_detect_quorum_queues off: workers ask for global QoS, refused
     W012  worker_cancel_long_running_tasks_on_connection_loss is on: a broker blip stops every step in flight
+    W013  TRACE_URL has no "{trace_id}": every run page would link to the same page
 
 A check never raises on odd input: a traceback at start-up is worse than no check, so each one is guarded
 and reports W000 instead.
@@ -78,6 +80,7 @@ LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1", "0.0.0.0"}
 MODEL_KINDS = {StepKind.AGENT, StepKind.JUDGE, StepKind.PLANNER}
 ANTHROPIC = "anthropic"
 REDIS_SCHEMES = {"redis", "rediss", "unix"}
+OTEL_API = "opentelemetry.trace"
 
 
 def _never_raises(check: Check) -> Check:
@@ -545,6 +548,42 @@ def check_anthropic_sdk(app_configs: Sequence[Any] | None = None, **kwargs: Any)
 
 
 @_never_raises
+def check_tracing(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> list[CheckMessage]:
+    """E016, W013: traces need the OpenTelemetry API (an optional extra), and a trace link needs the trace's id.
+
+    The API is looked for only with TRACING on: off, nothing of OpenTelemetry is imported, this check included.
+    """
+    messages: list[CheckMessage] = []
+    if _value("TRACING") and not _importable(OTEL_API):
+        messages.append(
+            Error(
+                f"{_key('TRACING')} is on, and the OpenTelemetry API (opentelemetry-api) is not installed: every "
+                "step would fail starting its span.",
+                hint='pip install "durable-agents[otel]" (and an SDK to export the spans, e.g. opentelemetry-sdk), '
+                f"or set {_key('TRACING')} = False.",
+                id="durable_agents.E016",
+            )
+        )
+    url = _value("TRACE_URL")
+    if url and "{trace_id}" not in url:
+        messages.append(
+            Warning(
+                f"{_key('TRACE_URL')} is {url!r}, with no {{trace_id}}: every run page would link to that one page.",
+                hint='Put "{trace_id}" where the viewer takes a trace id, e.g. "http://jaeger:16686/trace/{trace_id}".',
+                id="durable_agents.W013",
+            )
+        )
+    return messages
+
+
+def _importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # its parent package is missing
+        return False
+
+
+@_never_raises
 def check_rate_limit_backend(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> list[CheckMessage]:
     """E010: the shared rate limits live in Postgres or in a Redis the URL names."""
     backend = _value("RATE_LIMIT_BACKEND")
@@ -697,6 +736,7 @@ CHECKS: tuple[Check, ...] = (
     check_base_url,
     check_decision_links,
     check_anthropic_sdk,
+    check_tracing,
     check_rate_limit_backend,
     check_models,
 )

@@ -11,7 +11,7 @@ from typing import Any
 from django.db import transaction
 from django.db.models import Count, QuerySet
 
-from durable_agents import api, clock
+from durable_agents import api, clock, tracing
 from durable_agents.compensations import compensations, saga_progress
 from durable_agents.conf import settings
 from durable_agents.engine.admission import queue_position
@@ -324,6 +324,8 @@ def describe_run(run_id: uuid.UUID | str, *, events: int = 200) -> dict[str, Any
             "expires_at": _iso(run.lease_expires_at),
         },
         "attempt": run.attempt,
+        # The run's OpenTelemetry trace ("" when it was started with tracing off), and its page in the viewer.
+        "trace": {"id": tracing.trace_id(run.trace_context), "url": tracing.trace_url(run.trace_context)},
         "cancel_requested_at": _iso(run.cancel_requested_at),
         "concurrency": {
             "key": run.concurrency_key,

@@ -19,6 +19,7 @@ from django.db.models import Count
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
+from durable_agents import tracing
 from durable_agents.admin.filters import stuck_cause, stuck_reason
 from durable_agents.admin.statuses import wait_badge, wait_status_text
 from durable_agents.admin.timeline import (
@@ -198,6 +199,15 @@ class RunPage:
     asked_again: dict[int, AskedAgain] = field(default_factory=dict)
     # The run's model turns sent with delivery="batch" (the latest BATCH_TURNS_SHOWN, oldest first), with their batches.
     batch_turns: list[BatchTurn] = field(default_factory=list)
+
+    @property
+    def trace_url(self) -> str:
+        """The run's trace in the operators' viewer (`TRACE_URL`); "" when unset or the run was started untraced."""
+        return tracing.trace_url(self.run.trace_context)
+
+    @property
+    def trace_id(self) -> str:
+        return tracing.trace_id(self.run.trace_context)
 
     @property
     def batch_priced(self) -> set[int]:

@@ -595,3 +595,32 @@ def test_preflight__celery_skip_checks_skips_them_and_says_so(caplog, monkeypatc
         preflight.check_before_serving("celery worker")
     said = [r.getMessage() for r in caplog.records if r.name.startswith("durable_agents")]
     assert len(said) == 1 and "skips the system checks" in said[0], said
+
+
+def test_check_tracing__tracing_on_without_the_opentelemetry_api_is_an_error(monkeypatch):
+    real_find_spec = checks.importlib.util.find_spec
+
+    def find_spec(name, *args):
+        if name.startswith("opentelemetry"):
+            raise ModuleNotFoundError(f"No module named {name.split('.')[0]!r}", name=name.split(".")[0])
+        return real_find_spec(name, *args)
+
+    monkeypatch.setattr(checks.importlib.util, "find_spec", find_spec)
+    with override_settings(DURABLE_AGENTS={"TRACING": True}):
+        messages = [m for m in durable_messages() if m.id == "durable_agents.E016"]
+    assert len(messages) == 1 and messages[0].level == ERROR, "TRACING on without the API: every span would fail"
+    assert 'pip install "durable-agents[otel]"' in messages[0].hint
+    assert "durable_agents.E016" not in ids(), "TRACING off: the API is not needed"
+
+
+def test_check_tracing__the_opentelemetry_api_installed_passes():
+    with override_settings(DURABLE_AGENTS={"TRACING": True}):
+        assert "durable_agents.E016" not in ids()
+
+
+def test_check_tracing__a_trace_url_without_the_trace_id_is_a_warning():
+    with override_settings(DURABLE_AGENTS={"TRACE_URL": "http://jaeger:16686/search"}):
+        messages = [m for m in durable_messages() if m.id == "durable_agents.W013"]
+    assert len(messages) == 1 and "{trace_id}" in messages[0].hint
+    with override_settings(DURABLE_AGENTS={"TRACE_URL": "http://jaeger:16686/trace/{trace_id}"}):
+        assert "durable_agents.W013" not in ids()

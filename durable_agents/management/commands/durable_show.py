@@ -33,6 +33,8 @@ class Command(DurableCommand):
         write(f"  {step_progress(data)}  created {data['created_at']}  finished {finished}")
         if data["saga"]:
             write(f"  {data['saga']}")
+        if data["trace"]["id"]:
+            write(f"  trace {data['trace']['id']}" + (f"  {data['trace']['url']}" if data["trace"]["url"] else ""))
         if data["concurrency"]["note"]:
             write(f"  {data['concurrency']['note']}")
         if data["error"]:
