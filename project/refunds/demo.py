@@ -16,7 +16,10 @@ workers' sweep sends the batcher, and the feed shows each turn queued, sent, ans
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import os
+import signal
 import time
 import uuid
 from collections.abc import Callable
@@ -47,6 +50,7 @@ from durable_agents.models import (
 )
 from durable_agents.testing import WorkerProcess
 from durable_agents.testing.fake_anthropic import FakeAnthropic
+from project import tracing as project_tracing
 from project.refunds import workflows
 from project.refunds.models import money
 from project.refunds.report import Kill, Outcome, report
@@ -153,7 +157,8 @@ def _run(
         start_worker("A")
         start_worker("B")
         for case in CASES:
-            run = api.start(WORKFLOW, case.run_input)
+            with _customer_request(case):
+                run = api.start(WORKFLOW, case.run_input)
             demo.runs[run.id] = case
             demo.say(f'run {str(run.id)[:8]} started: "{_clip(case.message, 70)}"', order=case.number)
         feed = Feed(demo)
@@ -173,12 +178,25 @@ def _run(
         except KeyboardInterrupt:
             demo.say("!! interrupted; the next demo cancels the runs left active")
     finally:
+        # Stopped, not killed: a worker's last spans are exported as it shuts down (with tracing on).
         for worker in demo.workers.values():
-            worker.kill()
+            if worker.process is not None and worker.process.poll() is None:
+                worker.signal(signal.SIGTERM)
+        for worker in demo.workers.values():
+            worker.stop()
     outcome = Outcome(runs=demo.runs, kill=demo.kill, started=demo.started, log_dir=log_dir)
     batched = _report_batches(demo) if demo.batch else True
     passed = report(demo.write, outcome) and batched
     return passed and not (fake is not None and _refused(fake))
+
+
+def _customer_request(case: Case) -> contextlib.AbstractContextManager[Any]:
+    """With tracing on (OTEL_TRACES_EXPORTER), a run starts inside a span standing for the customer's request, as in
+    a web app it starts inside the request's span (opentelemetry-instrumentation-django): its trace's root."""
+    if not project_tracing.enabled():
+        return contextlib.nullcontext()
+    tracer = importlib.import_module("opentelemetry.trace").get_tracer("project.refunds.demo")
+    return tracer.start_as_current_span(f"refund request {case.number}", attributes={"refunds.order": case.number})
 
 
 def _report_batches(demo: Demo) -> bool:
