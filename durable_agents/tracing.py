@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
 
 from durable_agents.conf import settings
@@ -245,8 +246,12 @@ def record_run_span(
 
 
 def current_ids() -> tuple[str, str] | None:
-    """(trace id, span id) of the current span, as hex, for log lines; None when off or outside a span."""
-    if not settings.TRACING:
+    """(trace id, span id) of the current span, as hex, for log lines; None when off, outside a span, or before
+    Django's settings are configured (a log line written that early)."""
+    try:
+        if not settings.TRACING:
+            return None
+    except ImproperlyConfigured:
         return None
     context = _api().trace.get_current_span().get_span_context()
     if not context.is_valid:
