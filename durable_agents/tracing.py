@@ -106,6 +106,10 @@ class Span:
         if self._span is not None:
             _safely(lambda: self._span.set_attributes(_clean(attributes)))
 
+    def rename(self, name: str) -> None:
+        if self._span is not None:
+            _safely(lambda: self._span.update_name(name))
+
     def event(self, name: str, attributes: Mapping[str, Any] | None = None) -> None:
         if self._span is not None:
             _safely(lambda: self._span.add_event(name, _clean(attributes)))
