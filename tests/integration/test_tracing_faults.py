@@ -24,6 +24,7 @@ from durable_agents.engine.sweep import sweep
 from durable_agents.models import Run, Wait, WaitStatus
 from durable_agents.testing import drive
 from durable_agents.workflows import registry, workflow
+from tests.testapp.workflows import LEAKED_KEY
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -146,3 +147,19 @@ def test_tracing_faults__a_participants_error_quoting_the_prompt_stays_out_of_th
     (raised,) = [e for e in chats[0].events if e.name == "exception"]
     assert raised.attributes["exception.type"] == "ValueError"
     assert chats[0].status.status_code == trace.StatusCode.ERROR
+
+
+def test_tracing_faults__a_step_whose_error_quotes_secrets_leaves_them_out_of_the_trace(spans, monkeypatch):
+    """The step raises with an API key, a bearer token and a password in its message (tests/testapp `_leaks_secrets`):
+    its attempt's span says it failed, and no span or event carries any of them."""
+    monkeypatch.setenv("DURABLE_TEST_SERVICE_TOKEN", "svc-token-7f3a9c")
+    run = api.start("leaks_secrets", {})
+    assert drive(run.id).status == "failed"
+
+    (attempt,) = spans.named("step leak")
+    assert attempt.status.status_code == trace.StatusCode.ERROR
+    for span in spans.all:
+        texts = [span.name, *(str(v) for v in (span.attributes or {}).values())]
+        texts += [str(v) for event in span.events for v in (event.attributes or {}).values()]
+        leaked = [t for t in texts if LEAKED_KEY in t or "svc-token-7f3a9c" in t or "hunter2" in t]
+        assert not leaked, f"{span.name} carries a secret: {leaked}"
