@@ -163,3 +163,18 @@ def test_tracing_faults__a_step_whose_error_quotes_secrets_leaves_them_out_of_th
         texts += [str(v) for event in span.events for v in (event.attributes or {}).values()]
         leaked = [t for t in texts if LEAKED_KEY in t or "svc-token-7f3a9c" in t or "hunter2" in t]
         assert not leaked, f"{span.name} carries a secret: {leaked}"
+
+
+def test_tracing_faults__tracing_on_with_no_sdk_provider_runs_untraced(spans, monkeypatch):
+    """The API alone (its no-op tracer: no SDK, no provider set): spans are invalid, nothing is stored or exported,
+    and every operation goes on."""
+    monkeypatch.setattr(tracing._api(), "tracer", lambda: trace.NoOpTracer())
+    run = api.start("approve_charge", {"order_id": "P-1"})
+    assert Run.objects.get(pk=run.id).trace_context == ""
+    assert drive(run.id).status == "waiting"
+    api.decide(Wait.objects.get(run_id=run.id, status=WaitStatus.OPEN).pk, True, by="ann")
+    assert drive(run.id).status == "completed"
+    api.fork(run.id, "charge")
+    api.cancel(api.start("noop", {"steps": 1}).id, actor="ops")
+    sweep()
+    assert spans.all == []
