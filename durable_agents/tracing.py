@@ -301,24 +301,25 @@ class _Api:
         return self.trace.get_tracer(TRACER_NAME, self._version)
 
 
-_loaded: _Api | bool | None = None
+_loaded: _Api | None = None
+_unimportable = False
 
 
 def _api() -> _Api | None:
     """The API, or None where it cannot be imported (TRACING on without opentelemetry-api: said once, then the
     engine runs untraced rather than failing every start and step)."""
-    global _loaded
-    if _loaded is None:
+    global _loaded, _unimportable
+    if _loaded is None and not _unimportable:
         try:
             _loaded = _Api()
         except ImportError:
+            _unimportable = True
             logger.error(
                 'DURABLE_AGENTS["TRACING"] is on but the OpenTelemetry API cannot be imported: nothing is traced '
                 "(install the durable-agents[otel] extra)",
                 exc_info=True,
             )
-            _loaded = False
-    return _loaded or None
+    return _loaded
 
 
 def _on() -> _Api | None:

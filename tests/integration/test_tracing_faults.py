@@ -74,6 +74,7 @@ def test_tracing_faults__tracing_on_without_the_opentelemetry_api_never_fails_th
     for name in ("opentelemetry", "opentelemetry.trace", "opentelemetry.context"):
         monkeypatch.setitem(sys.modules, name, None)  # `import` raises ImportError
     monkeypatch.setattr(tracing, "_loaded", None)
+    monkeypatch.setattr(tracing, "_unimportable", False)
 
     run = api.start("approve_charge", {"order_id": "N-1"})
     assert drive(run.id).status == "waiting"
