@@ -16,6 +16,9 @@ from typing import Any
 
 import pytest
 from opentelemetry import trace
+from opentelemetry.sdk.trace import SpanLimits, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, Sampler
 
 from durable_agents import api, tracing
 from durable_agents.agents.messages import ModelRequest, ModelResponse
@@ -179,3 +182,49 @@ def test_tracing_faults__tracing_on_with_no_sdk_provider_runs_untraced(spans, mo
     api.cancel(api.start("noop", {"steps": 1}).id, actor="ops")
     sweep()
     assert spans.all == []
+
+
+class _RaisingSampler(Sampler):
+    def should_sample(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("a broken sampler")
+
+    def get_description(self) -> str:
+        return "broken"
+
+
+class _RaisingExporter(SpanExporter):
+    def export(self, spans: Any) -> SpanExportResult:
+        raise RuntimeError("a broken exporter")
+
+
+def _sdk(sampler: Sampler | None = None, limits: SpanLimits | None = None, exporter: SpanExporter | None = None):
+    provider = TracerProvider(sampler=sampler, span_limits=limits)
+    if exporter is not None:
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return provider
+
+
+@pytest.mark.parametrize(
+    "provider",
+    [
+        pytest.param(lambda: _sdk(sampler=_RaisingSampler()), id="raising_sampler"),
+        pytest.param(lambda: _sdk(sampler=ALWAYS_OFF), id="sampled_out"),
+        pytest.param(
+            lambda: _sdk(limits=SpanLimits(max_attributes=1, max_events=0, max_attribute_length=3, max_links=0)),
+            id="tight_span_limits",
+        ),
+        pytest.param(lambda: _sdk(exporter=_RaisingExporter()), id="raising_exporter"),
+    ],
+)
+def test_tracing_faults__an_sdk_configured_badly_never_fails_the_engine(spans, monkeypatch, provider):
+    """The SDK's own knobs (OpenTelemetry SDK specification: Sampler, SpanLimits, SpanExporter) set as an application
+    might set them, or broken: every operation goes on."""
+    made = provider()
+    monkeypatch.setattr(tracing._api(), "tracer", lambda: made.get_tracer("durable_agents"))
+    run = api.start("approve_charge", {"order_id": "K-1"})
+    assert drive(run.id).status == "waiting"
+    api.decide(Wait.objects.get(run_id=run.id, status=WaitStatus.OPEN).pk, True, by="ann")
+    assert drive(run.id).status == "completed"
+    api.fork(run.id, "charge")
+    api.cancel(api.start("noop", {"steps": 1}).id, actor="ops")
+    sweep()
