@@ -105,11 +105,15 @@ class Span:
     def set(self, attributes: Mapping[str, Any]) -> None:
         """Set attributes; None values are left out."""
         if self._span is not None:
-            self._span.set_attributes(_clean(attributes))
+            _safely(lambda: self._span.set_attributes(_clean(attributes)))
+
+    def rename(self, name: str) -> None:
+        if self._span is not None:
+            _safely(lambda: self._span.update_name(name))
 
     def event(self, name: str, attributes: Mapping[str, Any] | None = None) -> None:
         if self._span is not None:
-            self._span.add_event(name, _clean(attributes))
+            _safely(lambda: self._span.add_event(name, _clean(attributes)))
 
     def fail(self, error: BaseException | str, kind: str = "", *, message: str = "") -> None:
         """Mark the span failed (status ERROR, `error.type`: `kind`, else the exception's class or the text),
@@ -121,7 +125,13 @@ class Span:
         if self._span is None or self._failed:
             return
         self._failed = True
+        # Called while an exception leaves a step or a tool: a broken SDK must not replace that exception.
+        _safely(lambda: self._fail(error, kind, message))
+
+    def _fail(self, error: BaseException | str, kind: str, message: str) -> None:
         api = _api()
+        if api is None:
+            return
         kind = kind or (type(error).__qualname__ if isinstance(error, BaseException) else str(error))
         if isinstance(error, BaseException):
             name = type(error).__qualname__
@@ -133,10 +143,11 @@ class Span:
 
     @property
     def traceparent(self) -> str:
+        """The span's W3C traceparent; "" when there is none to continue (no SDK, or a broken one)."""
         if self._span is None:
             return ""
-        context = self._span.get_span_context()
-        if not context.is_valid:  # the API without an SDK: nothing to continue
+        context = _safely(self._span.get_span_context)
+        if context is None or not context.is_valid:  # the API without an SDK: nothing to continue
             return ""
         return f"00-{context.trace_id:032x}-{context.span_id:016x}-{int(context.trace_flags):02x}"
 
@@ -145,28 +156,30 @@ OFF = Span()
 
 
 def enabled() -> bool:
-    return bool(settings.TRACING)
+    """True when spans are made: TRACING on, and the OpenTelemetry API importable."""
+    return bool(settings.TRACING) and _api() is not None
 
 
 def content_enabled() -> bool:
     """True when prompts, answers and tool arguments may be attributes (redacted by the caller)."""
-    return bool(settings.TRACING) and bool(settings.TRACE_CONTENT)
+    return enabled() and bool(settings.TRACE_CONTENT)
 
 
 def current() -> Span:
     """The span current in this context (a step attempt, a model call), to add to; `OFF` when off or none."""
-    if not settings.TRACING:
+    api = _on()
+    if api is None:
         return OFF
-    found = _api().trace.get_current_span()
-    return Span(found) if found.is_recording() else OFF
+    found = api.trace.get_current_span()
+    return Span(found) if _safely(found.is_recording) else OFF
 
 
 def start_run(workflow: str, version: int, run_id: Any, *, links_to: str = "") -> Span:
     """The span of a run being started, child of the current span (linked to the run span `links_to` names: a
     fork's source); the caller ends it once the run is stored (`end_on_commit`)."""
-    if not settings.TRACING:
+    api = _on()
+    if api is None:
         return OFF
-    api = _api()
     attributes = _clean({RUN_ID: str(run_id) if run_id else None, WORKFLOW: workflow, WORKFLOW_VERSION: version})
     source = _span_context(api, links_to)
     links = [api.trace.Link(source)] if source is not None else []
@@ -192,12 +205,16 @@ def run_span(
 ) -> Iterator[Span]:
     """A span of the run whose row holds `trace_context` (a step attempt, an operator's action), current while the
     block runs; linked to the span that was current (a Celery task's, a request's) rather than its child."""
-    if not settings.TRACING:
+    api = _on()
+    if api is None:
         yield OFF
         return
-    api = _api()
-    parent, links = _run_parent(api, trace_context, run_id)
-    made = _safely(lambda: api.tracer().start_span(name, context=parent, links=links, attributes=_clean(attributes)))
+
+    def start() -> Any:
+        parent, links = _run_parent(api, trace_context, run_id)
+        return api.tracer().start_span(name, context=parent, links=links, attributes=_clean(attributes))
+
+    made = _safely(start)
     with _current(api, made) as handle:
         yield handle
 
@@ -206,10 +223,10 @@ def run_span(
 def span(name: str, attributes: Mapping[str, Any] | None = None, *, client: bool = False) -> Iterator[Span]:
     """A child of the current span (a model call, a tool call, an effect, a sweep pass); `client`: a call out of
     this process (SpanKind CLIENT, as the GenAI conventions ask of a model call)."""
-    if not settings.TRACING:
+    api = _on()
+    if api is None:
         yield OFF
         return
-    api = _api()
     kind = api.trace.SpanKind.CLIENT if client else api.trace.SpanKind.INTERNAL
     made = _safely(lambda: api.tracer().start_span(name, kind=kind, attributes=_clean(attributes)))
     with _current(api, made) as handle:
@@ -228,19 +245,24 @@ def record_run_span(
 ) -> None:
     """A span of the run drawn after the fact from the database's times: a wait from its opening to its decision,
     an attempt whose worker died (from its claim to its lease's expiry)."""
-    if not settings.TRACING:
+    api = _on()
+    if api is None:
         return
-    api = _api()
-    parent, links = _run_parent(api, trace_context, run_id)
+
+    # A missing time is the other one (a span of no length, never one that ends before it starts); both missing: now.
+    began, finish = _nanos(start), _nanos(end_at)
+    began, finish = began or finish, finish or began
+    if began is not None and finish is not None:
+        finish = max(began, finish)
 
     def draw() -> None:
+        parent, links = _run_parent(api, trace_context, run_id)
         made = api.tracer().start_span(
-            name, context=parent, links=links, attributes=_clean(attributes), start_time=_nanos(start)
+            name, context=parent, links=links, attributes=_clean(attributes), start_time=began
         )
         if error:
             Span(made).fail(error)
-        finish, began = _nanos(end_at), _nanos(start)
-        made.end(end_time=max(finish, began) if finish is not None and began is not None else finish)
+        made.end(end_time=finish)
 
     _safely(draw)
 
@@ -249,12 +271,13 @@ def current_ids() -> tuple[str, str] | None:
     """(trace id, span id) of the current span, as hex, for log lines; None when off, outside a span, or before
     Django's settings are configured (a log line written that early)."""
     try:
-        if not settings.TRACING:
-            return None
+        api = _on()
     except ImproperlyConfigured:
         return None
-    context = _api().trace.get_current_span().get_span_context()
-    if not context.is_valid:
+    if api is None:
+        return None
+    context = _safely(api.trace.get_current_span().get_span_context)
+    if context is None or not context.is_valid:
         return None
     return f"{context.trace_id:032x}", f"{context.span_id:016x}"
 
@@ -289,13 +312,29 @@ class _Api:
 
 
 _loaded: _Api | None = None
+_unimportable = False
 
 
-def _api() -> _Api:
-    global _loaded
-    if _loaded is None:
-        _loaded = _Api()
+def _api() -> _Api | None:
+    """The API, or None where it cannot be imported (TRACING on without opentelemetry-api: said once, then the
+    engine runs untraced rather than failing every start and step)."""
+    global _loaded, _unimportable
+    if _loaded is None and not _unimportable:
+        try:
+            _loaded = _Api()
+        except ImportError:
+            _unimportable = True
+            logger.error(
+                'DURABLE_AGENTS["TRACING"] is on but the OpenTelemetry API cannot be imported: nothing is traced '
+                "(install the durable-agents[otel] extra)",
+                exc_info=True,
+            )
     return _loaded
+
+
+def _on() -> _Api | None:
+    """The API when spans are made, else None (TRACING off: nothing imported)."""
+    return _api() if settings.TRACING else None
 
 
 @contextlib.contextmanager

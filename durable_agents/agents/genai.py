@@ -16,7 +16,12 @@ from typing import Any
 from durable_agents import tracing
 from durable_agents.agents.messages import ModelRequest, ModelResponse, Participant
 from durable_agents.agents.pricing import cost_usd
-from durable_agents.redaction import redactor
+from durable_agents.errors import ContextWindowExceededError, ModelRequestError, ModelUnavailableError
+from durable_agents.redaction import redact, redactor
+
+# The model API's errors as the Anthropic participant words them (its status and the API's own message, the key
+# scrubbed). Any other exception a participant raises may quote what it was asked: its text is content.
+_WORDED_ERRORS = (ModelUnavailableError, ModelRequestError, ContextWindowExceededError)
 
 
 def chat_attributes(ctx: Any, participant: Participant, request: ModelRequest) -> dict[str, Any]:
@@ -57,6 +62,14 @@ def answer_attributes(answer: ModelResponse) -> dict[str, Any]:
         output = [{"role": "assistant", "parts": _parts(answer.content), "finish_reason": answer.stop_reason}]
         attributes[tracing.GEN_AI_OUTPUT_MESSAGES] = redactor()(json.dumps(output, default=str))
     return attributes
+
+
+def error_message(error: BaseException) -> str:
+    """The text a failed model call's exception event shows: redacted, when this library worded the error or content
+    is on; else "" (the event shows the exception's class and frames only)."""
+    if isinstance(error, _WORDED_ERRORS) or tracing.content_enabled():
+        return redact(str(error))
+    return ""
 
 
 def _messages_of(request: ModelRequest) -> list[dict[str, Any]]:

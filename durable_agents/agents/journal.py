@@ -32,7 +32,7 @@ from durable_agents import tracing
 from durable_agents.agents import rate_limits
 from durable_agents.agents.batching import Batch, ask_batched, can_batch, set_aside_batch_turn
 from durable_agents.agents.compaction import Compacted
-from durable_agents.agents.genai import answer_attributes, chat_attributes
+from durable_agents.agents.genai import answer_attributes, chat_attributes, error_message
 from durable_agents.agents.messages import COMPACTION, TURN, ModelRequest, ModelResponse, Participant
 from durable_agents.agents.pricing import cost_usd
 from durable_agents.agents.unjournaled import (
@@ -49,7 +49,6 @@ from durable_agents.engine.events import record_event
 from durable_agents.engine.replaying import check_budget, is_replay
 from durable_agents.errors import LeaseLostError
 from durable_agents.models import Run, Step, Turn
-from durable_agents.redaction import redact
 
 try:
     from psycopg_pool import PoolTimeout
@@ -114,9 +113,9 @@ def ask(
         try:
             answer = participant.respond(request)
         except Exception as exc:
-            # The domain's errors say what the API answered (the key scrubbed): shown, redacted as the logs are.
+            # The domain's errors say what the API answered (the key scrubbed); another's text may quote the prompt.
             status = getattr(exc, "status", None)
-            traced.fail(exc, str(status) if status else "", message=redact(str(exc)))
+            traced.fail(exc, str(status) if status else "", message=error_message(exc))
             raise
         traced.set(answer_attributes(answer))
         return answer

@@ -92,6 +92,8 @@ def start_run(
         existing = Run.objects.filter(idempotency_key=idempotency_key).first() if idempotency_key else None
         if existing is None:
             raise
+        # Not the run's span (the winner's is, in the winner's trace): the caller's trace shows the run it found.
+        traced.rename(f"reuse run {definition.name}")
         traced.set({tracing.RUN_ID: str(existing.id), "durable_agents.run.reused": True})
         tracing.end(traced)
         return _same_run_or_error(existing, definition.name, input_hash, cause=exc)

@@ -10,10 +10,12 @@ parent, in its own trace, and links to spans of other traces (the Celery task sp
 from __future__ import annotations
 
 import re
+import threading
 from datetime import timedelta
+from typing import Any
 
 import pytest
-from django.db import transaction
+from django.db import connection, transaction
 from opentelemetry import trace
 from opentelemetry.sdk.trace import SpanProcessor
 
@@ -172,3 +174,36 @@ def test_run_trace__a_faulty_sdk_never_fails_a_start_or_a_step(spans):
         provider._active_span_processor._span_processors = tuple(p for p in processors if p is not faulty)
 
     assert done.status == "completed"
+
+
+def test_run_trace__two_starts_racing_on_one_idempotency_key_export_one_run_span(spans):
+    """Both starts find no run under the key; the loser's insert hits the key's constraint and it returns the
+    winner's run. That run has one span (the winner's): the loser's would be a second `run` span of the same run."""
+    raced = []
+
+    def race(execute, sql, params, many, context):
+        found = execute(sql, params, many, context)
+        if not raced and sql.startswith("SELECT") and '"idempotency_key" =' in sql:
+            # Right after this start looked the key up, another process starts the same run and commits.
+            raced.append(True)
+            winner = threading.Thread(target=_start_elsewhere, args=(raced,))
+            winner.start()
+            winner.join(60)
+        return found
+
+    with connection.execute_wrapper(race):
+        loser = api.start("noop", {"steps": 1}, idempotency_key="race-1")
+
+    assert raced[1:] == [loser.id], "the racing start should have won the key"
+    assert len(spans.named("run noop")) == 1, [dict(s.attributes) for s in spans.named("run noop")]
+    (root,) = spans.named("run noop")
+    assert root.context.trace_id == int(Run.objects.get(pk=loser.id).trace_context[3:35], 16)
+    (reused,) = spans.named("reuse run noop")
+    assert reused.attributes["durable_agents.run.id"] == str(loser.id), "the loser's caller sees the run it found"
+
+
+def _start_elsewhere(raced: list[Any]) -> None:
+    try:
+        raced.append(api.start("noop", {"steps": 1}, idempotency_key="race-1").id)
+    finally:
+        connection.close()
