@@ -1,8 +1,8 @@
 """App settings: the `DURABLE_AGENTS` dict in Django settings, each key declared once below.
 
 A declaration gives the key's default, its type, the bounds of a number and a one-line doc. The system checks
-(`durable_agents/checks.py`) validate the configured values against them, and the README's settings table is
-rendered from them (`settings_table()`; tests/unit/test_conf.py keeps the two in step).
+(`durable_agents/checks.py`) validate the configured values against them, and the documentation's settings
+reference (docs/reference/settings.md) is rendered from them when it is built (`settings_table()`).
 
 Example::
 
@@ -506,7 +506,7 @@ settings = _Settings()
 
 
 def settings_table() -> str:
-    """The README's table of DURABLE_AGENTS keys, one row per declaration (paste it between the markers)."""
+    """The table of DURABLE_AGENTS keys, one row per declaration (docs/reference/settings.md renders it)."""
     rows = ["| key | default | type | meaning |", "|---|---|---|---|"]
     for name, setting in SETTINGS.items():
         cells = (f"`{name}`", f"`{_show(setting.default, limit=None)}`", f"`{setting.describe()}`", setting.doc)

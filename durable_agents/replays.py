@@ -673,6 +673,12 @@ class LaneSummary:
 
 @dataclass
 class Report:
+    """A replay's lanes against the observed one, run by run and over the cohort (`replay_report`, `replay_here`).
+
+    `cases` holds each recorded run with its `lanes`; `lanes` each lane's summary (agreement and its interval,
+    divergences, cost, tokens, median time, judge score).
+    """
+
     replay_id: str
     cohort: str
     candidate: dict[str, Any]
@@ -681,9 +687,11 @@ class Report:
 
     @property
     def finished(self) -> bool:
+        """Whether every run of every lane has finished."""
         return all(lane.finished for case in self.cases for lane in case.lanes.values())
 
     def changed_most(self, limit: int = 10, lane: str = "candidate") -> list[Case]:
+        """The `limit` cases whose `lane` disagrees with the recording the most, most changed first."""
         changed = [c for c in self.cases if lane in c.lanes and not c.lanes[lane].agrees]
         return sorted(changed, key=lambda c: c.change(lane), reverse=True)[:limit]
 
@@ -715,6 +723,7 @@ class Report:
         return self.verdict(fail_under)[0]
 
     def as_json(self, fail_under: float | None = None) -> dict[str, Any]:
+        """The report as JSON-ready data; with `fail_under`, the verdict too."""
         out: dict[str, Any] = {
             "replay": self.replay_id,
             "cohort": self.cohort,

@@ -96,7 +96,7 @@ PUBLIC_API = [
 
 def test_api__exports_are_pinned():
     assert sorted(api.__all__) == sorted(PUBLIC_API), (
-        "the public API changed: update PUBLIC_API on purpose, and the README"
+        "the public API changed: update PUBLIC_API on purpose, and document the name in docs/reference/api.md"
     )
     for name in api.__all__:
         assert hasattr(api, name), f"api.__all__ names {name} but the module has no such attribute"
