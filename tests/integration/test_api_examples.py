@@ -1,0 +1,93 @@
+"""The `Example::` blocks of the public API's docstrings (the API reference shows them) run as written.
+
+Each block runs against the test app, in a database test, with the registries isolated: the names of
+`durable_agents.api` are in scope, as `from durable_agents.api import *` would give, plus what the block's prose
+assumes (SETUP). A block that cannot run on its own is in CANNOT_RUN, with the reason.
+"""
+
+from __future__ import annotations
+
+import inspect
+import textwrap
+import uuid
+from collections.abc import Callable, Iterator
+from decimal import Decimal
+from typing import Annotated, Any
+
+import pytest
+
+from durable_agents import api
+from durable_agents.testing import isolated_registries
+from durable_agents.tools import tools
+from tests.testapp.workflows import lookup_order
+
+CANNOT_RUN = {
+    "replay": "replays a cohort of 50 finished refund_agent runs on the example project's workers "
+    "(tests/integration/test_replay_lab.py runs replays)",
+    "workflow": "`steps=[...]` elides the steps, and it redefines the built-in `noop`",
+}
+
+
+def examples() -> Iterator[tuple[str, str]]:
+    """(owner, code) for each `Example::` block of durable_agents.api's docstring and its public names'."""
+    owners = [("api", api)] + [(name, getattr(api, name)) for name in api.__all__]
+    for owner, value in owners:
+        for number, part in enumerate((inspect.getdoc(value) or "").split("Example::")[1:]):
+            block = []
+            for line in part.splitlines()[1:]:
+                if line.strip() and not line.startswith(" "):
+                    break
+                block.append(line)
+            yield (owner if number == 0 else f"{owner}-{number + 1}"), textwrap.dedent("\n".join(block)).strip()
+
+
+def _refund_tools() -> dict[str, Any]:
+    @api.tool(effectful=True)
+    def issue_refund(order_id: str, amount: Decimal, *, idempotency_key: str) -> dict[str, Any]:
+        """Refund part of an order."""
+        return {"order_id": order_id, "refunded": str(amount), "key": idempotency_key}
+
+    return {"lookup_order": lookup_order, "issue_refund": issue_refund}  # lookup_order: the test app's
+
+
+def _report_workflow() -> dict[str, Any]:
+    api.workflow("report", steps=[api.call("render", lambda ctx: {"days": ctx.input["days"]})])
+    return {}
+
+
+def _tool_objects() -> dict[str, Any]:
+    # The block's `registry` is the tool registry (durable_agents.tools.tools), `key` and `step_ctx` its prose's.
+    return {**_refund_tools(), "registry": tools, "key": "refund-A1", "step_ctx": None}
+
+
+def _scheduled_report() -> dict[str, Any]:
+    _report_workflow()
+    api.schedule("nightly-report", "report", cron="0 3 * * *", input={"days": 1})
+    return {}
+
+
+SETUP: dict[str, Callable[[], dict[str, Any]]] = {
+    "Tool": _tool_objects,
+    "agent": _refund_tools,
+    "tool_step": _refund_tools,
+    "schedule": _report_workflow,
+    "trigger_schedule": _scheduled_report,
+}
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("owner", "code"), list(examples()), ids=[owner for owner, _ in examples()])
+def test_api_example__runs_as_written(owner, code):
+    if owner in CANNOT_RUN:
+        pytest.skip(f"allowlisted in CANNOT_RUN: {CANNOT_RUN[owner]}")
+    scope: dict[str, Any] = {name: getattr(api, name) for name in api.__all__}
+    scope.update(api=api, uuid=uuid, Decimal=Decimal, Annotated=Annotated)
+    with isolated_registries():
+        scope.update(SETUP.get(owner, dict)())
+        exec(compile(code, f"<Example:: of {owner}>", "exec"), scope)  # noqa: S102 - the docstring's own code
+
+
+def test_api_examples__the_allowlist_names_only_blocks_that_exist():
+    owners = {owner for owner, _ in examples()}
+    assert set(CANNOT_RUN) <= owners, f"CANNOT_RUN names blocks that are gone: {sorted(set(CANNOT_RUN) - owners)}"
+    assert set(SETUP) <= owners, f"SETUP names blocks that are gone: {sorted(set(SETUP) - owners)}"
