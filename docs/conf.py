@@ -36,6 +36,7 @@ exclude_patterns = ["_build", "_ext"]
 
 # Docstrings write `name` for code, as the rest of the project does.
 default_role = "code"
+add_module_names = False  # `start(...)`, not `durable_agents.api.start(...)`: the page says where they live
 autodoc_member_order = "bysource"
 autodoc_typehints = "signature"
 autodoc_typehints_format = "short"

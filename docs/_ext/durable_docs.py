@@ -4,9 +4,10 @@
     {durable-commands}   every durable_* management command, from its argument parser
     {durable-checks}     every system check id, with its message and hint, read from durable_agents/checks.py
     {durable-errors}     the exception tree of durable_agents/errors.py, each class with its default message
+    {durable-api-errors} autodoc entries for the exceptions durable_agents.api exports, in the tree's order
 
-Each directive renders Markdown (the functions below, which the tests call too) and parses it in place. The
-build also warns (an error under -W) when a name of `durable_agents.api.__all__` has no entry in the reference.
+Each directive renders Markdown (the functions below) and parses it in place. The build also warns (an error
+under -W) when a name of `durable_agents.api.__all__` has no entry in the reference.
 """
 
 from __future__ import annotations
@@ -37,10 +38,24 @@ API_MODULE = "durable_agents.api"
 
 
 def settings_markdown() -> str:
-    """The table of DURABLE_AGENTS keys, one row per declaration in durable_agents/conf.py."""
-    from durable_agents.conf import settings_table
+    """A section per DURABLE_AGENTS key, as declared in durable_agents/conf.py: its meaning, default and type.
 
-    return settings_table()
+    Sections, not conf.py's one table (`settings_table()`): a key gets an anchor to link to
+    (`settings.md#lease_seconds`), and the page does not scroll sideways.
+    """
+    from durable_agents.conf import SETTINGS
+
+    sections = []
+    for name, setting in SETTINGS.items():
+        default, kind = _code(repr(setting.default)), _code(setting.describe())
+        sections.append(f"### {name}\n\nDefault: {default} (type: {kind})\n\n{_sentence(setting.doc)}\n")
+    return "\n".join(sections)
+
+
+def _sentence(text: str) -> str:
+    """A declaration's doc as a sentence: "a step's lease" -> "A step's lease."."""
+    text = text.strip()
+    return text[:1].upper() + text[1:] + ("" if text.endswith(".") else ".")
 
 
 # Management commands -------------------------------------------------------------------------------------------
@@ -94,15 +109,16 @@ def _escape_markdown(text: str) -> str:
 
 
 def _usage(parser: argparse.ArgumentParser, skip: set[str]) -> str:
-    """The usage line without Django's common options, wrapped at 100 columns."""
+    """The usage line without Django's common options, wrapped at 90 columns (the page's code width)."""
     actions = [action for action in parser._actions if action.dest not in skip]
-    formatter = parser.formatter_class(prog=parser.prog, width=100)
+    formatter = parser.formatter_class(prog=parser.prog, width=90)
     formatter.add_usage(parser.usage, actions, parser._mutually_exclusive_groups, prefix="")
     return formatter.format_help().strip()
 
 
 def _arguments(parser: argparse.ArgumentParser, skip: set[str]) -> Iterator[str]:
-    for action in parser._actions:
+    positionals_first = sorted(parser._actions, key=lambda action: bool(action.option_strings))
+    for action in positionals_first:
         if action.dest in skip or action.help == argparse.SUPPRESS:
             continue
         yield f"{_argument_term(action)}\n: {_argument_help(action, parser)}"
@@ -128,10 +144,9 @@ def commands_markdown() -> str:
 class Check:
     id: str
     level: str  # "Error" or "Warning"
-    function: str
-    message: str
-    hint: str
-    summary: str
+    messages: tuple[str, ...]  # as the source writes them, `{expression}` where a value is put in
+    hints: tuple[str, ...]
+    summary: str  # from the module docstring's table
 
 
 def _template(node: ast.expr | None) -> str:
@@ -170,30 +185,21 @@ def checks() -> list[Check]:
     tree = ast.parse(Path(inspect.getfile(module)).read_text())
     summaries = _summaries(ast.get_docstring(tree) or "")
     found: dict[str, Check] = {}
-    for function in ast.walk(tree):
-        if not isinstance(function, ast.FunctionDef):
+    for call in ast.walk(tree):
+        if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name)):
             continue
-        for call in ast.walk(function):
-            if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name)):
-                continue
-            keywords = {keyword.arg: keyword.value for keyword in call.keywords}
-            ident = keywords.get("id")
-            if not (isinstance(ident, ast.Constant) and str(ident.value).startswith("durable_agents.")):
-                continue
-            code = ident.value.removeprefix("durable_agents.")
-            message = _template(call.args[0] if call.args else keywords.get("msg"))
-            hint = _template(keywords.get("hint"))
-            if ident.value in found:  # one id, several wordings: list each
-                previous = found[ident.value]
-                message = f"{previous.message}\n\nor: {message}" if message != previous.message else message
-                hint = hint if hint == previous.hint or not previous.hint else f"{previous.hint}\n\nor: {hint}"
-            found[ident.value] = Check(ident.value, call.func.id, function.name, message, hint, summaries.get(code, ""))
-    return sorted(found.values(), key=lambda check: (check.id[-4] != "E", check.id))
-
-
-def check_ids() -> set[str]:
-    """The ids of every check message in durable_agents/checks.py."""
-    return {check.id for check in checks()}
+        keywords = {keyword.arg: keyword.value for keyword in call.keywords}
+        ident = keywords.get("id")
+        if not (isinstance(ident, ast.Constant) and str(ident.value).startswith("durable_agents.")):
+            continue
+        messages = [_template(call.args[0] if call.args else keywords.get("msg"))]
+        hints = [_template(keywords.get("hint"))]
+        if ident.value in found:  # one id, several wordings: list each once
+            messages = list(dict.fromkeys([*found[ident.value].messages, *messages]))
+            hints = list(dict.fromkeys([*found[ident.value].hints, *hints]))
+        summary = summaries.get(ident.value.removeprefix("durable_agents."), "")
+        found[ident.value] = Check(ident.value, call.func.id, tuple(messages), tuple(hints), summary)
+    return sorted(found.values(), key=lambda check: (check.level != "Error", check.id))
 
 
 def _code(text: str) -> str:
@@ -205,9 +211,10 @@ def _code(text: str) -> str:
 def checks_markdown() -> str:
     """A section per check id: its level, what it means, its message and its hint (`{...}`: filled in)."""
     sections = []
-    for number, check in enumerate(checks()):
-        if number == 0 or check.level != checks()[number - 1].level:
-            sections.append(f"## {check.level}s\n")
+    found = checks()
+    for number, check in enumerate(found):
+        if number == 0 or check.level != found[number - 1].level:
+            sections.append(f"## {check.level}s (`durable_agents.{check.level[0]}…`)\n")
         deploy = check.summary.startswith("(deploy)")
         lines = [f"### {check.id}", ""]
         lines += [
@@ -215,11 +222,11 @@ def checks_markdown() -> str:
             f"{_escape_markdown(check.summary.removeprefix('(deploy)').strip())}",
             "",
         ]
-        for label, text in (("Message", check.message), ("Hint", check.hint)):
-            if text:
-                parts = [_code(part.replace("\n", " ")) for part in text.split("\n\nor: ")]
-                lines += [f"{label}\n: " + " or ".join(parts), ""]
-        lines += [f"Reported by\n: `durable_agents.checks.{check.function}`", ""]
+        for label, texts in (("Message", check.messages), ("Hint", check.hints)):
+            # A lone `{hint}` says nothing: the summary above does.
+            shown = [_code(text.replace("\n", " ")) for text in texts if text and not re.fullmatch(r"\{[^{}]*\}", text)]
+            if shown:
+                lines += [f"{label}\n: " + "\n\n  or ".join(shown), ""]
         sections.append("\n".join(lines))
     return "\n".join(sections)
 
