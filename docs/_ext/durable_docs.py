@@ -3,7 +3,9 @@
     {durable-settings}   every DURABLE_AGENTS setting, from the declarations in durable_agents/conf.py
     {durable-commands}   every durable_* management command, from its argument parser
     {durable-checks}     every system check id, with its message and hint, read from durable_agents/checks.py
+    {durable-metrics}    every Prometheus gauge, with its labels and help, read from durable_agents/metrics.py
     {durable-errors}     the exception tree of durable_agents/errors.py, each class with its default message
+    {durable-signals}    every Django signal of durable_agents/signals.py, with the keyword arguments it sends
     {durable-api-errors} autodoc entries for the exceptions durable_agents.api exports, in the tree's order
 
 Each directive renders Markdown (the functions below) and parses it in place. The build also warns (an error
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import importlib.util
 import inspect
 import pkgutil
 import re
@@ -149,6 +152,13 @@ class Check:
     summary: str  # from the module docstring's table
 
 
+def _source(module: str) -> ast.Module:
+    """A module's syntax tree, read without importing it (its optional dependencies need not be installed)."""
+    spec = importlib.util.find_spec(module)
+    assert spec is not None and spec.origin, f"{module} is not importable from here"
+    return ast.parse(Path(spec.origin).read_text())
+
+
 def _template(node: ast.expr | None) -> str:
     """A message as its source writes it: literal text, and `{expression}` where a value is put in."""
     if node is None:
@@ -181,8 +191,7 @@ def _summaries(docstring: str) -> dict[str, str]:
 
 def checks() -> list[Check]:
     """Every check message durable_agents/checks.py can report, read from its source: a new one appears by itself."""
-    module = import_module("durable_agents.checks")
-    tree = ast.parse(Path(inspect.getfile(module)).read_text())
+    tree = _source("durable_agents.checks")
     summaries = _summaries(ast.get_docstring(tree) or "")
     found: dict[str, Check] = {}
     for call in ast.walk(tree):
@@ -231,6 +240,54 @@ def checks_markdown() -> str:
     return "\n".join(sections)
 
 
+# Metrics -------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str
+    labels: tuple[str, ...]
+    help: str  # as the source writes it, `{expression}` where a value is put in
+
+
+def _labels(call: ast.Call) -> tuple[str, ...]:
+    for keyword in call.keywords:
+        if keyword.arg == "labels" and isinstance(keyword.value, ast.List | ast.Tuple):
+            return tuple(str(ast.literal_eval(element)) for element in keyword.value.elts)
+    return ()
+
+
+def metrics() -> list[Metric]:
+    """Every gauge durable_agents/metrics.py exports, read from its source (`GaugeMetricFamily("durable_...", help)`,
+    directly or through a helper function of the module that makes one with fixed labels)."""
+    tree = _source("durable_agents.metrics")
+    makers = {"GaugeMetricFamily": ()}
+    for function in tree.body:  # helpers such as _per_workflow(name, help, ...): the labels of the family they make
+        if isinstance(function, ast.FunctionDef):
+            for call in ast.walk(function):
+                makes = isinstance(call, ast.Call) and getattr(call.func, "id", "") == "GaugeMetricFamily"
+                if makes and call.args and isinstance(call.args[0], ast.Name):
+                    makers[function.name] = _labels(call)
+    found = []
+    for call in ast.walk(tree):
+        if not (isinstance(call, ast.Call) and getattr(call.func, "id", None) in makers and len(call.args) >= 2):
+            continue
+        name = call.args[0]
+        if isinstance(name, ast.Constant) and str(name.value).startswith("durable_"):
+            labels = _labels(call) or makers[call.func.id]
+            found.append(Metric(name.value, labels, _template(call.args[1])))
+    return sorted(found, key=lambda metric: metric.name)
+
+
+def metrics_markdown() -> str:
+    """A definition per gauge: its name and labels as Prometheus shows them, and its help text."""
+    entries = []
+    for metric in metrics():
+        labels = "{" + ", ".join(metric.labels) + "}" if metric.labels else ""
+        entries.append(f"`{metric.name}{labels}`\n: {_escape_markdown(metric.help)}\n")
+    return "\n".join(entries)
+
+
 # Errors --------------------------------------------------------------------------------------------------------
 
 
@@ -275,6 +332,16 @@ def api_errors_markdown() -> str:
     return f"```{{eval-rst}}\n{entries}\n```"
 
 
+def signals_markdown() -> str:
+    """The module's docstring, then an autodoc entry (its `#:` comment) for each Signal of durable_agents.signals."""
+    from django.dispatch import Signal
+
+    signals = import_module("durable_agents.signals")
+    names = [name for name, value in vars(signals).items() if isinstance(value, Signal)]
+    entries = "\n".join(f".. autodata:: durable_agents.signals.{name}\n   :no-value:" for name in names)
+    return f"```{{eval-rst}}\n.. automodule:: durable_agents.signals\n   :no-members:\n\n{entries}\n```"
+
+
 # Directives ----------------------------------------------------------------------------------------------------
 
 
@@ -308,6 +375,16 @@ class ChecksDirective(_MarkdownDirective):
         return checks_markdown()
 
 
+class MetricsDirective(_MarkdownDirective):
+    def render(self) -> str:
+        return metrics_markdown()
+
+
+class SignalsDirective(_MarkdownDirective):
+    def render(self) -> str:
+        return signals_markdown()
+
+
 class ErrorsDirective(_MarkdownDirective):
     def render(self) -> str:
         return errors_markdown()
@@ -331,11 +408,23 @@ def _check_api_documented(app: Sphinx, env: Any) -> None:
             )
 
 
+def _model_signature(app: Sphinx, what: str, name: str, obj: Any, *rest: Any) -> tuple[str, str | None] | None:
+    """A model's entry without Django's `(*args, **kwargs)`: runs and schedules are made by the API, not by hand."""
+    from django.db import models
+
+    if what == "class" and inspect.isclass(obj) and issubclass(obj, models.Model):
+        return "", None
+    return None
+
+
 def setup(app: Sphinx) -> dict[str, Any]:
     app.add_directive("durable-settings", SettingsDirective)
     app.add_directive("durable-commands", CommandsDirective)
     app.add_directive("durable-checks", ChecksDirective)
     app.add_directive("durable-errors", ErrorsDirective)
+    app.add_directive("durable-metrics", MetricsDirective)
+    app.add_directive("durable-signals", SignalsDirective)
     app.add_directive("durable-api-errors", ApiErrorsDirective)
     app.connect("env-check-consistency", _check_api_documented)
+    app.connect("autodoc-process-signature", _model_signature)
     return {"version": "1", "parallel_read_safe": True, "parallel_write_safe": True}

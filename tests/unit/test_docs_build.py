@@ -34,3 +34,22 @@ def test_commands_reference__lists_every_command(built_docs):
     names = sorted(path.stem for path in commands.glob("durable_*.py"))
     missing = sorted(set(names) - built_docs.headings("reference/commands", 2))
     assert not missing, f"docs/reference/commands.md (rendered by docs/_ext/durable_docs.py) misses: {missing}"
+
+
+def test_metrics_reference__lists_every_gauge(built_docs):
+    source = (Path(checks.__file__).parent / "metrics.py").read_text()
+    names = set(re.findall(r'(?:GaugeMetricFamily|_per_workflow)\(\s*"(durable_\w+)"', source))
+    assert len(names) > 10, f"found only {sorted(names)} in durable_agents/metrics.py: have the gauges moved?"
+    page = built_docs.page("reference/metrics")
+    missing = sorted(name for name in names if f'<span class="pre">{name}' not in page)
+    assert not missing, f"docs/reference/metrics.md (rendered by docs/_ext/durable_docs.py) misses: {missing}"
+
+
+def test_signals_reference__documents_every_signal(built_docs):
+    from django.dispatch import Signal
+
+    from durable_agents import signals
+
+    names = {f"durable_agents.signals.{name}" for name, value in vars(signals).items() if isinstance(value, Signal)}
+    missing = sorted(names - built_docs.objects())
+    assert not missing, f"docs/reference/signals.md (rendered by docs/_ext/durable_docs.py) misses: {missing}"
