@@ -58,3 +58,5 @@ nitpick_ignore_regex = [
 
 html_theme = "furo"
 html_title = f"durable_agents {release}"
+html_static_path = ["_static"]
+html_css_files = ["reference.css"]

@@ -1,12 +1,13 @@
 """Sphinx directives that render the reference from the code at build time, so the documentation cannot drift.
 
-    {durable-settings}   every DURABLE_AGENTS setting, from the declarations in durable_agents/conf.py
-    {durable-commands}   every durable_* management command, from its argument parser
-    {durable-checks}     every system check id, with its message and hint, read from durable_agents/checks.py
-    {durable-metrics}    every Prometheus gauge, with its labels and help, read from durable_agents/metrics.py
-    {durable-errors}     the exception tree of durable_agents/errors.py, each class with its default message
-    {durable-signals}    every Django signal of durable_agents/signals.py, with the keyword arguments it sends
-    {durable-api-errors} autodoc entries for the exceptions durable_agents.api exports, in the tree's order
+    {durable-settings}     every DURABLE_AGENTS setting, from the declarations in durable_agents/conf.py
+    {durable-model-table}  the built-in table of what each Claude model accepts (agents/capabilities.py)
+    {durable-commands}     every durable_* management command, from its argument parser
+    {durable-checks}       every system check id, with its message and hint, read from durable_agents/checks.py
+    {durable-metrics}      every Prometheus gauge, with its labels and help, read from durable_agents/metrics.py
+    {durable-errors}       the exception tree of durable_agents/errors.py, each class with its default message
+    {durable-signals}      every Django signal of durable_agents/signals.py, with the keyword arguments it sends
+    {durable-api-errors}   autodoc entries for the exceptions durable_agents.api exports, in the tree's order
 
 Each directive renders Markdown (the functions below) and parses it in place. The build also warns (an error
 under -W) when a name of `durable_agents.api.__all__` has no entry in the reference.
@@ -59,6 +60,13 @@ def _sentence(text: str) -> str:
     """A declaration's doc as a sentence: "a step's lease" -> "A step's lease."."""
     text = text.strip()
     return text[:1].upper() + text[1:] + ("" if text.endswith(".") else ".")
+
+
+def model_table_markdown() -> str:
+    """The built-in model table of durable_agents/agents/capabilities.py (what each Claude model accepts)."""
+    from durable_agents.agents.capabilities import model_table
+
+    return model_table()
 
 
 # Management commands -------------------------------------------------------------------------------------------
@@ -385,6 +393,11 @@ class SignalsDirective(_MarkdownDirective):
         return signals_markdown()
 
 
+class ModelTableDirective(_MarkdownDirective):
+    def render(self) -> str:
+        return model_table_markdown()
+
+
 class ErrorsDirective(_MarkdownDirective):
     def render(self) -> str:
         return errors_markdown()
@@ -424,6 +437,7 @@ def setup(app: Sphinx) -> dict[str, Any]:
     app.add_directive("durable-errors", ErrorsDirective)
     app.add_directive("durable-metrics", MetricsDirective)
     app.add_directive("durable-signals", SignalsDirective)
+    app.add_directive("durable-model-table", ModelTableDirective)
     app.add_directive("durable-api-errors", ApiErrorsDirective)
     app.connect("env-check-consistency", _check_api_documented)
     app.connect("autodoc-process-signature", _model_signature)

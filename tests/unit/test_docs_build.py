@@ -53,3 +53,11 @@ def test_signals_reference__documents_every_signal(built_docs):
     names = {f"durable_agents.signals.{name}" for name, value in vars(signals).items() if isinstance(value, Signal)}
     missing = sorted(names - built_docs.objects())
     assert not missing, f"docs/reference/signals.md (rendered by docs/_ext/durable_docs.py) misses: {missing}"
+
+
+def test_models_reference__lists_every_built_in_model(built_docs):
+    from durable_agents.agents.capabilities import PROFILES
+
+    page = built_docs.page("reference/models")
+    missing = sorted(model for model in PROFILES if f'<span class="pre">{model}</span>' not in page)
+    assert not missing, f"docs/reference/models.md (rendered by docs/_ext/durable_docs.py) misses: {missing}"
