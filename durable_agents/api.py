@@ -60,6 +60,7 @@ from durable_agents.errors import (
     ReplayNotFoundError,
     RetryableError,
     RunNotFoundError,
+    ScheduleDeclaredError,
     ScheduleNotFoundError,
     StepError,
     StepNotFoundError,
@@ -83,7 +84,18 @@ from durable_agents.search import check_filters
 from durable_agents.storable import check_json, check_text, whole_number
 from durable_agents.tools import Field, Tool, tool
 from durable_agents.waits import approval, sleep, wait_for_signal
-from durable_agents.workflows import Batch, PlannedStep, RetryPolicy, Workflow, call, registry, tool_step, workflow
+from durable_agents.workflows import (
+    Batch,
+    Cron,
+    PlannedStep,
+    RetryPolicy,
+    Workflow,
+    call,
+    cron,
+    registry,
+    tool_step,
+    workflow,
+)
 
 __all__ = [
     "AgentLimitError",
@@ -93,6 +105,7 @@ __all__ = [
     "ChildRunFailedError",
     "CohortNotFoundError",
     "ContextWindowExceededError",
+    "Cron",
     "DefinitionError",
     "DurableAgentsError",
     "EffectConflictError",
@@ -121,6 +134,7 @@ __all__ = [
     "RunNotFoundError",
     "RunStatus",
     "Schedule",
+    "ScheduleDeclaredError",
     "ScheduleNotFoundError",
     "ScriptedParticipant",
     "StepContext",
@@ -142,6 +156,7 @@ __all__ = [
     "call",
     "cancel",
     "children",
+    "cron",
     "decide",
     "export_cohort",
     "fork",
@@ -361,8 +376,11 @@ def schedule(
 ) -> Schedule:
     """Start `workflow` with `input` at every slot of `cron` (five fields, in `timezone`), each slot exactly once.
 
-    Idempotent: call it at start-up or in a data migration; the same definition changes nothing, a new cron
-    starts from its next slot, and a schedule an operator paused stays paused. Slots missed while no sweep
+    For a schedule that is part of the code, declare it instead (`DURABLE_AGENTS["SCHEDULES"]` or
+    `workflow(..., schedule=cron(...))`): each sweep keeps its row in step. This call is for schedules made at run
+    time (a user's own report); a name declared in code is refused (ScheduleDeclaredError). Idempotent: the same
+    definition changes nothing, a new cron starts from its next slot, and a schedule an operator paused stays
+    paused. Slots missed while no sweep
     ran: `missed="skip"` starts the latest only, `"catch_up"` each (at most `catch_up_limit`, the latest).
     A slot due while a run the schedule started is still live (pending, running, waiting): `overlap="skip"` (the
     default) does not start it, nor owes it later, and counts it in `Schedule.overlap_skipped` (so catching up
@@ -414,7 +432,8 @@ def trigger_schedule(name: str, *, actor: str, token: str) -> Run:
 
 
 def unschedule(name: str) -> None:
-    """Delete the schedule; the runs it started stay."""
+    """Delete the schedule; the runs it started stay. One declared in code is refused (ScheduleDeclaredError):
+    remove its declaration instead, and the next sweep deletes it."""
     delete_schedule(check_text(name, "the schedule name", max_chars=SCHEDULE_NAME_MAX_CHARS))
 
 

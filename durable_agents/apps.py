@@ -16,5 +16,7 @@ class DurableAgentsConfig(AppConfig):
         autodiscover_modules("workflows")
         for check in checks.CHECKS:
             register(check, "durable_agents")
+        for check in checks.DATABASE_CHECKS:
+            register(check, "durable_agents", "database")
         for check in checks.DEPLOY_CHECKS:
             register(check, "durable_agents", deploy=True)

@@ -19,6 +19,10 @@ Registered in `DurableAgentsConfig.ready()` under the tag `durable_agents`; `man
     E014  a model step asks its model for what the model table says it refuses (thinking, effort, max_tokens)
     E015  durable_agents.urls is not included, and the project asks people for approvals (steps, tools, APPROVERS)
     E016  TRACING is on, and the OpenTelemetry API (opentelemetry-api) is not installed
+    E017  a declared schedule (SCHEDULES, or a workflow's schedule=cron(...)) is invalid: an unknown workflow or
+          option, a bad cron, time zone or policy; the sweep skips it
+    E018  a schedule name is declared twice (in SCHEDULES and on a workflow, or on two workflows); neither applies
+    E019  (database: `check --database default`) a declared schedule's name is held by an `api.schedule` one
     W000  a check could not run (its own bug; it reports instead of raising)
     W001  no `durable_agents.sweep` in CELERY_BEAT_SCHEDULE: runs whose message was lost are never woken
     W002  Celery may send or accept pickle
@@ -52,6 +56,7 @@ from urllib.parse import urlsplit
 from celery.app import routes
 from django.conf import settings as django_settings
 from django.core.checks import CheckMessage, Error, Warning
+from django.db import DatabaseError
 from django.urls import NoReverseMatch, Resolver404, resolve, reverse
 from django.utils.module_loading import import_string
 
@@ -63,6 +68,7 @@ from durable_agents.broker import (
     quorum_queue_refusing_global_qos,
 )
 from durable_agents.conf import SETTINGS, describe
+from durable_agents.engine.declared import colliding, declarations
 from durable_agents.errors import InvalidInputError
 from durable_agents.models import StepKind
 from durable_agents.retention import load_policy
@@ -722,6 +728,39 @@ def check_connection_loss(app_configs: Sequence[Any] | None = None, **kwargs: An
     ]
 
 
+@_never_raises
+def check_declared_schedules(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> list[CheckMessage]:
+    """E017-E018: each declared schedule names a registered workflow, a valid cron, time zone and options, once."""
+    return [
+        Error(problem.message, hint=problem.hint, id="durable_agents.E018" if problem.twice else "durable_agents.E017")
+        for problem in declarations().problems
+    ]
+
+
+@_never_raises
+def check_declared_collisions(
+    app_configs: Sequence[Any] | None = None, databases: Sequence[str] | None = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """E019 (a database check): no declared schedule's name is held by one `api.schedule` made."""
+    if not databases or "default" not in databases:
+        return []
+    declared = {d.name: d.where for d in declarations().valid}
+    try:
+        taken = colliding(declared)
+    except DatabaseError:
+        return []  # not migrated yet (`migrate` runs the database checks first): nothing can collide
+    return [
+        Error(
+            f"schedule {name!r} is declared ({declared[name]}) and was also made with api.schedule: the sweep "
+            "leaves the api.schedule one as it is and does not apply the declaration",
+            hint=f"Rename the declaration, or delete the other one (manage.py durable_schedules delete {name}) "
+            "so the next sweep creates the declared one.",
+            id="durable_agents.E019",
+        )
+        for name in taken
+    ]
+
+
 CHECKS: tuple[Check, ...] = (
     check_settings,
     check_hooks,
@@ -739,5 +778,7 @@ CHECKS: tuple[Check, ...] = (
     check_tracing,
     check_rate_limit_backend,
     check_models,
+    check_declared_schedules,
 )
+DATABASE_CHECKS: tuple[Check, ...] = (check_declared_collisions,)
 DEPLOY_CHECKS: tuple[Check, ...] = (check_database, check_anthropic_key)

@@ -434,6 +434,13 @@ SETTINGS: dict[str, Setting] = {
         str | None,
         "a STORAGES alias each pruned batch is written to first, as gzipped JSON lines; None: no archive",
     ),
+    "SCHEDULES": Setting(
+        {},
+        dict[str, dict[str, Any]],
+        'schedules declared in code, by name: api.schedule\'s options, e.g. {"nightly-digest": {"workflow": '
+        '"digest", "cron": "0 3 * * *", "timezone": "Europe/Paris", "input": {"days": 1}}}; each sweep creates, '
+        "updates and deletes their rows to match (an operator's pause stays)",
+    ),
     "METRICS_TOKEN": Setting(
         None, str | None, "bearer token Prometheus sends to /metrics; None: only staff logins may read it"
     ),

@@ -16,6 +16,7 @@ DurableAgentsError
  │    └── BatchRefusedError       some runs of a batch cannot take the operation (`problems` lists each)
  ├── WaitNotFoundError            no wait has that id
  ├── ScheduleNotFoundError        no schedule has that name
+ ├── ScheduleDeclaredError        the schedule is declared in code: change its declaration instead
  ├── CohortNotFoundError          no replay cohort has that name
  ├── ReplayNotFoundError          no replay has that id
  ├── ApprovalRejectedError        a human (or a deadline) rejected the action
@@ -81,6 +82,11 @@ class RunNotFoundError(DurableAgentsError):
 
 class ScheduleNotFoundError(DurableAgentsError):
     """No schedule has that name; `durable_schedules` lists them."""
+
+
+class ScheduleDeclaredError(DurableAgentsError):
+    """The schedule is declared in code (DURABLE_AGENTS["SCHEDULES"] or a workflow's schedule=): change or remove
+    its declaration there; each sweep brings its row back in step with the code."""
 
 
 class StepNotFoundError(DurableAgentsError):

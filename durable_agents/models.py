@@ -659,6 +659,13 @@ class Overlap(models.TextChoices):
     ALLOW = "allow"  # start it anyway: two runs of the schedule may be live at once
 
 
+class Declared(models.TextChoices):
+    """Where code declares a schedule (engine/declared.py syncs those rows at each sweep); blank: `api.schedule`'s."""
+
+    SETTING = "setting"  # DURABLE_AGENTS["SCHEDULES"]
+    WORKFLOW = "workflow"  # workflow(..., schedule=cron(...))
+
+
 class Schedule(models.Model):
     """A recurring run: the sweep starts `workflow` with `input` at each slot of `cron`, in `timezone`.
 
@@ -666,7 +673,8 @@ class Schedule(models.Model):
     transaction, and each slot's run carries the idempotency key "schedule:<name>:<slot>", so a slot is started
     once even if that transaction is retried. A paused schedule starts nothing; resuming starts from the next
     slot after the moment of resuming. Under `overlap="skip"` a slot due while a run it started (`Run.schedule`)
-    is still live is passed over (counted in `overlap_skipped`), never started late.
+    is still live is passed over (counted in `overlap_skipped`), never started late. `declared` says where code
+    declares the schedule (the sweep creates, updates and removes those rows); blank for `api.schedule`'s.
     """
 
     name = models.CharField(max_length=200, unique=True)
@@ -687,6 +695,7 @@ class Schedule(models.Model):
         Run, on_delete=models.SET_NULL, null=True, blank=True, related_name="+", db_constraint=False
     )
     last_error = models.TextField(blank=True, default="")
+    declared = models.CharField(max_length=16, choices=Declared.choices, blank=True, default="", db_default="")
     created_at = models.DateTimeField(db_default=Now())
     updated_at = models.DateTimeField(db_default=Now())
 

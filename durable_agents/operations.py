@@ -464,7 +464,8 @@ def sweep() -> SweepReport:
 
 def list_schedules() -> list[dict[str, Any]]:
     """Every schedule as `durable_schedules` shows it: timing and policies, next slot (UTC), last run, paused,
-    slots skipped for overlapping a live run, last error."""
+    slots skipped for overlapping a live run, last error, and where code declares it ("setting", "workflow"; None:
+    made with api.schedule)."""
     return [
         {
             "name": schedule.name,
@@ -479,6 +480,7 @@ def list_schedules() -> list[dict[str, Any]]:
             "last_slot": _iso(schedule.last_slot),
             "last_run": str(schedule.last_run_id) if schedule.last_run_id else None,
             "last_error": schedule.last_error,
+            "declared": schedule.declared or None,
         }
         for schedule in Schedule.objects.order_by("name")
     ]

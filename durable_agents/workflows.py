@@ -186,6 +186,46 @@ class Batch:
 DELIVERY_CHOICES = ("live", "batch")
 
 
+@dataclass(frozen=True)
+class Cron:
+    """A schedule a workflow declares: start it with `input` at every slot of `expression`, in `timezone`.
+
+    Build it with `cron(...)`. Its options are `api.schedule`'s; the sweep syncs it into a Schedule row named
+    `name` (default: the workflow's name) from the newest registered version of the workflow (engine/declared.py).
+    The system checks validate it at start-up (durable_agents.E017, E018).
+    """
+
+    expression: str
+    timezone: str = "UTC"
+    input: Any = None
+    missed: str = "skip"
+    catch_up_limit: int = 10
+    overlap: str = "skip"
+    name: str | None = None
+
+
+def cron(
+    expression: str,
+    *,
+    timezone: str = "UTC",
+    input: Any = None,  # noqa: A002 - the run's input, as api.schedule names it
+    missed: str = "skip",
+    catch_up_limit: int = 10,
+    overlap: str = "skip",
+    name: str | None = None,
+) -> Cron:
+    """A declared schedule for `workflow(..., schedule=...)`: the same options as `api.schedule`.
+
+    Example::
+
+        workflow("digest", steps=[call("send", send_digest)],
+                 schedule=cron("0 3 * * *", timezone="Europe/Paris", input={"days": 1}))
+        workflow("report", steps=[...], schedule=[cron("0 6 * * 1-5", name="report-weekdays"),
+                                                   cron("0 9 * * 6", name="report-saturday", input={"short": True})])
+    """
+    return Cron(expression, timezone, input, missed, catch_up_limit, overlap, name)
+
+
 def delivery_param(value: Batch | str | None, where: str) -> Batch | str | None:
     """A step's or workflow's `delivery=` checked: None (inherit), "live", or a Batch ("batch": the defaults)."""
     if value is None or isinstance(value, Batch):
@@ -228,8 +268,15 @@ class Workflow:
     # How its model steps (agent, judge, planner) are answered unless a step says otherwise: None or "live" (each
     # call at once), or a Batch (each call in a Message Batch, at half price: agents/batching.py).
     delivery: Batch | str | None = None
+    # Schedules declared in code (`cron(...)`): the sweep keeps a Schedule row for each (engine/declared.py).
+    schedules: tuple[Cron, ...] = ()
 
     def __post_init__(self) -> None:
+        for declared in self.schedules:
+            if not isinstance(declared, Cron):
+                raise DefinitionError(
+                    f'workflow {self.name!r}: schedule={declared!r} is not a cron(...); e.g. schedule=cron("0 3 * * *")'
+                )
         object.__setattr__(self, "search", check_declaration(self.name, self.search))
         if self.retention is not None:
             object.__setattr__(self, "retention", self._retention_ages(self.retention))
@@ -441,6 +488,7 @@ def workflow(
     search: Sequence[str] = (),
     replace: bool = False,
     delivery: Batch | str | None = None,
+    schedule: Cron | Sequence[Cron] | None = None,
 ) -> Workflow:
     """Define and register a workflow. `plan(input)` builds a dynamic plan; by default each step runs once.
     `concurrency_key(input)` (with `concurrency_limit`) lets at most that many runs per key be in flight.
@@ -448,7 +496,9 @@ def workflow(
     RETENTION names the workflow. `search` names input fields (top-level keys, or dotted paths such as
     `"order.id"`) whose values each run stores, so the admin, `durable_runs --search` and `api.runs(search=)` find
     the run by them. `delivery="batch"` (or a `Batch(...)`) sends every model step's calls through the Message
-    Batches API at half price, unless the step says `delivery="live"` (agents/batching.py).
+    Batches API at half price, unless the step says `delivery="live"` (agents/batching.py). `schedule=cron(...)`
+    (or a list of them) declares its schedules: the sweep creates, updates and removes their rows to match the
+    newest registered version (engine/declared.py).
 
     Example::
 
@@ -473,5 +523,14 @@ def workflow(
         retention=retention,
         search=search,
         delivery=delivery_param(delivery, f"workflow {name!r}"),
+        schedules=_schedules_param(schedule),
     )
     return registry.register(definition, replace=replace)
+
+
+def _schedules_param(schedule: Cron | Sequence[Cron] | None) -> tuple[Cron, ...]:
+    if schedule is None:
+        return ()
+    if isinstance(schedule, Cron | str | bytes | Mapping):
+        return (schedule,)  # type: ignore[return-value] - a string or dict is refused by Workflow, with the fix
+    return tuple(schedule)

@@ -1,9 +1,10 @@
 """The schedules: what each starts and when, its last run, and pausing, resuming or triggering it now (through the
 public API), from the list (bulk) or the schedule's own page; each is recorded in the admin's log.
 
-Schedules are defined in code (`api.schedule`), so the console neither adds, edits nor deletes them: it pauses,
-resumes and starts a run now, the operator's levers, and a pause survives the app re-declaring the schedule at
-start-up.
+Schedules are defined in code (declared in DURABLE_AGENTS["SCHEDULES"] or on a workflow, or made with
+`api.schedule`), so the console neither adds, edits nor deletes them: it pauses, resumes and starts a run now, the
+operator's levers, and a pause survives every sweep re-syncing a declared schedule and the app re-declaring one. The
+"defined in" column says where each is defined: a declared one is removed by removing its declaration.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from durable_agents.admin.forbidden import forbidden
 from durable_agents.admin.guards import refuse_nul, show_direction_controls
 from durable_agents.display import when_html, when_text
 from durable_agents.errors import DurableAgentsError
-from durable_agents.models import Schedule
+from durable_agents.models import Declared, Schedule
 
 PAUSE_PERMISSION = "durable_agents.pause_schedule"
 TRIGGER_PERMISSION = "durable_agents.trigger_schedule"
@@ -90,9 +91,10 @@ class ScheduleAdmin(admin.ModelAdmin):
         "last_run_link",
         "overlap_column",
         "state",
+        "origin",
         "error",
     )
-    list_filter = ("paused", "workflow", "missed", "overlap")
+    list_filter = ("paused", "declared", "workflow", "missed", "overlap")
     search_fields = ("name", "workflow")
     actions = [pause_selected, resume_selected, trigger_selected]
     change_form_template = "admin/durable_agents/schedule/change_form.html"
@@ -125,6 +127,15 @@ class ScheduleAdmin(admin.ModelAdmin):
             return "—"
         url = reverse("admin:durable_agents_run_change", args=[schedule.last_run_id])
         return format_html('<a href="{}">{}</a> {}', url, str(schedule.last_run_id)[:8], when_html(schedule.last_slot))
+
+    @admin.display(description="defined in", ordering="declared")
+    def origin(self, schedule: Schedule) -> str:
+        """Where the code defines it: a declared schedule comes back at each sweep until its declaration goes."""
+        if schedule.declared == Declared.SETTING:
+            return format_html("<code>{}</code>", 'DURABLE_AGENTS["SCHEDULES"]')
+        if schedule.declared == Declared.WORKFLOW:
+            return format_html("workflow <code>{}</code> (cron)", schedule.workflow)
+        return "api.schedule"
 
     @admin.display(description="cannot start")
     def error(self, schedule: Schedule) -> str:

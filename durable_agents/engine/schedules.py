@@ -50,8 +50,8 @@ from durable_agents.engine.events import record_event
 from durable_agents.engine.payloads import check_input
 from durable_agents.engine.records import locked
 from durable_agents.engine.runs import start_run
-from durable_agents.errors import DurableAgentsError, InvalidInputError, ScheduleNotFoundError
-from durable_agents.models import MissedSlots, Overlap, Run, Schedule
+from durable_agents.errors import DurableAgentsError, InvalidInputError, ScheduleDeclaredError, ScheduleNotFoundError
+from durable_agents.models import Declared, MissedSlots, Overlap, Run, Schedule
 from durable_agents.states import ACTIVE_RUN_STATUSES
 from durable_agents.storable import storable_text, whole_number
 from durable_agents.workflows import registry
@@ -230,6 +230,39 @@ def _start_slot_txn(schedule: Schedule, slot: datetime, skipped: int) -> Run:
     return run
 
 
+def schedule_fields(
+    workflow: str,
+    *,
+    cron: str,
+    run_input: Any = None,
+    tz: str = "UTC",
+    missed: str = MissedSlots.SKIP,
+    catch_up_limit: int = 10,
+    overlap: str = Overlap.SKIP,
+) -> dict[str, Any]:
+    """A schedule's definition checked and normalised, as its row stores it; InvalidInputError (or
+    UnknownWorkflowError) says what is wrong. Shared by `api.schedule` and the declared schedules."""
+    registry.get(workflow)
+    run_input = {} if run_input is None else run_input
+    check_input(run_input)
+    cron = check_cron(cron)
+    zone(tz)
+    if missed not in MissedSlots.values:
+        raise InvalidInputError(f"missed must be one of {', '.join(MissedSlots.values)}, got {missed!r}")
+    if overlap not in Overlap.values:
+        raise InvalidInputError(f"overlap must be one of {', '.join(Overlap.values)}, got {overlap!r}")
+    catch_up_limit = whole_number(catch_up_limit, "catch_up_limit", low=1, high=CATCH_UP_MOST)
+    return {
+        "workflow": workflow,
+        "cron": cron,
+        "timezone": tz,
+        "input": run_input,
+        "missed": missed,
+        "catch_up_limit": catch_up_limit,
+        "overlap": overlap,
+    }
+
+
 def define_schedule(
     name: str,
     workflow: str,
@@ -244,29 +277,21 @@ def define_schedule(
     """Create or update the schedule `name` (safe to call at every start-up: the same definition changes nothing).
 
     A new cron or time zone starts from the next slot after now; a paused schedule stays paused; a new missed or
-    overlap policy applies from the next sweep, without retiming.
+    overlap policy applies from the next sweep, without retiming. A schedule declared in code is refused
+    (ScheduleDeclaredError): the sweep would put its declaration back.
     """
     if not name.strip():
         raise InvalidInputError("the schedule name is empty; name it, e.g. 'nightly-report'")
-    registry.get(workflow)
-    run_input = {} if run_input is None else run_input
-    check_input(run_input)
-    cron = check_cron(cron)
-    zone(tz)
-    if missed not in MissedSlots.values:
-        raise InvalidInputError(f"missed must be one of {', '.join(MissedSlots.values)}, got {missed!r}")
-    if overlap not in Overlap.values:
-        raise InvalidInputError(f"overlap must be one of {', '.join(Overlap.values)}, got {overlap!r}")
-    catch_up_limit = whole_number(catch_up_limit, "catch_up_limit", low=1, high=CATCH_UP_MOST)
-    fields = {
-        "workflow": workflow,
-        "cron": cron,
-        "timezone": tz,
-        "input": run_input,
-        "missed": missed,
-        "catch_up_limit": catch_up_limit,
-        "overlap": overlap,
-    }
+    fields = schedule_fields(
+        workflow,
+        cron=cron,
+        run_input=run_input,
+        tz=tz,
+        missed=missed,
+        catch_up_limit=catch_up_limit,
+        overlap=overlap,
+    )
+    cron = fields["cron"]
     with transaction.atomic():
         schedule = Schedule.objects.select_for_update().filter(name=name).first()
         if schedule is None:
@@ -275,6 +300,11 @@ def define_schedule(
                     return Schedule.objects.create(name=name, next_slot=slot_after(cron, tz, clock.now()), **fields)
             except IntegrityError:
                 schedule = Schedule.objects.select_for_update().get(name=name)  # a racing definition won
+        if schedule.declared:
+            raise ScheduleDeclaredError(
+                f"schedule {name!r} is declared in code ({declared_where(schedule)}); change its declaration there, "
+                "or give this one another name"
+            )
         retimed = schedule.cron != cron or schedule.timezone != tz
         if all(getattr(schedule, field) == value for field, value in fields.items()):
             return schedule
@@ -285,6 +315,13 @@ def define_schedule(
         schedule.updated_at = clock.now()
         schedule.save()
     return schedule
+
+
+def declared_where(schedule: Schedule) -> str:
+    """Where code declares the schedule, in words, for messages: the setting, or the workflow."""
+    if schedule.declared == Declared.SETTING:
+        return f'DURABLE_AGENTS["SCHEDULES"][{schedule.name!r}]'
+    return f"workflow {schedule.workflow!r}, schedule=cron(...)"
 
 
 def pause_schedule(name: str) -> Schedule:
@@ -331,8 +368,15 @@ def trigger_schedule(name: str, *, actor: str, token: str) -> Run:
 
 
 def delete_schedule(name: str) -> None:
-    """Remove the schedule; the runs it started stay."""
-    deleted, _ = Schedule.objects.filter(name=name).delete()
+    """Remove the schedule; the runs it started stay. A schedule declared in code is refused (ScheduleDeclaredError):
+    the next sweep would create it again."""
+    declared = Schedule.objects.filter(name=name).exclude(declared="").first()
+    if declared is not None:
+        raise ScheduleDeclaredError(
+            f"schedule {name!r} is declared in code ({declared_where(declared)}); the next sweep would create it "
+            "again: remove its declaration and deploy (the sweep then deletes it), or pause it"
+        )
+    deleted, _ = Schedule.objects.filter(name=name, declared="").delete()
     if not deleted:
         raise ScheduleNotFoundError(f"no schedule is named {name!r}; `durable_schedules` lists them")
 

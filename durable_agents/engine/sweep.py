@@ -1,5 +1,6 @@
 """The sweep: re-wakes runs whose lease expired or whose message was lost, settles cancellations, runs waits,
-and starts the due slots of schedules (engine/schedules.py); it admits runs queued on a concurrency key whose
+and starts the due slots of schedules (engine/schedules.py), first syncing the schedules declared in code into their
+rows (engine/declared.py); it admits runs queued on a concurrency key whose
 hand-off was lost (engine/admission.py).
 
 It also enqueues due notifications (engine/outbox.py) but never sends one: a slow receiver must not hold
@@ -26,6 +27,7 @@ from django.db.models.lookups import LessThanOrEqual
 from durable_agents import clock, tracing
 from durable_agents.conf import settings
 from durable_agents.engine.admission import admit_waiting
+from durable_agents.engine.declared import sync_declared_schedules
 from durable_agents.engine.family import sweep_children
 from durable_agents.engine.heartbeats import prune_heartbeats, record_sweep
 from durable_agents.engine.outbox import enqueue_due as enqueue_due_notifications
@@ -175,6 +177,8 @@ def _sweep(backlog: Mapping[str | None, int] | None, queued: Mapping[str, int] |
     waits = sweep_waits(now)
     family = sweep_children(now)
     notifications = enqueue_due_notifications()
+    # Synced first, so a declaration deployed a moment ago is timed, and a removed one starts nothing more.
+    sync_declared_schedules(now)
     scheduled = start_due_schedules(now)
     prune_heartbeats(now)
     # Last, so the row says when a pass last completed: a sweep that fails every time shows as late.

@@ -1,5 +1,7 @@
-"""durable_schedules [list | pause NAME | resume NAME | trigger NAME [--as USER]] [--json]: the schedules, pausing or
-resuming one, and starting one's run now (the console's "Trigger now")."""
+"""durable_schedules [list | pause NAME | resume NAME | trigger NAME [--as USER] | delete NAME] [--json]: the
+schedules (and where code declares them), pausing or resuming one, starting one's run now (the console's "Trigger
+now"), and deleting one made with api.schedule (one declared in code is refused: the next sweep would bring it back).
+"""
 
 from __future__ import annotations
 
@@ -11,17 +13,22 @@ from django.core.management.base import CommandError
 from durable_agents import api, operations
 from durable_agents.management.commands._base import USER_MISTAKE, DurableCommand
 
+ORIGINS = {"setting": 'declared in DURABLE_AGENTS["SCHEDULES"]', "workflow": "declared on its workflow (cron)"}
+
 
 class Command(DurableCommand):
     help = (
         "List schedules (next slot, last run, paused, overlap policy), pause or resume one by name, or trigger one: "
-        "start its run now with its input (its slots keep their times)."
+        "start its run now with its input (its slots keep their times), or delete one made with api.schedule "
+        "(a schedule declared in code is removed by removing its declaration)."
     )
 
     def add_arguments(self, parser: Any) -> None:
         super().add_arguments(parser)
-        parser.add_argument("action", nargs="?", default="list", choices=["list", "pause", "resume", "trigger"])
-        parser.add_argument("name", nargs="?", help="the schedule's name (for pause, resume and trigger)")
+        parser.add_argument(
+            "action", nargs="?", default="list", choices=["list", "pause", "resume", "trigger", "delete"]
+        )
+        parser.add_argument("name", nargs="?", help="the schedule's name (for pause, resume, trigger and delete)")
         parser.add_argument("--as", dest="actor", default="cli", help="who triggers (recorded in the run's history)")
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -35,6 +42,13 @@ class Command(DurableCommand):
             )
         if action == "trigger":
             self._trigger(name, options["actor"], options["json"])
+            return
+        if action == "delete":
+            api.unschedule(name)  # ScheduleDeclaredError for a declared one: exit 2, saying what to do
+            if options["json"]:
+                self.emit_json({"name": name, "deleted": True})
+            else:
+                self.stdout.write(f"schedule {name} deleted; the runs it started stay")
             return
         schedule = api.pause_schedule(name) if action == "pause" else api.resume_schedule(name)
         if options["json"]:
@@ -57,7 +71,9 @@ class Command(DurableCommand):
             self.emit_json(schedules)
             return
         if not schedules:
-            self.stdout.write("no schedules; define one with durable_agents.api.schedule(...)")
+            self.stdout.write(
+                'no schedules; declare one in DURABLE_AGENTS["SCHEDULES"] or with workflow(..., schedule=cron(...))'
+            )
         for row in schedules:
             state = "paused" if row["paused"] else f"next {row['next_slot']}"
             last = f"last run {row['last_run']}" if row["last_run"] else "no run yet"
@@ -65,7 +81,8 @@ class Command(DurableCommand):
             if row["overlap_skipped"]:
                 overlap += f" ({row['overlap_skipped']} skipped while the last run was live)"
             error = f" — cannot start: {row['last_error']}" if row["last_error"] else ""
+            origin = ORIGINS.get(row["declared"] or "", "made with api.schedule")
             self.stdout.write(
                 f"{row['name']}  {row['workflow']}  {row['cron']} ({row['timezone']}, {row['missed']})  "
-                f"{state}  {last}  {overlap}{error}"
+                f"{state}  {last}  {overlap}  {origin}{error}"
             )
