@@ -409,14 +409,22 @@ def schedule(
     )
 
 
-def pause_schedule(name: str) -> Schedule:
-    """Stop starting the schedule's slots (until `resume_schedule`); ScheduleNotFoundError for an unknown name."""
-    return _pause_schedule(check_text(name, "the schedule name", max_chars=SCHEDULE_NAME_MAX_CHARS))
+def pause_schedule(name: str, *, actor: str = "") -> Schedule:
+    """Stop starting the schedule's slots (until `resume_schedule`); ScheduleNotFoundError for an unknown name.
+
+    `actor` is who paused it, kept on the schedule (`paused_changed_by`, `paused_changed_at`). Example::
+
+        api.pause_schedule("nightly-report", actor="alice")
+    """
+    check_text(name, "the schedule name", max_chars=SCHEDULE_NAME_MAX_CHARS)
+    return _pause_schedule(name, actor=_actor(actor))
 
 
-def resume_schedule(name: str) -> Schedule:
-    """Start the schedule's slots again, from the next one after now (the paused slots are not owed)."""
-    return _resume_schedule(check_text(name, "the schedule name", max_chars=SCHEDULE_NAME_MAX_CHARS))
+def resume_schedule(name: str, *, actor: str = "") -> Schedule:
+    """Start the schedule's slots again, from the next one after now (the paused slots are not owed); `actor`
+    is who resumed it, kept as for `pause_schedule`."""
+    check_text(name, "the schedule name", max_chars=SCHEDULE_NAME_MAX_CHARS)
+    return _resume_schedule(name, actor=_actor(actor))
 
 
 def trigger_schedule(name: str, *, actor: str, token: str) -> Run:

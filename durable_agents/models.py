@@ -687,6 +687,10 @@ class Schedule(models.Model):
     overlap = models.CharField(max_length=16, choices=Overlap.choices, default=Overlap.SKIP, db_default=Overlap.SKIP)
     overlap_skipped = models.PositiveIntegerField(default=0, db_default=0)
     paused = models.BooleanField(default=False)
+    # Who set `paused` to what it is now (pause or resume: an operator's --as, the admin's user), and when: the
+    # audit trail of a schedule, which has no run to hold an Event. Blank for a schedule never paused.
+    paused_changed_by = models.CharField(max_length=200, blank=True, default="", db_default="")
+    paused_changed_at = models.DateTimeField(null=True, blank=True)
     next_slot = models.DateTimeField()
     last_slot = models.DateTimeField(null=True, blank=True)
     # The run of the last slot started. No database constraint: pruning old runs (in batches, by SQL) must not

@@ -463,9 +463,9 @@ def sweep() -> SweepReport:
 
 
 def list_schedules() -> list[dict[str, Any]]:
-    """Every schedule as `durable_schedules` shows it: timing and policies, next slot (UTC), last run, paused,
-    slots skipped for overlapping a live run, last error, and where code declares it ("setting", "workflow"; None:
-    made with api.schedule)."""
+    """Every schedule as `durable_schedules` shows it: timing and policies, next slot (UTC), last run, paused (and
+    who paused or resumed it last, when), slots skipped for overlapping a live run, last error, and where code
+    declares it ("setting", "workflow"; None: made with api.schedule)."""
     return [
         {
             "name": schedule.name,
@@ -476,6 +476,8 @@ def list_schedules() -> list[dict[str, Any]]:
             "overlap": schedule.overlap,
             "overlap_skipped": schedule.overlap_skipped,
             "paused": schedule.paused,
+            "paused_changed_by": schedule.paused_changed_by,
+            "paused_changed_at": _iso(schedule.paused_changed_at),
             "next_slot": _iso(schedule.next_slot),
             "last_slot": _iso(schedule.last_slot),
             "last_run": str(schedule.last_run_id) if schedule.last_run_id else None,

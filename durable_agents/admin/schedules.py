@@ -38,7 +38,7 @@ def _toggle(request: HttpRequest, queryset: QuerySet[Schedule], pause: bool) -> 
     done = []
     for pk, name in queryset.values_list("pk", "name"):
         try:
-            verb(name)
+            verb(name, actor=request.user.get_username())
         except DurableAgentsError as exc:  # deleted meanwhile (a deploy dropped it)
             messages.error(request, f"Schedule {name}: {exc}")
         else:
@@ -183,7 +183,8 @@ class ScheduleAdmin(admin.ModelAdmin):
             _trigger(request, schedule, str(request.POST.get("token", "")))
             return HttpResponseRedirect(page)
         try:
-            after = api.pause_schedule(schedule.name) if verb == "pause" else api.resume_schedule(schedule.name)
+            toggle = api.pause_schedule if verb == "pause" else api.resume_schedule
+            after = toggle(schedule.name, actor=request.user.get_username())
         except DurableAgentsError as exc:
             messages.error(request, f"Schedule {schedule.name}: {exc}")
             return HttpResponseRedirect(page)

@@ -324,25 +324,34 @@ def declared_where(schedule: Schedule) -> str:
     return f"workflow {schedule.workflow!r}, schedule=cron(...)"
 
 
-def pause_schedule(name: str) -> Schedule:
-    """Stop starting slots; a sweep starting one right now finishes first (the row lock), then none follow."""
+def pause_schedule(name: str, *, actor: str = "") -> Schedule:
+    """Stop starting slots; a sweep starting one right now finishes first (the row lock), then none follow.
+
+    `actor` (who paused it) is kept on the schedule with the time, and logged; pausing a paused schedule changes
+    nothing, not even who paused it."""
     with transaction.atomic():
         schedule = _locked(name)
         if not schedule.paused:
-            schedule.paused, schedule.updated_at = True, clock.now()
-            schedule.save(update_fields=["paused", "updated_at"])
+            now = clock.now()
+            schedule.paused, schedule.updated_at = True, now
+            schedule.paused_changed_by, schedule.paused_changed_at = actor, now
+            schedule.save(update_fields=["paused", "paused_changed_by", "paused_changed_at", "updated_at"])
+            logger.info("schedule %r paused by %r", name, actor)
     return schedule
 
 
-def resume_schedule(name: str) -> Schedule:
-    """Start slots again from the next one after now: the slots of the pause are not owed."""
+def resume_schedule(name: str, *, actor: str = "") -> Schedule:
+    """Start slots again from the next one after now: the slots of the pause are not owed. `actor` (who resumed
+    it) is kept on the schedule with the time, as for a pause."""
     with transaction.atomic():
         schedule = _locked(name)
         if schedule.paused:
             now = clock.now()
             schedule.paused, schedule.updated_at = False, now
+            schedule.paused_changed_by, schedule.paused_changed_at = actor, now
             schedule.next_slot = slot_after(schedule.cron, schedule.timezone, now)
-            schedule.save(update_fields=["paused", "next_slot", "updated_at"])
+            schedule.save(update_fields=["paused", "paused_changed_by", "paused_changed_at", "next_slot", "updated_at"])
+            logger.info("schedule %r resumed by %r", name, actor)
     return schedule
 
 

@@ -201,6 +201,9 @@ def fake_anthropic(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPat
 def drive(db: None) -> Callable[..., Run]:
     """`durable_agents.testing.drive`: advance a run in this process, without a broker or worker, until it
     completes, fails or waits. Example: `assert drive(api.start("noop", {"steps": 3}).id).status == "completed"`.
+
+    Under this fixture's `db` the test's transaction never commits, so a run with a concurrency key, admitted on
+    commit, is admitted by `drive` itself; a run queued behind another run of its key fails naming that run.
     """
     return testing.drive
 

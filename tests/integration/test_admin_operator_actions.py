@@ -399,7 +399,8 @@ def test_schedule__trigger_now_starts_one_run_even_posted_twice_and_is_logged(op
 def test_schedule__pause_and_resume_buttons_leave_a_history(operator):
     schedule = api.schedule("nightly", "record", cron="0 3 * * *")
     operator.post(schedule_url(schedule, "pause"))
-    assert Schedule.objects.get(pk=schedule.pk).paused
+    paused = Schedule.objects.get(pk=schedule.pk)
+    assert paused.paused and paused.paused_changed_by == "operator", "the schedule keeps who paused it"
     assert 'id="schedule-resume"' in operator.get(schedule_url(schedule)).content.decode()
     operator.post(schedule_url(schedule, "resume"))
     assert not Schedule.objects.get(pk=schedule.pk).paused
@@ -415,6 +416,7 @@ def test_schedule__bulk_pause_and_trigger_are_logged(operator):
     schedule = api.schedule("nightly", "record", cron="0 3 * * *", input={"steps": 1})
     changelist = reverse("admin:durable_agents_schedule_changelist")
     operator.post(changelist, {"action": "pause_selected", "_selected_action": [schedule.pk]})
+    assert Schedule.objects.get(pk=schedule.pk).paused_changed_by == "operator", "a bulk pause keeps who paused"
     operator.post(changelist, {"action": "trigger_selected", "_selected_action": [schedule.pk]})
     assert Run.objects.filter(schedule="nightly").count() == 1
     assert [e.change_message.split(":")[0] for e in logged(schedule)] == ["Paused", "Triggered now"]

@@ -20,6 +20,7 @@ GREETER = agent("greet", instructions="Greet the user by name.", prompt=lambda c
 
 workflow("greet", steps=[call("greet", greet)])
 workflow("greeter", steps=[GREETER])
+workflow("greet_one_at_a_time", steps=[call("greet", greet)], concurrency_key=lambda inp: inp["name"])
 """
 
 TESTS = """
@@ -52,6 +53,15 @@ def test_fake_anthropic__answers_this_process_agent_driven_in_process(drive, fak
     assert len(fake_anthropic.requests) == 1
 
 
+def test_drive__keyed_runs_under_the_db_fixture_go_in_their_keys_order(drive):
+    first = api.start("greet_one_at_a_time", {"name": "Ada"})
+    second = api.start("greet_one_at_a_time", {"name": "Ada"})
+    with pytest.raises(AssertionError, match=f"held by run\\(s\\) {first.id}; drive the holder first"):
+        drive(second.id)
+    assert drive(first.id).status == "completed"
+    assert drive(second.id).status == "completed"
+
+
 def test_isolated_registries__a_test_registers_its_own_workflow(drive, isolated_registries):
     api.workflow("scratch", steps=[api.call("only", lambda ctx: {"ok": True})])
     assert drive(api.start("scratch").id).status == "completed"
@@ -76,4 +86,4 @@ def test_plugin__its_fixtures_work_in_a_users_project(pytester: pytest.Pytester,
 
     result = run_user_tests(pytester, monkeypatch)
 
-    result.assert_outcomes(passed=7)
+    result.assert_outcomes(passed=8)

@@ -1,18 +1,160 @@
-"""The package's `testing` extra is what the README says it is."""
+"""The package's `testing` extra is what the README says it is, and installs everything its testing code and the
+README's testing example import."""
 
 from __future__ import annotations
 
+import ast
+import importlib.metadata
+import re
+import sys
 import tomllib
 from pathlib import Path
 
+from tests.integration import user_project
+
 ROOT = Path(__file__).resolve().parents[2]
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+README = (ROOT / "README.md").read_text()
+PROJECT = PYPROJECT["project"]["name"]
+
+# The README example's own packages (the user's project), not something to install.
+EXAMPLE_PACKAGES = {"shop", "shopsite", "yourproject"}
+
+
+def _normalized(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _requirement_name(requirement: str) -> tuple[str, list[str]]:
+    """(distribution, extras) of a PEP 508 requirement such as "durable-agents[anthropic]" or "redis>=5"."""
+    match = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[([^\]]*)\])?", requirement)
+    assert match, f"unreadable requirement {requirement!r} in pyproject.toml"
+    extras = [extra.strip() for extra in (match.group(2) or "").split(",") if extra.strip()]
+    return _normalized(match.group(1)), extras
+
+
+def installed_by(extra: str) -> set[str]:
+    """The distributions `pip install durable-agents[extra]` brings: the core dependencies, the extra's, and
+    those of the package's own extras it names (e.g. "durable-agents[anthropic]")."""
+    extras = PYPROJECT["project"]["optional-dependencies"]
+    names = {_requirement_name(r)[0] for r in PYPROJECT["project"]["dependencies"]}
+    pending, seen = [extra], set()
+    while pending:
+        current = pending.pop()
+        seen.add(current)
+        for requirement in extras[current]:
+            name, named_extras = _requirement_name(requirement)
+            if name == _normalized(PROJECT):
+                pending += [e for e in named_extras if e not in seen]
+            else:
+                names.add(name)
+                # celery[redis] brings redis: an extra of another package counts as its import name too.
+                names.update(f"{name}[{e}]" for e in named_extras)
+    return names
+
+
+def top_level_imports(source: str) -> set[str]:
+    """Every absolute import's top-level module, function-level and TYPE_CHECKING ones included."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module.split(".")[0])
+    return found
+
+
+def third_party(modules: set[str]) -> set[str]:
+    return {m for m in modules if m not in sys.stdlib_module_names and m != "durable_agents"} - EXAMPLE_PACKAGES
+
+
+def readme_testing_section() -> str:
+    start = README.index("### Testing your workflows")
+    return README[start : README.index("\n## ", start)]
+
+
+def readme_testing_imports() -> dict[str, set[str]]:
+    """Imports of each Python block of the README's testing section, and of the test settings it describes
+    (read DATABASE_URL with dj-database-url), as tests/integration/user_project.py writes them for a user."""
+    blocks = re.findall(r"```python\n(.*?)```", readme_testing_section(), re.S)
+    assert blocks, "the README's testing section lost its Python example: fix readme_testing_section()"
+    sources = {f"README testing example #{i + 1}": block for i, block in enumerate(blocks)}
+    sources["the test settings (tests/integration/user_project.py SETTINGS)"] = user_project.SETTINGS
+    sources["the Celery app (tests/integration/user_project.py CELERY)"] = user_project.CELERY
+    return {where: top_level_imports(source) for where, source in sources.items()}
+
+
+def distributions_of(module: str) -> set[str]:
+    return {_normalized(d) for d in importlib.metadata.packages_distributions().get(module, [])}
+
+
+def uncovered(imports: dict[str, set[str]], extra: str = "testing") -> list[str]:
+    installed = installed_by(extra)
+    missing = []
+    for where, modules in sorted(imports.items()):
+        for module in sorted(third_party(modules)):
+            dists = distributions_of(module)
+            assert dists, f"{where} imports {module!r}, which is not installed here: install it, or list it"
+            if not dists & installed:
+                missing.append(f"{where} imports {module!r} (distribution {', '.join(sorted(dists))})")
+    return missing
 
 
 def test_package__the_testing_extra_is_what_the_readme_says_it_is():
     """README sold `durable-agents[testing]` as "the pytest plugin"; the wheel declares no pytest11 entry point and
     durable_agents has no fixtures: the worker fixtures live in this repository's tests/conftest.py only."""
-    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    plugins = pyproject["project"].get("entry-points", {}).get("pytest11", {})
-    readme = (ROOT / "README.md").read_text()
+    plugins = PYPROJECT["project"].get("entry-points", {}).get("pytest11", {})
     if not plugins:
-        assert "pytest plugin" not in readme, "README promises a pytest plugin that the package does not ship"
+        assert "pytest plugin" not in README, "README promises a pytest plugin that the package does not ship"
+
+
+def test_testing_extra__installs_every_third_party_import_of_durable_agents_testing():
+    imports = {
+        str(path.relative_to(ROOT)): top_level_imports(path.read_text())
+        for path in sorted((ROOT / "durable_agents" / "testing").glob("*.py"))
+    }
+    missing = uncovered(imports)
+    assert not missing, (
+        "the `testing` extra in pyproject.toml does not install what durable_agents.testing imports; add it "
+        "(with version bounds):\n" + "\n".join(missing)
+    )
+
+
+def test_testing_extra__installs_every_third_party_import_of_the_readme_testing_example():
+    missing = uncovered(readme_testing_imports())
+    assert not missing, (
+        "the README's 'Testing your workflows' example needs packages the `testing` extra does not install; add "
+        "them to it in pyproject.toml:\n" + "\n".join(missing)
+    )
+
+
+def _is_distribution(name: str) -> bool:
+    try:
+        importlib.metadata.distribution(name)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def test_testing_extra__installs_the_packages_the_readme_testing_section_names():
+    named = {
+        _normalized(name)
+        for name in re.findall(r"`([A-Za-z][A-Za-z0-9._-]*)`", readme_testing_section())
+        if _is_distribution(name) and _normalized(name) != _normalized(PROJECT)
+    }
+    assert {"pytest-django", "dj-database-url"} <= named, "the README's testing section no longer names them"
+    missing = sorted(named - installed_by("testing"))
+    assert not missing, f"the README's testing section names {missing}; the `testing` extra must install them"
+
+
+def test_testing_extra__the_fake_messages_api_gets_the_anthropic_sdk():
+    """The fake Messages API is driven through the real SDK: the extra brings it, with the anthropic extra's bounds."""
+    testing = PYPROJECT["project"]["optional-dependencies"]["testing"]
+    assert f"{PROJECT}[anthropic]" in testing, "the testing extra must reuse the anthropic extra (one version bound)"
+    assert "anthropic" in installed_by("testing")
+
+
+def test_uncovered__sees_an_import_the_extra_does_not_install():
+    assert uncovered({"example": {"anthropic", "django", "os", "shop"}}, extra="metrics") == [
+        "example imports 'anthropic' (distribution anthropic)"
+    ], "the check must flag a third-party import no extra provides and pass the stdlib, core deps and the example"

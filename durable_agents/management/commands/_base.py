@@ -13,6 +13,9 @@ from durable_agents.errors import DurableAgentsError
 USER_MISTAKE = 2
 # Every command that takes a run id resolves it with operations.resolve_run_id, so the admin's short ids work.
 RUN_ID_HELP = "a run's id, or its first 6 or more characters (as the admin and durable_runs show them)"
+# Who acts, when --as is not given: what the history of a command-line action has always said.
+DEFAULT_ACTOR = "cli"
+ACTOR_HELP = f"who is acting, recorded as the actor in the history (default: {DEFAULT_ACTOR})"
 
 
 class DurableCommand(BaseCommand):
@@ -32,6 +35,12 @@ class DurableCommand(BaseCommand):
 
     def emit_json(self, data: Any) -> None:
         self.stdout.write(json.dumps(data, indent=2, cls=DjangoJSONEncoder))
+
+
+def add_actor_argument(parser: Any) -> None:
+    """`--as USER`: every command that changes state and records who did it takes it, from here (one name, one
+    help text, one default); read it as `options["actor"]`. `parser` may be an argument group."""
+    parser.add_argument("--as", dest="actor", metavar="USER", default=DEFAULT_ACTOR, help=ACTOR_HELP)
 
 
 def usage_errors_on_one_line(parser: Any) -> Any:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from durable_agents import api, operations
-from durable_agents.management.commands._base import RUN_ID_HELP, DurableCommand
+from durable_agents.management.commands._base import RUN_ID_HELP, DurableCommand, add_actor_argument
 
 
 class Command(DurableCommand):
@@ -17,7 +17,7 @@ class Command(DurableCommand):
         # Parsed by set_budget, not argparse: "1e20" or a number past the column gets its own one-line error.
         parser.add_argument("--tokens", help="total tokens the run may spend, across resumes (a whole number)")
         parser.add_argument("--cost", help="total USD the run may spend, e.g. 2.50")
-        parser.add_argument("--as", dest="actor", default="cli", help="who is acting (recorded in the history)")
+        add_actor_argument(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:
         run_id = operations.resolve_run_id(options["run_id"])

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from durable_agents import operations
-from durable_agents.management.commands._base import RUN_ID_HELP, DurableCommand
+from durable_agents.management.commands._base import RUN_ID_HELP, DurableCommand, add_actor_argument
 
 
 class Command(DurableCommand):
@@ -16,7 +16,7 @@ class Command(DurableCommand):
         parser.add_argument("run_ids", nargs="+", metavar="RUN_ID", help=RUN_ID_HELP)
         parser.add_argument("--reason", default="", help="why (recorded in the history)")
         parser.add_argument("--compensate", action="store_true", help="first undo applied effects, newest first (saga)")
-        parser.add_argument("--as", dest="actor", default="cli", help="who is acting (recorded in the history)")
+        add_actor_argument(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:
         # All or nothing: every id must exist and be cancellable before any run changes.

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from durable_agents import api
-from durable_agents.management.commands._base import DurableCommand
+from durable_agents.management.commands._base import DurableCommand, add_actor_argument
 
 
 class Command(DurableCommand):
@@ -18,7 +18,7 @@ class Command(DurableCommand):
         choice.add_argument("--approve", action="store_true")
         choice.add_argument("--reject", action="store_true")
         parser.add_argument("--comment", default="", help="why (recorded with the decision)")
-        parser.add_argument("--as", dest="actor", default="cli", help="who decides (recorded with the decision)")
+        add_actor_argument(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:
         wait = api.decide(

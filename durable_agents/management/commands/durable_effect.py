@@ -6,7 +6,7 @@ from typing import Any
 
 from durable_agents import api
 from durable_agents.errors import InvalidInputError
-from durable_agents.management.commands._base import DurableCommand, parse_json_option
+from durable_agents.management.commands._base import DurableCommand, add_actor_argument, parse_json_option
 
 
 class Command(DurableCommand):
@@ -25,7 +25,7 @@ class Command(DurableCommand):
         parser.add_argument("--result", help="with --applied: what the receiving system returned, as JSON")
         parser.add_argument("--reason", default="", help="how you know (recorded in the run's history)")
         parser.add_argument("--no-resume", action="store_true", help="record only; do not resume a stopped run")
-        parser.add_argument("--as", dest="actor", default="cli", help="who is acting (recorded in the history)")
+        add_actor_argument(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:
         if options["result"] is not None and not options["applied"]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from durable_agents import api, operations
-from durable_agents.management.commands._base import RUN_ID_HELP, DurableCommand, parse_json_option
+from durable_agents.management.commands._base import RUN_ID_HELP, DurableCommand, add_actor_argument, parse_json_option
 
 
 class Command(DurableCommand):
@@ -16,7 +16,7 @@ class Command(DurableCommand):
         parser.add_argument("run_id", help=RUN_ID_HELP)
         parser.add_argument("--at-step", required=True, help="the first step the fork executes again")
         parser.add_argument("--input", help="new run input as JSON (default: the source's input)")
-        parser.add_argument("--as", dest="actor", default="cli")
+        add_actor_argument(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:
         new_input = parse_json_option(options["input"], "--input")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from durable_agents import api, operations
-from durable_agents.management.commands._base import RUN_ID_HELP, DurableCommand
+from durable_agents.management.commands._base import RUN_ID_HELP, DurableCommand, add_actor_argument
 
 
 class Command(DurableCommand):
@@ -20,7 +20,7 @@ class Command(DurableCommand):
         parser.add_argument("run_id", help=RUN_ID_HELP)
         parser.add_argument("--version", dest="workflow_version", type=int, required=True)
         parser.add_argument("--replan", action="store_true", help="take the new version's plan for what is left")
-        parser.add_argument("--as", dest="actor", default="cli")
+        add_actor_argument(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:
         run_id = operations.resolve_run_id(options["run_id"])

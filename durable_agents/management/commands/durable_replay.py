@@ -40,9 +40,11 @@ from django.utils.dateparse import parse_date, parse_datetime
 
 from durable_agents import api, operations, replay_status, replays
 from durable_agents.management.commands._base import (
+    DEFAULT_ACTOR,
     RUN_ID_HELP,
     USER_MISTAKE,
     DurableCommand,
+    add_actor_argument,
     parse_json_option,
     usage_errors_on_one_line,
 )
@@ -123,7 +125,7 @@ class Command(DurableCommand):
         )
         running.add_argument("--budget-usd", help="what the whole replay may spend on models, in dollars")
         running.add_argument("--concurrency", help="replay runs in flight at once (default 100)")
-        running.add_argument("--as", dest="actor", help="who is replaying (recorded with the replay; default cli)")
+        add_actor_argument(running)
         running.add_argument("--here", action="store_true", help="advance the runs in this process (no workers)")
         running.add_argument(
             "--batch",
@@ -188,7 +190,7 @@ class Command(DurableCommand):
             stubs=_stubs(options["stub"]),
             budget_usd=_dollars(options["budget_usd"]),
             concurrency=_whole(options["concurrency"], "--concurrency", low=1),
-            actor=check_text(options["actor"] or "cli", "--as (who is replaying)"),
+            actor=check_text(options["actor"] or DEFAULT_ACTOR, "--as (who is replaying)"),
             seed=_whole(options["seed"], "--seed"),
             delivery="batch" if options["batch"] else None,
             **selection,
@@ -314,8 +316,9 @@ class Command(DurableCommand):
 # ---- options ---------------------------------------------------------------------------------------------------
 
 
-def _given(value: Any) -> bool:
-    return value not in (None, False, [])
+def _given(value: Any, dest: str = "") -> bool:
+    # --as has a default (add_actor_argument's): only another actor counts as given.
+    return value not in (None, False, []) and not (dest == "actor" and value == DEFAULT_ACTOR)
 
 
 def _mode(options: dict[str, Any]) -> str | None:
@@ -327,7 +330,7 @@ def _mode(options: dict[str, Any]) -> str | None:
     mode = asked[0] if asked else None
     allowed = set(MODES[mode])
     for dest in (*SELECTION, "cohort", *CANDIDATE, *RUNNING, "output", "description"):
-        if dest in allowed or not _given(options.get(dest)):
+        if dest in allowed or not _given(options.get(dest), dest):
             continue
         if mode is None:
             owners = [flag(m) for m, dests in MODES.items() if m and dest in dests]

@@ -7,7 +7,7 @@ from typing import Any
 from django.core.management.base import CommandError
 
 from durable_agents import api, operations
-from durable_agents.management.commands._base import RUN_ID_HELP, USER_MISTAKE, DurableCommand
+from durable_agents.management.commands._base import RUN_ID_HELP, USER_MISTAKE, DurableCommand, add_actor_argument
 
 
 class Command(DurableCommand):
@@ -17,7 +17,7 @@ class Command(DurableCommand):
         super().add_arguments(parser)
         parser.add_argument("run_ids", nargs="+", metavar="RUN_ID", help=RUN_ID_HELP)
         parser.add_argument("--from-step", help="re-execute from this step (later checkpoints are superseded)")
-        parser.add_argument("--as", dest="actor", default="cli", help="who is acting (recorded in the history)")
+        add_actor_argument(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:
         if options["from_step"] is not None:

@@ -1,6 +1,7 @@
-"""durable_schedules [list | pause NAME | resume NAME | trigger NAME [--as USER] | delete NAME] [--json]: the
-schedules (and where code declares them), pausing or resuming one, starting one's run now (the console's "Trigger
-now"), and deleting one made with api.schedule (one declared in code is refused: the next sweep would bring it back).
+"""durable_schedules [list | pause NAME | resume NAME | trigger NAME | delete NAME] [--as USER] [--json]: the
+schedules (and where code declares them), pausing or resuming one (who did is kept on the schedule), starting one's
+run now (the console's "Trigger now"), and deleting one made with api.schedule (one declared in code is refused: the
+next sweep would bring it back).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from typing import Any
 from django.core.management.base import CommandError
 
 from durable_agents import api, operations
-from durable_agents.management.commands._base import USER_MISTAKE, DurableCommand
+from durable_agents.management.commands._base import USER_MISTAKE, DurableCommand, add_actor_argument
 
 ORIGINS = {"setting": 'declared in DURABLE_AGENTS["SCHEDULES"]', "workflow": "declared on its workflow (cron)"}
 
@@ -29,7 +30,8 @@ class Command(DurableCommand):
             "action", nargs="?", default="list", choices=["list", "pause", "resume", "trigger", "delete"]
         )
         parser.add_argument("name", nargs="?", help="the schedule's name (for pause, resume, trigger and delete)")
-        parser.add_argument("--as", dest="actor", default="cli", help="who triggers (recorded in the run's history)")
+        # Pause, resume and trigger record who acted; list and delete record nothing and ignore it.
+        add_actor_argument(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:
         action, name = options["action"], options["name"]
@@ -50,12 +52,21 @@ class Command(DurableCommand):
             else:
                 self.stdout.write(f"schedule {name} deleted; the runs it started stay")
             return
-        schedule = api.pause_schedule(name) if action == "pause" else api.resume_schedule(name)
+        verb = api.pause_schedule if action == "pause" else api.resume_schedule
+        schedule = verb(name, actor=options["actor"])
         if options["json"]:
-            self.emit_json({"name": schedule.name, "paused": schedule.paused, "next_slot": schedule.next_slot})
+            self.emit_json(
+                {
+                    "name": schedule.name,
+                    "paused": schedule.paused,
+                    "paused_changed_by": schedule.paused_changed_by,
+                    "next_slot": schedule.next_slot,
+                }
+            )
         else:
             state = "paused" if schedule.paused else f"active, next slot {schedule.next_slot.isoformat()}"
-            self.stdout.write(f"schedule {schedule.name}: {state}")
+            by = f" (by {schedule.paused_changed_by})" if schedule.paused_changed_by else ""
+            self.stdout.write(f"schedule {schedule.name}: {state}{by}")
 
     def _trigger(self, name: str, actor: str, as_json: bool) -> None:
         # A fresh token: each command starts a run (the console's button reuses its page's, against double posts).
@@ -75,7 +86,7 @@ class Command(DurableCommand):
                 'no schedules; declare one in DURABLE_AGENTS["SCHEDULES"] or with workflow(..., schedule=cron(...))'
             )
         for row in schedules:
-            state = "paused" if row["paused"] else f"next {row['next_slot']}"
+            state = f"paused by {row['paused_changed_by'] or '?'}" if row["paused"] else f"next {row['next_slot']}"
             last = f"last run {row['last_run']}" if row["last_run"] else "no run yet"
             overlap = f"overlap {row['overlap']}"
             if row["overlap_skipped"]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from durable_agents import api, operations
-from durable_agents.management.commands._base import RUN_ID_HELP, DurableCommand, parse_json_option
+from durable_agents.management.commands._base import RUN_ID_HELP, DurableCommand, add_actor_argument, parse_json_option
 
 
 class Command(DurableCommand):
@@ -16,7 +16,7 @@ class Command(DurableCommand):
         parser.add_argument("run_id", help=RUN_ID_HELP)
         parser.add_argument("name")
         parser.add_argument("--payload", help="JSON payload, e.g. '{\"paid\": true}'")
-        parser.add_argument("--as", dest="actor", default="cli")
+        add_actor_argument(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:
         payload = parse_json_option(options["payload"], "--payload")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from durable_agents import api, operations
-from durable_agents.management.commands._base import RUN_ID_HELP, DurableCommand
+from durable_agents.management.commands._base import RUN_ID_HELP, DurableCommand, add_actor_argument
 
 
 class Command(DurableCommand):
@@ -15,7 +15,7 @@ class Command(DurableCommand):
         super().add_arguments(parser)
         parser.add_argument("run_id", help=RUN_ID_HELP)
         parser.add_argument("participant")
-        parser.add_argument("--as", dest="actor", default="cli", help="who is acting (recorded in the history)")
+        add_actor_argument(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:
         run_id = operations.resolve_run_id(options["run_id"])
