@@ -732,7 +732,9 @@ def check_connection_loss(app_configs: Sequence[Any] | None = None, **kwargs: An
 def check_declared_schedules(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> list[CheckMessage]:
     """E017-E018: each declared schedule names a registered workflow, a valid cron, time zone and options, once."""
     return [
-        Error(problem.message, hint=problem.hint, id="durable_agents.E018" if problem.twice else "durable_agents.E017")
+        Error(problem.message, hint=problem.hint, id="durable_agents.E018")
+        if problem.twice
+        else Error(problem.message, hint=problem.hint, id="durable_agents.E017")
         for problem in declarations().problems
     ]
 

@@ -220,8 +220,9 @@ def cron(
 
         workflow("digest", steps=[call("send", send_digest)],
                  schedule=cron("0 3 * * *", timezone="Europe/Paris", input={"days": 1}))
-        workflow("report", steps=[...], schedule=[cron("0 6 * * 1-5", name="report-weekdays"),
-                                                   cron("0 9 * * 6", name="report-saturday", input={"short": True})])
+        workflow("report", steps=[call("render", render_report)],
+                 schedule=[cron("0 6 * * 1-5", name="report-weekdays"),
+                           cron("0 9 * * 6", name="report-saturday", input={"short": True})])
     """
     return Cron(expression, timezone, input, missed, catch_up_limit, overlap, name)
 

@@ -66,12 +66,18 @@ def _scheduled_report() -> dict[str, Any]:
     return {}
 
 
+def _schedule_steps() -> dict[str, Any]:
+    return {"send_digest": lambda ctx: {"days": ctx.input["days"]}, "render_report": lambda ctx: {}}
+
+
 SETUP: dict[str, Callable[[], dict[str, Any]]] = {
+    "cron": _schedule_steps,
     "Tool": _tool_objects,
     "agent": _refund_tools,
     "tool_step": _refund_tools,
     "schedule": _report_workflow,
     "trigger_schedule": _scheduled_report,
+    "pause_schedule": _scheduled_report,
 }
 
 
