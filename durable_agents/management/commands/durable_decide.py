@@ -13,10 +13,10 @@ class Command(DurableCommand):
 
     def add_arguments(self, parser: Any) -> None:
         super().add_arguments(parser)
-        parser.add_argument("wait_id")
+        parser.add_argument("wait_id", help="the open wait's id (the admin's Waits page and durable_show list them)")
         choice = parser.add_mutually_exclusive_group(required=True)
-        choice.add_argument("--approve", action="store_true")
-        choice.add_argument("--reject", action="store_true")
+        choice.add_argument("--approve", action="store_true", help="take the approved path")
+        choice.add_argument("--reject", action="store_true", help="take the rejected path")
         parser.add_argument("--comment", default="", help="why (recorded with the decision)")
         add_actor_argument(parser)
 

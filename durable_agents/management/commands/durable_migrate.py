@@ -18,7 +18,13 @@ class Command(DurableCommand):
     def add_arguments(self, parser: Any) -> None:
         super().add_arguments(parser)
         parser.add_argument("run_id", help=RUN_ID_HELP)
-        parser.add_argument("--version", dest="workflow_version", type=int, required=True)
+        parser.add_argument(
+            "--version",
+            dest="workflow_version",
+            type=int,
+            required=True,
+            help="the registered workflow version to move the run to",
+        )
         parser.add_argument("--replan", action="store_true", help="take the new version's plan for what is left")
         add_actor_argument(parser)
 
