@@ -66,6 +66,9 @@ ALLOWLIST = {
 }
 # Commands that change nothing: repeated until their expected output appears (a run reaching a state).
 READ_ONLY = re.compile(r"^python manage\.py (durable_show|durable_runs|durable_status|shell -c) ")
+FILE_CAPTION = re.compile(r"[\w./-]+\.(py|ini|toml|cfg|txt)")
+CODE_DIRECTIVES = {"code-block", "code", "sourcecode"}
+ILLUSTRATIONS = {"text"}  # expected output shown outside a console block, e.g. the approval email
 UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 
 
@@ -100,31 +103,61 @@ def pages() -> list[str]:
 
 
 def blocks(page: str) -> Iterator[Block]:
-    """The fenced code blocks of a page (backtick fences; ``:::`` admonitions hold prose only)."""
+    """The fenced code blocks of a page, indented ones too (``:::`` admonitions hold prose: their text is read on).
+
+    A fence names a language (```` ```console ````) or a directive: ``{code-block} LANG`` (or its aliases) is code
+    with options; ``{toctree}`` is not code; any other directive fails the test, which would not know what to do.
+    """
     lines = (TUTORIAL / page).read_text().splitlines()
     number = 0
     while number < len(lines):
-        opening = re.match(r"^(`{3,})\s*(\{code-block\}\s*)?([\w-]*)\s*$", lines[number])
+        opening = re.match(r"^(\s*)(`{3,})\s*(.*?)\s*$", lines[number])
         number += 1
         if not opening or not opening[3]:
             continue
-        if lines[number - 1].lstrip("`").startswith("{") and not opening[2]:
-            continue  # another directive ({toctree}): not code
-        block = Block(page, number, opening[3])
-        if opening[2]:
-            while number < len(lines) and (option := re.match(r"^:(\w+):\s*(.*)$", lines[number])):
+        indent, fence, info = opening.groups()
+        directive = re.match(r"^\{([\w-]+)\}\s*(.*)$", info)
+        if directive and directive[1] not in CODE_DIRECTIVES | {"toctree"}:
+            pytest.fail(f"docs/tutorial/{page}:{number}: a `{{{directive[1]}}}` block this test does not know")
+        block = Block(page, number, directive[2] if directive else info)
+        body: list[str] = []
+        while number < len(lines) and lines[number].strip() != fence:
+            body.append(lines[number].removeprefix(indent))
+            number += 1
+        number += 1
+        if directive and directive[1] == "toctree":
+            continue
+        if directive:
+            while body and (option := re.match(r"^:(\w+):\s*(.*)$", body[0])):
                 if option[1] == "caption":
                     block.caption = option[2].strip()
                 elif option[1] == "class":
                     block.classes = tuple(option[2].split())
-                number += 1
-            if number < len(lines) and not lines[number].strip():
-                number += 1
-        while number < len(lines) and lines[number] != opening[1]:
-            block.body.append(lines[number])
-            number += 1
-        number += 1
+                body.pop(0)
+            if body and not body[0].strip():
+                body.pop(0)
+        assert block.lang, f"{block.where}: a code block without a language"
+        block.body = body
         yield block
+
+
+def classify(block: Block) -> str:
+    """Whether a block is a "terminal", a "file" or an "illustration"; any other block fails the test, saying what
+    to write instead."""
+    if block.lang == "console":
+        if block.caption and not block.caption.startswith("Terminal: "):
+            pytest.fail(f"{block.where}: a console block's caption is `Terminal: NAME`, not {block.caption!r}")
+        return "terminal"
+    if block.caption:
+        if not FILE_CAPTION.fullmatch(block.caption):
+            pytest.fail(f"{block.where}: a captioned block is a file, captioned with its path; not {block.caption!r}")
+        return "file"
+    if block.lang in ILLUSTRATIONS or "illustration" in block.classes:
+        return "illustration"
+    pytest.fail(
+        f"{block.where}: a `{block.lang}` block this test would not run: caption it with a file's path, make it a "
+        "`console` block with `$ ` commands, or mark it `:class: illustration`"
+    )
 
 
 def commands(block: Block) -> list[Command]:
@@ -189,19 +222,16 @@ class Reader:
         self.clock = time.monotonic()
 
     def perform(self, block: Block) -> None:
-        if block.lang == "console":
-            if block.caption and not block.caption.startswith("Terminal: "):
-                pytest.fail(f"{block.where}: a console block's caption must be `Terminal: NAME`, not {block.caption!r}")
+        kind = classify(block)
+        if kind == "terminal":
             name = block.caption.removeprefix("Terminal: ")
             terminal = self.terminals.setdefault(name, Terminal(name, self.base, dict(self.env)))
             for command in commands(block):
                 self.command(terminal, command)
-        elif block.caption:
+        elif kind == "file":
             self.write(block)
 
     def write(self, block: Block) -> None:
-        if not re.fullmatch(r"[\w./-]+\.(py|ini|toml|cfg|txt)", block.caption):
-            pytest.fail(f"{block.where}: a captioned block is a file, captioned with its path; not {block.caption!r}")
         path = self.terminals[""].cwd / block.caption
         assert path.resolve().is_relative_to(self.base), f"{block.where}: {block.caption} is outside the project"
         text = "\n".join(block.body) + "\n"
@@ -368,6 +398,20 @@ def make_venv(venv: Path, tmp_path: Path) -> None:
         script = venv / "bin" / name
         script.write_text(f"#!{venv / 'bin' / 'python'}\nimport sys\n{line}\nsys.exit(main())\n")
         script.chmod(0o755)
+
+
+def test_tutorial__every_block_is_a_file_a_terminal_or_an_illustration() -> None:
+    kinds: dict[str, int] = {}
+    shown: set[str] = set()
+    for page in pages():
+        for block in blocks(page):
+            kind = classify(block)
+            kinds[kind] = kinds.get(kind, 0) + 1
+            if kind == "terminal":
+                shown.update(command.text for command in commands(block))
+    assert kinds.get("file", 0) >= 8 and kinds.get("terminal", 0) >= 15, f"pages or blocks went missing: {kinds}"
+    unused = set(ALLOWLIST) - shown
+    assert not unused, f"ALLOWLIST names commands the tutorial no longer has: remove {sorted(unused)}"
 
 
 @pytest.mark.timeout(600)
