@@ -27,7 +27,11 @@ uses its own SQLite file and file-system broker, in a temporary directory, never
 
 The agent step talks to Claude through the real ``anthropic`` SDK, pointed by ``ANTHROPIC_BASE_URL`` at the
 tutorial's own stand-in (``fake_claude.py``, built on ``durable_agents.testing.fake_anthropic``): the path the
-tutorial documents for a reader without an API key.
+tutorial documents for a reader without an API key. Port 8765, the tutorial's, must be free.
+
+It takes about 2.5 minutes on two busy cores, most of it the tutorial's own waits: the receipt step's 15 s (three
+times), a lease running out after the kill, and the Python start-up of some twenty `manage.py` commands. It needs
+no Postgres or Redis; run it alone with `pytest tests/e2e/test_tutorial.py`.
 """
 
 from __future__ import annotations
