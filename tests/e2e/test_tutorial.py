@@ -418,6 +418,14 @@ def test_tutorial__every_block_is_a_file_a_terminal_or_an_illustration() -> None
     assert not unused, f"ALLOWLIST names commands the tutorial no longer has: remove {sorted(unused)}"
 
 
+def test_tutorial__an_expected_line_matches_its_own_words_in_order_and_no_others() -> None:
+    printed = "steps:\n     2  send_receipt             done       attempts 2  15062.829 ms\nevents:\n"
+    assert missing_lines(["steps:", "…", "     2  send_receipt  done  attempts 2  …"], printed) == []
+    assert missing_lines(["     2  send_receipt  done  attempts 1  …"], printed), "attempts 1 matched attempts 2"
+    assert missing_lines(["events:", "steps:"], printed) == ["steps:"], "lines matched out of order"
+    assert missing_lines(["send_receipt"], printed), "a word matched a line: a line matches a whole line"
+
+
 @pytest.mark.timeout(600)
 def test_tutorial__performed_as_written_reaches_a_refund_made_once_after_a_kill(tmp_path: Path) -> None:
     venv = tmp_path / "venv"
