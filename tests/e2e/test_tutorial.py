@@ -27,7 +27,7 @@ uses its own SQLite file and file-system broker, in a temporary directory, never
 
 The agent step talks to Claude through the real ``anthropic`` SDK, pointed by ``ANTHROPIC_BASE_URL`` at the
 tutorial's own stand-in (``fake_claude.py``, built on ``durable_agents.testing.fake_anthropic``): the path the
-tutorial documents for a reader without an API key. Port 8765, the tutorial's, must be free.
+tutorial documents for a reader without an API key, on a free port in place of the tutorial's 8765.
 
 It takes about 2.5 minutes on two busy cores, most of it the tutorial's own waits: the receipt step's 15 s (three
 times), a lease running out after the kill, and the Python start-up of some twenty `manage.py` commands. It needs
@@ -41,6 +41,7 @@ import os
 import re
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import sysconfig
@@ -205,6 +206,15 @@ class Terminal:
     log: Path | None = None
 
 
+TUTORIAL_PORT = 8765  # the port the pages give Claude's stand-in
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 class Reader:
     """Performs the tutorial's blocks in order, in `base` (the reader's empty directory)."""
 
@@ -219,7 +229,10 @@ class Reader:
             "PYTHONUNBUFFERED": "1",
         }
         self.terminals: dict[str, Terminal] = {"": Terminal("", base, dict(self.env))}
-        self.ids: dict[str, str] = {}  # a run id the pages show → the id of the run this test started
+        # What the pages show → what this test uses: a run id → the id of the run it started; the stand-in's port
+        # 8765 → a port free on this machine (a second suite beside this one must not collide on it).
+        self.ids: dict[str, str] = {f"127.0.0.1:{TUTORIAL_PORT}": f"127.0.0.1:{free_port()}"}
+        self.ids[f"port={TUTORIAL_PORT}"] = "port=" + self.ids[f"127.0.0.1:{TUTORIAL_PORT}"].rpartition(":")[2]
         self.run_ids: list[str] = []
         self.allowed: list[str] = []
         self.started: list[subprocess.Popen[bytes]] = []
@@ -239,6 +252,8 @@ class Reader:
         path = self.terminals[""].cwd / block.caption
         assert path.resolve().is_relative_to(self.base), f"{block.where}: {block.caption} is outside the project"
         text = "\n".join(block.body) + "\n"
+        for shown, actual in self.ids.items():
+            text = text.replace(shown, actual)
         if "append" in block.classes:
             assert path.exists(), f"{block.where}: appends to {block.caption}, which does not exist yet"
             with path.open("a") as handle:
