@@ -1,0 +1,258 @@
+"""Every Python and shell example in README.md, docs/howto and docs/explanation runs here, so none can drift.
+
+Each fenced block is checked by its kind, which its fence declares (MyST's ``{code-block}`` directive):
+
+* ``:class: settings`` — a settings fragment: exec'd after tests/settings.py in a settings module of its own
+  (with durable_agents taken out of INSTALLED_APPS first, so a fragment adding it is not a duplicate), then
+  Django's system checks run on it in a fresh process and must find no error;
+* ``:class: run`` — Python a reader runs: a page's run blocks are exec'd in order in one namespace, in this
+  process, on the test database, with the registries isolated (a block that starts a run drives it itself);
+* ``console`` — shell lines with ``$`` prompts: ``python manage.py <command>`` lines of SAFE_COMMANDS run with
+  call_command on the test database and must succeed; every other line must match ALLOWED_COMMANDS, which
+  says why it does not run here (it installs software, starts a long-lived process, runs the whole suite);
+* whole modules are not fenced at all: pages ``literalinclude`` them from docs/examples/ (or from the example
+  project), and the tests here (and tests/integration/test_docs_testing_example.py) run those projects.
+
+A Python or shell block that is none of these, and not in ALLOWED_BLOCKS with a reason, fails
+test_docs__every_python_and_shell_block_is_checked, which lists each by file and line.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import sys
+import textwrap
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from django.core.management import call_command
+
+from tests.conftest import ROOT
+from tests.integration.user_project import run_user_tests, write_user_project
+
+pytest_plugins = ["pytester"]
+
+PAGES = sorted(
+    [ROOT / "README.md", *(ROOT / "docs" / "howto").glob("*.md"), *(ROOT / "docs" / "explanation").glob("*.md")]
+)
+EXAMPLES = ROOT / "docs" / "examples"
+PYTHON = {"python", "py", "python3"}
+SHELL = {"console", "bash", "sh", "shell", "shell-session"}
+
+# `python manage.py <name> ...` lines that run here, against the test database.
+SAFE_COMMANDS = {"check", "migrate", "sqlmigrate", "durable_start", "durable_runs", "durable_sweep",
+                 "durable_schedules", "durable_prune"}
+
+# Shell lines that do not run here, each with the reason (a regular expression matched from the line's start).
+ALLOWED_COMMANDS: list[tuple[str, str]] = [
+    (r"scripts/demo\b", "the demo: tests/e2e/test_demo.py runs it"),
+    (r"DATABASE_URL=\S+ CELERY_BROKER_URL=\S+ scripts/demo", "the demo on Postgres: tests/e2e/test_demo.py"),
+    (r"OTEL_TRACES_EXPORTER=otlp \S+ scripts/demo", "the demo sending spans to a viewer: tests/e2e/test_otlp_export.py"),
+    (r"scripts/test\b", "the whole suite: this test is part of it"),
+    (r"pip install\b", "installs software"),
+    (r"celery -A \S+ (worker|beat)\b", "a long-lived process: tests start real workers with start_worker"),
+    (r"OTEL_TRACES_EXPORTER=\S+ celery -A", "a long-lived worker exporting spans: tests/e2e/test_otlp_export.py"),
+    (r"phoenix serve", "a trace viewer, installed apart"),
+    (r"export ", "sets a production environment"),
+    (r"python -m sphinx\b", "the documentation build: CI builds the site with -W"),
+    (r"python bench/", "a benchmark: prints figures, minutes long (bench/ is not a test)"),
+    (r"PGOPTIONS=\S+ python manage.py migrate", "the same migrate with a lock timeout: test_upgrades.py migrates"),
+    (r"python manage.py durable_replay\b", "needs recorded runs: tests/integration/test_durable_replay_command.py"),
+    (r"python manage.py (durable_status|durable_show|durable_resume|durable_cancel|durable_decide|durable_effect)\b",
+     "needs a live system or a run id: tests/integration/test_commands.py runs each"),
+]
+
+# Python or shell blocks that are neither run nor fenced as a kind above: (page, first line) -> why.
+ALLOWED_BLOCKS: dict[tuple[str, str], str] = {
+    ("docs/howto/replay.md", "from durable_agents import api"):
+        "needs a cohort of recorded runs and workers: tests/integration/test_replay_lab.py makes the same calls",
+}
+
+
+@dataclass
+class Block:
+    page: str
+    line: int
+    lang: str
+    options: dict[str, str] = field(default_factory=dict)
+    text: str = ""
+
+    @property
+    def kind(self) -> str:
+        return self.options.get("class", "")
+
+    @property
+    def first_line(self) -> str:
+        return next((line.strip() for line in self.text.splitlines() if line.strip()), "")
+
+    def __str__(self) -> str:
+        return f"{self.page}:{self.line} ({self.lang}{', ' + self.kind if self.kind else ''})"
+
+
+FENCE = re.compile(r"^(?P<fence>`{3,}|~{3,})(?P<info>.*)$")
+
+
+def blocks(path: Path) -> list[Block]:
+    """The fenced blocks of a Markdown page, with a {code-block}'s language and options."""
+    found: list[Block] = []
+    lines = path.read_text().splitlines()
+    i = 0
+    while i < len(lines):
+        match = FENCE.match(lines[i])
+        if not match:
+            i += 1
+            continue
+        fence, info = match["fence"], match["info"].strip()
+        directive = re.match(r"\{(code-block|code|sourcecode)\}\s*(\S*)", info)
+        lang = directive[2] if directive else (info.split()[0] if info else "")
+        if info.startswith("{") and not directive:
+            lang = "directive"
+        block = Block(str(path.relative_to(ROOT)), i + 1, lang.lower())
+        i += 1
+        while directive and i < len(lines) and (m := re.match(r"^:(\w[\w-]*):\s*(.*)$", lines[i])):
+            block.options[m[1]] = m[2].strip()
+            i += 1
+        body = []
+        while i < len(lines) and not lines[i].startswith(fence):
+            body.append(lines[i])
+            i += 1
+        block.text = "\n".join(body).strip("\n") + "\n"
+        found.append(block)
+        i += 1
+    return found
+
+
+ALL = [block for page in PAGES for block in blocks(page)]
+
+
+def commands(block: Block) -> list[str]:
+    """The `$ ` lines of a console block, continuation lines joined."""
+    found, current = [], None
+    for line in block.text.splitlines():
+        if line.startswith("$ "):
+            current = line[2:]
+            found.append(current)
+        elif current is not None and found[-1].endswith("\\"):
+            found[-1] = found[-1][:-1] + " " + line.strip()
+    return found
+
+
+def without_comment(command: str) -> str:
+    return shlex.join(shlex.split(command, comments=True))
+
+
+def allowed_reason(command: str) -> str | None:
+    return next((why for pattern, why in ALLOWED_COMMANDS if re.match(pattern, command)), None)
+
+
+def is_safe(command: str) -> bool:
+    words = shlex.split(command, comments=True)
+    return words[:2] == ["python", "manage.py"] and len(words) > 2 and words[2] in SAFE_COMMANDS
+
+
+def problems(block: Block) -> list[str]:
+    if block.lang in PYTHON:
+        if block.kind in ("settings", "run") or (block.page, block.first_line) in ALLOWED_BLOCKS:
+            return []
+        return [f"{block}: a Python block must be a {{code-block}} with `:class: settings` or `:class: run`, "
+                "a literalinclude of a file a test runs, or be in ALLOWED_BLOCKS with a reason"]
+    if block.lang in SHELL:
+        if block.lang != "console":
+            return [f"{block}: write shell as a `console` block with `$ ` prompts, so each line can be checked"]
+        lines = commands(block)
+        if not lines:
+            return [f"{block}: a console block with no `$ ` command"]
+        return [f"{block}: `{line}` neither runs here (SAFE_COMMANDS) nor is in ALLOWED_COMMANDS with a reason"
+                for line in lines if not is_safe(line) and allowed_reason(line) is None]
+    return []
+
+
+def test_docs__every_python_and_shell_block_is_checked():
+    assert ALL, "no fenced block found: has the documentation moved?"
+    found = [problem for block in ALL for problem in problems(block)]
+    assert not found, "examples no test checks:\n" + "\n".join(found)
+
+
+def test_docs__the_allow_lists_name_only_what_the_pages_still_show():
+    firsts = {(block.page, block.first_line) for block in ALL}
+    stale = [key for key in ALLOWED_BLOCKS if key not in firsts]
+    assert not stale, f"ALLOWED_BLOCKS names blocks no page shows any more: {stale}; remove them"
+
+
+SETTINGS_BLOCKS = [block for block in ALL if block.lang in PYTHON and block.kind == "settings"]
+
+
+@pytest.mark.parametrize("block", SETTINGS_BLOCKS, ids=str)
+def test_docs__a_settings_fragment_passes_the_system_checks(block: Block, tmp_path: Path):
+    module = tmp_path / "fragment_settings.py"
+    module.write_text(
+        "from tests.settings import *  # noqa\n"
+        "import copy\n"
+        "DURABLE_AGENTS = copy.deepcopy(DURABLE_AGENTS)\n"
+        "DATABASES = copy.deepcopy(DATABASES)\n"
+        'INSTALLED_APPS = [app for app in INSTALLED_APPS if app != "durable_agents"]\n'
+        f"# {block}\n{block.text}"
+        'if "durable_agents" not in INSTALLED_APPS:\n    INSTALLED_APPS = [*INSTALLED_APPS, "durable_agents"]\n'
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "django", "check", "--fail-level", "ERROR"],
+        cwd=ROOT,
+        env={**_environ(), "DJANGO_SETTINGS_MODULE": "fragment_settings", "PYTHONPATH": f"{tmp_path}:{ROOT}"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, f"{block}: the system checks refuse this fragment:\n{result.stderr[-3000:]}"
+
+
+def _environ() -> dict[str, str]:
+    import os
+
+    return {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+
+
+RUN_PAGES = sorted({block.page for block in ALL if block.lang in PYTHON and block.kind == "run"})
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("page", RUN_PAGES)
+def test_docs__a_pages_python_runs_in_order(page: str, isolated_registries):
+    namespace: dict[str, object] = {"__name__": f"docs_{Path(page).stem.replace('-', '_')}"}
+    for block in (b for b in ALL if b.page == page and b.lang in PYTHON and b.kind == "run"):
+        code = compile(textwrap.dedent(block.text), str(block), "exec")
+        try:
+            exec(code, namespace)  # noqa: S102 - the documentation's own examples
+        except Exception as exc:
+            pytest.fail(f"{block}: the example raised {type(exc).__name__}: {exc}")
+
+
+SAFE_LINES = [(block, line) for block in ALL if block.lang == "console" for line in commands(block) if is_safe(line)]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(("block", "line"), SAFE_LINES, ids=[f"{b}: {line}" for b, line in SAFE_LINES])
+def test_docs__a_management_command_shown_runs(block: Block, line: str, capsys):
+    words = shlex.split(line, comments=True)[2:]
+    try:
+        call_command(*words)
+    except SystemExit as exc:
+        assert exc.code in (0, None), f"{block}: `{line}` exited {exc.code}: {capsys.readouterr().err}"
+
+
+def test_docs_compensation_example__the_compensating_tool_receives_what_the_page_says(
+    pytester: pytest.Pytester, monkeypatch
+):
+    example = EXAMPLES / "compensation"
+    write_user_project(
+        pytester,
+        models=(example / "shop" / "models.py").read_text(),
+        workflows=(example / "shop" / "workflows.py").read_text(),
+        tests={"test_compensation.py": (example / "tests" / "test_compensation.py").read_text()},
+    )
+
+    result = run_user_tests(pytester, monkeypatch)
+
+    result.assert_outcomes(passed=1)
