@@ -30,6 +30,8 @@ from pathlib import Path
 import pytest
 from django.core.management import call_command
 
+from durable_agents.tools import tools
+from durable_agents.workflows import registry
 from tests.conftest import ROOT
 from tests.integration.user_project import run_user_tests, write_user_project
 
@@ -217,9 +219,13 @@ def _environ() -> dict[str, str]:
 RUN_PAGES = sorted({block.page for block in ALL if block.lang in PYTHON and block.kind == "run"})
 
 
-@pytest.mark.django_db(transaction=True)
+@pytest.mark.django_db(transaction=True)  # as workers see it: family hooks run on commit
 @pytest.mark.parametrize("page", RUN_PAGES)
 def test_docs__a_pages_python_runs_in_order(page: str, isolated_registries):
+    # A page's examples run as in a fresh project: none of the test app's workflows and tools (isolated_registries
+    # puts them back after).
+    registry._workflows = {}
+    tools._tools = {}
     namespace: dict[str, object] = {"__name__": f"docs_{Path(page).stem.replace('-', '_')}"}
     for block in (b for b in ALL if b.page == page and b.lang in PYTHON and b.kind == "run"):
         code = compile(textwrap.dedent(block.text), str(block), "exec")
@@ -232,7 +238,7 @@ def test_docs__a_pages_python_runs_in_order(page: str, isolated_registries):
 SAFE_LINES = [(block, line) for block in ALL if block.lang == "console" for line in commands(block) if is_safe(line)]
 
 
-@pytest.mark.django_db(transaction=True)
+@pytest.mark.django_db
 @pytest.mark.parametrize(("block", "line"), SAFE_LINES, ids=[f"{b}: {line}" for b, line in SAFE_LINES])
 def test_docs__a_management_command_shown_runs(block: Block, line: str, capsys):
     words = shlex.split(line, comments=True)[2:]

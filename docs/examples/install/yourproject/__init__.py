@@ -1,0 +1,1 @@
+from yourproject.celery import app as celery_app
