@@ -1,4 +1,5 @@
 from durable_agents.api import tool, tool_step, wait_for_signal, workflow
+
 from shop.models import Booking
 
 
@@ -20,7 +21,10 @@ def cancel_booking(guest: str, nights: int, *, idempotency_key: str, ctx) -> dic
     return {"cancelled": booking.pk}
 
 
-workflow("hotel_stay", steps=[
-    tool_step("book", book_room, args=lambda ctx: {"guest": ctx.input["guest"], "nights": ctx.input["nights"]}),
-    wait_for_signal("check_in", signal="checked_in"),
-])
+workflow(
+    "hotel_stay",
+    steps=[
+        tool_step("book", book_room, args=lambda ctx: {"guest": ctx.input["guest"], "nights": ctx.input["nights"]}),
+        wait_for_signal("check_in", signal="checked_in"),
+    ],
+)

@@ -1,4 +1,5 @@
 from durable_agents import api
+
 from shop.models import Booking
 
 

@@ -1,6 +1,7 @@
 from decimal import Decimal
 
 from durable_agents.api import agent, tool, workflow
+
 from shop.models import Refund
 
 
@@ -13,7 +14,14 @@ def issue_refund(order_id: str, amount: Decimal, *, idempotency_key: str) -> dic
     return {"refund": refund.pk, "amount": str(refund.amount)}
 
 
-workflow("refund_request", steps=[
-    agent("resolve", instructions="You handle refund requests.", tools=[issue_refund],
-          prompt=lambda ctx: ctx.input["message"]),
-])
+workflow(
+    "refund_request",
+    steps=[
+        agent(
+            "resolve",
+            instructions="You handle refund requests.",
+            tools=[issue_refund],
+            prompt=lambda ctx: ctx.input["message"],
+        ),
+    ],
+)

@@ -3,6 +3,7 @@ from decimal import Decimal
 from durable_agents import api
 from durable_agents.testing import wait_for_run
 from durable_agents.testing.fake_anthropic import Reply
+
 from shop.models import Refund
 
 
