@@ -13,7 +13,8 @@ instead):
   call_command on the test database and must succeed; every other line must match ALLOWED_COMMANDS, which
   says why it does not run here (it installs software, starts a long-lived process, runs the whole suite);
 * whole modules are not fenced at all: pages ``literalinclude`` them from docs/examples/ (or from the example
-  project), and the tests here (and tests/integration/test_docs_testing_example.py) run those projects.
+  project), and the tests here (and tests/integration/test_docs_testing_example.py) run those projects; the
+  install example's Celery app is the one every user-project test starts, and its URLs are loaded.
 
 A Python or shell block that is none of these, and not in ALLOWED_BLOCKS with a reason, fails
 test_docs__every_python_and_shell_block_is_checked, which lists each by file and line.
@@ -319,3 +320,25 @@ def test_docs_compensation_example__the_compensating_tool_receives_what_the_page
     result = run_user_tests(pytester, monkeypatch)
 
     result.assert_outcomes(passed=1)
+
+
+def test_docs_install_example__the_celery_app_is_the_one_every_user_project_test_runs():
+    # tests/integration/user_project.py's CELERY starts the workers of every user-project test (the testing and
+    # compensation examples here): the install guide shows the same module, named for the reader's project.
+    from tests.integration import user_project
+
+    shown = (EXAMPLES / "install" / "yourproject" / "celery.py").read_text()
+    assert shown.strip() == user_project.CELERY.replace("shopsite", "yourproject").strip(), (
+        "docs/examples/install/yourproject/celery.py differs from the Celery app the user-project tests run"
+    )
+    package = (EXAMPLES / "install" / "yourproject" / "__init__.py").read_text()
+    assert "from yourproject.celery import app as celery_app" in package
+
+
+def test_docs_install_example__the_urls_include_the_admin_and_the_decision_links():
+    namespace: dict[str, object] = {}
+    exec((EXAMPLES / "install" / "yourproject" / "urls.py").read_text(), namespace)  # noqa: S102
+
+    included = [getattr(pattern, "urlconf_module", None) for pattern in namespace["urlpatterns"]]
+    assert any(getattr(module, "__name__", "") == "durable_agents.urls" for module in included), included
+    assert any(str(pattern.pattern) == "admin/" for pattern in namespace["urlpatterns"])
