@@ -2,10 +2,10 @@
 test_model_worker_billed_answers.py), imported by the test process and by its workers
 (`--include tests.model_worker_flows`).
 
-* GATED_CONVERSATION: one agent step with a read-only tool, `wait_at_gate`, which waits (I/O-bound, as the README
-  allows on the model worker: it polls Redis) until the test opens the gate. The fake model asks for the tool when
-  the prompt says "slow", and answers in text otherwise.
-* AGENT_THEN_CRUNCH: an agent step, then a plain `call` step (the kind the README sends to prefork: "make
+* GATED_CONVERSATION: one agent step with a read-only tool, `wait_at_gate`, which waits (I/O-bound, as the
+  workers how-to allows on the model worker: it polls Redis) until the test opens the gate. The fake model asks
+  for the tool when the prompt says "slow", and answers in text otherwise.
+* AGENT_THEN_CRUNCH: an agent step, then a plain `call` step (the kind docs/howto/workers.md sends to prefork: "make
   CPU-heavy work a step of its own, which runs on prefork") that records which pool ran it.
 """
 

@@ -8,8 +8,8 @@ CELERY_BROKER_URL      default: redis://127.0.0.1:6379/15 (amqp://...: a quorum 
 DURABLE_TEST_EXCHANGE_TYPE  on RabbitMQ, the queue's exchange type instead (e.g. "topic")
 DJANGO_DB_POOL         N: a psycopg pool of at most N connections per process (the model worker's tests)
 DJANGO_DB_POOL_TIMEOUT seconds a task waits for a pooled connection (default 60, as in production)
-DJANGO_DB_TRANSACTION_POOLER  1: DATABASE_URL is a pooler in transaction mode (PgBouncer): the settings the README's
-                       "Connection poolers" gives (tests/integration/test_poolers.py)
+DJANGO_DB_TRANSACTION_POOLER  1: DATABASE_URL is a pooler in transaction mode (PgBouncer): the settings
+                       docs/howto/poolers.md gives (tests/integration/test_poolers.py)
 DURABLE_TEST_SETTINGS  a JSON object merged into DURABLE_AGENTS: per-test settings for worker subprocesses
 DURABLE_NOTIFY_QUEUE   a queue of their own for notification deliveries
 """
@@ -118,7 +118,7 @@ LOGGING = {
     "loggers": {"durable_agents": {"level": os.environ.get("DURABLE_LOG_LEVEL", "WARNING")}},
 }
 
-# Celery as the README configures it: no global task setting (the durable tasks carry their own options: late
+# Celery as docs/howto/install.md configures it: no global task setting (the durable tasks carry their own options: late
 # acks, requeued when a worker is lost, JSON, no results); one message at a time per worker process.
 CELERY_BROKER_URL = os.environ["CELERY_BROKER_URL"]
 if CELERY_BROKER_URL.startswith("amqp"):
@@ -153,7 +153,8 @@ DURABLE_AGENTS = {
 }
 
 # Per-test settings for worker subprocesses, which cannot see a test's override_settings: a JSON object
-# merged into DURABLE_AGENTS, and a queue of their own for notification deliveries (as the README advises).
+# merged into DURABLE_AGENTS, and a queue of their own for notification deliveries (as
+# docs/howto/notifications.md advises).
 DURABLE_AGENTS.update(json.loads(os.environ.get("DURABLE_TEST_SETTINGS", "{}")))
 if os.environ.get("DURABLE_NOTIFY_QUEUE"):
     CELERY_TASK_ROUTES = {"durable_agents.deliver_notification": {"queue": os.environ["DURABLE_NOTIFY_QUEUE"]}}

@@ -1,7 +1,7 @@
 """The example project's settings read the app's knobs from the environment, and refuse bad values by name.
 
 Each case loads project/settings.py in a fresh process, as gunicorn and the workers load it, with only the
-variables under test set (README, "Production", lists them).
+variables under test set (docs/howto/production.md lists them).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 happened to the model worker's connection: the pool exhausted, the pooled connection dead, the retry failing too,
 or the holder taken over while its call was in flight.
 
-Each test asserts a guarantee (DESIGN.md §2, README "Workers") of the model worker's runtime (gevent pool, Django's
+Each test asserts a guarantee (DESIGN.md §2, docs/howto/workers.md) of the model worker's runtime (gevent pool, Django's
 psycopg pool, release_connection, queue routing). Nothing here waits on timing it does not control except bounded
 observation windows (a lease lost or not within N leases), which never make a correct engine fail.
 """

@@ -2,7 +2,7 @@
 conversation its lease, a plain step never runs on the model worker, a SIGSTOPped worker thawed after a takeover
 repeats nothing journaled, and ask() inside a transaction keeps its writes and locks.
 
-Each test asserts a guarantee (DESIGN.md §2, README "Workers") of the model worker's runtime (gevent pool, Django's
+Each test asserts a guarantee (DESIGN.md §2, docs/howto/workers.md) of the model worker's runtime (gevent pool, Django's
 psycopg pool, release_connection, queue routing). Nothing here waits on timing it does not control except bounded
 observation windows (a lease lost or not within N leases), which never make a correct engine fail.
 """
@@ -95,7 +95,7 @@ def test_pool__a_tool_holding_the_pooled_connection_does_not_cost_other_conversa
     fake, routed, gate, start_worker
 ):
     """Conversation B waits on the model (holding no connection, as designed). Conversation A's agent calls an
-    I/O-bound tool on the same model worker (the README allows it: "keep them I/O-bound (database, HTTP)"). A's
+    I/O-bound tool on the same model worker (workers.md allows it: "keep them I/O-bound (database, HTTP)"). A's
     step still holds the pooled connection its journal took (CONN_MAX_AGE 0 only gives it back at task end or at
     the next `ask`), so while the tool waits the pool is empty — and the process's lease renewer needs a pooled
     connection too (lease.py `_Renewer._renew` → `renew_leases` → `connection.cursor()`): it waits up to the pool's
@@ -114,7 +114,7 @@ def test_pool__a_tool_holding_the_pooled_connection_does_not_cost_other_conversa
     a = api.start(flows.GATED_CONVERSATION, {"mode": "slow", "tag": "A", "order_id": "A-1"})
     wait_for(lambda: int(gate.get(flows.AT_GATE) or 0) >= 1, timeout=60, what="A's tool to start waiting")
 
-    # A second model worker (the README: "more model_worker processes raise the figure").
+    # A second model worker (docs/howto/workers.md: "more model_worker processes raise the figure").
     model_worker(start_worker, fake, db_pool=4, **patient)
 
     # Observe B for three leases while A's tool waits: a live worker's heartbeat must keep B's lease.
@@ -143,7 +143,7 @@ def test_pool__a_tool_holding_the_pooled_connection_does_not_cost_other_conversa
 
 @pytest.mark.slow
 def test_routing__a_plain_step_never_runs_on_the_gevent_model_worker(fake, routed, start_worker):
-    """The README: every step other than agent/judge/planner/approval "stays on the default queue and its prefork
+    """workers.md: every step other than agent/judge/planner/approval "stays on the default queue and its prefork
     workers, where CPU-bound code belongs"; "make CPU-heavy work a step of its own, which runs on prefork" (a
     CPU-bound greenlet stops every other greenlet, the lease renewer included).
 

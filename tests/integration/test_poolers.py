@@ -1,7 +1,7 @@
 """The engine behind PgBouncer in transaction mode: nothing it needs lives in a session beyond its transaction.
 
 Real `celery worker` processes, commands and prune passes connect through a real PgBouncer (tests/integration/
-pgbouncer.py) with the settings the README's "Connection poolers" gives (tests/settings.py,
+pgbouncer.py) with the settings docs/howto/poolers.md gives (tests/settings.py,
 DJANGO_DB_TRANSACTION_POOLER): `DISABLE_SERVER_SIDE_CURSORS` and psycopg's `prepare_threshold` None. This process
 sets up and checks directly against Postgres. Each test also checks that its processes did log in through
 PgBouncer, not around it.

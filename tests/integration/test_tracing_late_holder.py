@@ -1,5 +1,5 @@
 """A worker whose lease expired while it still ran (a zombie: a long GC pause, a partition) shows its attempt twice,
-as README's "Tracing" says: drawn `worker_lost` by the worker that took over (from the claim to the lease's expiry:
+as docs/howto/tracing.md says: drawn `worker_lost` by the worker that took over (from the claim to the lease's expiry:
 the takeover cannot tell a dead holder from a late one by the lease alone), and its own span, ended `lease_lost`
 when it finds its work refused. Both failed; the takeover's attempt, the next one, completes."""
 

@@ -1,7 +1,7 @@
 """Migrations: models and migrations agree, and every migration is safe while the previous release still runs.
 
-A rolling deploy runs `migrate` while the previous release's processes go on starting and advancing runs (README,
-"Upgrading"). From the first migration after the first release onwards, no migration may:
+A rolling deploy runs `migrate` while the previous release's processes go on starting and advancing runs
+(docs/howto/upgrade.md). From the first migration after the first release onwards, no migration may:
 
   not-null-without-db-default  add a NOT NULL column without a database default to an existing table: the previous
                                release's inserts do not name the column and fail (Django drops the default it adds the
@@ -46,7 +46,7 @@ RELEASES = {"0.1.0": "0007_plans_forks"}
 PREDATE_THE_RULES = {
     ("0019_conversation_fidelity", "blocks-writes", "durable_agents_turn.content"): (
         "jsonb to text rewrites the turn table under an exclusive lock; the previous release reads and writes the "
-        "text column (models.OrderedJSONField); README, Upgrading, names the pause"
+        "text column (models.OrderedJSONField); docs/howto/upgrade.md names the pause"
     ),
     ("0019_conversation_fidelity", "blocks-writes", "durable_agents_turn.tool_results"): (
         "the same rewrite as content's, in the same statement's table"

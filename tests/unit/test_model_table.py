@@ -119,10 +119,10 @@ def test_checks__an_unknown_model_is_a_warning_and_a_bad_models_entry_an_error(i
     assert "durable_agents.W009" in found and "claude-next-7" in found["durable_agents.W009"].msg
 
 
-def test_model_table__the_readme_shows_the_table_as_declared():
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    found = re.search(r"<!-- model table:[^\n]*-->\n(?P<table>.*?)\n<!-- end of model table -->", readme, re.DOTALL)
+def test_model_table__the_docs_show_the_table_as_declared():
+    page = (Path(__file__).resolve().parents[2] / "docs" / "explanation" / "claude-today.md").read_text()
+    found = re.search(r"<!-- model table:[^\n]*-->\n(?P<table>.*?)\n<!-- end of model table -->", page, re.DOTALL)
     assert found and found["table"].strip() == model_table(), (
-        "README.md's model table differs from capabilities.py: paste the output of "
+        "docs/explanation/claude-today.md's model table differs from capabilities.py: paste the output of "
         "python -c 'from durable_agents.agents.capabilities import model_table; print(model_table())'"
     )

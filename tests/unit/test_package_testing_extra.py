@@ -1,5 +1,5 @@
-"""The package's `testing` extra is what the README says it is, and installs everything its testing code and the
-README's testing example import."""
+"""The package's `testing` extra is what the documentation says it is, and installs everything its testing code and
+the testing guide's example import."""
 
 from __future__ import annotations
 
@@ -14,10 +14,13 @@ from tests.integration import user_project
 
 ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
-README = (ROOT / "README.md").read_text()
+# The pages that sell the extra: the install guide lists it, the testing guide is about it.
+PAGES = (ROOT / "docs" / "howto" / "install.md", ROOT / "docs" / "howto" / "testing.md")
+TESTING_GUIDE = ROOT / "docs" / "howto" / "testing.md"
+TESTING_EXAMPLE = ROOT / "docs" / "examples" / "testing"  # the guide's literalinclude'd project
 PROJECT = PYPROJECT["project"]["name"]
 
-# The README example's own packages (the user's project), not something to install.
+# The testing guide example's own packages (the user's project), not something to install.
 EXAMPLE_PACKAGES = {"shop", "shopsite", "yourproject"}
 
 
@@ -68,17 +71,15 @@ def third_party(modules: set[str]) -> set[str]:
     return {m for m in modules if m not in sys.stdlib_module_names and m != "durable_agents"} - EXAMPLE_PACKAGES
 
 
-def readme_testing_section() -> str:
-    start = README.index("### Testing your workflows")
-    return README[start : README.index("\n## ", start)]
-
-
-def readme_testing_imports() -> dict[str, set[str]]:
-    """Imports of each Python block of the README's testing section, and of the test settings it describes
-    (read DATABASE_URL with dj-database-url), as tests/integration/user_project.py writes them for a user."""
-    blocks = re.findall(r"```python\n(.*?)```", readme_testing_section(), re.S)
-    assert blocks, "the README's testing section lost its Python example: fix readme_testing_section()"
-    sources = {f"README testing example #{i + 1}": block for i, block in enumerate(blocks)}
+def imports_of_the_testing_guide() -> dict[str, set[str]]:
+    """Imports of the testing guide's example (its Python blocks and the project files it includes), and of the
+    test settings it describes (read DATABASE_URL with dj-database-url), as tests/integration/user_project.py
+    writes them for a user."""
+    blocks = re.findall(r"```(?:python|\{code-block\} python)\n(.*?)```", TESTING_GUIDE.read_text(), re.S)
+    sources = {f"{TESTING_GUIDE.name} example #{i + 1}": block for i, block in enumerate(blocks)}
+    files = sorted(TESTING_EXAMPLE.rglob("*.py"))
+    assert files, f"{TESTING_EXAMPLE.relative_to(ROOT)} lost its example project: fix imports_of_the_testing_guide()"
+    sources.update({str(path.relative_to(ROOT)): path.read_text() for path in files})
     sources["the test settings (tests/integration/user_project.py SETTINGS)"] = user_project.SETTINGS
     sources["the Celery app (tests/integration/user_project.py CELERY)"] = user_project.CELERY
     return {where: top_level_imports(source) for where, source in sources.items()}
@@ -100,12 +101,16 @@ def uncovered(imports: dict[str, set[str]], extra: str = "testing") -> list[str]
     return missing
 
 
-def test_package__the_testing_extra_is_what_the_readme_says_it_is():
-    """README sold `durable-agents[testing]` as "the pytest plugin"; the wheel declares no pytest11 entry point and
-    durable_agents has no fixtures: the worker fixtures live in this repository's tests/conftest.py only."""
+def test_package__the_testing_extra_is_what_the_docs_say_it_is():
+    """The docs sell `durable-agents[testing]` as "the pytest plugin": the wheel must declare its pytest11 entry
+    point, or no page may promise one."""
     plugins = PYPROJECT["project"].get("entry-points", {}).get("pytest11", {})
-    if not plugins:
-        assert "pytest plugin" not in README, "README promises a pytest plugin that the package does not ship"
+    for page in PAGES:
+        text = page.read_text()
+        if plugins:
+            assert "pytest plugin" in text, f"{page.relative_to(ROOT)} no longer says what the testing extra is for"
+        else:
+            assert "pytest plugin" not in text, f"{page.relative_to(ROOT)} promises a pytest plugin the package lacks"
 
 
 def test_testing_extra__installs_every_third_party_import_of_durable_agents_testing():
@@ -120,10 +125,10 @@ def test_testing_extra__installs_every_third_party_import_of_durable_agents_test
     )
 
 
-def test_testing_extra__installs_every_third_party_import_of_the_readme_testing_example():
-    missing = uncovered(readme_testing_imports())
+def test_testing_extra__installs_every_third_party_import_of_the_testing_guides_example():
+    missing = uncovered(imports_of_the_testing_guide())
     assert not missing, (
-        "the README's 'Testing your workflows' example needs packages the `testing` extra does not install; add "
+        "the testing guide's example (docs/howto/testing.md) needs packages the `testing` extra does not install; add "
         "them to it in pyproject.toml:\n" + "\n".join(missing)
     )
 
@@ -136,15 +141,15 @@ def _is_distribution(name: str) -> bool:
     return True
 
 
-def test_testing_extra__installs_the_packages_the_readme_testing_section_names():
+def test_testing_extra__installs_the_packages_the_testing_guide_names():
     named = {
         _normalized(name)
-        for name in re.findall(r"`([A-Za-z][A-Za-z0-9._-]*)`", readme_testing_section())
+        for name in re.findall(r"`([A-Za-z][A-Za-z0-9._-]*)`", TESTING_GUIDE.read_text())
         if _is_distribution(name) and _normalized(name) != _normalized(PROJECT)
     }
-    assert {"pytest-django", "dj-database-url"} <= named, "the README's testing section no longer names them"
+    assert {"pytest-django", "dj-database-url"} <= named, "the testing guide no longer names them"
     missing = sorted(named - installed_by("testing"))
-    assert not missing, f"the README's testing section names {missing}; the `testing` extra must install them"
+    assert not missing, f"the testing guide names {missing}; the `testing` extra must install them"
 
 
 def test_testing_extra__the_fake_messages_api_gets_the_anthropic_sdk():
