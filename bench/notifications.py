@@ -13,7 +13,7 @@ notifications, so a run that meets a send hanging in its slot shows in the max.
 Variants, each on a fresh database (`durable_bench_outbox`) and Redis DB 12:
   before        the code at --before (exported with `git archive` into a temporary directory)
   after         this tree, notifications on the default queue, same single worker
-  after-routed  this tree, notifications routed to their own queue and worker (as the README advises)
+  after-routed  this tree, notifications routed to their own queue and worker (as docs/howto/notifications.md advises)
 
 Prints figures; asserts nothing.
 """

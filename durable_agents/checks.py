@@ -620,7 +620,7 @@ def check_models(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> lis
             messages.append(
                 Error(
                     f"{_key('MODELS')}[{model!r}]: {problem}",
-                    hint="See the model table in the README for the fields and their values.",
+                    hint="See the model table (docs/explanation/claude-today.md) for the fields and their values.",
                     id="durable_agents.E013",
                 )
             )

@@ -184,7 +184,7 @@ class Run(models.Model):
     # (parent, parent_step, child_index) is the child's key: a re-executed step finds it, never starts it twice.
     parent = models.ForeignKey("self", on_delete=models.SET_NULL, null=True, blank=True, related_name="children")
     # Database defaults (db_default) on NOT NULL columns: processes of the previous release insert rows without naming
-    # the columns added since, while `migrate` runs (README, "Upgrading"; migration 0021 sets them on older installs).
+    # the columns added since, while `migrate` runs (docs/howto/upgrade.md; migration 0021 sets them on older installs).
     parent_step = models.CharField(max_length=200, blank=True, default="", db_default="")
     child_index = models.PositiveIntegerField(null=True, blank=True)
     # Concurrency key (engine/admission.py): at most `concurrency_limit` runs with one key are admitted and not

@@ -8,7 +8,7 @@ DJANGO_LOCAL_SECRET_KEY  "1": without DJANGO_SECRET_KEY, use a random key made o
                          shares the key)
 DJANGO_DEBUG             "1" turns debug on (and allows the local key)
 DJANGO_BEHIND_HTTPS_PROXY "1": a proxy ends HTTPS and sets X-Forwarded-Proto (Heroku, a load balancer)
-DURABLE_*                the app's knobs (DURABLE_AGENTS below); README, "Production", lists them all
+DURABLE_*                the app's knobs (DURABLE_AGENTS below); docs/howto/production.md lists them all
 OTEL_TRACES_EXPORTER     "console" or "otlp" turns tracing on (DURABLE_AGENTS["TRACING"]); the other OTEL_* variables
                          configure the OpenTelemetry SDK (project/tracing.py)
 """

@@ -383,7 +383,8 @@ def check_choice(what: str, choice: ModelChoice) -> None:
 
 
 def model_table() -> str:
-    """The built-in table as Markdown, for the README (tests/unit/test_model_table.py keeps the two in step)."""
+    """The built-in table as Markdown, for docs/explanation/claude-today.md (tests/unit/test_model_table.py keeps the
+    two in step)."""
 
     def yes(value: bool) -> str:
         return "yes" if value else "no"

@@ -22,7 +22,8 @@ whose ancestor holds the child's key runs in that ancestor's slot (`slot_of`): a
 parent waiting on children queued behind itself would wait for ever), and not counted as a slot of its own while the
 ancestor holds it. A child that outlives that ancestor (a cancel that has not reached it yet) holds the key in its
 own right until it ends: the key is never free while any run of the family works under it. Two families that each
-hold the key the other's children wait for wait for each other: the engine does not break that (README).
+hold the key the other's children wait for wait for each other: the engine does not break that
+(docs/howto/concurrency-keys.md).
 """
 
 from __future__ import annotations
