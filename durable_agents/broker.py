@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -220,6 +221,28 @@ def cancels_steps_on_connection_loss() -> bool:
     `worker_cancel_long_running_tasks_on_connection_loss`, off by default until Celery 6)."""
     with _celery_app() as app:
         return bool(app.conf.worker_cancel_long_running_tasks_on_connection_loss)
+
+
+# kombu's filesystem transport: the folders it reads and writes (its defaults are relative to the worker's cwd).
+FILESYSTEM_FOLDERS = {"data_folder_in": "data_in", "data_folder_out": "data_out", "control_folder": "control"}
+
+
+def missing_filesystem_folders() -> list[tuple[str, str]]:
+    """(transport option, folder) of each folder kombu's filesystem:// broker needs that does not exist: its worker
+    dies on the first poll with a FileNotFoundError traceback. Empty for any other broker.
+
+    Example: with CELERY_BROKER_URL = "filesystem://" and no transport options, in an empty directory →
+    [("data_folder_in", "data_in"), ("data_folder_out", "data_out"), ("control_folder", "control")].
+    """
+    with _celery_app() as app:
+        if not str(app.conf.broker_url or "").startswith("filesystem:"):
+            return []
+        options = dict(app.conf.broker_transport_options or {})
+    needed = dict(FILESYSTEM_FOLDERS)
+    if options.get("store_processed"):
+        needed["processed_folder"] = "processed"
+    folders = {option: str(options.get(option) or default) for option, default in needed.items()}
+    return [(option, folder) for option, folder in folders.items() if not os.path.isdir(folder)]
 
 
 def quorum_queue_refusing_global_qos() -> str | None:

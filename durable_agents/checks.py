@@ -23,6 +23,7 @@ Registered in `DurableAgentsConfig.ready()` under the tag `durable_agents`; `man
           option, a bad cron, time zone or policy; the sweep skips it
     E018  a schedule name is declared twice (in SCHEDULES and on a workflow, or on two workflows); neither applies
     E019  (database: `check --database default`) a declared schedule's name is held by an `api.schedule` one
+    E020  the broker is kombu's filesystem://, and a folder it reads or writes does not exist: workers die
     W000  a check could not run (its own bug; it reports instead of raising)
     W001  no `durable_agents.sweep` in CELERY_BEAT_SCHEDULE: runs whose message was lost are never woken
     W002  Celery may send or accept pickle
@@ -49,6 +50,7 @@ import difflib
 import functools
 import importlib.util
 import os
+import shlex
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 from urllib.parse import urlsplit
@@ -65,6 +67,7 @@ from durable_agents.agents.participants import participants
 from durable_agents.broker import (
     cancels_steps_on_connection_loss,
     countdowns_holding_a_slot,
+    missing_filesystem_folders,
     quorum_queue_refusing_global_qos,
 )
 from durable_agents.conf import SETTINGS, describe
@@ -729,6 +732,24 @@ def check_connection_loss(app_configs: Sequence[Any] | None = None, **kwargs: An
 
 
 @_never_raises
+def check_broker_folders(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> list[CheckMessage]:
+    """E020: kombu's filesystem:// broker creates none of its message folders; a worker dies on a missing one."""
+    missing = missing_filesystem_folders()
+    if not missing:
+        return []
+    folders = " ".join(shlex.quote(folder) for _, folder in missing)
+    return [
+        Error(
+            "CELERY_BROKER_URL is filesystem:// and these folders do not exist: "
+            + ", ".join(f"{option} {folder!r}" for option, folder in missing)
+            + ". A worker would die on its first poll.",
+            hint=f"Create them (mkdir -p {folders}), or set CELERY_BROKER_TRANSPORT_OPTIONS to folders that exist.",
+            id="durable_agents.E020",
+        )
+    ]
+
+
+@_never_raises
 def check_declared_schedules(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> list[CheckMessage]:
     """E017-E018: each declared schedule names a registered workflow, a valid cron, time zone and options, once."""
     return [
@@ -773,6 +794,7 @@ CHECKS: tuple[Check, ...] = (
     check_queues,
     check_delayed_delivery,
     check_connection_loss,
+    check_broker_folders,
     check_serializer,
     check_base_url,
     check_decision_links,

@@ -330,7 +330,10 @@ def test_check_delayed_delivery__passes_where_no_worker_holds_a_countdown(rabbit
 
 
 @pytest.mark.parametrize("broker", ["redis://127.0.0.1:6379/0", "filesystem://", None])
-def test_check_delayed_delivery__another_broker_passes(broker, monkeypatch):
+def test_check_delayed_delivery__another_broker_passes(broker, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    for folder in ("data_in", "data_out", "control"):  # kombu's filesystem:// folders, relative (E020 wants them)
+        (tmp_path / folder).mkdir()
     if broker:
         monkeypatch.setenv("CELERY_BROKER_URL", broker)
     else:
