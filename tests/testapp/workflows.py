@@ -551,7 +551,7 @@ workflow(
 
 # The workflow docs/howto/schedules.md declares a schedule for in settings (its settings fragment is checked
 # against these settings, so the name must be registered here).
-workflow("digest", steps=[call("send", lambda ctx: {"days": (ctx.input or {}).get("days", 1)})])
+workflow("digest_email", steps=[call("send", lambda ctx: {"days": (ctx.input or {}).get("days", 1)})])
 
 
 from tests.testapp import family, machine, parallel, plans, relations, trust  # noqa: E402,F401  (register the other tests' workflows)
