@@ -7,6 +7,7 @@ import ast
 import importlib.metadata
 import re
 import sys
+import textwrap
 import tomllib
 from pathlib import Path
 
@@ -75,7 +76,9 @@ def imports_of_the_testing_guide() -> dict[str, set[str]]:
     """Imports of the testing guide's example (its Python blocks and the project files it includes), and of the
     test settings it describes (read DATABASE_URL with dj-database-url), as tests/integration/user_project.py
     writes them for a user."""
-    blocks = re.findall(r"```(?:python|\{code-block\} python)\n(.*?)```", TESTING_GUIDE.read_text(), re.S)
+    found = re.findall(r"```(?:python|\{code-block\} python)\n(.*?)```", TESTING_GUIDE.read_text(), re.S)
+    # A block in a list item is indented; a MyST directive's options (":class: settings") open it.
+    blocks = [re.sub(r"\A(?::\w+:.*\n)+", "", textwrap.dedent(block)) for block in found]
     sources = {f"{TESTING_GUIDE.name} example #{i + 1}": block for i, block in enumerate(blocks)}
     files = sorted(TESTING_EXAMPLE.rglob("*.py"))
     assert files, f"{TESTING_EXAMPLE.relative_to(ROOT)} lost its example project: fix imports_of_the_testing_guide()"
