@@ -44,6 +44,7 @@ from durable_agents import clock
 from durable_agents.engine.schedules import schedule_fields, slot_after
 from durable_agents.errors import DurableAgentsError
 from durable_agents.models import Declared, Schedule
+from durable_agents.storable import check_text, text_problem
 from durable_agents.workflows import Cron, registry
 
 logger = logging.getLogger("durable_agents.engine")
@@ -180,13 +181,22 @@ def _from_cron(name: str, where: str, workflow_name: str, declared: Cron) -> dic
 
 
 def _checked(name: str, where: str, workflow: Any, **options: Any) -> dict[str, Any] | Problem:
-    if not name.strip() or len(name) > NAME_MAX_CHARS or "\x00" in name:
+    if not name.strip() or len(name) > NAME_MAX_CHARS:
         return Problem(
             name, where, f"{where}: a schedule's name is 1 to {NAME_MAX_CHARS} characters", "Give it a shorter name."
         )
+    unstorable = text_problem(name, "the schedule's name")
+    if unstorable:
+        return Problem(name, where, f"{where}: {unstorable}", "Name it in plain text.")
     for key, value in (("workflow", workflow), ("cron", options["cron"]), ("timezone", options["tz"])):
         if not isinstance(value, str):
             return Problem(name, where, f"{where}: {key} must be a string, got {value!r}", f"e.g. {EXAMPLE}")
+    # Checked as api.schedule checks them: a value its column cannot hold would fail the INSERT, and every sweep pass.
+    for key, value, most in (("cron", options["cron"], 200), ("timezone", options["tz"], 64)):  # Schedule's columns
+        try:
+            check_text(value, key, max_chars=most)
+        except DurableAgentsError as exc:
+            return Problem(name, where, f"{where}: {exc}", f"e.g. {EXAMPLE}")
     try:
         return schedule_fields(workflow, **options)
     except DurableAgentsError as exc:
