@@ -44,3 +44,15 @@ def test_declared_schedule__a_name_postgres_cannot_store_is_skipped_and_the_swee
         errors = [m for m in run_checks() if m.id == "durable_agents.E017"]
     assert sorted(Schedule.objects.values_list("name", flat=True)) == ["hourly"]
     assert errors, "the checks report the name too"
+
+
+def test_declared_schedule__an_input_json_stores_differently_is_written_once_not_at_every_pass():
+    # A tuple is stored as a JSON array, an int key as a string: compared as declared, the row would never match.
+    declared = {**HOURLY, "input": {"ids": (1, 2), "by": {7: "seven"}}}
+    with declaring(hourly=declared):
+        assert sync_declared_schedules().created == ["hourly"]
+        before = Schedule.objects.get(name="hourly").updated_at
+        report = sync_declared_schedules()
+    assert report.updated == [], "the same declaration again changes nothing"
+    row = Schedule.objects.get(name="hourly")
+    assert row.input == {"ids": [1, 2], "by": {"7": "seven"}} and row.updated_at == before
