@@ -14,7 +14,8 @@ Each sweep pass syncs them (`sync_declared_schedules`): it creates the rows miss
 changed, and deletes the declared rows no declaration names any more. It never writes a row `api.schedule` made
 (`Schedule.declared` blank): a declared name already taken by one is refused, logged once per process, and reported
 by `manage.py check --database default` (durable_agents.E019). A declaration the checks refuse (E017, E018) is
-skipped and logged, and its row, if any, kept as it was (neither updated nor deleted).
+skipped and logged, and its row, if any, kept as it was (neither updated nor deleted); so are all the setting's
+rows while DURABLE_AGENTS or its SCHEDULES is no dict (E001, E003).
 
 The database referees two sweeps syncing at once (two beats during a rolling deploy): the name is unique, so of
 two inserts one creates the row and the other finds it; an update locks the row (SELECT ... FOR UPDATE) and
@@ -84,6 +85,9 @@ class Problem:
 class Declarations:
     valid: list[Declaration] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
+    # DURABLE_AGENTS or its SCHEDULES is no dict (E001, E003): what it declares is unknown, so the rows the setting
+    # declared before are kept as they are, as an invalid declaration's row is, not deleted as undeclared.
+    setting_unreadable: bool = False
 
     @property
     def names(self) -> set[str]:
@@ -104,7 +108,7 @@ def declarations() -> Declarations:
     found: list[tuple[str, str, str, dict[str, Any] | Problem]] = []
     whole = getattr(django_settings, "DURABLE_AGENTS", {})
     # Read past a DURABLE_AGENTS that is no dict (E001 says so) or a SCHEDULES that is none (E003).
-    configured = whole.get("SCHEDULES", {}) if isinstance(whole, dict) else {}
+    configured = whole.get("SCHEDULES", {}) if isinstance(whole, dict) else None
     if isinstance(configured, Mapping):
         for name, entry in configured.items():
             where = f"{SETTING}[{name!r}]"
@@ -117,7 +121,7 @@ def declarations() -> Declarations:
     by_name: dict[str, list[str]] = {}
     for name, _, where, _ in found:
         by_name.setdefault(name, []).append(where)
-    result = Declarations()
+    result = Declarations(setting_unreadable=not isinstance(configured, Mapping))
     for name, source, where, checked in found:
         if len(by_name[name]) > 1:
             others = "; ".join(w for w in by_name[name] if w != where)
@@ -251,10 +255,20 @@ def sync_declared_schedules(now: datetime | None = None) -> SyncReport:
             _refuse(declaration, report)
         elif outcome:
             getattr(report, outcome).append(declaration.name)
-    gone = sorted(name for name, row in rows.items() if row["declared"] and name not in declared.names)
+    if declared.setting_unreadable:
+        _log_once(SETTING, f"{SETTING} is not a dict: the schedules it declared are kept as they are until it is one")
+    gone = sorted(
+        name
+        for name, row in rows.items()
+        if row["declared"]
+        and name not in declared.names
+        and not (declared.setting_unreadable and row["declared"] == Declared.SETTING)
+    )
     if gone:
         # `declared` in the filter: a dynamic schedule made under a removed declaration's name meanwhile stays.
         removed = Schedule.objects.filter(name__in=gone).exclude(declared="")
+        if declared.setting_unreadable:
+            removed = removed.exclude(declared=Declared.SETTING)
         report.removed.extend(removed.values_list("name", flat=True))
         removed.delete()
         logger.info("declared schedules removed (no declaration names them any more): %s", ", ".join(gone))

@@ -56,3 +56,23 @@ def test_declared_schedule__an_input_json_stores_differently_is_written_once_not
     assert report.updated == [], "the same declaration again changes nothing"
     row = Schedule.objects.get(name="hourly")
     assert row.input == {"ids": [1, 2], "by": {"7": "seven"}} and row.updated_at == before
+
+
+@pytest.mark.parametrize("unreadable", [["hourly"], "hourly", 3])
+def test_declared_schedule__a_schedules_setting_that_is_no_dict_removes_none_of_its_rows(unreadable, caplog):
+    with declaring(hourly=HOURLY):
+        sync_declared_schedules()
+    with override_settings(DURABLE_AGENTS={"SCHEDULES": unreadable}):
+        report = sync_declared_schedules()
+        sweep()
+        errors = [m for m in run_checks() if m.id == "durable_agents.E003"]
+    assert report.removed == [] and list(Schedule.objects.values_list("name", flat=True)) == ["hourly"]
+    assert errors, "the checks say the setting is wrong"
+
+
+def test_declared_schedule__a_durable_agents_setting_that_is_no_dict_removes_none_of_its_rows():
+    with declaring(hourly=HOURLY):
+        sync_declared_schedules()
+    with override_settings(DURABLE_AGENTS=[("SCHEDULES", {})]):
+        assert sync_declared_schedules().removed == []
+    assert list(Schedule.objects.values_list("name", flat=True)) == ["hourly"]
