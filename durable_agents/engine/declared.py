@@ -14,7 +14,8 @@ Each sweep pass syncs them (`sync_declared_schedules`): it creates the rows miss
 changed, and deletes the declared rows no declaration names any more. It never writes a row `api.schedule` made
 (`Schedule.declared` blank): a declared name already taken by one is refused, logged once per process, and reported
 by `manage.py check --database default` (durable_agents.E019). A declaration the checks refuse (E017, E018) is
-skipped and logged, and its row, if any, kept as it was (neither updated nor deleted).
+skipped and logged, and its row, if any, kept as it was (neither updated nor deleted); so are all the setting's
+rows while DURABLE_AGENTS or its SCHEDULES is no dict (E001, E003).
 
 The database referees two sweeps syncing at once (two beats during a rolling deploy): the name is unique, so of
 two inserts one creates the row and the other finds it; an update locks the row (SELECT ... FOR UPDATE) and
@@ -44,6 +45,7 @@ from durable_agents import clock
 from durable_agents.engine.schedules import schedule_fields, slot_after
 from durable_agents.errors import DurableAgentsError
 from durable_agents.models import Declared, Schedule
+from durable_agents.storable import check_text, text_problem
 from durable_agents.workflows import Cron, registry
 
 logger = logging.getLogger("durable_agents.engine")
@@ -83,6 +85,9 @@ class Problem:
 class Declarations:
     valid: list[Declaration] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
+    # DURABLE_AGENTS or its SCHEDULES is no dict (E001, E003): what it declares is unknown, so the rows the setting
+    # declared before are kept as they are, as an invalid declaration's row is, not deleted as undeclared.
+    setting_unreadable: bool = False
 
     @property
     def names(self) -> set[str]:
@@ -103,7 +108,7 @@ def declarations() -> Declarations:
     found: list[tuple[str, str, str, dict[str, Any] | Problem]] = []
     whole = getattr(django_settings, "DURABLE_AGENTS", {})
     # Read past a DURABLE_AGENTS that is no dict (E001 says so) or a SCHEDULES that is none (E003).
-    configured = whole.get("SCHEDULES", {}) if isinstance(whole, dict) else {}
+    configured = whole.get("SCHEDULES", {}) if isinstance(whole, dict) else None
     if isinstance(configured, Mapping):
         for name, entry in configured.items():
             where = f"{SETTING}[{name!r}]"
@@ -116,7 +121,7 @@ def declarations() -> Declarations:
     by_name: dict[str, list[str]] = {}
     for name, _, where, _ in found:
         by_name.setdefault(name, []).append(where)
-    result = Declarations()
+    result = Declarations(setting_unreadable=not isinstance(configured, Mapping))
     for name, source, where, checked in found:
         if len(by_name[name]) > 1:
             others = "; ".join(w for w in by_name[name] if w != where)
@@ -180,13 +185,22 @@ def _from_cron(name: str, where: str, workflow_name: str, declared: Cron) -> dic
 
 
 def _checked(name: str, where: str, workflow: Any, **options: Any) -> dict[str, Any] | Problem:
-    if not name.strip() or len(name) > NAME_MAX_CHARS or "\x00" in name:
+    if not name.strip() or len(name) > NAME_MAX_CHARS:
         return Problem(
             name, where, f"{where}: a schedule's name is 1 to {NAME_MAX_CHARS} characters", "Give it a shorter name."
         )
+    unstorable = text_problem(name, "the schedule's name")
+    if unstorable:
+        return Problem(name, where, f"{where}: {unstorable}", "Name it in plain text.")
     for key, value in (("workflow", workflow), ("cron", options["cron"]), ("timezone", options["tz"])):
         if not isinstance(value, str):
             return Problem(name, where, f"{where}: {key} must be a string, got {value!r}", f"e.g. {EXAMPLE}")
+    # Checked as api.schedule checks them: a value its column cannot hold would fail the INSERT, and every sweep pass.
+    for key, value, most in (("cron", options["cron"], 200), ("timezone", options["tz"], 64)):  # Schedule's columns
+        try:
+            check_text(value, key, max_chars=most)
+        except DurableAgentsError as exc:
+            return Problem(name, where, f"{where}: {exc}", f"e.g. {EXAMPLE}")
     try:
         return schedule_fields(workflow, **options)
     except DurableAgentsError as exc:
@@ -241,10 +255,20 @@ def sync_declared_schedules(now: datetime | None = None) -> SyncReport:
             _refuse(declaration, report)
         elif outcome:
             getattr(report, outcome).append(declaration.name)
-    gone = sorted(name for name, row in rows.items() if row["declared"] and name not in declared.names)
+    if declared.setting_unreadable:
+        _log_once(SETTING, f"{SETTING} is not a dict: the schedules it declared are kept as they are until it is one")
+    gone = sorted(
+        name
+        for name, row in rows.items()
+        if row["declared"]
+        and name not in declared.names
+        and not (declared.setting_unreadable and row["declared"] == Declared.SETTING)
+    )
     if gone:
         # `declared` in the filter: a dynamic schedule made under a removed declaration's name meanwhile stays.
         removed = Schedule.objects.filter(name__in=gone).exclude(declared="")
+        if declared.setting_unreadable:
+            removed = removed.exclude(declared=Declared.SETTING)
         report.removed.extend(removed.values_list("name", flat=True))
         removed.delete()
         logger.info("declared schedules removed (no declaration names them any more): %s", ", ".join(gone))

@@ -23,6 +23,7 @@ anyway.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -245,6 +246,8 @@ def schedule_fields(
     registry.get(workflow)
     run_input = {} if run_input is None else run_input
     check_input(run_input)
+    # As the row will hold it (a tuple a list, an int key a string), so the same definition compares equal to its row.
+    run_input = json.loads(json.dumps(run_input))
     cron = check_cron(cron)
     zone(tz)
     if missed not in MissedSlots.values:

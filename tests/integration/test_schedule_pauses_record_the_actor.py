@@ -62,3 +62,13 @@ def test_durable_schedules_pause__an_actor_too_long_is_refused_and_changes_nothi
 def test_api_pause_schedule__keeps_the_actor():
     api.schedule("nightly", "record", cron="0 3 * * *")
     assert api.pause_schedule("nightly", actor="deploy-bot").paused_changed_by == "deploy-bot"
+
+
+@pytest.mark.parametrize("actor", ["", "   ", "\t"])
+def test_durable_schedules_pause__a_blank_actor_is_refused_and_changes_nothing(actor):
+    api.schedule("nightly", "record", cron="0 3 * * *")
+    with pytest.raises(CommandError, match="--as") as raised:
+        schedules("pause", "nightly", "--as", actor)
+    assert raised.value.returncode == 2 and "\n" not in str(raised.value)
+    schedule = Schedule.objects.get(name="nightly")
+    assert not schedule.paused and schedule.paused_changed_by == "", "who paused it must never be recorded as no one"

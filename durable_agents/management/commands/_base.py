@@ -28,6 +28,13 @@ class DurableCommand(BaseCommand):
             parser.add_argument("--json", action="store_true", help="print machine-readable JSON")
 
     def execute(self, *args: Any, **options: Any) -> Any:
+        actor = options.get("actor")
+        if isinstance(actor, str) and not actor.strip():
+            # The history would say the action was taken by no one: name who acts, or leave --as out.
+            raise CommandError(
+                f"--as names who is acting, got {actor!r}; give a name, or leave --as out ({DEFAULT_ACTOR!r})",
+                returncode=USER_MISTAKE,
+            )
         try:
             return super().execute(*args, **options)
         except DurableAgentsError as exc:
