@@ -12,6 +12,7 @@ import textwrap
 import uuid
 from collections.abc import Callable, Iterator
 from decimal import Decimal
+from types import SimpleNamespace
 from typing import Annotated, Any
 
 import pytest
@@ -98,3 +99,35 @@ def test_api_examples__the_allowlist_names_only_blocks_that_exist():
     owners = {owner for owner, _ in examples()}
     assert set(CANNOT_RUN) <= owners, f"CANNOT_RUN names blocks that are gone: {sorted(set(CANNOT_RUN) - owners)}"
     assert set(SETUP) <= owners, f"SETUP names blocks that are gone: {sorted(set(SETUP) - owners)}"
+
+
+def module_example(module: Any) -> str:
+    """The `Example::` block of a module's docstring (the reference pages render module docstrings too)."""
+    part = (inspect.getdoc(module) or "").split("Example::")[1]
+    block = []
+    for line in part.splitlines()[1:]:
+        if line.strip() and not line.startswith(" "):
+            break
+        block.append(line)
+    return textwrap.dedent("\n".join(block)).strip()
+
+
+@pytest.mark.django_db
+def test_signals_example__its_receiver_pages_a_failed_run(django_capture_on_commit_callbacks):
+    """docs/reference/signals.md shows durable_agents.signals' example: its receiver, as written, gets a real
+    failed run's arguments from the engine (signals are sent on commit, hence the captured callbacks)."""
+    from durable_agents import signals  # noqa: PLC0415
+    from durable_agents.testing import drive  # noqa: PLC0415
+
+    alerts: list[str] = []
+    scope: dict[str, Any] = {"pager": SimpleNamespace(alert=alerts.append)}
+    exec(compile(module_example(signals), "<Example:: of durable_agents.signals>", "exec"), scope)  # noqa: S102
+    try:
+        with django_capture_on_commit_callbacks(execute=True):
+            run = api.start("broken")
+        with django_capture_on_commit_callbacks(execute=True):
+            run = drive(run.id)
+    finally:
+        signals.run_finished.disconnect(scope["page_on_failure"])
+    assert run.status == "failed"
+    assert len(alerts) == 1 and alerts[0].startswith(f"run {run.id} failed: "), alerts

@@ -1,4 +1,6 @@
-"""Every Python and shell example in README.md, docs/howto and docs/explanation runs here, so none can drift.
+"""Every Python and shell example in README.md, docs/howto, docs/explanation and the hand-written parts of
+docs/reference runs here, so none can drift (the tutorial's run in tests/e2e/test_tutorial.py, the API
+docstrings' in tests/integration/test_api_examples.py).
 
 Each fenced block is checked by its kind, which its fence declares with MyST's ``{code-block}`` directive and its
 ``:class:`` option (README.md, read on GitHub, puts ``<!-- example: settings -->`` on the line before a plain fence
@@ -42,7 +44,12 @@ from tests.integration.user_project import run_user_tests, write_user_project
 pytest_plugins = ["pytester"]
 
 PAGES = sorted(
-    [ROOT / "README.md", *(ROOT / "docs" / "howto").glob("*.md"), *(ROOT / "docs" / "explanation").glob("*.md")]
+    [
+        ROOT / "README.md",
+        *(ROOT / "docs" / "howto").glob("*.md"),
+        *(ROOT / "docs" / "explanation").glob("*.md"),
+        *(ROOT / "docs" / "reference").glob("*.md"),
+    ]
 )
 EXAMPLES = ROOT / "docs" / "examples"
 PYTHON = {"python", "py", "python3"}
