@@ -503,9 +503,9 @@ def workflow(
 
     Example::
 
-        workflow("noop", steps=[call("tick", tick)],
+        workflow("ticks", steps=[call("tick", tick)],
                  plan=lambda inp: [PlannedStep(f"tick-{i}", "tick") for i in range(inp["steps"])])
-        workflow("refund_agent", steps=[...], search=("order_id", "customer"))
+        workflow("refund_request", steps=[call("lookup", lookup)], search=("order_id", "customer"))
     """
     definition = Workflow(
         name=name,

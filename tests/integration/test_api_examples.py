@@ -25,7 +25,6 @@ from tests.testapp.workflows import lookup_order
 CANNOT_RUN = {
     "replay": "replays a cohort of 50 finished refund_agent runs on the example project's workers "
     "(tests/integration/test_replay_lab.py runs replays)",
-    "workflow": "`steps=[...]` elides the steps, and it redefines the built-in `noop`",
 }
 
 
@@ -71,7 +70,12 @@ def _schedule_steps() -> dict[str, Any]:
     return {"send_digest": lambda ctx: {"days": ctx.input["days"]}, "render_report": lambda ctx: {}}
 
 
+def _workflow_steps() -> dict[str, Any]:
+    return {"tick": lambda ctx: {}, "lookup": lambda ctx: {"order_id": ctx.input["order_id"]}}
+
+
 SETUP: dict[str, Callable[[], dict[str, Any]]] = {
+    "workflow": _workflow_steps,
     "cron": _schedule_steps,
     "Tool": _tool_objects,
     "agent": _refund_tools,
