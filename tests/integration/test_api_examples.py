@@ -8,6 +8,7 @@ assumes (SETUP). A block that cannot run on its own is in CANNOT_RUN, with the r
 from __future__ import annotations
 
 import inspect
+import re
 import textwrap
 import uuid
 from collections.abc import Callable, Iterator
@@ -18,7 +19,7 @@ from typing import Annotated, Any
 import pytest
 
 from durable_agents import api
-from durable_agents.testing import isolated_registries
+from durable_agents.testing import drive, isolated_registries
 from durable_agents.tools import tools
 from tests.testapp.workflows import lookup_order
 
@@ -121,7 +122,6 @@ def test_signals_example__its_receiver_pages_a_failed_run(django_capture_on_comm
     """docs/reference/signals.md shows durable_agents.signals' example: its receiver, as written, gets a real
     failed run's arguments from the engine (signals are sent on commit, hence the captured callbacks)."""
     from durable_agents import signals  # noqa: PLC0415
-    from durable_agents.testing import drive  # noqa: PLC0415
 
     alerts: list[str] = []
     scope: dict[str, Any] = {"pager": SimpleNamespace(alert=alerts.append)}
@@ -135,3 +135,42 @@ def test_signals_example__its_receiver_pages_a_failed_run(django_capture_on_comm
         signals.run_finished.disconnect(scope["page_on_failure"])
     assert run.status == "failed"
     assert len(alerts) == 1 and alerts[0].startswith(f"run {run.id} failed: "), alerts
+
+
+INLINE = re.compile(r"Example: ``(.+?)``", re.S)
+
+
+def inline_examples() -> Iterator[tuple[str, str]]:
+    """(owner, code) for each one-line `Example: ``...``` of the public names and their classes' methods."""
+    for name in api.__all__:
+        value = getattr(api, name)
+        docs = [(name, inspect.getdoc(value) or "")]
+        if inspect.isclass(value):
+            docs += [
+                (f"{name}.{attribute}", inspect.getdoc(member) or "")
+                for attribute, member in vars(value).items()
+                if not attribute.startswith("_") and callable(member)
+            ]
+        for owner, doc in docs:
+            for code in INLINE.findall(doc):
+                yield owner, " ".join(code.split())  # a wrapped line of the docstring is one line of code
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("owner", "code"), list(inline_examples()), ids=[owner for owner, _ in inline_examples()])
+def test_api_inline_example__runs_as_written(owner, code):
+    scope: dict[str, Any] = {name: getattr(api, name) for name in api.__all__}
+    scope.update(api=api, Annotated=Annotated, charge_card=lambda ctx: {})
+    with isolated_registries():
+        scope.update(_refund_tools())
+        if not owner.startswith("StepContext."):
+            exec(compile(code, f"<Example: of {owner}>", "exec"), scope)  # noqa: S102 - the docstring's own code
+            return
+
+        def in_a_step(ctx):  # a StepContext method's example needs a step's context: it runs in one
+            exec(compile(code, f"<Example: of {owner}>", "exec"), {**scope, "ctx": ctx})  # noqa: S102
+            return {}
+
+        api.workflow("inline_example", steps=[api.call("try", in_a_step)])
+        run = drive(api.start("inline_example").id)
+    assert run.status == "completed", (run.status, run.error)
