@@ -320,6 +320,13 @@ SETTINGS: dict[str, Setting] = {
         "None: no limiter",
         above=0,
     ),
+    "PREPARED_STATEMENTS": Setting(
+        None,
+        bool | None,
+        "the engine's hot statements prepared on the server (True) or sent plain (False); None: prepared unless "
+        "DATABASES says a transaction-mode pooler stands between (DISABLE_SERVER_SIDE_CURSORS, or OPTIONS "
+        "prepare_threshold None)",
+    ),
     "COUNT_TOKENS": Setting(
         False,
         bool,

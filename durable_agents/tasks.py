@@ -146,18 +146,21 @@ def _advance_or_pass_on(run_id: str, delivered_on: str | None, batch: Batch | No
     # resume, a redelivery) goes to the default queue: plain steps, CPU-bound ones too, run on prefork. Unless
     # that is this very queue (MODEL_QUEUE names QUEUE, or Celery's default queue): passed on, the message would
     # come straight back here, for ever, and the step would never run. (A run of a batch whose claim this task
-    # already holds is one whose step this worker runs: the claim checked.)
+    # already holds is one whose step this worker runs: the claim checked.) The claim itself tells: it takes only
+    # a run whose step waits on the model, so the common delivery costs no read before it.
     model_queue = durable_settings.MODEL_QUEUE
-    if (
+    model_bound = bool(
         model_queue
         and delivered_on == model_queue
         and delivered_on not in _plain_steps_queue()
         and not (batch is not None and batch.holds(_as_id(run_id)))
-        and queue_for(run_id) != model_queue
-    ):
+    )
+    served = _queues_served(delivered_on)
+    outcome = engine_advance.advance_slice(run_id, serves=served, batch=batch, model_bound=model_bound)
+    if model_bound and outcome is engine_advance.Outcome.SKIPPED and queue_for(run_id) != model_queue:
         engine_wake(run_id)
         return "passed on"
-    return engine_advance.advance_slice(run_id, serves=_queues_served(delivered_on), batch=batch).value
+    return outcome.value
 
 
 def _queues_served(delivered_on: str | None) -> frozenset[str | None]:

@@ -32,6 +32,7 @@ from django.db.models import F
 
 from durable_agents.agents.messages import Usage, estimate_tokens
 from durable_agents.agents.pricing import cost_usd
+from durable_agents.engine.lease import Spent
 from durable_agents.errors import BudgetExceededError
 from durable_agents.models import Run
 from durable_agents.workflows import registry
@@ -60,9 +61,10 @@ class Budget:
         definition = registry.get(run.workflow, run.workflow_version)
         return cls(run.id, definition.token_budget, definition.cost_budget_usd)
 
-    def spend(self) -> Spend:
-        """One indexed read: the run's counters and budgets as committed now (an operator may have raised them)."""
-        row = (
+    def spend(self, spent: Spent | None = None) -> Spend:
+        """One indexed read: the run's counters and budgets as committed now (an operator may have raised them);
+        or, given `spent`, as the lease's proof read them (StepContext.ensure_lease)."""
+        row = spent or (
             Run.objects.filter(pk=self.run_id)
             .annotate(spent=F("input_tokens") + F("output_tokens") + F("cache_write_tokens") + F("cache_read_tokens"))
             .values_list("spent", "cost_usd", "token_budget", "cost_budget_usd")
@@ -76,10 +78,19 @@ class Budget:
             cost_budget_usd=cost_limit if cost_limit is not None else self.workflow_cost_usd,
         )
 
-    def check(self, *, model: str, prompt_tokens: int, max_tokens: int, purpose: str, batch: bool = False) -> Spend:
+    def check(
+        self,
+        *,
+        model: str,
+        prompt_tokens: int,
+        max_tokens: int,
+        purpose: str,
+        batch: bool = False,
+        spent: Spent | None = None,
+    ) -> Spend:
         """Raise BudgetExceededError if the next call (`purpose`, for the message) could cross a limit (`batch`: sent
-        in a Message Batch, at batch prices)."""
-        spend = self.spend()
+        in a Message Batch, at batch prices; `spent`: the run's spend as the lease's proof just read it)."""
+        spend = self.spend(spent)
         needed = prompt_tokens + max_tokens
         if spend.token_budget is not None and spend.tokens + needed > spend.token_budget:
             suggested = _round_up(max(spend.token_budget * 2, spend.tokens + needed * 4))

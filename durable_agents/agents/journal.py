@@ -44,7 +44,7 @@ from durable_agents.agents.unjournaled import (
 )
 from durable_agents.clock import DbNow
 from durable_agents.connections import fresh_connection, release_connection
-from durable_agents.engine import batches
+from durable_agents.engine import batches, turnpath
 from durable_agents.engine.events import record_event
 from durable_agents.engine.replaying import check_budget, is_replay
 from durable_agents.errors import LeaseLostError
@@ -67,10 +67,12 @@ def ask(
     batch: Batch | None = None,
     index: int | None = None,
     purpose: str = TURN,
+    proven: bool = False,
 ) -> ModelResponse:
     """One model call of a step: prove the lease first (a thawed zombie stops here, before paying for an answer
     another worker may already have journaled), then ask holding no database connection while the model
     thinks, for a participant that waits on the network (`remote`). Journal the answer before acting on it.
+    `proven`: the caller proved the lease right before (StepContext.ensure_lease).
 
     With `batch` (the step's delivery), the call for journal index `index` goes in a Message Batch and the run
     parks until its answer is in (batching.py); a participant that cannot batch answers it live.
@@ -102,7 +104,10 @@ def ask(
         if remote:
             release_connection()
 
-    prove()
+    if not proven:
+        prove()
+    elif remote:
+        release_connection()
     # A wait for room in the shared rate limit can outlast the lease: proven again after it, right before the call.
     with (
         tracing.span(
@@ -136,25 +141,31 @@ def create_turn(
     ctx: Any, index: int, purpose: str, request: ModelRequest, response: ModelResponse, participant: str, cost: Any
 ) -> Turn:
     """The Turn row of one answered model call (call inside the journaling transaction)."""
-    usage = response.usage
     return Turn.objects.create(
-        run_id=ctx.run_id,
-        step_id=ctx.step.pk,
-        index=index,
-        purpose=purpose,
-        request_digest=request.digest(),
-        content=[dict(b) for b in response.content],
-        stop_reason=response.stop_reason,
-        stop_details=dict(response.stop_details) if response.stop_details else None,
-        model=response.model,
-        participant=participant,
-        request_id=response.request_id,
-        cost_usd=cost,
-        input_tokens=usage.input_tokens,
-        output_tokens=usage.output_tokens,
-        cache_write_tokens=usage.cache_write_tokens,
-        cache_read_tokens=usage.cache_read_tokens,
+        run_id=ctx.run_id, step_id=ctx.step.pk, **_turn_fields(index, purpose, request, response, participant, cost)
     )
+
+
+def _turn_fields(
+    index: int, purpose: str, request: ModelRequest, response: ModelResponse, participant: str, cost: Any
+) -> dict[str, Any]:
+    usage = response.usage
+    return {
+        "index": index,
+        "purpose": purpose,
+        "request_digest": request.digest(),
+        "content": [dict(b) for b in response.content],
+        "stop_reason": response.stop_reason,
+        "stop_details": dict(response.stop_details) if response.stop_details else None,
+        "model": response.model,
+        "participant": participant,
+        "request_id": response.request_id,
+        "cost_usd": cost,
+        "input_tokens": usage.input_tokens,
+        "output_tokens": usage.output_tokens,
+        "cache_write_tokens": usage.cache_write_tokens,
+        "cache_read_tokens": usage.cache_read_tokens,
+    }
 
 
 def journal_turn(
@@ -178,10 +189,29 @@ def journal_turn(
     step_changes: dict[str, Any] = {"context": compacted.as_json()} if compacted else {}
     writes = _Writes(index=index)
 
-    @transaction.atomic
+    # The common answer — live, not a refusal, not a compaction — in one statement (engine/turnpath.py).
+    fast = turnpath.is_available() and not compacted and not response.batch and response.stop_reason != "refusal"
+
     def write() -> Turn:
         if writes.maybe_landed and (landed := landed_turn(_billed(ctx, request, response, cost, writes, ""))):
             return landed
+        if not fast or ctx.lease_token is None:
+            return write_in_transaction()
+        fields = _turn_fields(index, TURN, request, response, participant, cost)
+        # One statement in autocommit: an error on its connection may come after it committed.
+        writes.committing = True
+        try:
+            turn = turnpath.journal_turn(ctx.run_id, ctx.lease_token, ctx.step.pk, fields, head)
+        except IntegrityError:
+            writes.committing = False  # refused: nothing was written
+            raise
+        if turn is None:
+            writes.committing = False
+            raise LeaseLostError()
+        return turn
+
+    @transaction.atomic
+    def write_in_transaction() -> Turn:
         # Progress resets the attempt count, so a long agent is not failed for retries spread over hours.
         fenced = Run.objects.filter(pk=ctx.run_id, lease_token=ctx.lease_token).update(
             attempt=1, updated_at=DbNow(), cost_usd=F("cost_usd") + cost, **counters

@@ -37,7 +37,7 @@ may carry. Every stop reason has a road forward:
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -63,6 +63,8 @@ from durable_agents.agents.messages import COMPACTION, TURN, ModelRequest, estim
 from durable_agents.agents.participants import Participant, participants
 from durable_agents.agents.toolcalls import run_calls
 from durable_agents.conf import settings
+from durable_agents.engine import turnpath
+from durable_agents.engine.context import prove_lease_reading_spend
 from durable_agents.errors import (
     AgentLimitError,
     ContextWindowExceededError,
@@ -200,8 +202,7 @@ class _AgentLoop:
         self.participant = resolve_participant(ctx, spec)
         self.tools = {t.name: t for t in spec.tools}
         # Read fresh: the step row the engine loaded carries neither the (possibly large) context nor the head.
-        row = Step.objects.filter(pk=ctx.step.pk).values_list("context", "frozen_request").first()
-        stored, frozen = row or (None, None)
+        stored, frozen, self.last_journaled = _step_journal(ctx.step.pk)
         self.head = frozen or replay_head(ctx, self._head_from_code(), agent=True)
         self.unfrozen = frozen is None
         # Turns journaled before the step froze a head (by the previous version, during a deploy) go back without
@@ -255,7 +256,7 @@ class _AgentLoop:
     def _head_from_code(self) -> dict[str, Any]:
         """The head this step's first model call sends, from the code deployed now (frozen once journaled)."""
         spec, choice = self.spec, self.spec.choice
-        last = Turn.objects.filter(step_id=self.ctx.step.pk).aggregate(last=Max("index"))["last"]
+        last = self.last_journaled
         return {
             "turns_before": 0 if last is None else last + 1,
             "model": choice.resolved_model,
@@ -269,7 +270,10 @@ class _AgentLoop:
 
     def run(self) -> dict[str, Any]:
         since = self.compacted.covers_until if self.compacted else 0
-        journal = Turn.objects.filter(step_id=self.ctx.step.pk, purpose=TURN, index__gte=since).order_by("index")
+        # The step's first execution has nothing journaled to read.
+        journal: Iterable[Turn] = ()
+        if self.last_journaled is not None:
+            journal = Turn.objects.filter(step_id=self.ctx.step.pk, purpose=TURN, index__gte=since).order_by("index")
         traced = tracing.current()
         for turn in journal:
             self.next_index = max(self.next_index, turn.index + 1)
@@ -324,14 +328,18 @@ class _AgentLoop:
         self._record_dropped()
         counter = getattr(self.participant, "count_tokens", None) if settings.COUNT_TOKENS else None
         count = (lambda: counter(request)) if counter is not None else None
+        # A live call proves the lease before it is sent; the same statement reads the spend the budget checks.
+        spent = prove_lease_reading_spend(self.ctx) if self.batch is None else None
         self.budget.check(
             model=request.model,
             prompt_tokens=estimate_prompt(request.as_kwargs(), self.conversation.messages, self.measured, count),
             max_tokens=request.max_tokens,
             purpose=f"turn {self.turn_number}",
             batch=self.batch is not None,
+            spent=spent,
         )
-        response = ask(self.ctx, self.participant, request, batch=self.batch, index=self.next_index)
+        proven = spent is not None
+        response = ask(self.ctx, self.participant, request, batch=self.batch, index=self.next_index, proven=proven)
         head = self.head if self.unfrozen else None
         turn = journal_turn(self.ctx, self.next_index, request, response, self.participant.name, head=head)
         self.unfrozen = False
@@ -501,6 +509,15 @@ def _initial_content(ctx: Any, spec: AgentSpec) -> Any:
     return json.dumps(ctx.input, cls=DjangoJSONEncoder)
 
 
+def _step_journal(step_pk: int) -> tuple[Any, Any, int | None]:
+    """The step's stored context, its frozen head and its last journaled turn's index (None: none yet)."""
+    if turnpath.is_available():
+        return turnpath.step_journal(step_pk) or (None, None, None)
+    row = Step.objects.filter(pk=step_pk).values_list("context", "frozen_request").first()
+    last = Turn.objects.filter(step_id=step_pk).aggregate(last=Max("index"))["last"]
+    return (*(row or (None, None)), last)
+
+
 def _prompt_tokens(turn: Turn) -> int:
     return turn.input_tokens + turn.cache_write_tokens + turn.cache_read_tokens
 
@@ -509,9 +526,12 @@ def _run_tools(ctx: Any, turn: Turn, tools: dict[str, Tool[..., Any]]) -> list[d
     """Run this turn's tool calls (concurrently, effects keyed by tool_use_id) and store their results on the turn."""
     results = run_calls(ctx, [block for block in turn.content if block.get("type") == "tool_use"], tools)
     # Fenced: a zombie (its run taken over) must not write the results the live worker will journal.
-    written = Turn.objects.filter(pk=turn.pk, tool_results__isnull=True, run__lease_token=ctx.lease_token).update(
-        tool_results=results
-    )
+    if turnpath.is_available():
+        written = turnpath.write_tool_results(turn.pk, results, run_id=ctx.run_id, token=ctx.lease_token)
+    else:
+        written = Turn.objects.filter(pk=turn.pk, tool_results__isnull=True, run__lease_token=ctx.lease_token).update(
+            tool_results=results
+        )
     if not written:
         raise LeaseLostError(f"run {ctx.run_id} was taken over; the results of turn {turn.index} were not written")
     return results

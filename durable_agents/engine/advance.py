@@ -100,16 +100,21 @@ def advance(run_id: uuid.UUID | str) -> Outcome:
 
 
 def advance_slice(
-    run_id: uuid.UUID | str, *, serves: frozenset[str | None] = DEFAULT_QUEUE, batch: Batch | None = None
+    run_id: uuid.UUID | str,
+    *,
+    serves: frozenset[str | None] = DEFAULT_QUEUE,
+    batch: Batch | None = None,
+    model_bound: bool = False,
 ) -> Outcome:
     """Advance one run by one step, then by the steps after it in this process while the slice allows (eager
     continuation, engine/eager.py: what it guarantees); the outcome of the last step run. Safe to call any
     number of times, concurrently. `serves`: the queues whose steps this worker runs (None: the default);
-    `batch`: the batched wake-up this run is one of (its claim may have been made by the run before it)."""
+    `batch`: the batched wake-up this run is one of (its claim may have been made by the run before it);
+    `model_bound`: claim the run only if the model queue's worker serves it (transitions.claim_run)."""
     run_id = as_uuid(run_id)
     eager = Slice.start(serves, batch)
     premade = batch.take(run_id) if batch is not None else None
-    outcome = _advance_claimed(run_id, premade or transitions.claim_run(run_id), eager)
+    outcome = _advance_claimed(run_id, premade or transitions.claim_run(run_id, model_bound=model_bound), eager)
     while (kept := eager.take()) is not None:
         following = _advance_claimed(run_id, kept.claimed if kept.made else _claim_kept(run_id), eager)
         outcome = outcome if following in (Outcome.SKIPPED, Outcome.NOT_FOUND) else following

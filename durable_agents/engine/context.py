@@ -14,7 +14,7 @@ from durable_agents import clock
 from durable_agents.engine import replaying
 from durable_agents.engine.approvals import require_approval
 from durable_agents.engine.effects import effect_key, invoke_tool
-from durable_agents.engine.lease import renew_lease
+from durable_agents.engine.lease import Spent, prove_lease
 from durable_agents.engine.payloads import load_result
 from durable_agents.errors import LeaseLostError, StepNotFoundError, ToolFailedError
 from durable_agents.models import Run, Step, StepKind, StepStatus, Turn
@@ -73,11 +73,22 @@ class StepContext:
         """Before an expensive outside call (a model request): prove this execution still holds the run,
         and extend its lease. A zombie stops here instead of asking the model for a turn already answered.
         """
+        self._prove_lease()
+
+    def _prove_lease(self) -> Spent | None:
+        # What the run has spent comes back from the same statement (None: no lease to prove, nothing read).
         if self._heartbeat is None:
-            return
-        if not renew_lease(self._heartbeat.claim):
+            return None
+        spent = prove_lease(self._heartbeat.claim)
+        if spent is None:
             raise LeaseLostError(f"run {self.run.id} was taken over; this worker stops before the model call")
-        self._heartbeat.renewed_at = time.monotonic()
+        self._lease_proven()
+        return spent
+
+    def _lease_proven(self) -> None:
+        # One of this execution's statements just proved and extended its lease: the renewer need not yet.
+        if self._heartbeat is not None:
+            self._heartbeat.renewed_at = time.monotonic()
 
     @property
     def lease_lost(self) -> bool:
@@ -134,6 +145,7 @@ class StepContext:
             ctx=self,
             lease_token=self.lease_token,
             call_id=call_id,
+            claim=self._heartbeat.claim if self._heartbeat else None,
         )
 
     @property
@@ -177,3 +189,9 @@ class StepContext:
             raise StepNotFoundError(f"run {self.run.id} has no completed step {step_id!r}")
         result, ref, sha = row
         return load_result(ref, sha, run_id=self.run.id) if ref else result
+
+
+def prove_lease_reading_spend(ctx: StepContext) -> Spent | None:
+    """`ctx.ensure_lease()`, returning what the run has spent as the same statement read it (None: `ctx` holds no
+    lease, nothing was proven or read)."""
+    return ctx._prove_lease()

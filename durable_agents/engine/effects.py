@@ -31,9 +31,10 @@ from durable_agents import tracing
 from durable_agents.clock import DbNow
 from durable_agents.conf import settings
 from durable_agents.connections import release_connection
-from durable_agents.engine import replaying, transitions
+from durable_agents.engine import replaying, transitions, turnpath
 from durable_agents.engine.admission import admit_on_commit, key_of
 from durable_agents.engine.events import record_event
+from durable_agents.engine.lease import Claim
 from durable_agents.engine.reliance import rely_on
 from durable_agents.engine.retry import TRANSIENT_TYPES, error_of
 from durable_agents.engine.wake import wake_on_commit
@@ -83,20 +84,22 @@ def invoke_tool(
     compensates: Effect | None = None,
     lease_token: int | None = None,
     call_id: str = "",
+    claim: Claim | None = None,
 ) -> Any:
     """Invoke `tool` with `args` under idempotency `key` for the executing run `run_id`; read-only tools
     are simply called. With `lease_token`, the effect lands only while that token still holds `run_id`.
-    `call_id`: the model's tool_use id, for the trace.
+    `call_id`: the model's tool_use id, for the trace. `claim`: the lease the executing step holds (with it, on
+    Postgres, a new external effect's outbox row is written under the lease's proof, in one statement).
 
     Traced as the GenAI semantic conventions' `execute_tool {tool}` span (`gen_ai.tool.name`, `gen_ai.tool.call.id`)
     with the effect's key and outcome ("applied": it ran now, "reused": its recorded result was returned); a
     compensation is `compensate {tool}` (outcome "compensated")."""
     if not tracing.enabled():
-        return _invoke(tool, args, key, run_id, step_pk, ctx, compensates, lease_token)
+        return _invoke(tool, args, key, run_id, step_pk, ctx, compensates, lease_token, claim)
     name = f"compensate {compensates.tool}" if compensates is not None else f"{tracing.EXECUTE_TOOL} {tool.name}"
     with tracing.span(name, _call_attributes(tool, args, call_id)) as traced:
         try:
-            result = _invoke(tool, args, key, run_id, step_pk, ctx, compensates, lease_token)
+            result = _invoke(tool, args, key, run_id, step_pk, ctx, compensates, lease_token, claim)
         except Exception as exc:
             # A tool's error may quote its arguments: its text is content.
             traced.fail(exc, message=redact(str(exc)) if tracing.content_enabled() else "")
@@ -115,12 +118,17 @@ def _invoke(
     ctx: Any,
     compensates: Effect | None,
     lease_token: int | None,
+    claim: Claim | None,
 ) -> Any:
     if replaying.is_replay(getattr(ctx, "run", None)):
         replaying.refuse(run_id, f"calls a tool ({tool.name})")
     checked = tool.validate(args)
     if not tool.effectful:
         return tool.invoke(checked, ctx=ctx)
+    if claim is not None and _starts_at_once(tool, step_pk, compensates):
+        started = _start_external(tool, checked, effect_key(key), claim, step_pk)
+        if started is not None:
+            return _call_external(tool, checked, started, ctx)
     effect = _record_pending(
         tool, checked, key=effect_key(key), run_id=run_id, step_pk=step_pk, compensates=compensates
     )
@@ -233,6 +241,25 @@ def _apply_in_transaction(
         raise
 
 
+def _starts_at_once(tool: Tool[..., Any], step_pk: int | None, compensates: Effect | None) -> bool:
+    """An external effect of a step holding its lease, on Postgres: its outbox row, the lease proof and the count of
+    its invocation are one statement (engine/hotpath.py start_effect); a key already recorded goes the general way."""
+    return turnpath.is_available() and not tool.transactional and compensates is None and step_pk is not None
+
+
+def _start_external(tool: Tool[..., Any], args: dict[str, Any], key: str, claim: Claim, step_pk: int) -> Effect | None:
+    """Write a new key's outbox row, counted as invoked once, under the lease proven and extended for the call; None
+    if the key is already recorded (nothing written). A zombie (its run taken over) writes nothing and stops here."""
+    held, effect = transitions.start_external_effect(
+        claim, key=key, step_pk=step_pk, tool=tool.name, args=args, args_hash=tool.args_hash(args)
+    )
+    if not held:
+        raise LeaseLostError(f"run {claim.run_id} was taken over; {tool.name} was not called")
+    if effect is not None:
+        tracing.current().set({tracing.EFFECT_KEY: effect.idempotency_key})
+    return effect
+
+
 def _apply_external(
     tool: Tool[..., Any], args: dict[str, Any], effect: Effect, ctx: Any, run_id: Any, lease_token: int | None
 ) -> Any:
@@ -264,6 +291,11 @@ def _apply_external(
         )
         Effect.objects.filter(pk=effect.pk).update(needs_attention=reason)
         raise EffectOutcomeUnknownError(reason)
+    return _call_external(tool, args, effect, ctx)
+
+
+def _call_external(tool: Tool[..., Any], args: dict[str, Any], effect: Effect, ctx: Any) -> Any:
+    """Call an external tool whose invocation is counted, and record its outcome."""
     # A pooled connection goes back while the receiver answers: a thousand conversations' tools waiting on
     # outside systems must not hold every connection the journals and the other steps need.
     release_connection(pooled_only=True)
@@ -275,8 +307,11 @@ def _apply_external(
     # The receiver applied it, but its answer cannot be recorded: the effect stays pending (a resume calls
     # again under the same key, which the receiver dedupes) and the step fails saying why.
     _check_result(tool, result)
-    with transaction.atomic():
-        _applied_txn(effect, result)
+    if turnpath.is_available() and effect.compensates_id is None:
+        transitions.effect_applied(effect.pk, result)  # as _applied_txn: one statement, no transaction around it
+    else:
+        with transaction.atomic():
+            _applied_txn(effect, result)
     return _traced(effect, reused=False, result=result)
 
 

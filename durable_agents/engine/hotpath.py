@@ -1,5 +1,6 @@
 """The step loop's statements: the claim (with the step's load, on Postgres), the checkpoint commit, and on an
-eager slice both at once (the commit of one step and the claim and load of the next: `commit_and_claim`).
+eager slice both at once (the commit of one step and the claim and load of the next: `commit_and_claim`); and an
+external effect's, on Postgres: its outbox row with the lease proof (`start_effect`) and its outcome (`applied`).
 
 Only `transitions.py` calls this module: it is the fast implementation of two of its operations, built from
 the same rules (`states.RUN_RULES`). Each statement is one round trip and, in autocommit, one transaction:
@@ -20,11 +21,12 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.db import connection
 
 from durable_agents import clock
+from durable_agents.engine import statements
 from durable_agents.engine.lease import Claim
 from durable_agents.engine.payloads import StoredResult
 from durable_agents.engine.wake import MODEL_BOUND_KINDS
-from durable_agents.models import Run, Step
-from durable_agents.states import RUN_RULES, STEP_RULES, RunOp, RunStatus, StepOp, StepStatus
+from durable_agents.models import Effect, EffectKind, EffectStatus, Run, Step
+from durable_agents.states import EFFECT_RULES, RUN_RULES, STEP_RULES, EffectOp, RunOp, RunStatus, StepOp, StepStatus
 
 
 def _in_model_order(model: Any, names: set[str]) -> tuple[str, ...]:
@@ -174,22 +176,37 @@ def _load_sql(stale: str, first: str = "") -> str:
 
 
 @cache
-def _claim_and_load_sql() -> str:
+def _claim_and_load_sql(model_bound: bool = False) -> str:
     # `seen` is the run as this statement's snapshot has it; `c` the row the claim updated. A claim that waited
     # for another transaction's row lock updates the row that transaction committed, but the join still reads
     # the plan as it was before: a differing updated_at says the plan may have changed (a saga planned, a
     # migration), and the step is then read again (`stale`).
+    served = _model_bound() if model_bound else ""
     return f"""
-        WITH c AS ({_claim_update_sql()} RETURNING *)
+        WITH c AS ({_claim_update_sql(served=served)} RETURNING *)
         {_load_sql("seen.updated_at IS DISTINCT FROM c.updated_at")}
     """
 
 
-def claim_and_load(run_id: uuid.UUID, owner: str, lease: timedelta) -> tuple[Claim, Step | None] | None:
-    """Claim the run and read its current step with the run's input, in one statement (Postgres)."""
+def _model_bound() -> str:
+    """A run the model queue's worker serves (wake.queue_for): its step under the cursor waits on the model, and it
+    is no replay run sent to a replay queue of its own (`replay_queue`)."""
+    run, step = Run._meta.db_table, Step._meta.db_table
+    kind = f"""(SELECT kind FROM {step} k
+                 WHERE k.run_id = {run}.id AND k.position = {run}.cursor AND k.status <> %(superseded)s)"""
+    return f"{kind} = ANY(%(model_kinds)s) AND (NOT %(replay_queue)s OR {run}.replay_lane = '')"
+
+
+def claim_and_load(
+    run_id: uuid.UUID, owner: str, lease: timedelta, *, model_bound: bool = False, replay_queue: bool = False
+) -> tuple[Claim, Step | None] | None:
+    """Claim the run and read its current step with the run's input, in one statement (Postgres). `model_bound`: only
+    a run the model queue's worker serves (`replay_queue`: replay runs have a queue of their own)."""
     params = {"id": run_id, **_claim_params(owner, lease)}
-    with connection.cursor() as cursor:
-        cursor.execute(_claim_and_load_sql(), params)
+    if model_bound:
+        params.update(model_kinds=sorted(MODEL_BOUND_KINDS), replay_queue=replay_queue)
+    with statements.cursor() as cursor:
+        cursor.execute(_claim_and_load_sql(model_bound), params)
         row = cursor.fetchone()
     return None if row is None else _loaded(run_id, owner, row)
 
@@ -318,7 +335,7 @@ def commit_checkpoint(claim: Claim, step: Step, stored: StoredResult, *, ending:
     params = _commit_params(claim, step, stored)
     # A run that compensated ends cancelled or failed: it has no output.
     params.update(ending=ending, output=None if claim.finish_as else _jsonb(stored.public_value))
-    with connection.cursor() as cursor:
+    with statements.cursor() as cursor:
         cursor.execute(_commit_sql(ending is not None), params)
         row = cursor.fetchone()
     if row is None:
@@ -353,7 +370,7 @@ def commit_and_claim_next(
         "model_ok": model_bound,
         "plain_ok": plain,
     }
-    with connection.cursor() as cursor:
+    with statements.cursor() as cursor:
         cursor.execute(_commit_sql(True, claims_next=True), params)
         row = cursor.fetchone()
     written, ended, loaded = row[0], row[1], row[2:]
@@ -433,7 +450,7 @@ def commit_and_claim(
         "model_ok": model_bound,
         "plain_ok": plain,
     }
-    with connection.cursor() as cursor:
+    with statements.cursor() as cursor:
         cursor.execute(_commit_and_claim_sql(), params)
         row = cursor.fetchone()
     if row is None:
@@ -445,3 +462,90 @@ def commit_and_claim(
 def _jsonb(value: Any) -> str | None:
     # None stays SQL NULL, as the ORM stores it for a nullable JSONField.
     return None if value is None else json.dumps(value, cls=DjangoJSONEncoder)
+
+
+@cache
+def _start_effect_sql() -> str:
+    columns = "idempotency_key, run_id, step_id, kind, tool, args, args_hash, status, attempts, needs_attention"
+    # The run's row lock (the lease proof) is taken first: a saga being planned holds it, so the two never interleave.
+    return f"""
+        WITH held AS (
+            UPDATE {Run._meta.db_table} SET lease_expires_at = STATEMENT_TIMESTAMP() + %(lease)s
+             WHERE id = %(run_id)s AND lease_token = %(token)s AND lease_owner = %(owner)s
+               AND lease_expires_at IS NOT NULL AND status = %(running)s
+         RETURNING id
+        ), started AS (
+            INSERT INTO {Effect._meta.db_table} ({columns})
+            SELECT %(key)s, held.id, %(step_id)s, %(kind)s, %(tool)s, %(args)s::jsonb, %(args_hash)s, %(pending)s, 1, ''
+              FROM held
+            ON CONFLICT (idempotency_key) DO NOTHING
+         RETURNING id
+        )
+        SELECT EXISTS (SELECT 1 FROM held), (SELECT id FROM started)
+    """
+
+
+def start_effect(
+    claim: Claim, lease: timedelta, *, key: str, step_pk: int, tool: str, args: Any, args_hash: str
+) -> tuple[bool, Effect | None]:
+    """Prove and extend the lease (the run running, its token held) and, under it, write a new effect's outbox row
+    already counted as invoked once — the call may be sent once this commits. (held, effect): held False: the lease
+    was lost, nothing written; effect None: the key is already recorded (nothing written: look it up)."""
+    params = {
+        "run_id": claim.run_id,
+        "token": claim.token,
+        "owner": claim.owner,
+        "lease": clock.offset(lease),
+        "running": RunStatus.RUNNING.value,
+        "key": key,
+        "step_id": step_pk,
+        "kind": EffectKind.EFFECT.value,
+        "tool": tool,
+        "args": json.dumps(args),  # as the ORM stores a JSONField
+        "args_hash": args_hash,
+        "pending": EffectStatus.PENDING.value,
+    }
+    with statements.cursor() as cursor:
+        cursor.execute(_start_effect_sql(), params)
+        held, pk = cursor.fetchone()
+    if not held or pk is None:
+        return bool(held), None
+    effect = Effect(
+        id=pk,
+        idempotency_key=key,
+        run_id=claim.run_id,
+        step_id=step_pk,
+        kind=EffectKind.EFFECT,
+        tool=tool,
+        args=args,
+        args_hash=args_hash,
+        status=EffectStatus.PENDING,
+        attempts=1,
+    )
+    return True, effect
+
+
+@cache
+def _applied_sql() -> str:
+    now = "(STATEMENT_TIMESTAMP() + %(shift)s)"
+    sources = ", ".join(f"'{s}'" for s in sorted(EFFECT_RULES[EffectOp.APPLY].sources))
+    return f"""
+        UPDATE {Effect._meta.db_table}
+           SET status = %(applied)s, result = %(result)s::jsonb, error = NULL, needs_attention = '',
+               applied_at = {now}, updated_at = {now}
+         WHERE id = %(id)s AND status IN ({sources})
+    """
+
+
+def applied(effect_pk: int, result: Any) -> bool:
+    """Record an effect (not a compensation) applied with `result`, as transitions.move_effect(APPLY) does; True if
+    it moved."""
+    params = {
+        "id": effect_pk,
+        "applied": EffectStatus.APPLIED.value,
+        "result": None if result is None else json.dumps(result),
+        "shift": clock.offset(),
+    }
+    with statements.cursor() as cursor:
+        cursor.execute(_applied_sql(), params)
+        return cursor.rowcount == 1

@@ -15,7 +15,9 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from decimal import Decimal
+from functools import cache
+from typing import Any, NamedTuple
 
 from django.db import connections
 from django.db.utils import load_backend
@@ -23,6 +25,7 @@ from django.db.utils import load_backend
 from durable_agents import clock
 from durable_agents.clock import DbNow
 from durable_agents.conf import settings
+from durable_agents.engine import statements
 from durable_agents.models import Run
 
 logger = logging.getLogger("durable_agents.engine")
@@ -79,6 +82,8 @@ def lease_seconds() -> float:
 def renew_lease(claim: Claim) -> bool:
     """Push the lease expiry forward on the database's clock; False if the lease was lost (another worker
     took the run, or it was released)."""
+    if connections["default"].vendor == "postgresql":
+        return prove_lease(claim) is not None
     # Owner and a held lease too: a renewal racing the commit must not re-arm a lease just released.
     return (
         Run.objects.filter(
@@ -86,6 +91,53 @@ def renew_lease(claim: Claim) -> bool:
         ).update(lease_expires_at=DbNow(timedelta(seconds=lease_seconds())))
         == 1
     )
+
+
+class Spent(NamedTuple):
+    """A run's spend and its own budgets (None: the workflow's), as its row had them when its lease was proven."""
+
+    tokens: int
+    cost_usd: Decimal
+    token_budget: int | None
+    cost_budget_usd: Decimal | None
+
+
+def prove_lease(claim: Claim) -> Spent | None:
+    """renew_lease, and the run's spend as its row has it then, in one statement; None if the lease was lost."""
+    if connections["default"].vendor != "postgresql":
+        if not renew_lease(claim):
+            return None
+        row = (
+            Run.objects.filter(pk=claim.run_id)
+            .values_list(*SPEND_COLUMNS, "cost_usd", "token_budget", "cost_budget_usd")
+            .get()
+        )
+        return Spent(sum(row[: len(SPEND_COLUMNS)]), Decimal(row[-3]), row[-2], row[-1])
+    params = {
+        "run_id": claim.run_id,
+        "token": claim.token,
+        "owner": claim.owner,
+        "lease": clock.offset(timedelta(seconds=lease_seconds())),
+    }
+    with statements.cursor() as cursor:
+        cursor.execute(_prove_sql(), params)
+        row = cursor.fetchone()
+    return None if row is None else Spent(int(row[0]), Decimal(row[1]), row[2], row[3])
+
+
+# What a run has spent, in tokens: everything billed.
+SPEND_COLUMNS = ("input_tokens", "output_tokens", "cache_write_tokens", "cache_read_tokens")
+
+
+@cache
+def _prove_sql() -> str:
+    # Owner and a held lease too: a renewal racing the commit must not re-arm a lease just released.
+    return f"""
+        UPDATE {connections["default"].ops.quote_name(Run._meta.db_table)}
+           SET lease_expires_at = STATEMENT_TIMESTAMP() + %(lease)s
+         WHERE id = %(run_id)s AND lease_token = %(token)s AND lease_owner = %(owner)s AND lease_expires_at IS NOT NULL
+     RETURNING {" + ".join(SPEND_COLUMNS)}, cost_usd, token_budget, cost_budget_usd
+    """
 
 
 def renew_leases(claims: list[Claim], db: Any = None) -> tuple[set[Claim], set[Claim]]:

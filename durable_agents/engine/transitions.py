@@ -29,12 +29,14 @@ from django.db.models.functions import Coalesce
 
 from durable_agents import clock, tracing
 from durable_agents.clock import DbNow
+from durable_agents.conf import settings
 from durable_agents.engine import hotpath
 from durable_agents.engine.control import WaitSpec
 from durable_agents.engine.events import record_event
 from durable_agents.engine.lease import Claim, lease_seconds, worker_id
 from durable_agents.engine.payloads import StoredResult
 from durable_agents.engine.reliance import plan_saga
+from durable_agents.engine.wake import queue_for
 from durable_agents.errors import LeaseLostError
 from durable_agents.models import BatchTurn, Effect, MessageBatch, Run, Step, StepKind, Wait
 from durable_agents.states import (
@@ -117,12 +119,16 @@ def take_txn(op: RunOp, run_id: Any, *, to: str | None = None, where: Q | None =
     return move_run(op, run_id, to=to, where=fence, **bump, **changes)
 
 
-def claim_run(run_id: uuid.UUID) -> tuple[Claim, Step | None] | None:
+def claim_run(run_id: uuid.UUID, *, model_bound: bool = False) -> tuple[Claim, Step | None] | None:
     """Take the run's lease (new fencing token) iff it is runnable, due, not being cancelled, and its lease is
-    free; with the step under its cursor. One statement on Postgres; None: a duplicate, or not claimable."""
+    free; with the step under its cursor. One statement on Postgres; None: a duplicate, or not claimable.
+    `model_bound`: only if the run is one the model queue's worker serves (wake.queue_for), else None."""
     lease = timedelta(seconds=lease_seconds())
     if hotpath.is_available():
-        return hotpath.claim_and_load(run_id, worker_id(), lease)
+        replay_queue = bool(settings.REPLAY_QUEUE)
+        return hotpath.claim_and_load(run_id, worker_id(), lease, model_bound=model_bound, replay_queue=replay_queue)
+    if model_bound and queue_for(run_id) != settings.MODEL_QUEUE:
+        return None
     claim = hotpath.claim(run_id, worker_id(), lease)
     if claim is None:
         return None
@@ -801,6 +807,21 @@ def move_effect(op: EffectOp, effect_pk: int, *, to: str, where: Q | None = None
     status = _target(EFFECT_RULES, op, to)
     effects = Effect.objects.filter(where or Q(), pk=effect_pk, status__in=EFFECT_RULES[op].sources)
     return effects.update(**status, updated_at=DbNow(), **changes) == 1
+
+
+def start_external_effect(
+    claim: Claim, *, key: str, step_pk: int, tool: str, args: Any, args_hash: str
+) -> tuple[bool, Effect | None]:
+    """Postgres: prove and extend `claim`'s lease and write a new effect's outbox row (pending, counted as invoked
+    once), in one statement. (held, effect): held False: the lease was lost, nothing written; effect None: the key
+    is already recorded, nothing written."""
+    lease = timedelta(seconds=lease_seconds())
+    return hotpath.start_effect(claim, lease, key=key, step_pk=step_pk, tool=tool, args=args, args_hash=args_hash)
+
+
+def effect_applied(effect_pk: int, result: Any) -> bool:
+    """Postgres: move_effect(APPLY) of an effect with no compensation to record, in one statement; True if it moved."""
+    return hotpath.applied(effect_pk, result)
 
 
 # --- Batch turns and message batches (agents/batching.py, agents/batcher.py) -------------------------------

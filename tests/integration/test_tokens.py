@@ -30,6 +30,7 @@ from durable_agents.agents.claude import AnthropicParticipant
 from durable_agents.agents.compaction import COMPACTION_INSTRUCTION, SUMMARY_OPEN
 from durable_agents.agents.messages import Usage
 from durable_agents.agents.participants import ModelRequest, ScriptedParticipant, participants, text, tool_use
+from durable_agents.engine import turnpath
 from durable_agents.models import Event, Run, RunStatus, Step, Turn
 from durable_agents.testing import drive
 from durable_agents.testing.fake_anthropic import FakeAnthropic, Fault, RecordedRequest, Reply
@@ -173,16 +174,40 @@ def lose_the_reply_of_the_next_commit(state: dict[str, Any], monkeypatch: pytest
     monkeypatch.setattr(connection, "commit", commit)
 
 
-def test_ledger__a_journal_commit_whose_reply_was_lost_is_neither_asked_again_nor_counted_twice(model, monkeypatch):
-    """The journal's retry on a fresh connection must first look for the Turn its failed COMMIT may have written:
+def lose_the_reply_of_the_next_journal_statement(state: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once `state["answered"]`, the next journal statement (one statement in autocommit on Postgres:
+    engine/turnpath.py) is carried out, but its reply is lost: the writer cannot know whether it committed."""
+    real_journal = turnpath.journal_turn
+    state["lost"] = 0
+
+    def journal_turn(*args: Any, **kwargs: Any) -> Any:
+        turn = real_journal(*args, **kwargs)
+        if state["answered"] and not state["lost"]:
+            state["lost"] += 1
+            raise OperationalError("server closed the connection unexpectedly (the journal's reply was lost)")
+        return turn
+
+    monkeypatch.setattr(turnpath, "journal_turn", journal_turn)
+
+
+@pytest.mark.parametrize("lose", ["the statement's reply", "the COMMIT's reply"])
+def test_ledger__a_journal_commit_whose_reply_was_lost_is_neither_asked_again_nor_counted_twice(
+    lose, model, monkeypatch
+):
+    """The journal's retry on a fresh connection must first look for the Turn its failed write may have committed:
     writing it again would collide with itself (taken for another worker's), and counting it as unjournaled would
-    bill it twice."""
+    bill it twice. On Postgres a turn is journaled in one statement; elsewhere (and with the statement turned off
+    here) in a transaction whose COMMIT's reply is lost."""
     fake, _ticker = model
     with after_the_answer(participants.get("anthropic"), monkeypatch, turn=2) as state:
-        lose_the_reply_of_the_next_commit(state, monkeypatch)
+        if lose == "the statement's reply":
+            lose_the_reply_of_the_next_journal_statement(state, monkeypatch)
+        else:
+            monkeypatch.setattr(turnpath, "is_available", lambda: False)
+            lose_the_reply_of_the_next_commit(state, monkeypatch)
         run = drive(api.start("agent_ticks", {"ticks": 5}).id)
 
-    assert state["lost"] == 1, "the COMMIT of the journal was never hit"
+    assert state["lost"] == 1, "the journal's write was never hit"
     assert run.status == RunStatus.COMPLETED, run.error
     assert ticks_of(run) == [1, 2, 3, 4, 5]
     assert len(fake.messages_requests()) == Turn.objects.filter(run=run).count(), "a journaled turn was asked again"

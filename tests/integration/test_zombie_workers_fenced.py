@@ -20,8 +20,8 @@ from django.utils import timezone
 
 import durable_agents.waits as step_waits
 from durable_agents import api, clock
-from durable_agents.api import StepContext
 from durable_agents.engine import advance as advance_module
+from durable_agents.engine import effects
 from durable_agents.engine.advance import Outcome, advance
 from durable_agents.engine.waits import sweep_waits
 from durable_agents.errors import InvalidTransitionError
@@ -135,29 +135,27 @@ def test_checkpoint__moves_the_run_past_a_step_it_did_not_write():
 def test_effects__a_zombie_thawed_after_its_lease_proof_ships_after_the_saga_decided_there_was_nothing_to_undo(
     carrier,
 ):
-    """_apply_external proves the lease, *then* counts the invocation (attempts+1) in a separate statement. A
-    worker paused between the two leaves attempts=0; cancel(compensate) treats `pending, attempts=0` as never
-    invoked and plans nothing; the run ends cancelled. The zombie thaws, counts, ships (the receiver has never
-    seen the key, so it lands), records `applied`: a cancelled run with an applied shipment nobody undoes or
-    flags. Counting the invocation in the same statement as the lease proof would let the saga see it."""
-    original = StepContext.ensure_lease
+    """A worker pauses after its lease was proven and its call counted, right before it sends the call (as it gives
+    its pooled connection back: engine/effects.py _call_external); its lease runs out and the run is cancelled with
+    compensation. The saga must take the counted invocation for one of unknown outcome and undo it: the zombie
+    thaws and ships (the receiver has never seen the key, so it lands). Were the proof and the count two
+    statements, a pause between them would leave `pending, attempts=0`, which the saga takes for never invoked: a
+    cancelled run with an applied shipment nobody undoes or flags."""
+    original = effects.release_connection
     state = {"paused": False}
+    run = api.start("ship_then_hold", {"order_id": "ZS-1", "url": carrier.url})
 
-    def proves_then_pauses(self):
-        original(self)
+    def pauses_before_the_call(**kwargs):
         if not state["paused"]:
             state["paused"] = True
-            _expire_lease(self.run_id)  # paused right after the proof: the lease runs out
-            _in_another_connection(
-                lambda: (api.cancel(self.run_id, "customer cancelled", compensate=True), drive(self.run_id))
-            )
+            _expire_lease(run.id)  # paused right after the proof: the lease runs out
+            _in_another_connection(lambda: (api.cancel(run.id, "customer cancelled", compensate=True), drive(run.id)))
+        original(**kwargs)
 
-    StepContext.ensure_lease = proves_then_pauses
-    try:
-        run = api.start("ship_then_hold", {"order_id": "ZS-1", "url": carrier.url})
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(effects, "release_connection", pauses_before_the_call)
         advance(run.id)
-    finally:
-        StepContext.ensure_lease = original
+    assert state["paused"], "the worker never reached its call"
     run = Run.objects.get(pk=run.id)
     effect = Effect.objects.get(run=run, tool="ship")
     paths = [r.path for r in carrier.requests]

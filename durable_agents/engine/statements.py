@@ -1,0 +1,77 @@
+"""The engine's hot statements on Postgres: SQL written once per process, sent with psycopg, prepared on the server
+where the connection allows it.
+
+Each statement of the step loop and of a model turn (hotpath.py, the agents' journal, the effect path) is built once
+(`functools.cache`) and sent through `cursor()`: Django's cursor wrapper (its execute wrappers, query logging and
+error translation hold) over a psycopg cursor that binds its parameters on the server. No ORM query compilation, and
+where the connection allows it no parsing or planning either: psycopg prepares a statement on the server the first
+time it is sent on a connection and then sends only its name and parameters (psycopg's docs, "Prepared statements").
+
+Prepared where the connection keeps a server session, sent plain otherwise. PgBouncer in transaction mode hands a
+client a server connection for one transaction only, and before 1.21 (or without `max_prepared_statements`) loses
+a prepared statement between transactions (docs/howto/poolers.md): a project behind it says so with Django's
+`DISABLE_SERVER_SIDE_CURSORS` or psycopg's `OPTIONS["prepare_threshold"] = None`, and then nothing is prepared.
+`DURABLE_AGENTS["PREPARED_STATEMENTS"]` True or False decides it outright.
+
+Django's own queries are untouched: its cursors bind on the client (psycopg's ClientCursor), which never prepares.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import connection
+from django.db.backends.utils import CursorDebugWrapper
+
+from durable_agents.conf import settings
+
+# psycopg prepares a statement sent through a server-binding cursor once it was sent this many times (0: the first).
+PREPARE_AT_FIRST_USE = 0
+
+
+def prepares(db: Any = None) -> bool:
+    """Whether the hot statements are prepared on `db`'s server (default: this thread's default connection)."""
+    db = db if db is not None else connection
+    chosen = settings.PREPARED_STATEMENTS
+    if chosen is not None:
+        return bool(chosen)
+    options = db.settings_dict.get("OPTIONS") or {}
+    if db.settings_dict.get("DISABLE_SERVER_SIDE_CURSORS"):
+        return False
+    return options.get("prepare_threshold", PREPARE_AT_FIRST_USE) is not None
+
+
+def cursor(db: Any = None) -> Any:
+    """A cursor for one of the engine's statements on `db` (default: the default connection), as Django's
+    `connection.cursor()` gives, but binding on the server and prepared there where `prepares()` says so.
+
+    Example::
+
+        with statements.cursor() as cursor:
+            cursor.execute(_claim_sql(), {"id": run_id, ...})
+            row = cursor.fetchone()
+    """
+    db = db if db is not None else connection
+    if db.vendor != "postgresql" or not prepares(db):
+        return db.cursor()  # Django's: bound on the client, never prepared
+    db.ensure_connection()
+    raw = db.connection
+    if not hasattr(raw, "prepare_threshold"):
+        return db.cursor()  # psycopg2: no server-side binding
+    import psycopg  # psycopg 3, as the connection is
+
+    if raw.prepare_threshold is None:
+        # Django connects with None unless OPTIONS names a number (a number the project chose stays); its own
+        # cursors bind on the client and never prepare, so this prepares the engine's statements only.
+        raw.prepare_threshold = PREPARE_AT_FIRST_USE
+    bound = psycopg.Cursor(raw)
+    return _Logged(bound, db) if db.queries_logged else db.make_cursor(bound)
+
+
+class _Logged(CursorDebugWrapper):
+    """Logged as Django logs a query (DEBUG, CaptureQueriesContext), its parameters merged into the text for the
+    log only: a server-binding cursor keeps no text of what it sent."""
+
+    def execute(self, sql: str, params: Any = None) -> Any:
+        with self.debug_sql(self.db.ops.compose_sql(sql, params), params):
+            return super(CursorDebugWrapper, self).execute(sql, params)

@@ -1,0 +1,66 @@
+"""The engine's hot statements are prepared on the server where the connection keeps a session, and never where a
+transaction-mode pooler stands between (engine/statements.py).
+
+psycopg prepares a statement sent through a server-binding cursor once its connection's `prepare_threshold` is
+reached; `pg_prepared_statements` lists what this session prepared (PostgreSQL docs, "pg_prepared_statements": "the
+prepared statements available in the current session"). Django connects with `prepare_threshold` None unless
+OPTIONS names a number, and its own cursors bind on the client, which never prepares (psycopg's ClientCursor).
+"""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+
+from durable_agents import api
+from durable_agents.engine import statements
+from durable_agents.testing import drive
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def prepared() -> list[str]:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement FROM pg_prepared_statements")
+        return [row[0] for row in cursor.fetchall()]
+
+
+@pytest.fixture(autouse=True)
+def fresh_session():
+    connection.close()  # a session of its own: nothing prepared yet
+    yield
+    connection.close()
+
+
+def test_on_a_direct_connection_the_claim_and_the_commit_are_prepared_once_and_reused():
+    for _ in range(3):
+        assert drive(api.start("noop", {"steps": 2}).id).status == "completed"
+    texts = prepared()
+    assert any("RETURNING *" in text and "lease_token" in text for text in texts), texts  # the claim and load
+    assert any("held AS" in text for text in texts), texts  # the commit
+    # Reused, not prepared again: one prepared statement per statement text.
+    assert len(texts) == len(set(texts))
+    # Django's own queries are not prepared.
+    assert not any('"durable_agents_run"."workflow"' in text for text in texts)
+
+
+@pytest.mark.parametrize("pooler_setting", ["DISABLE_SERVER_SIDE_CURSORS", "prepare_threshold None"])
+def test_behind_a_transaction_mode_pooler_nothing_is_prepared(pooler_setting, monkeypatch):
+    # Either of the two settings docs/howto/poolers.md gives for PgBouncer in transaction mode.
+    if pooler_setting == "DISABLE_SERVER_SIDE_CURSORS":
+        monkeypatch.setitem(connection.settings_dict, "DISABLE_SERVER_SIDE_CURSORS", True)
+    else:
+        options = {**(connection.settings_dict.get("OPTIONS") or {}), "prepare_threshold": None}
+        monkeypatch.setitem(connection.settings_dict, "OPTIONS", options)
+    assert not statements.prepares()
+    assert drive(api.start("noop", {"steps": 2}).id).status == "completed"
+    assert prepared() == []
+
+
+@pytest.mark.parametrize("chosen", [True, False])
+def test_the_setting_decides_outright(chosen, settings, monkeypatch):
+    settings.DURABLE_AGENTS = {**getattr(settings, "DURABLE_AGENTS", {}), "PREPARED_STATEMENTS": chosen}
+    monkeypatch.setitem(connection.settings_dict, "DISABLE_SERVER_SIDE_CURSORS", True)
+    assert statements.prepares() is chosen
+    assert drive(api.start("noop", {"steps": 2}).id).status == "completed"
+    assert bool(prepared()) is chosen
