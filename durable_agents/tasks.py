@@ -9,6 +9,7 @@ a slow notification receiver never holds a worker slot a step is waiting for.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -177,14 +178,19 @@ def _queues_served(delivered_on: str | None) -> frozenset[str | None]:
     return frozenset({model_queue, None}) if delivered_on in _plain_steps_queue() else frozenset({model_queue})
 
 
-def _plain_steps_queue() -> set[str]:
+def _plain_steps_queue() -> frozenset[str]:
     """The name and routing key of the queue a plain step's wake-up goes to: QUEUE, else the product's routes, else
-    Celery's default queue."""
+    Celery's default queue (worked out once per QUEUE and router: every delivery on the model queue asks)."""
+    return _plain_steps_queue_of(durable_settings.QUEUE, advance.app.amqp.router)
+
+
+@functools.lru_cache(maxsize=8)
+def _plain_steps_queue_of(queue_setting: str | None, router: Any) -> frozenset[str]:
     try:
-        queue = advance.app.amqp.router.route(_routed(durable_settings.QUEUE), advance.name).get("queue")
+        queue = router.route(_routed(queue_setting), advance.name).get("queue")
     except Exception:  # noqa: BLE001 - e.g. a queue missing from task_queues: the wake-up's own send reports it
-        return set()
-    return {name for name in (getattr(queue, "name", None), getattr(queue, "routing_key", None)) if name}
+        return frozenset()
+    return frozenset(name for name in (getattr(queue, "name", None), getattr(queue, "routing_key", None)) if name)
 
 
 @shared_task(name="durable_agents.sweep", **JSON)
