@@ -19,7 +19,8 @@ How it counts, and why the totals hold while processes come and go:
 * Postgres: the postmaster (the parent of any backend: `SELECT pg_backend_pid()`) reaps every backend, so the
   server's CPU is the postmaster's tree: backends, checkpointer, WAL writer, autovacuum. On a shared server that
   includes other databases' work. One database's share is its backends' own CPU: a backend's process title names
-  its database (`postgres: 15/main: user dbname 127.0.0.1(50142) idle`; update_process_title is on by default),
+  its database (`postgres: 15/main: user dbname 127.0.0.1(50142) idle`; update_process_title is on by default;
+  a backend just forked still shows the postmaster's command line, so a title is read again until it names one),
   and a sampler thread reads the postmaster's children every `interval` seconds, so a backend that ends between
   two samples loses at most its last `interval` of CPU. `exclude` names backends left out of both Postgres figures
   (the measuring process's own polling connection).
@@ -213,10 +214,12 @@ class _Backends(threading.Thread):
             if proc is None:
                 continue
             key = (pid, proc.start)
-            if key not in self.names:
-                self.names[key] = backend_database(pid)
+            if key not in self.first:
                 # A backend born during the interval spent all its CPU in it; one older was read at the start.
                 self.first[key] = 0 if proc.start >= self.since else proc.own
+            if self.names.get(key) is None:
+                # Read until named: a backend just forked still shows the postmaster's command line.
+                self.names[key] = backend_database(pid)
             self.last[key] = proc.own
 
     def run(self) -> None:
