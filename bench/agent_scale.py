@@ -12,7 +12,10 @@ is one agent step of two model calls (a tool call, then the answer: bench/scale_
 Printed: peak requests in flight at the fake, peak Postgres connections of each worker (pg_stat_activity, by
 application_name), the model worker's RSS (idle, peak, per conversation in flight), wall time against the ideal
 (2 × latency), and with `--burst-429` the size of each retry wave after the fake answered 429 `retry-after: 5` to
-every conversation's first request.
+every conversation's first request. Per conversation, from the runs' creation to the last one's end (bench/cpu.py):
+CPU ms of the workers' process trees (user + system, the kernel's part apart), of the Postgres backends of this
+bench's database (BENCH_DB_NAME) and of the whole server, and Postgres commits (pg_stat_database, each read once every
+backend has reported, net of what the idle workers commit). The bench's own polling connections are left out of both.
 
     python bench/agent_scale.py                      # 1,000 runs × 2 calls of 2 s
     python bench/agent_scale.py --latency 20         # answers of 20 s: how many conversations wait at once
@@ -24,6 +27,7 @@ every conversation's first request.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import resource
 import threading
@@ -32,6 +36,7 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 try:
     from bench._setup import prepare
@@ -42,24 +47,33 @@ DB_NAME = os.environ.get("BENCH_DB_NAME", "durable_bench_scale")
 BROKER = os.environ.get("BENCH_BROKER_URL", "redis://127.0.0.1:6379/12")
 MODEL_QUEUE = "durable-model"
 STARTERS = 8
+PREFORK_CONCURRENCY = 4  # the Procfile's worker
+# A backend that went idle less than a second after its last report holds its statistics back for up to ten
+# seconds (PostgreSQL's PGSTAT_IDLE_INTERVAL): read the commit counter only once every backend has reported.
+STATS_LAG = 11.0
 ROOT = prepare(
     DB_NAME,
     BROKER,
-    SCALE_REDIS_URL="redis://127.0.0.1:6379/12",  # the effect counter, when the broker is RabbitMQ
+    # The effect counter, when the broker is RabbitMQ.
+    SCALE_REDIS_URL=os.environ.get("SCALE_REDIS_URL", "redis://127.0.0.1:6379/12"),
     DURABLE_SWEEP_SECONDS="1",
     DURABLE_MODEL_QUEUE=MODEL_QUEUE,
 )
 
+import psycopg  # noqa: E402
 import redis  # noqa: E402
 from django.db import connection  # noqa: E402
 from django.test import override_settings  # noqa: E402
 
+from bench.cpu import TICK_MS, Transactions, Usage, Watch, snapshot  # noqa: E402
 from bench.scale_agent import WORKFLOW, answer  # noqa: E402
 from durable_agents import api, clock  # noqa: E402
 from durable_agents.engine.wake import wake  # noqa: E402
 from durable_agents.models import FINISHED_RUN_STATUSES, Run, RunStatus, StepKind  # noqa: E402
 from durable_agents.testing import WorkerProcess, wait_for  # noqa: E402
 from durable_agents.testing.fake_anthropic import FakeAnthropic, Fault  # noqa: E402
+
+RUNS = Run._meta.db_table
 
 
 @dataclass
@@ -71,28 +85,28 @@ class Sample:
 
 
 class Sampler(threading.Thread):
+    """Samples the workers' Postgres connections and RSS, on a connection of its own that the CPU figures leave out
+    (`self.watch.pid`) and whose reads are not counted as commits."""
+
     def __init__(self, pids: list[int]) -> None:
         super().__init__(daemon=True)
         self.pids = pids
         self.sample = Sample()
         self.stopped = threading.Event()
+        self.watch = Watch(psycopg.connect(os.environ["DATABASE_URL"]), DB_NAME)
 
     def run(self) -> None:
-        from django.db import connections
-
+        query = "SELECT application_name, count(*) FROM pg_stat_activity WHERE datname = %s GROUP BY application_name"
         try:
             while not self.stopped.wait(0.1):
-                with connections["default"].cursor() as cursor:
-                    cursor.execute(
-                        "SELECT application_name, count(*) FROM pg_stat_activity WHERE datname = %s "
-                        "GROUP BY application_name",
-                        [DB_NAME],
-                    )
+                with self.watch.connection.cursor() as cursor:
+                    cursor.execute(query, [DB_NAME])
                     for name, count in cursor.fetchall():
                         self.sample.connections[name] = max(self.sample.connections[name], count)
+                self.watch.connection.rollback()
                 self.sample.rss_kb = max(self.sample.rss_kb, sum(rss_kb(pid) for pid in self.pids))
         finally:
-            connections.close_all()
+            self.watch.connection.close()
 
 
 def rss_kb(pid: int) -> int:
@@ -112,38 +126,44 @@ def rss_kb(pid: int) -> int:
     return total
 
 
-def cpu_seconds(pid: int) -> tuple[float, float]:
-    """CPU time (user, system) a process and its children used so far."""
-    pids = [pid]
-    children = Path(f"/proc/{pid}/task/{pid}/children")
-    if children.exists():
-        pids += [int(p) for p in children.read_text().split()]
-    user = system = 0
-    for p in pids:
+def rest_of_machine() -> dict[str, float]:
+    """CPU milliseconds so far of what shares the machine with the workers besides Postgres: Redis, this process (the
+    fake Messages API and the starters)."""
+    redis_pids = []
+    for proc in Path("/proc").iterdir():
         try:
-            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            if proc.name.isdecimal() and (proc / "comm").read_text().startswith("redis"):
+                redis_pids.append(int(proc.name))
         except FileNotFoundError:
             continue
-        user, system = user + int(fields[11]), system + int(fields[12])
-    tick = os.sysconf("SC_CLK_TCK")
-    return user / tick, system / tick
-
-
-def machine_cpu() -> dict[str, float]:
-    """CPU seconds so far of what shares the machine with the worker: Postgres, Redis, this process (the fake)."""
-    totals: dict[str, float] = {"postgres": 0.0, "redis": 0.0}
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdecimal():
-            continue
-        try:
-            name = (proc / "comm").read_text().strip()
-            if name.startswith(("postgres", "redis")):
-                totals[name.split("-")[0].split(":")[0]] = totals.get(name, 0.0) + sum(cpu_seconds(int(proc.name)))
-        except (FileNotFoundError, ProcessLookupError, IndexError):
-            continue
     usage = resource.getrusage(resource.RUSAGE_SELF)  # this process's threads only, not its worker children
-    totals["fake API + starters"] = usage.ru_utime + usage.ru_stime
-    return totals
+    return {
+        "redis": sum(spent for spent, _ in snapshot(redis_pids).values()) * TICK_MS,
+        "fake API + starters": (usage.ru_utime + usage.ru_stime) * 1000,
+    }
+
+
+@functools.cache
+def watch() -> Watch:
+    """This process's connection for waiting on runs: its reads are neither counted as commits nor measured."""
+    return Watch(psycopg.connect(os.environ["DATABASE_URL"]), DB_NAME)
+
+
+def per_conversation(usage: Usage, commits: float, runs: int, sweeper: int | None = None) -> dict[str, float]:
+    """CPU ms and Postgres commits per conversation: the workers' (the sweeper's apart), its database's backends, the
+    whole Postgres server, the machine; the total is the workers' and its database's backends'."""
+    sweeping = usage.trees_ms.get(sweeper, 0.0) if sweeper else 0.0
+    worker = usage.workers_ms - sweeping
+    return {
+        "worker_ms": worker / runs,
+        "system_ms": usage.workers_system_ms / runs,
+        "sweeper_ms": sweeping / runs,
+        "database_ms": (usage.database_ms or 0.0) / runs,
+        "server_ms": (usage.postgres_ms or 0.0) / runs,
+        "machine_ms": usage.machine_ms / runs,
+        "commits": commits,
+        "total_ms": (usage.workers_ms + (usage.database_ms or 0.0)) / runs,
+    }
 
 
 def worker(
@@ -189,15 +209,11 @@ def model_workers(args: argparse.Namespace, fake: FakeAnthropic) -> list[WorkerP
     ]
 
 
-def _cpu(processes: list[WorkerProcess]) -> tuple[float, float]:
-    times = [cpu_seconds(p.pid) for p in processes]
-    return sum(t[0] for t in times), sum(t[1] for t in times)
-
-
-def warm_up(model_queue: str) -> None:
-    """One conversation through the workers before the clock starts: they are up, imported and connected."""
+def warm_up(model_queue: str, n: int = 1) -> None:
+    """`n` conversations at once through the workers before the clock starts: they are up, imported and connected.
+    A prefork pool needs one per child (its concurrency): each child imports the SDK and connects on its first."""
     with override_settings(DURABLE_AGENTS={**_durable(), "MODEL_QUEUE": model_queue}):
-        run_all(1, f"warm-{model_queue or 'default'}", timeout=120)
+        run_all(n, f"warm-{model_queue or 'default'}", timeout=120)
 
 
 def _start_each(order_ids: list[str]) -> list[str]:
@@ -227,37 +243,46 @@ def run_all(n: int, prefix: str, timeout: float) -> tuple[float, list[str]]:
         flush=True,
     )
     # Polled cheaply (an index range, not a thousand ids): the poll shares the machine with what it measures.
-    these = Run.objects.filter(workflow=WORKFLOW, created_at__gte=since)
+    finished = [str(status) for status in FINISHED_RUN_STATUSES]
+    query = f"SELECT count(*) FROM {RUNS} WHERE workflow = %s AND created_at >= %s AND status = ANY(%s)"
     wait_for(
-        lambda: these.filter(status__in=FINISHED_RUN_STATUSES).count() == n,
+        lambda: watch().one(query, [WORKFLOW, since, finished])[0] == n,
         timeout=timeout,
         interval=0.5,
         what=f"{n} runs to finish",
     )
     elapsed = time.monotonic() - started
-    failed = Run.objects.filter(pk__in=ids).exclude(status=RunStatus.COMPLETED).count()
+    failed = watch().one(
+        f"SELECT count(*) FROM {RUNS} WHERE id = ANY(%s::uuid[]) AND status <> %s",
+        [ids, RunStatus.COMPLETED.value],
+    )[0]
     if failed:
         raise SystemExit(f"{failed} of {n} runs did not complete; see var/bench-scale-*.log")
     return elapsed, ids
 
 
-def scenario_model_worker(args: argparse.Namespace, fake: FakeAnthropic) -> dict[str, float]:
+def scenario_model_worker(args: argparse.Namespace, fake: FakeAnthropic) -> dict[str, Any]:
     sweeper = worker("sweeper", fake, pool="prefork", concurrency=1, queues="celery").start()
     models = model_workers(args, fake)
+    pids = [model.pid for model in models]
     try:
         warm_up(MODEL_QUEUE)
-        idle = sum(rss_kb(model.pid) for model in models)
-        cpu_before = _cpu(models)
-        machine_before = machine_cpu()
-        sampler = Sampler([model.pid for model in models])
+        idle = sum(rss_kb(pid) for pid in pids)
+        ledger = Transactions(watch(), STATS_LAG)
+        idle_cpu = ledger.idle([*pids, sweeper.pid])
+        machine_before = rest_of_machine()
+        sampler = Sampler(pids)
         sampler.start()
         fake.reset_peak()
-        with override_settings(DURABLE_AGENTS={**_durable(), "MODEL_QUEUE": MODEL_QUEUE}):
+        with (
+            override_settings(DURABLE_AGENTS={**_durable(), "MODEL_QUEUE": MODEL_QUEUE}),
+            watch().meter([*pids, sweeper.pid], exclude=[sampler.watch.pid]) as meter,
+        ):
             elapsed, _ = run_all(args.runs, "scale", timeout=args.runs * args.latency * 4 + 120)
-        user, system = (after - before for after, before in zip(_cpu(models), cpu_before, strict=True))
-        machine = {name: after - machine_before[name] for name, after in machine_cpu().items()}
+        machine = {name: after - machine_before[name] for name, after in rest_of_machine().items()}
         sampler.stopped.set()
         sampler.join()
+        commits, _ = ledger.per(args.runs)
         peak = fake.peak_in_flight
         return {
             "seconds": elapsed,
@@ -268,9 +293,10 @@ def scenario_model_worker(args: argparse.Namespace, fake: FakeAnthropic) -> dict
             "rss_idle_mb": idle / 1024,
             "rss_peak_mb": sampler.sample.rss_kb / 1024,
             "rss_per_conversation_kb": (sampler.sample.rss_kb - idle) / max(peak, 1),
-            "user_ms_per_conversation": user * 1000 / args.runs,
-            "system_ms_per_conversation": system * 1000 / args.runs,
-            "machine": machine,
+            "cpu": per_conversation(meter.usage, commits, args.runs, sweeper.pid),
+            "idle": {"commits": ledger.rate, **idle_cpu.per(idle_cpu.seconds)},
+            "machine": {"postgres (whole server)": meter.usage.postgres_ms or 0.0, **machine},
+            "machine_ms": meter.usage.machine_ms,
         }
     finally:
         for model in models:
@@ -278,24 +304,32 @@ def scenario_model_worker(args: argparse.Namespace, fake: FakeAnthropic) -> dict
         sweeper.kill()
 
 
-def scenario_baseline(args: argparse.Namespace, fake: FakeAnthropic) -> dict[str, float]:
+def scenario_baseline(args: argparse.Namespace, fake: FakeAnthropic) -> dict[str, Any]:
     prefork = worker(
-        "prefork_worker", fake, pool="prefork", concurrency=4, queues="celery", DURABLE_MODEL_QUEUE=""
+        "prefork_worker", fake, pool="prefork", concurrency=PREFORK_CONCURRENCY, queues="celery", DURABLE_MODEL_QUEUE=""
     ).start()
     try:
-        warm_up("")
+        warm_up("", PREFORK_CONCURRENCY)
+        ledger = Transactions(watch(), STATS_LAG)
+        idle = ledger.idle([prefork.pid])
         sampler = Sampler([prefork.pid])
         sampler.start()
         fake.reset_peak()
-        with override_settings(DURABLE_AGENTS={**_durable(), "MODEL_QUEUE": ""}):
+        with (
+            override_settings(DURABLE_AGENTS={**_durable(), "MODEL_QUEUE": ""}),
+            watch().meter([prefork.pid], exclude=[sampler.watch.pid]) as meter,
+        ):
             elapsed, _ = run_all(args.baseline_runs, "base", timeout=args.baseline_runs * args.latency * 2 + 120)
         sampler.stopped.set()
         sampler.join()
+        commits, _ = ledger.per(args.baseline_runs)
         return {
             "seconds": elapsed,
             "in_flight": fake.peak_in_flight,
             "connections": sampler.sample.connections["prefork_worker"],
             "rss_peak_mb": sampler.sample.rss_kb / 1024,
+            "cpu": per_conversation(meter.usage, commits, args.baseline_runs),
+            "idle": {"commits": ledger.rate, **idle.per(idle.seconds)},
         }
     finally:
         prefork.kill()
@@ -321,6 +355,28 @@ def scenario_burst(args: argparse.Namespace, fake: FakeAnthropic) -> list[int]:
         for model in models:
             model.kill()
         sweeper.kill()
+
+
+def print_cpu(scale: dict[str, float], base: dict[str, float], label: str) -> None:
+    """CPU ms per conversation, from the runs' creation to the last one's end: each side's workers, its database's
+    Postgres backends, the whole server; Postgres commits per conversation, net of the idle workers'."""
+    print(
+        "\nper conversation: CPU ms (user + system, /proc), Postgres commits (pg_stat_database, net of the idle "
+        "workers'); Postgres on a shared server: its database's backends, and the whole server (others' work included)"
+    )
+    print(
+        f"{'worker':<44} {'worker':>7} {'system':>7} {'sweeper':>8} {'PG db':>7} {'PG all':>7} {'commits':>8} "
+        f"{'total':>7}"
+    )
+    for name, f in ((label, scale), ("baseline: Procfile worker, prefork ×4", base)):
+        print(
+            f"{name:<44} {f['worker_ms']:>7.1f} {f['system_ms']:>7.1f} {f['sweeper_ms']:>8.1f} "
+            f"{f['database_ms']:>7.1f} {f['server_ms']:>7.1f} {f['commits']:>8.1f} {f['total_ms']:>7.1f}"
+        )
+    print(
+        "worker: the worker processes' trees (system: the kernel's part, the sweeper's included); total: workers + "
+        f"sweeper + its database's backends; model worker ÷ baseline, total: {scale['total_ms'] / base['total_ms']:.2f}"
+    )
 
 
 def _durable() -> dict[str, object]:
@@ -369,12 +425,19 @@ def main() -> None:
     print(
         f"model worker RSS: {scale['rss_idle_mb']:.0f} MB idle, {scale['rss_peak_mb']:.0f} MB peak, "
         f"{scale['rss_per_conversation_kb']:.0f} KB per conversation in flight; sweeper's PG connections: "
-        f"{scale['sweeper_connections']}; lease renewers' connections: {scale['renewer_connections']}; "
-        f"CPU per conversation: "
-        f"{scale['user_ms_per_conversation']:.1f} ms user, {scale['system_ms_per_conversation']:.1f} ms system"
+        f"{scale['sweeper_connections']}; lease renewers' connections: {scale['renewer_connections']}"
     )
-    shares = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in scale["machine"].items())
-    print(f"CPU of the rest of the machine during those {scale['seconds']:.0f} s (2 cores): {shares}")
+    print_cpu(scale["cpu"], base["cpu"], label)
+    for name, f in (("model worker and sweeper", scale["idle"]), ("prefork baseline", base["idle"])):
+        print(
+            f"idle, per second ({name}): {f['workers_ms']:.1f} ms workers' CPU, {f['database_ms']:.1f} ms its "
+            f"database's backends, {f['commits']:.1f} commits"
+        )
+    shares = ", ".join(f"{name} {ms / 1000:.1f} s" for name, ms in scale["machine"].items())
+    print(
+        f"CPU of the rest of the machine over the model worker's {scale['seconds']:.0f} s (2 cores, shared with "
+        f"others' work): {shares}; every process {scale['machine_ms'] / 1000:.1f} s"
+    )
     if waves is not None:
         print("\nretries after a 429 (retry-after: 5) to every first request, per second since the burst:")
         print("  " + " ".join(f"{n}" for n in waves))

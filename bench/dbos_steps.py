@@ -3,7 +3,8 @@
     bench/.venv-dbos/bin/python bench/dbos_steps.py --database NAME [--steps 500] [--runs 500] [--workers 2]
 
 Runs under bench/.venv-dbos (bench/requirements-dbos.txt), never the project's virtualenv, and imports
-nothing from the project. bench/steps.py runs it as a subprocess and reads the one JSON object it prints.
+nothing from the project but bench/cpu.py (standard library only). bench/steps.py runs it as a subprocess and
+reads the one JSON object it prints.
 The database NAME is dropped and created, and dropped at the end (`--keep` leaves it). `--workers` DBOS
 processes (`serve`) execute the queue, as the durable side's Celery workers do; this process only enqueues
 and watches, as the durable side's does. The queue is polled every `--poll` seconds, 0.05 rather than
@@ -12,9 +13,16 @@ measured well tuned.
 
 * Sequential steps: one workflow of N `@DBOS.step` no-ops, enqueued; the workflow times its own body, so
   the figure is the cost of a step and leaves out the queue's polling delay before the workflow starts.
+* One-step workflows, one enqueued per transaction (`DBOSClient.enqueue`, as a web request would): workflows/s
+  from the first enqueue to the last one's completion as DBOS records it.
 * One-step workflows: M enqueued in one transaction (`DBOSClient.enqueue_in_transaction`), so all become
   visible at once, like the durable side's runs started in one transaction; workflows/s from that commit to
   the last one's completion as DBOS records it.
+
+Each is measured for CPU as bench/steps.py measures the durable side (bench/cpu.py): the executor processes'
+process trees, the Postgres backends of this database (the watching connection's left out) and the whole server,
+and the enqueuing thread's own CPU; Postgres commits per step and per workflow net of what the idle executors
+commit (their queue polls), each reading `--lag` seconds after the work so every backend has reported.
 """
 
 from __future__ import annotations
@@ -27,6 +35,9 @@ import sys
 import time
 import uuid
 from importlib.metadata import version
+from typing import Any
+
+from cpu import Transactions, Watch
 
 QUEUE = "bench"
 APP = "durable_bench_dbos"
@@ -109,68 +120,84 @@ def stop_servers(servers: list[subprocess.Popen[str]]) -> None:
             server.wait()
 
 
-def sequential(client, engine, steps: int) -> tuple[float, float]:
-    """Seconds per step of one workflow of `steps` no-op steps, timed inside the workflow, and Postgres
-    transactions per step (pg_stat_database, as the durable side counts them)."""
-    xacts0 = committed(engine)
-    handle = client.enqueue({"workflow_name": "bench_steps", "queue_name": QUEUE}, steps)
-    seconds = handle.get_result(polling_interval_sec=0.01)
-    xacts1 = committed(engine)
-    return seconds / steps, (xacts1 - xacts0) / steps
-
-
-def committed(engine) -> int:
-    """Transactions committed in this database so far; backends report at most once a second, when idle."""
-    import sqlalchemy as sa
-
-    time.sleep(1.5)
-    with engine.connect() as conn:
-        query = "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
-        return conn.execute(sa.text(query)).scalar_one()
-
-
-def throughput(client, engine, runs: int) -> tuple[float, float]:
-    """One-step workflows completed per second from the commit that enqueued them all, and enqueues/s."""
-    import sqlalchemy as sa
-
-    batch = uuid.uuid4().hex
-    made = time.time()
-    with engine.begin() as conn:
-        for i in range(runs):
-            client.enqueue_in_transaction(
-                conn, {"workflow_name": "bench_one_step", "queue_name": QUEUE, "workflow_id": f"{batch}-{i}"}
-            )
-        began = time.time()
-    enqueues = runs / (began - made)
-    done = sa.text(
-        "SELECT count(*), max(updated_at) FROM dbos.workflow_status"
-        " WHERE workflow_uuid LIKE :batch AND status = 'SUCCESS'"
+def wait_done(watch: Watch, ids: str, n: int, interval: float) -> float:
+    """Wait until `n` workflows whose ids are LIKE `ids` have succeeded; the epoch seconds of the last success."""
+    query = (
+        "SELECT count(*), max(updated_at) FROM dbos.workflow_status WHERE workflow_uuid LIKE %s AND status = 'SUCCESS'"
     )
     deadline = time.monotonic() + 600
     while True:
-        with engine.connect() as conn:
-            count, last = conn.execute(done, {"batch": f"{batch}-%"}).one()
-        if count == runs:
-            return runs / (last / 1000 - began), enqueues
+        count, last = watch.one(query, [ids])
+        if count == n:
+            return last / 1000
         if time.monotonic() > deadline:
-            raise SystemExit(f"{count} of {runs} DBOS workflows finished in 600 s")
-        time.sleep(0.05)
+            raise SystemExit(f"{count} of {n} DBOS workflows finished in 600 s")
+        time.sleep(interval)
 
 
-def measure(name: str, steps: int, runs: int, workers: int, poll: float) -> dict[str, object]:
+def sequential(client, watch: Watch, pids: list[int], steps: int) -> tuple[float, dict[str, Any]]:
+    """Seconds per step of one workflow of `steps` no-op steps, timed inside the workflow, and the CPU per step
+    from the enqueue to the workflow's success."""
+    with watch.meter(pids) as meter:
+        handle = client.enqueue({"workflow_name": "bench_steps", "queue_name": QUEUE}, steps)
+        wait_done(watch, handle.get_workflow_id(), 1, 0.01)
+    return handle.get_result() / steps, meter.usage.per(steps)
+
+
+def one_per_transaction(client, watch: Watch, pids: list[int], runs: int) -> dict[str, Any]:
+    """One-step workflows enqueued one by one, each in its own transaction: workflows/s from the first enqueue to
+    the last success, the enqueuing thread's CPU per workflow, and the rest's."""
+    batch = uuid.uuid4().hex
+    began = time.time()
+    with watch.meter(pids) as meter:
+        thread = time.thread_time()
+        for i in range(runs):
+            client.enqueue({"workflow_name": "bench_one_step", "queue_name": QUEUE, "workflow_id": f"{batch}-{i}"})
+        enqueued = time.thread_time() - thread
+        last = wait_done(watch, f"{batch}-%", runs, 0.05)
+    return {"tps": runs / (last - began), "starter_ms": enqueued * 1000 / runs, **meter.usage.per(runs)}
+
+
+def throughput(client, engine, watch: Watch, pids: list[int], runs: int) -> tuple[float, float, dict[str, Any]]:
+    """One-step workflows completed per second from the commit that enqueued them all, enqueues/s, CPU per one."""
+    batch = uuid.uuid4().hex
+    with watch.meter(pids) as meter:
+        made, thread = time.time(), time.thread_time()
+        with engine.begin() as conn:
+            for i in range(runs):
+                client.enqueue_in_transaction(
+                    conn, {"workflow_name": "bench_one_step", "queue_name": QUEUE, "workflow_id": f"{batch}-{i}"}
+                )
+            began = time.time()
+        enqueued = time.thread_time() - thread
+        last = wait_done(watch, f"{batch}-%", runs, 0.05)
+    cpu = {"tps": runs / (last - began), "starter_ms": enqueued * 1000 / runs, **meter.usage.per(runs)}
+    return runs / (last - began), runs / (began - made), cpu
+
+
+def measure(name: str, steps: int, runs: int, workers: int, poll: float, lag: float) -> dict[str, object]:
+    import psycopg
     import sqlalchemy as sa
     from dbos import DBOSClient
 
     prepare_database(name)
     servers = start_servers(name, workers, poll)
+    pids = [server.pid for server in servers]
     client = DBOSClient(system_database_url=database_url(name), application_name=APP)
     engine = sa.create_engine(database_url(name).replace("postgresql://", "postgresql+psycopg://"))
+    watch = Watch(psycopg.connect(database_url(name)), name)
     try:
-        sequential(client, engine, 20)
-        throughput(client, engine, 20)  # warm up: imports, connections, the queue's first polls
-        step, xacts = sequential(client, engine, steps)
-        tps, enqueues = throughput(client, engine, runs)
+        sequential(client, watch, pids, 20)
+        throughput(client, engine, watch, pids, 20)  # warm up: imports, connections, the queue's first polls
+        ledger = Transactions(watch, lag)
+        idle = ledger.idle(pids)
+        step, step_cpu = sequential(client, watch, pids, steps)
+        xacts, _ = ledger.per(steps)
+        each = one_per_transaction(client, watch, pids, runs)
+        each["xacts"], _ = ledger.per(runs)
+        tps, enqueues, batch = throughput(client, engine, watch, pids, runs)
     finally:
+        watch.connection.close()
         client.destroy()
         engine.dispose()
         stop_servers(servers)
@@ -182,6 +209,12 @@ def measure(name: str, steps: int, runs: int, workers: int, poll: float) -> dict
         "enqueues": enqueues,
         "workers": workers,
         "poll": poll,
+        "cpu": {
+            "step": {"wall_ms": step * 1000, "xacts": xacts, **step_cpu},
+            "each": each,
+            "batch": batch,
+            "idle": {"xacts": ledger.rate, **idle.per(idle.seconds)},
+        },
     }
 
 
@@ -194,13 +227,14 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--poll", type=float, default=0.05, help="the queue's polling interval, seconds")
     parser.add_argument("--executor", default="bench")
+    parser.add_argument("--lag", type=float, default=11.0, help="seconds to wait for Postgres's statistics")
     parser.add_argument("--keep", action="store_true", help="leave the database in place afterwards")
     args = parser.parse_args()
     if args.mode == "serve":
         serve(args.database, args.poll, args.executor)
         return
     try:
-        figures = measure(args.database, args.steps, args.runs, args.workers, args.poll)
+        figures = measure(args.database, args.steps, args.runs, args.workers, args.poll, args.lag)
     finally:
         if not args.keep:
             psql(f"DROP DATABASE IF EXISTS {args.database} WITH (FORCE)")

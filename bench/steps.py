@@ -6,13 +6,24 @@
 Needs Postgres and Redis (scripts/test starts them). Prints figures and ratios; asserts nothing.
 Both sides use the same broker, worker pool and Celery settings (acks_late, prefetch 1), measured in the
 same run. The durable side runs twice, with eager continuation (EAGER_SLICE_MS=--slice-ms: a worker runs a
-run's next steps itself) and without (0: one step per task, a broker hop per step). Postgres figures come
-from pg_stat_database deltas: transactions, and new sessions per step. BENCH_DATABASE and BENCH_BROKER_URL
-name the database (dropped and created) and the Redis database (emptied) it uses.
+run's next steps itself) and without (0: one step per task, a broker hop per step). BENCH_DATABASE and
+BENCH_BROKER_URL name the database (dropped and created) and the Redis database (emptied) it uses, BENCH_REDIS_URL
+the Redis database of the raw tasks' counters (bench/baseline.py).
+
+Measured for each side: a sequential no-op step (wall ms; CPU ms of the workers, of the Postgres backends of
+its database and of the whole server; Postgres transactions) and one-step runs started one per transaction, as
+a web request would start one (runs/s; CPU ms per run of the starting thread, the workers and Postgres), then
+one-step runs all started in one transaction (runs/s, CPU per run). CPU comes from /proc (bench/cpu.py): user +
+system time of the workers' process trees (pool children and those they reaped included), of the database's
+backends (named in their process titles) and of the postmaster's tree; the bench's own waiting connection is
+left out. Transactions are pg_stat_database commits (its reads are rolled back), each read once every backend
+has reported, net of what the idle workers commit (measured first, over STATS_LAG seconds): heartbeats and
+lease renewals, DBOS's queue polls. The server's and the machine's figures include whatever else runs there.
 
 DBOS Transact runs in the same run when bench/.venv-dbos exists (--dbos creates it with bench/dbos_env.sh,
 --no-dbos skips it): bench/dbos_steps.py, in that virtualenv, measures the same N steps and M one-step
-workflows through a DBOS queue served by --workers DBOS processes, on its own database BENCH_DATABASE_dbos.
+workflows through a DBOS queue served by --workers DBOS processes, on its own database BENCH_DATABASE_dbos;
+its CPU is its executor processes', and its database's backends and the same server's over its own intervals.
 The ratios durable/DBOS print beside the goals of issue 17: a step no slower than DBOS's, one-step runs at
 2.5 times DBOS's queued workflows/s.
 
@@ -28,12 +39,14 @@ off: noise on a shared machine only ever adds time. Then the same in this proces
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import subprocess
 import threading
 import time
 import uuid
+from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -43,26 +56,29 @@ except ModuleNotFoundError:  # run as `python bench/x.py`: the repository root i
     from _setup import prepare
 
 DB_NAME = os.environ.get("BENCH_DATABASE", "durable_bench")
-STEP_GOAL, STEP_STRETCH, THROUGHPUT_GOAL = 1.0, 0.8, 2.5
 BROKER = os.environ.get("BENCH_BROKER_URL", "redis://127.0.0.1:6379/14")
 # A backend that went idle less than a second after its last report holds its statistics back for up to ten
-# seconds (PostgreSQL's PGSTAT_IDLE_INTERVAL): read the counters only once every backend has reported. The
-# workers' own heartbeats and lease renewals over that wait add a few transactions, spread over the steps.
+# seconds (PostgreSQL's PGSTAT_IDLE_INTERVAL): read the counters only once every backend has reported.
 STATS_LAG = 11.0
 ROOT = prepare(DB_NAME, BROKER)
 DBOS_PYTHON = ROOT / "bench" / ".venv-dbos" / "bin" / "python"
 
+import psycopg  # noqa: E402
 import redis  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.db import connection, transaction  # noqa: E402
 from django.test.utils import CaptureQueriesContext  # noqa: E402
 
 from bench.baseline import _redis, hop, noop  # noqa: E402
+from bench.cpu import Transactions, Usage, Watch  # noqa: E402
+from bench.steps_report import print_cpu, print_table  # noqa: E402
 from durable_agents import api, tracing  # noqa: E402
 from durable_agents.engine.advance import advance  # noqa: E402
-from durable_agents.models import Run  # noqa: E402
+from durable_agents.models import Run, RunStatus  # noqa: E402
 from durable_agents.testing import WorkerProcess, wait_for  # noqa: E402
 
+RUNS = Run._meta.db_table
+COMPLETED = RunStatus.COMPLETED.value
 SPANS_TIMED = 20_000
 TRACING_MODES = {
     "off": "tracing off",
@@ -71,10 +87,10 @@ TRACING_MODES = {
 }
 
 
-def pg_counters() -> tuple[int, int]:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT xact_commit, sessions FROM pg_stat_database WHERE datname = %s", [DB_NAME])
-        return cursor.fetchone()
+@functools.cache
+def watch() -> Watch:
+    """This process's connection for waiting on runs: its reads are neither counted as commits nor measured."""
+    return Watch(psycopg.connect(os.environ["DATABASE_URL"]), DB_NAME)
 
 
 def start_workers(n: int, slice_ms: int, env: dict[str, str] | None = None) -> list[WorkerProcess]:
@@ -102,56 +118,85 @@ def start_workers(n: int, slice_ms: int, env: dict[str, str] | None = None) -> l
     return workers
 
 
-def sequential(steps: int) -> tuple[float, float, float, float]:
+def raw_sequential(steps: int, pids: list[int]) -> tuple[float, Usage]:
+    """Seconds per hop of a chain of `steps` raw Celery no-op hops, and the CPU the chain took."""
     key = f"hop-{uuid.uuid4()}"
-    began = time.time()
-    hop.delay(steps, key)
-    wait_for(lambda: _redis.get(key), timeout=600, interval=0.01, what="the hop chain")
-    raw = (float(_redis.get(key)) - began) / steps
-
-    time.sleep(STATS_LAG)
-    xact0, sessions0 = pg_counters()
-    durable = durable_step(steps)
-    time.sleep(STATS_LAG)
-    xact1, sessions1 = pg_counters()
-    return raw, durable, (xact1 - xact0) / steps, (sessions1 - sessions0) / steps
+    with watch().meter(pids) as meter:
+        began = time.time()
+        hop.delay(steps, key)
+        wait_for(lambda: _redis.get(key), timeout=600, interval=0.01, what="the hop chain")
+    return (float(_redis.get(key)) - began) / steps, meter.usage
 
 
 def durable_step(steps: int) -> float:
     """Seconds per step of one run of `steps` sequential no-op steps, from its creation to its completion."""
+    query = f"SELECT created_at, finished_at FROM {RUNS} WHERE id = %s AND status = %s"
     run = api.start("noop", {"steps": steps})
-    done = wait_for(
-        lambda: Run.objects.filter(pk=run.id, status="completed").first(),
+    created, finished = wait_for(
+        lambda: watch().one(query, [run.id, COMPLETED]),
         timeout=600,
         interval=0.01,
         what="the durable run",
     )
-    return (done.finished_at - done.created_at).total_seconds() / steps
+    return (finished - created).total_seconds() / steps
 
 
-def throughput(runs: int) -> tuple[float, float, float]:
-    key = f"noop-{uuid.uuid4()}"
-    began = time.monotonic()
-    for _ in range(runs):
-        noop.delay(key)
-    wait_for(lambda: int(_redis.get(key) or 0) >= runs, timeout=600, interval=0.01, what="raw tasks")
-    raw = runs / (time.monotonic() - began)
-
-    # All runs are created in one transaction, so their wake-ups go out together on commit and the
-    # figure measures the workers, not this process's start() loop (reported separately).
-    made = time.monotonic()
-    with transaction.atomic():
-        ids = [api.start("noop", {"steps": 1}).id for _ in range(runs)]
-        began = time.monotonic()
-    starts = runs / (began - made)
-    wait_for(
-        lambda: Run.objects.filter(pk__in=ids, status="completed").count() == runs,
+def wait_completed(ids: list[Any], what: str) -> datetime:
+    """Wait until every run of `ids` has completed; when the last one did."""
+    query = f"SELECT count(*), max(finished_at) FROM {RUNS} WHERE id = ANY(%s) AND status = %s"
+    count, last = wait_for(
+        lambda: (row := watch().one(query, [ids, COMPLETED]))[0] == len(ids) and row,
         timeout=600,
         interval=0.05,
-        what="durable one-step runs",
+        what=what,
     )
-    durable = runs / (time.monotonic() - began)
-    return raw, durable, starts
+    return last
+
+
+def raw_throughput(runs: int, pids: list[int]) -> dict[str, float | None]:
+    """Raw Celery no-op tasks sent one by one from this process: tasks/s, the sender's and the rest's CPU per task."""
+    key = f"noop-{uuid.uuid4()}"
+    with watch().meter(pids) as meter:
+        began, thread = time.monotonic(), time.thread_time()
+        for _ in range(runs):
+            noop.delay(key)
+        sent = time.thread_time() - thread
+        wait_for(lambda: int(_redis.get(key) or 0) >= runs, timeout=600, interval=0.01, what="raw tasks")
+        tps = runs / (time.monotonic() - began)
+    return {"tps": tps, "starter_ms": sent * 1000 / runs, **meter.usage.per(runs)}
+
+
+def one_per_transaction(runs: int, pids: list[int]) -> dict[str, float | None]:
+    """One-step runs started one by one, each in its own transaction as a web request would: runs/s from the first
+    start to the last completion, the starting thread's CPU per run (api.start) and the rest's."""
+    began = time.time()
+    with watch().meter(pids) as meter:
+        thread = time.thread_time()
+        ids = [api.start("noop", {"steps": 1}).id for _ in range(runs)]
+        started = time.thread_time() - thread
+        last = wait_completed(ids, "durable one-step runs, one per transaction")
+    return {"tps": runs / (last.timestamp() - began), "starter_ms": started * 1000 / runs, **meter.usage.per(runs)}
+
+
+def throughput(runs: int, pids: list[int]) -> tuple[float, dict[str, float | None], float]:
+    """One-step runs all started in one transaction: runs/s, CPU per run, and api.start()s per second."""
+    # All runs are created in one transaction, so their wake-ups go out together on commit and the
+    # figure measures the workers, not this process's start() loop (reported separately).
+    query = f"SELECT count(*) FROM {RUNS} WHERE id = ANY(%s) AND status = %s"
+    with watch().meter(pids) as meter:
+        made, thread = time.monotonic(), time.thread_time()
+        with transaction.atomic():
+            ids = [api.start("noop", {"steps": 1}).id for _ in range(runs)]
+            began = time.monotonic()
+        started = time.thread_time() - thread
+        wait_for(
+            lambda: watch().one(query, [ids, COMPLETED])[0] == runs,
+            timeout=600,
+            interval=0.05,
+            what="durable one-step runs",
+        )
+        durable = runs / (time.monotonic() - began)
+    return durable, {"starter_ms": started * 1000 / runs, **meter.usage.per(runs)}, runs / (began - made)
 
 
 def statements_per_step() -> int:
@@ -164,72 +209,57 @@ def statements_per_step() -> int:
     return len(queries.captured_queries)
 
 
-def measure(workers: int, slice_ms: int, steps: int, runs: int) -> dict[str, float]:
+def measure(workers: int, slice_ms: int, steps: int, runs: int) -> dict[str, Any]:
     """Both sides' figures with the durable workers' EAGER_SLICE_MS at `slice_ms`."""
     redis.Redis.from_url(BROKER).flushdb()
     started = start_workers(workers, slice_ms)
+    pids = [worker.pid for worker in started]
     try:
-        raw_hop, durable_step, xacts, sessions = sequential(steps)
-        raw_tps, durable_tps, starts = throughput(runs)
+        raw_hop, raw_cpu = raw_sequential(steps, pids)
+        ledger = Transactions(watch(), STATS_LAG)
+        idle = ledger.idle(pids)
+        with watch().meter(pids) as meter:
+            step = durable_step(steps)
+        xacts, sessions = ledger.per(steps)
+        each = one_per_transaction(runs, pids)
+        each["xacts"], _ = ledger.per(runs)
+        raw_each = raw_throughput(runs, pids)
+        tps, batch, starts = throughput(runs, pids)
     finally:
         for worker in started:
             worker.stop()
     return {
         "raw_hop": raw_hop,
-        "step": durable_step,
+        "step": step,
         "xacts": xacts,
         "sessions": sessions,
-        "raw_tps": raw_tps,
-        "tps": durable_tps,
+        "raw_tps": raw_each["tps"],
+        "tps": tps,
         "starts": starts,
+        "cpu": {
+            "raw": {"step": {"wall_ms": raw_hop * 1000, **raw_cpu.per(steps)}, "each": raw_each},
+            "durable": {
+                "step": {"wall_ms": step * 1000, "xacts": xacts, **meter.usage.per(steps)},
+                "each": each,
+                "batch": {"tps": tps, **batch},
+                "idle": {"xacts": ledger.rate, **idle.per(idle.seconds)},
+            },
+        },
     }
 
 
-def measure_dbos(workers: int, steps: int, runs: int, create: bool) -> dict[str, float] | str:
+def measure_dbos(workers: int, steps: int, runs: int, create: bool) -> dict[str, Any] | str:
     """DBOS's figures from bench/dbos_steps.py in its own virtualenv, or why there are none."""
     if create and not DBOS_PYTHON.exists():
         subprocess.run([ROOT / "bench" / "dbos_env.sh"], check=True)
     if not DBOS_PYTHON.exists():
         return "not measured: bench/.venv-dbos is missing (run with --dbos to create it)"
     command = [str(DBOS_PYTHON), str(ROOT / "bench" / "dbos_steps.py"), "--database", f"{DB_NAME}_dbos"]
-    command += ["--steps", str(steps), "--runs", str(runs), "--workers", str(workers)]
+    command += ["--steps", str(steps), "--runs", str(runs), "--workers", str(workers), "--lag", str(STATS_LAG)]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
     if done.returncode != 0:
         return f"not measured: bench/dbos_steps.py exited {done.returncode}\n{done.stderr[-2000:]}"
     return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def print_table(figures: dict[str, dict[str, float]], dbos: dict[str, float] | str, statements: int) -> None:
-    """One table for both durable modes, each ratio durable ÷ the other side, DBOS's beside its goal."""
-    measured = isinstance(dbos, dict)
-    print(f"{'durable workers':<20} {'measure':<36} {'raw celery':>10} {'DBOS':>7} {'durable':>8}", end="")
-    print(f" {'÷ raw':>6} {'÷ DBOS':>7}  goal ÷ DBOS")
-    for name, f in figures.items():
-        rows = (
-            ("sequential no-op step latency (ms)", f["raw_hop"] * 1000, "step", 1000, ".2f"),
-            ("one-step runs per second", f["raw_tps"], "tps", 1, ".0f"),
-        )
-        for measure, raw, key, scale, spec in rows:
-            ours = f[key] * scale
-            theirs = f"{dbos[key] * scale:>7{spec}}" if measured else f"{'—':>7}"
-            versus = f"{ours / (dbos[key] * scale):>7.2f}" if measured else f"{'—':>7}"
-            goal = f"≤ {STEP_GOAL:.2f} (stretch {STEP_STRETCH:.2f})" if key == "step" else f"≥ {THROUGHPUT_GOAL:.2f}"
-            print(
-                f"{name:<20} {measure:<36} {raw:>10{spec}} {theirs} {ours:>8{spec}} {ours / raw:>6.2f} {versus}  {goal}"
-            )
-        print(
-            f"{name:<20} postgres per durable step: {f['xacts']:.2f} transactions, {f['sessions']:.3f} new "
-            f"connections; api.start() {f['starts']:.0f}/s from one process"
-        )
-    print(f"{statements} SQL statements in one advance (in-process)")
-    if measured:
-        print(
-            f"DBOS {dbos['version']}: {dbos['workers']} executor processes, queue polled every {dbos['poll']:g} s, "
-            f"step timed inside its workflow; {dbos['xacts']:.2f} transactions in its database per step "
-            f"(its queue polls included); {dbos['enqueues']:.0f} enqueues/s in one transaction"
-        )
-    else:
-        print(f"DBOS {dbos}")
 
 
 class OtlpReceiver:
@@ -404,6 +434,7 @@ def main() -> None:
         f" {args.steps} sequential steps, {args.runs} one-step runs"
     )
     print_table(figures, dbos, statements)
+    print_cpu(figures, dbos, args.workers)
     if not args.no_tracing:
         figures_traced, receiver = tracing_overhead(args.workers, args.slice_ms, args.steps, args.tracing_rounds)
         print_tracing(figures_traced, receiver, args.workers, args.slice_ms, args)
