@@ -10,11 +10,12 @@ OPTIONS names a number, and its own cursors bind on the client, which never prep
 from __future__ import annotations
 
 import pytest
-from django.db import connection
+from django.db import connection, connections
 
 from durable_agents import api
 from durable_agents.engine import statements
-from durable_agents.testing import drive
+from durable_agents.models import Run
+from durable_agents.testing import drive, wait_for_run
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -64,3 +65,34 @@ def test_the_setting_decides_outright(chosen, settings, monkeypatch):
     assert statements.prepares() is chosen
     assert drive(api.start("noop", {"steps": 2}).id).status == "completed"
     assert bool(prepared()) is chosen
+
+
+@pytest.fixture
+def migrated_column():
+    """Alter a column the claim returns (Run.workflow, varchar(200)) the way a migration run beside live workers
+    would: from a connection of its own, as `manage.py migrate` is. Changed back afterwards."""
+    table = Run._meta.db_table
+    width = Run._meta.get_field("workflow").max_length
+
+    def alter(to: int) -> None:
+        other = connections.create_connection("default")
+        try:
+            with other.cursor() as cursor:
+                cursor.execute(f"ALTER TABLE {table} ALTER COLUMN workflow TYPE varchar({to})")
+        finally:
+            other.close()
+
+    yield lambda: alter(width + 55)
+    alter(width)
+
+
+def test_a_migration_that_changes_a_column_type_does_not_stop_a_live_workers_claims(start_worker, migrated_column):
+    """A rolling deploy migrates while the old workers run. Postgres refuses to run a statement prepared before a
+    column its result holds changed type (widened varchar(200) to varchar(255), say): "cached plan must not change
+    result type", every time, on that session, and psycopg keeps sending it (a worker keeps its connection across
+    tasks). The worker must prepare it anew, not fail every claim until it is restarted."""
+    start_worker()
+    assert wait_for_run(api.start("noop", {"steps": 2}).id, "completed", timeout=30)  # the claim prepared there
+    migrated_column()
+    run = api.start("noop", {"steps": 2})
+    assert wait_for_run(run.id, "completed", timeout=30), "the worker's claims failed after the migration"
