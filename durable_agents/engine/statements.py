@@ -14,10 +14,17 @@ a prepared statement between transactions (docs/howto/poolers.md): a project beh
 `DURABLE_AGENTS["PREPARED_STATEMENTS"]` True or False decides it outright.
 
 Django's own queries are untouched: its cursors bind on the client (psycopg's ClientCursor), which never prepares.
+
+A migration run beside live workers (a rolling deploy) may change the type of a column a prepared statement returns
+(a varchar widened, a numeric's scale): Postgres then refuses that statement on every session that prepared it
+before — "cached plan must not change result type" (SQLSTATE 0A000), each time, before executing anything — and
+psycopg keeps sending it by name. Such a statement, sent outside a transaction, is prepared anew and sent once more;
+inside one the error stands, and the rollback makes psycopg forget what it prepared.
 """
 
 from __future__ import annotations
 
+from functools import cache
 from typing import Any
 
 from django.db import connection
@@ -64,8 +71,29 @@ def cursor(db: Any = None) -> Any:
         # Django connects with None unless OPTIONS names a number (a number the project chose stays); its own
         # cursors bind on the client and never prepare, so this prepares the engine's statements only.
         raw.prepare_threshold = PREPARE_AT_FIRST_USE
-    bound = psycopg.Cursor(raw)
+    bound = _replanning_cursor(psycopg)(raw)
     return _Logged(bound, db) if db.queries_logged else db.make_cursor(bound)
+
+
+@cache
+def _replanning_cursor(psycopg: Any) -> Any:
+    """psycopg's server-binding Cursor, preparing a statement anew when a migration changed its result's type."""
+    from psycopg import errors, pq
+
+    class Replanning(psycopg.Cursor):  # type: ignore[misc,name-defined]
+        def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
+            try:
+                return super().execute(query, params, **kwargs)
+            except errors.FeatureNotSupported:
+                # Postgres checks a prepared plan before it runs it: refused, nothing was executed. In autocommit
+                # the statement can go again; in a transaction it is aborted, and its rollback clears psycopg's cache.
+                if self.connection.info.transaction_status != pq.TransactionStatus.IDLE:
+                    raise
+            # Drop this session's prepared statements; psycopg, seeing the command, forgets its names for them.
+            self.connection.execute("DEALLOCATE ALL", prepare=False)
+            return super().execute(query, params, **kwargs)
+
+    return Replanning
 
 
 class _Logged(CursorDebugWrapper):
