@@ -45,6 +45,20 @@ def test_on_a_direct_connection_the_claim_and_the_commit_are_prepared_once_and_r
     assert not any('"durable_agents_run"."workflow"' in text for text in texts)
 
 
+def test_django_own_queries_stay_unprepared_on_a_connection_that_binds_on_the_server(monkeypatch):
+    """Django's OPTIONS["server_side_binding"] makes its own cursors bind on the server; with prepare_threshold None
+    (Django's default) they never prepare. Preparing the engine's statements must not make every ORM query of the
+    project a prepared statement too."""
+    options = {**(connection.settings_dict.get("OPTIONS") or {}), "server_side_binding": True}
+    monkeypatch.setitem(connection.settings_dict, "OPTIONS", options)
+    for _ in range(2):
+        assert drive(api.start("noop", {"steps": 2}).id).status == "completed"
+    texts = prepared()
+    assert any("held AS" in text for text in texts), texts  # the engine's commit is prepared
+    orm = [text for text in texts if '"durable_agents_run"."' in text or '"durable_agents_step"."' in text]
+    assert orm == [], f"the ORM's own queries were prepared: {orm}"
+
+
 @pytest.mark.parametrize("pooler_setting", ["DISABLE_SERVER_SIDE_CURSORS", "prepare_threshold None"])
 def test_behind_a_transaction_mode_pooler_nothing_is_prepared(pooler_setting, monkeypatch):
     # Either of the two settings docs/howto/poolers.md gives for PgBouncer in transaction mode.
