@@ -81,32 +81,45 @@ def test_the_setting_decides_outright(chosen, settings, monkeypatch):
     assert bool(prepared()) is chosen
 
 
-@pytest.fixture
-def migrated_column():
-    """Alter a column the claim returns (Run.workflow, varchar(200)) the way a migration run beside live workers
-    would: from a connection of its own, as `manage.py migrate` is. Changed back afterwards."""
-    table = Run._meta.db_table
-    width = Run._meta.get_field("workflow").max_length
+MIGRATIONS = {
+    # A column the claim returns widened (varchar(200) to varchar(255)): its result's type changed.
+    "a returned column widened": (
+        "ALTER TABLE {table} ALTER COLUMN workflow TYPE varchar(255)",
+        "ALTER TABLE {table} ALTER COLUMN workflow TYPE varchar(200)",
+    ),
+    # A column added to the claimed table, which the claim's UPDATE returns whole (RETURNING *) inside the statement.
+    "a column added": (
+        "ALTER TABLE {table} ADD COLUMN added_by_a_later_release integer",
+        "ALTER TABLE {table} DROP COLUMN added_by_a_later_release",
+    ),
+}
 
-    def alter(to: int) -> None:
+
+@pytest.fixture(params=sorted(MIGRATIONS))
+def migration(request):
+    """A migration run beside live workers, from a connection of its own (as `manage.py migrate` is); undone
+    afterwards."""
+    forward, backward = (sql.format(table=Run._meta.db_table) for sql in MIGRATIONS[request.param])
+
+    def run(sql: str) -> None:
         other = connections.create_connection("default")
         try:
             with other.cursor() as cursor:
-                cursor.execute(f"ALTER TABLE {table} ALTER COLUMN workflow TYPE varchar({to})")
+                cursor.execute(sql)
         finally:
             other.close()
 
-    yield lambda: alter(width + 55)
-    alter(width)
+    yield lambda: run(forward)
+    run(backward)
 
 
-def test_a_migration_that_changes_a_column_type_does_not_stop_a_live_workers_claims(start_worker, migrated_column):
+def test_a_migration_beside_a_live_worker_does_not_stop_its_claims(start_worker, migration):
     """A rolling deploy migrates while the old workers run. Postgres refuses to run a statement prepared before a
-    column its result holds changed type (widened varchar(200) to varchar(255), say): "cached plan must not change
-    result type", every time, on that session, and psycopg keeps sending it (a worker keeps its connection across
-    tasks). The worker must prepare it anew, not fail every claim until it is restarted."""
+    column its result holds changed type: "cached plan must not change result type", every time, on that session,
+    and psycopg keeps sending it (a worker keeps its connection across tasks). The worker must prepare it anew, not
+    fail every claim until it is restarted."""
     start_worker()
     assert wait_for_run(api.start("noop", {"steps": 2}).id, "completed", timeout=30)  # the claim prepared there
-    migrated_column()
+    migration()
     run = api.start("noop", {"steps": 2})
     assert wait_for_run(run.id, "completed", timeout=30), "the worker's claims failed after the migration"
