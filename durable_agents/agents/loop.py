@@ -328,11 +328,13 @@ class _AgentLoop:
         self._record_dropped()
         counter = getattr(self.participant, "count_tokens", None) if settings.COUNT_TOKENS else None
         count = (lambda: counter(request)) if counter is not None else None
-        # A live call proves the lease before it is sent; the same statement reads the spend the budget checks.
+        # Measured first: a count is a round trip to the API, and a pause in it must still meet the proof below.
+        prompt_tokens = estimate_prompt(request.as_kwargs(), self.conversation.messages, self.measured, count)
+        # A live call proves the lease right before it is sent; the same statement reads the spend the budget checks.
         spent = prove_lease_reading_spend(self.ctx) if self.batch is None else None
         self.budget.check(
             model=request.model,
-            prompt_tokens=estimate_prompt(request.as_kwargs(), self.conversation.messages, self.measured, count),
+            prompt_tokens=prompt_tokens,
             max_tokens=request.max_tokens,
             purpose=f"turn {self.turn_number}",
             batch=self.batch is not None,

@@ -189,22 +189,33 @@ def _claim_and_load_sql(model_bound: bool = False) -> str:
 
 
 def _model_bound() -> str:
-    """A run the model queue's worker serves (wake.queue_for): its step under the cursor waits on the model, and it
-    is no replay run sent to a replay queue of its own (`replay_queue`)."""
+    """A run the model queue's worker serves (wake.queue_for): a replay run with a replay queue set
+    (`replay_queue`) iff that queue is the model queue (`replay_here`), whatever its step; any other run iff its step
+    under the cursor waits on the model."""
     run, step = Run._meta.db_table, Step._meta.db_table
     kind = f"""(SELECT kind FROM {step} k
                  WHERE k.run_id = {run}.id AND k.position = {run}.cursor AND k.status <> %(superseded)s)"""
-    return f"{kind} = ANY(%(model_kinds)s) AND (NOT %(replay_queue)s OR {run}.replay_lane = '')"
+    return (
+        f"CASE WHEN %(replay_queue)s AND {run}.replay_lane <> '' THEN %(replay_here)s"
+        f" ELSE {kind} = ANY(%(model_kinds)s) END"
+    )
 
 
 def claim_and_load(
-    run_id: uuid.UUID, owner: str, lease: timedelta, *, model_bound: bool = False, replay_queue: bool = False
+    run_id: uuid.UUID,
+    owner: str,
+    lease: timedelta,
+    *,
+    model_bound: bool = False,
+    replay_queue: bool = False,
+    replay_here: bool = False,
 ) -> tuple[Claim, Step | None] | None:
     """Claim the run and read its current step with the run's input, in one statement (Postgres). `model_bound`: only
-    a run the model queue's worker serves (`replay_queue`: replay runs have a queue of their own)."""
+    a run the model queue's worker serves (`replay_queue`: replay runs have a queue of their own; `replay_here`: it is
+    the model queue)."""
     params = {"id": run_id, **_claim_params(owner, lease)}
     if model_bound:
-        params.update(model_kinds=sorted(MODEL_BOUND_KINDS), replay_queue=replay_queue)
+        params.update(model_kinds=sorted(MODEL_BOUND_KINDS), replay_queue=replay_queue, replay_here=replay_here)
     with statements.cursor() as cursor:
         cursor.execute(_claim_and_load_sql(model_bound), params)
         row = cursor.fetchone()

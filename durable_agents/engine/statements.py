@@ -13,11 +13,20 @@ a prepared statement between transactions (docs/howto/poolers.md): a project beh
 `DISABLE_SERVER_SIDE_CURSORS` or psycopg's `OPTIONS["prepare_threshold"] = None`, and then nothing is prepared.
 `DURABLE_AGENTS["PREPARED_STATEMENTS"]` True or False decides it outright.
 
-Django's own queries are untouched: its cursors bind on the client (psycopg's ClientCursor), which never prepares.
+Django's own queries are untouched: its cursors bind on the client (psycopg's ClientCursor), which never prepares,
+or on the server (OPTIONS["server_side_binding"]) at the project's own `prepare_threshold`; the engine's ask to be
+prepared, statement by statement.
+
+A migration run beside live workers (a rolling deploy) may change the type of a column a prepared statement returns
+(a varchar widened, a numeric's scale): Postgres then refuses that statement on every session that prepared it
+before — "cached plan must not change result type" (SQLSTATE 0A000), each time, before executing anything — and
+psycopg keeps sending it by name. Such a statement, sent outside a transaction, is prepared anew and sent once more;
+inside one the error stands, and the rollback makes psycopg forget what it prepared.
 """
 
 from __future__ import annotations
 
+from functools import cache
 from typing import Any
 
 from django.db import connection
@@ -25,8 +34,9 @@ from django.db.backends.utils import CursorDebugWrapper
 
 from durable_agents.conf import settings
 
-# psycopg prepares a statement sent through a server-binding cursor once it was sent this many times (0: the first).
-PREPARE_AT_FIRST_USE = 0
+# psycopg prepares a statement sent through a server-binding cursor once it was sent this many times. A count no
+# statement reaches: psycopg then prepares only what asks for it (`execute(..., prepare=True)`).
+ONLY_WHEN_ASKED = 2**62
 
 
 def prepares(db: Any = None) -> bool:
@@ -38,7 +48,8 @@ def prepares(db: Any = None) -> bool:
     options = db.settings_dict.get("OPTIONS") or {}
     if db.settings_dict.get("DISABLE_SERVER_SIDE_CURSORS"):
         return False
-    return options.get("prepare_threshold", PREPARE_AT_FIRST_USE) is not None
+    # Only a None the project wrote says "no prepared statements" (Django's own default None says nothing).
+    return "prepare_threshold" not in options or options["prepare_threshold"] is not None
 
 
 def cursor(db: Any = None) -> Any:
@@ -61,11 +72,35 @@ def cursor(db: Any = None) -> Any:
     import psycopg  # psycopg 3, as the connection is
 
     if raw.prepare_threshold is None:
-        # Django connects with None unless OPTIONS names a number (a number the project chose stays); its own
-        # cursors bind on the client and never prepare, so this prepares the engine's statements only.
-        raw.prepare_threshold = PREPARE_AT_FIRST_USE
-    bound = psycopg.Cursor(raw)
+        # Django connects with None unless OPTIONS names a number (a number the project chose stays): then none of
+        # its queries is prepared, not even through the server-binding cursors of OPTIONS["server_side_binding"].
+        # psycopg ignores `prepare=True` under None; a threshold no query reaches keeps Django's queries unprepared.
+        raw.prepare_threshold = ONLY_WHEN_ASKED
+    bound = _replanning_cursor(psycopg)(raw)
     return _Logged(bound, db) if db.queries_logged else db.make_cursor(bound)
+
+
+@cache
+def _replanning_cursor(psycopg: Any) -> Any:
+    """psycopg's server-binding Cursor, preparing each statement at its first use (and anew when a migration changed
+    its result's type)."""
+    from psycopg import errors, pq
+
+    class Replanning(psycopg.Cursor):  # type: ignore[misc,name-defined]
+        def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
+            kwargs.setdefault("prepare", True)
+            try:
+                return super().execute(query, params, **kwargs)
+            except errors.FeatureNotSupported:
+                # Postgres checks a prepared plan before it runs it: refused, nothing was executed. In autocommit
+                # the statement can go again; in a transaction it is aborted, and its rollback clears psycopg's cache.
+                if self.connection.info.transaction_status != pq.TransactionStatus.IDLE:
+                    raise
+            # Drop this session's prepared statements; psycopg, seeing the command, forgets its names for them.
+            self.connection.execute("DEALLOCATE ALL", prepare=False)
+            return super().execute(query, params, **kwargs)
+
+    return Replanning
 
 
 class _Logged(CursorDebugWrapper):

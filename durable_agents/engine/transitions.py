@@ -125,8 +125,16 @@ def claim_run(run_id: uuid.UUID, *, model_bound: bool = False) -> tuple[Claim, S
     `model_bound`: only if the run is one the model queue's worker serves (wake.queue_for), else None."""
     lease = timedelta(seconds=lease_seconds())
     if hotpath.is_available():
-        replay_queue = bool(settings.REPLAY_QUEUE)
-        return hotpath.claim_and_load(run_id, worker_id(), lease, model_bound=model_bound, replay_queue=replay_queue)
+        # As wake.queue_for routes: a replay run to REPLAY_QUEUE (if set) whatever its step, which may be this queue.
+        replay_queue = settings.REPLAY_QUEUE
+        return hotpath.claim_and_load(
+            run_id,
+            worker_id(),
+            lease,
+            model_bound=model_bound,
+            replay_queue=bool(replay_queue),
+            replay_here=bool(replay_queue) and replay_queue == settings.MODEL_QUEUE,
+        )
     if model_bound and queue_for(run_id) != settings.MODEL_QUEUE:
         return None
     claim = hotpath.claim(run_id, worker_id(), lease)

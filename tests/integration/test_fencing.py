@@ -265,3 +265,28 @@ def test_lease__a_taken_over_lease_is_reported_lost_by_the_batched_renewal():
     Run.objects.filter(pk=run.id).update(lease_token=F("lease_token") + 1)
     renewed, lost = renew_leases([claim])
     assert lost == {claim} and not renewed
+
+
+def test_agent__a_worker_paused_while_its_prompt_is_counted_proves_its_lease_before_asking(settings):
+    """COUNT_TOKENS: a step's first request is counted by the API (messages.count_tokens, a round trip of its own)
+    for the budget check. A worker paused in that round trip, its run taken over meanwhile, must stop at the lease's
+    proof before the model is asked: the proof comes after everything but the call (DESIGN §2.3: only a pause
+    between the proof and the send may repeat a request)."""
+    settings.DURABLE_AGENTS = {**settings.DURABLE_AGENTS, "COUNT_TOKENS": True}
+    asked = {"turns": 0}
+
+    def script(request):
+        asked["turns"] += 1
+        return "done"
+
+    def count_tokens(request):
+        _take_over(run.id)  # the worker paused in the count; another worker took the run over
+        return 100
+
+    counted = FunctionParticipant(script, name="counted-zombie")
+    counted.count_tokens = count_tokens
+    participants.register("counted-zombie", counted)
+    run = api.start("agent_ticks", {"ticks": 1})
+    api.swap_participant(run.id, "counted-zombie")
+    assert advance(run.id) is Outcome.LEASE_LOST
+    assert asked["turns"] == 0, "a worker whose run was taken over while its prompt was counted asked the model"

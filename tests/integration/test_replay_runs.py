@@ -14,7 +14,7 @@ import pytest
 from django.conf import settings
 from django.test import override_settings
 
-from durable_agents import api, clock
+from durable_agents import api, clock, tasks
 from durable_agents.engine.replaying import DIVERGED
 from durable_agents.engine.sweep import sweep
 from durable_agents.errors import InvalidTransitionError, ReplayAppliesNothingError
@@ -226,3 +226,19 @@ def test_replay_sigkill__a_worker_killed_mid_replay_leaves_each_recorded_call_an
     answered = Event.objects.filter(run_id=replayed.id, kind="replay_answered").values_list("detail", flat=True)
     assert sorted(d["recorded"] for d in answered) == [0, 1], "each recorded call answered once"
     assert side_effects() == before
+
+
+def test_replay_queue__a_replay_queue_that_is_also_the_model_queue_runs_replay_steps_delivered_there():
+    """REPLAY_QUEUE and MODEL_QUEUE may name one queue (one gevent worker for the model's steps and the replays):
+    every wake-up of a replay run goes there, whatever its step, so the worker serving it must run the step — not
+    leave the message unclaimed (a plain step is no model step) while the sweep sends it back there for ever."""
+    source = drive(api.start("approve_charge", {"order_id": "C-8"}).id)
+    api.cancel(source.id)
+    shared = "durable-model-and-replay"
+    routed = {"MODEL_QUEUE": shared, "REPLAY_QUEUE": shared, "WAKER": f"{__name__}.record_wake"}
+    with override_settings(DURABLE_AGENTS={**settings.DURABLE_AGENTS, **routed}):
+        [run] = replay_runs(api.replay(runs=[source.id], lanes=("baseline",), status="cancelled"))
+        woken.clear()
+        done = tasks._advance_or_pass_on(str(run.id), shared)
+    assert done not in ("skipped", "passed on"), f"the replay run's message on {shared!r} was {done} ({woken})"
+    assert Step.objects.filter(run=run, status="done").exists(), "no step of the replay run ran"
