@@ -33,7 +33,7 @@ from django.db import DatabaseError, transaction
 from django.db.models import F
 
 from durable_agents.agents.messages import Usage
-from durable_agents.connections import fresh_connection
+from durable_agents.connections import drop_connections, fresh_connection
 from durable_agents.engine.events import record_event
 from durable_agents.models import Run, Step, Turn
 
@@ -97,6 +97,10 @@ def count_unjournaled(billed: Unjournaled) -> None:
     error: if neither this connection nor a fresh one takes it, it is logged at ERROR and owed (module docstring).
     """
     error: DatabaseError | None = None
+    # A connection the failed write left dead is no chance: a statement in autocommit (the journal's, on Postgres)
+    # leaves it on this thread, where a transaction's failed rollback would have closed it. Dropped first, so both
+    # attempts reach the database.
+    drop_connections()
     for fresh in (False, True):
         if fresh and not fresh_connection():
             break

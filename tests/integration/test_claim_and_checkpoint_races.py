@@ -20,6 +20,7 @@ from django.utils import timezone
 
 from durable_agents import api
 from durable_agents.api import PlannedStep, StepContext, call, workflow
+from durable_agents.engine import transitions, turnpath
 from durable_agents.engine.advance import Outcome, advance
 from durable_agents.models import Effect, Run, RunStatus, Step, StepStatus
 from durable_agents.testing import drive, wait_for
@@ -80,15 +81,18 @@ def test_claim__racing_a_migration_executes_the_plan_element_the_migration_repla
 # --- The lease proof of an external call vs a saga being planned ---------------------------------------------------
 
 
-def test_effects__the_lease_proof_reads_the_run_without_waiting_for_a_saga_being_planned():
-    """The proof-and-count UPDATE fences on `Exists(run with this token, running)`: a plain read of the run in the
-    statement's snapshot, which never waits for the run's row lock. A worker paused past its lease right after
-    ensure_lease; cancel(compensate) takes the run (token bumped) and plans its saga from the effects it sees —
-    the shipment is `pending`, never invoked: nothing to undo. While that transaction is still open, the worker
-    thaws: its proof reads the old run row (its token, running), counts the invocation and ships. The cancel
-    commits: a run cancelled "with compensation" and a shipment applied after the saga looked, undone by
-    nobody and flagged nowhere."""
-    original = StepContext.ensure_lease
+@pytest.mark.parametrize("path", ["one statement", "transaction"])
+def test_effects__the_lease_proof_reads_the_run_without_waiting_for_a_saga_being_planned(path, monkeypatch):
+    """The proof that fences an external call must wait for the run's row lock, not read the run in its snapshot. A
+    worker paused past its lease right before its proof; cancel(compensate) takes the run (token bumped) and plans its
+    saga from the effects it sees — the shipment is not invoked: nothing to undo. While that transaction is still
+    open, the worker thaws: were its proof a plain read of the old run row (its token, running), it would count the
+    invocation and ship, and once the cancel commits: a run cancelled "with compensation" and a shipment applied after
+    the saga looked, undone by nobody and flagged nowhere.
+
+    `path`: on Postgres a new key's outbox row is written with the proof in one statement (hotpath.start_effect),
+    before which the worker pauses; elsewhere (here: that statement turned off) ensure_lease proves the lease, then
+    a transaction proves it again and counts the invocation."""
     planned, committed = threading.Event(), threading.Event()
     state: dict[str, Any] = {}
 
@@ -99,30 +103,49 @@ def test_effects__the_lease_proof_reads_the_run_without_waiting_for_a_saga_being
             # Commits once the worker's call is under way — or once the worker waits for this transaction.
             wait_for(lambda: committed.is_set() or someone_waits_for_a_lock(), timeout=30, what="the worker")
 
-    def proves_then_pauses(self):
-        original(self)
-        StepContext.ensure_lease = original
-        Run.objects.filter(pk=self.run_id).update(lease_expires_at=timezone.now() - timedelta(minutes=1))
+    def paused(run_id):
+        Run.objects.filter(pk=run_id).update(lease_expires_at=timezone.now() - timedelta(minutes=1))
         state["thread"] = in_another_connection(operator_cancels)
         planned.wait()  # the saga was planned (not committed) while this worker was paused
 
+    if path == "one statement":
+        original = transitions.start_external_effect
+
+        def pauses_then_proves(claim, **kwargs):
+            monkeypatch.setattr(transitions, "start_external_effect", original)
+            paused(claim.run_id)
+            return original(claim, **kwargs)
+
+        monkeypatch.setattr(transitions, "start_external_effect", pauses_then_proves)
+    else:
+        monkeypatch.setattr(turnpath, "is_available", lambda: False)
+        original = StepContext.ensure_lease
+
+        def proves_then_pauses(self):
+            original(self)
+            monkeypatch.setattr(StepContext, "ensure_lease", original)
+            paused(self.run_id)
+
+        monkeypatch.setattr(StepContext, "ensure_lease", proves_then_pauses)
+
     def the_call_is_under_way(ctx):
         committed.set()
-        joined(*state["thread"])
+        joined(*state.pop("thread"))
 
     HOOKS["carrier:sent:PS-1"] = the_call_is_under_way
-    StepContext.ensure_lease = proves_then_pauses
     try:
         run = api.start("carrier_send_hold", {"order_id": "PS-1"})
         state["run"] = run.id
         outcome = advance(run.id)
     finally:
-        StepContext.ensure_lease = original
         committed.set()
+        if "thread" in state:
+            joined(*state.pop("thread"))
+    monkeypatch.undo()
     run = drive(run.id)
-    effect = Effect.objects.get(run=run, tool="carrier_send")
-    shipped = CARRIER.get(effect.idempotency_key) == "shipped"
-    undone = f"{effect.idempotency_key}:compensate" in CARRIER
+    effect = Effect.objects.filter(run=run, tool="carrier_send").first()
+    shipped = effect is not None and CARRIER.get(effect.idempotency_key) == "shipped"
+    undone = effect is not None and f"{effect.idempotency_key}:compensate" in CARRIER
     assert run.status == RunStatus.CANCELLED
     assert not (shipped and not undone and not effect.needs_attention), (
         "guarantee 4/9 (a zombie never applies an effect; a saga is never silently half-done): the worker's lease "

@@ -281,6 +281,55 @@ def test_ledger__an_answer_the_database_never_took_is_logged_kept_and_counted_on
     )
 
 
+def test_ledger__an_answer_whose_journal_connections_died_is_counted_at_once_on_a_live_connection(
+    model, monkeypatch, caplog
+):
+    """The journal's write dies with its connection, and so does its retry on a fresh one (a failover ending the
+    worker's connections); then one more connection is refused. The count of the billed usage has two chances to
+    record it at once — this thread's connection, then a fresh one — and a connection known dead is no chance: one
+    statement in autocommit leaves it on the thread (where a transaction's failed rollback closed it), so it is
+    dropped first and both attempts reach the database."""
+    fake, _ticker = model
+    real_journal, real_connect = turnpath.journal_turn, connection.get_new_connection
+    state_of = {"ended": 0, "refuse": 0}
+
+    def journal_turn(*args: Any, **kwargs: Any) -> Any:
+        if state["answered"] and state_of["ended"] < 2:
+            connection.ensure_connection()
+            with psycopg.connect(_admin_dsn(), autocommit=True) as admin:
+                admin.execute("SELECT pg_terminate_backend(%s, 10000)", [connection.connection.info.backend_pid])
+            state_of["ended"] += 1
+            state_of["refuse"] = 1 if state_of["ended"] == 2 else 0  # the next connection is refused, once
+        return real_journal(*args, **kwargs)
+
+    def connect(conn_params: dict[str, Any]) -> Any:
+        if state_of["refuse"]:
+            state_of["refuse"] -= 1
+            raise psycopg.OperationalError("connection refused (the database is failing over)")
+        return real_connect(conn_params)
+
+    with after_the_answer(participants.get("anthropic"), monkeypatch, turn=1) as state:
+        monkeypatch.setattr(turnpath, "journal_turn", journal_turn)
+        monkeypatch.setattr(connection, "get_new_connection", connect)
+        run = drive(api.start("agent_ticks", {"ticks": 3}).id)
+
+    assert state_of["ended"] == 2, "the journal's write and its retry were not both hit"
+    assert not [r.getMessage() for r in caplog.records if "not recorded" in r.getMessage()], (
+        "the billed usage was owed by the process instead of recorded: one of its two chances went to a dead connection"
+    )
+    events = list(Event.objects.filter(run=run, kind="unjournaled_usage"))
+    assert [e.detail.get("late") for e in events] == [None], [e.detail for e in events]
+    assert run.status == RunStatus.COMPLETED, run.error
+    assert tuple(getattr(run, name) for name in USAGE_FIELDS) == fake.billed_total()
+
+
+def _admin_dsn() -> str:
+    db = connection.settings_dict
+    return psycopg.conninfo.make_conninfo(
+        dbname=db["NAME"], user=db["USER"] or None, host=db["HOST"] or None, port=db["PORT"] or None
+    )
+
+
 def test_ledger__billed_usage_of_a_run_deleted_meanwhile_is_dropped_not_owed_forever(caplog):
     """A run deleted (retention) while its answer was counted has nothing left to count against: the count is
     dropped, not kept owed by the process, where it would fail again after every journal write."""
