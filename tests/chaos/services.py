@@ -34,6 +34,16 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+@contextlib.contextmanager
+def refused_port() -> Iterator[int]:
+    """A local port where every connection is refused while the block runs: bound, never listening. Held, it cannot
+    be handed to another process meanwhile (a server of a second test session on this machine), as a port found
+    free and let go could be."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        yield held.getsockname()[1]
+
+
 def is_listening(host: str, port: int) -> bool:
     with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=1):
         return True

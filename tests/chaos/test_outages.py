@@ -32,7 +32,7 @@ from durable_agents.tasks import advance as advance_task
 from durable_agents.testing import wait_for
 from tests.chaos.conftest import publishing_wakeups
 from tests.chaos.fleet import API_KEY, DJANGO_SECRET_KEY, ROOT, Fleet, prefork
-from tests.chaos.services import WAKE_BROKER_ENV, PostgresCluster, RedisServer, free_port, postgres_bin
+from tests.chaos.services import WAKE_BROKER_ENV, PostgresCluster, RedisServer, postgres_bin, refused_port
 from tests.chaos.workload import (
     Case,
     check,
@@ -249,15 +249,15 @@ def dead_connection_errors(offsets: dict) -> list[str]:
 
 @pytest.mark.django_db(transaction=True)
 def test_outage__start_while_the_broker_is_down_returns_the_run(worker_env):
-    down_url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
-    started = subprocess.run(
-        [sys.executable, "manage.py", "durable_start", "noop", "--input", '{"steps": 1}', "--key", "broker-down"],
-        env={**worker_env, "CELERY_BROKER_URL": down_url},
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    with refused_port() as down:
+        started = subprocess.run(
+            [sys.executable, "manage.py", "durable_start", "noop", "--input", '{"steps": 1}', "--key", "broker-down"],
+            env={**worker_env, "CELERY_BROKER_URL": f"redis://127.0.0.1:{down}/0"},
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
     created = [str(run_id) for run_id in Run.objects.values_list("id", flat=True)]
     assert len(created) == 1, "the run is committed before its wake-up is sent"
     assert started.returncode == 0 and started.stdout.strip() == created[0], (

@@ -1,7 +1,6 @@
 """Integration tests prove the guarantees on real Postgres, Redis and `celery worker` processes."""
 
 import contextlib
-import socket
 from collections.abc import Iterator
 
 import pytest
@@ -10,6 +9,7 @@ from django.db import connection
 from django.test import override_settings
 
 from durable_agents import clock, tasks
+from tests.chaos.services import refused_port
 from tests.integration.batch_helpers import batch_fake, batched_workflows  # noqa: F401 - fixtures of the batch tests
 from tests.integration.outside_carrier import CARRIER
 from tests.integration.tracing_helpers import spans  # noqa: F401 - the tracing tests' in-memory exporter
@@ -48,15 +48,13 @@ def routed():
 @contextlib.contextmanager
 def broker_down() -> Iterator[str]:
     """This process's Celery app publishes to a port nothing listens on, as during a broker outage."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]  # free once closed: connecting to it is refused
-    app, url = tasks.advance.app, f"redis://127.0.0.1:{port}/0"
-    saved = {"broker_url": app.conf.broker_url, "broker_write_url": app.conf.broker_write_url}
-    app.conf.update(broker_url=url, broker_write_url=url)  # publishing connects to the write URL
-    app._after_fork()  # the connection and producer pools were made for the old URL: drop them (as a forked child)
-    try:
-        yield url
-    finally:
-        app.conf.update(saved)
-        app._after_fork()
+    with refused_port() as port:
+        app, url = tasks.advance.app, f"redis://127.0.0.1:{port}/0"
+        saved = {"broker_url": app.conf.broker_url, "broker_write_url": app.conf.broker_write_url}
+        app.conf.update(broker_url=url, broker_write_url=url)  # publishing connects to the write URL
+        app._after_fork()  # the connection and producer pools were made for the old URL: drop them (as a forked child)
+        try:
+            yield url
+        finally:
+            app.conf.update(saved)
+            app._after_fork()

@@ -22,10 +22,18 @@ def net(order_id: str) -> Decimal:
     return sum((amount for _, amount in ledger(order_id)), Decimal(0))
 
 
+# Only this test's database: another session on the same server (the example project's, run beside this one) has
+# lock waits of its own. A row lock is waited for as a `transactionid` lock, whose `database` is null: the waiting
+# backend's database is read from pg_stat_activity.
+WAITING_HERE = (
+    "FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid WHERE NOT l.granted AND a.datname = current_database()"
+)
+
+
 def someone_waits_for_a_lock() -> bool:
     """True while a transaction waits for a row lock another holds (read in the caller's own connection)."""
     with connection.cursor() as cursor:
-        cursor.execute("SELECT count(*) FROM pg_locks WHERE NOT granted")
+        cursor.execute(f"SELECT count(*) {WAITING_HERE}")
         return cursor.fetchone()[0] > 0
 
 
@@ -34,9 +42,7 @@ def until_blocked_on_a_lock(thread: threading.Thread, statement: str = "") -> No
     for _ in range(20_000):
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_stat_clear_snapshot()")
-            cursor.execute(
-                "SELECT a.query FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid WHERE NOT l.granted"
-            )
+            cursor.execute(f"SELECT a.query {WAITING_HERE}")
             if any(statement in query for (query,) in cursor.fetchall()):
                 return
         assert thread.is_alive(), "the other connection finished without waiting for the lock"

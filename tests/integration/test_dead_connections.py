@@ -49,7 +49,9 @@ def _admin() -> psycopg.Connection:
 
 
 def _pooled(admin: psycopg.Connection, name: str) -> int:
-    return admin.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", [name]).fetchone()[0]
+    return admin.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name = %s", [name]
+    ).fetchone()[0]
 
 
 def test_worker__connections_ended_while_idle_fail_one_task_not_one_per_connection(start_worker):
@@ -64,7 +66,7 @@ def test_worker__connections_ended_while_idle_fail_one_task_not_one_per_connecti
         assert opened >= 2, f"the worker's pool holds {opened} connection(s): nothing to test"
         ended = admin.execute(
             "SELECT count(*) FROM (SELECT pg_terminate_backend(pid, 10000) AS ok FROM pg_stat_activity "
-            "WHERE application_name = %s) t WHERE ok",
+            "WHERE datname = current_database() AND application_name = %s) t WHERE ok",
             [name],
         ).fetchone()[0]
     assert ended == opened, f"{ended} of {opened} pooled connections ended"

@@ -91,7 +91,8 @@ def end_backends(application_name: str, admin: psycopg.Connection | None = None)
     is actually terminated" (PostgreSQL 14+ docs, Server Signaling Functions): none is left half-alive."""
     with contextlib.nullcontext(admin) if admin is not None else admin_connection(autocommit=True) as db:
         ended = db.execute(
-            "SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity WHERE application_name = %s",
+            "SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND application_name = %s",
             [application_name],
         ).fetchall()
     return sum(1 for (ok,) in ended if ok)
@@ -101,7 +102,8 @@ def spend_writes_waiting(admin: psycopg.Connection, application_name: str) -> st
     """The statement of `application_name` that adds to a run's spend (`cost_usd`) while it waits for a row lock;
     "" if none does."""
     row = admin.execute(
-        "SELECT query FROM pg_stat_activity WHERE application_name = %s AND wait_event_type = 'Lock' "
+        "SELECT query FROM pg_stat_activity WHERE datname = current_database() AND application_name = %s "
+        "AND wait_event_type = 'Lock' "
         "AND query LIKE '%%cost_usd%%'",
         [application_name],
     ).fetchone()

@@ -23,6 +23,7 @@ from durable_agents.agents.claude import LONGEST_RETRY_AFTER_SECONDS, retry_afte
 from durable_agents.agents.participants import participants
 from durable_agents.errors import ModelUnavailableError
 from durable_agents.testing.fake_anthropic import Fault
+from tests.chaos.services import refused_port
 from tests.integration.test_rate_limits import _limits_of, fake, request_for, unique_model  # noqa: F401
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -59,8 +60,9 @@ def test_redis_down__before_the_call_is_a_transient_error_and_nothing_is_sent(fa
     model = unique_model()
     participant = participants.get("anthropic")
     with (
+        refused_port() as down,
         override_settings(
-            DURABLE_AGENTS={**settings.DURABLE_AGENTS, **_limits_of(f"redis://127.0.0.1:{free_port()}/0", model, 600)}
+            DURABLE_AGENTS={**settings.DURABLE_AGENTS, **_limits_of(f"redis://127.0.0.1:{down}/0", model, 600)}
         ),
         pytest.raises(ModelUnavailableError, match="shared rate limiter .* could not be reached"),
     ):

@@ -313,7 +313,9 @@ def test_two_cohorts_saved_under_one_name_at_once_give_a_clear_error():
     # wait until the save is blocked on the uncommitted row's unique index
     for _ in range(600):
         with other.cursor() as cur:
-            cur.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'")
+            cur.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()"
+            )
             if cur.fetchone()[0]:
                 blocked.set()
                 break

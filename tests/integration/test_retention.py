@@ -570,7 +570,7 @@ def test_job_lease__two_passes_taking_it_at_the_same_instant_one_wins():
             cursor.execute("SELECT pg_stat_clear_snapshot()")
             cursor.execute(
                 "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
-                "WHERE NOT l.granted AND a.query LIKE %s",
+                "WHERE NOT l.granted AND a.datname = current_database() AND a.query LIKE %s",
                 ["%durable_agents_joblease%"],
             )
             return cursor.fetchone()[0] > 0
