@@ -4,8 +4,9 @@ where the connection allows it.
 Each statement of the step loop and of a model turn (hotpath.py, the agents' journal, the effect path) is built once
 (`functools.cache`) and sent through `cursor()`: Django's cursor wrapper (its execute wrappers, query logging and
 error translation hold) over a psycopg cursor that binds its parameters on the server. No ORM query compilation, and
-where the connection allows it no parsing or planning either: psycopg prepares a statement on the server the first
-time it is sent on a connection and then sends only its name and parameters (psycopg's docs, "Prepared statements").
+where the connection allows it no parsing or planning either: psycopg prepares a statement on the server the second
+time it is sent on a connection and then sends only its name and parameters (psycopg's docs, "Prepared statements");
+not the first, as a connection closed while a step waits on the network would prepare each statement for one use.
 
 Prepared where the connection keeps a server session, sent plain otherwise. PgBouncer in transaction mode hands a
 client a server connection for one transaction only, and before 1.21 (or without `max_prepared_statements`) loses
@@ -21,11 +22,15 @@ A migration run beside live workers (a rolling deploy) may change the type of a 
 (a varchar widened, a numeric's scale): Postgres then refuses that statement on every session that prepared it
 before — "cached plan must not change result type" (SQLSTATE 0A000), each time, before executing anything — and
 psycopg keeps sending it by name. Such a statement, sent outside a transaction, is prepared anew and sent once more;
-inside one the error stands, and the rollback makes psycopg forget what it prepared.
+inside one the error stands, and the rollback makes psycopg forget what it prepared. A session that lost a statement
+prepared on it (or holds another client's of the same name) has a transaction-mode pooler in front of it that
+DATABASES does not declare: the statement is sent plain, a WARNING says what to set, and this process prepares
+nothing more.
 """
 
 from __future__ import annotations
 
+import logging
 from functools import cache
 from typing import Any
 
@@ -33,6 +38,8 @@ from django.db import connection
 from django.db.backends.utils import CursorDebugWrapper
 
 from durable_agents.conf import settings
+
+logger = logging.getLogger("durable_agents.engine")
 
 # psycopg prepares a statement sent through a server-binding cursor once it was sent this many times. A count no
 # statement reaches: psycopg then prepares only what asks for it (`execute(..., prepare=True)`).
@@ -43,6 +50,8 @@ def prepares(db: Any = None) -> bool:
     """Whether the hot statements are prepared on `db`'s server (default: this thread's default connection)."""
     db = db if db is not None else connection
     chosen = settings.PREPARED_STATEMENTS
+    if _pooler_seen:
+        return False
     if chosen is not None:
         return bool(chosen)
     options = db.settings_dict.get("OPTIONS") or {}
@@ -88,7 +97,7 @@ def _replanning_cursor(psycopg: Any) -> Any:
 
     class Replanning(psycopg.Cursor):  # type: ignore[misc,name-defined]
         def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
-            kwargs.setdefault("prepare", True)
+            kwargs.setdefault("prepare", _seen_before(self.connection, query))
             try:
                 return super().execute(query, params, **kwargs)
             except errors.FeatureNotSupported:
@@ -96,11 +105,45 @@ def _replanning_cursor(psycopg: Any) -> Any:
                 # the statement can go again; in a transaction it is aborted, and its rollback clears psycopg's cache.
                 if self.connection.info.transaction_status != pq.TransactionStatus.IDLE:
                     raise
+            except (errors.InvalidSqlStatementName, errors.DuplicatePreparedStatement):
+                # Refused before it ran, as above: a session that lost (or shares) what psycopg prepared on it.
+                _lost_to_a_pooler()
+                if self.connection.info.transaction_status != pq.TransactionStatus.IDLE:
+                    raise
+                return super().execute(query, params, prepare=False)
             # Drop this session's prepared statements; psycopg, seeing the command, forgets its names for them.
             self.connection.execute("DEALLOCATE ALL", prepare=False)
             return super().execute(query, params, **kwargs)
 
     return Replanning
+
+
+def _seen_before(raw: Any, query: str) -> bool:
+    """Whether `query` was sent on this connection before: prepared at its second use, not its first. A connection
+    closed while a step waits on the network (a worker without a pool) would prepare every statement anew, a round
+    trip more than sending it plain."""
+    seen = raw.__dict__.setdefault("_durable_statements_sent", set())
+    if query in seen:
+        return True
+    seen.add(query)
+    return False
+
+
+# Set when a session lost a statement prepared on it, or held another's of the same name: a transaction-mode pooler
+# stands between, though DATABASES does not say so. From then on this process prepares nothing.
+_pooler_seen = False
+
+
+def _lost_to_a_pooler() -> None:
+    global _pooler_seen
+    if not _pooler_seen:
+        logger.warning(
+            "a statement prepared on a database connection was lost to another session: a pooler in transaction mode "
+            "(PgBouncer) stands between this process and Postgres, but DATABASES does not say so. The engine sends "
+            "its statements plain from now on; set DISABLE_SERVER_SIDE_CURSORS and OPTIONS['prepare_threshold'] = "
+            "None for this database (docs/howto/poolers.md)"
+        )
+    _pooler_seen = True
 
 
 class _Logged(CursorDebugWrapper):

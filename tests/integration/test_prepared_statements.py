@@ -123,3 +123,30 @@ def test_a_migration_beside_a_live_worker_does_not_stop_its_claims(start_worker,
     migration()
     run = api.start("noop", {"steps": 2})
     assert wait_for_run(run.id, "completed", timeout=30), "the worker's claims failed after the migration"
+
+
+def test_a_statement_is_prepared_at_its_second_use_on_a_connection_not_its_first():
+    """A worker without a pool closes its connection while a step waits on the model: a statement prepared at its
+    first use would be prepared for one use, a round trip more than sending it plain."""
+    run = api.start("noop", {"steps": 1})
+    drive(run.id)
+    assert prepared() == [], "one claim, one commit: nothing sent twice, nothing prepared"
+    drive(api.start("noop", {"steps": 1}).id)
+    assert prepared(), "the second run's claim and commit are prepared"
+
+
+def test_a_session_that_lost_its_prepared_statements_goes_on_plain_and_says_why(caplog, monkeypatch):
+    """An undeclared transaction-mode pooler hands the next transaction another server session, without the
+    statements psycopg prepared: Postgres refuses the name (SQLSTATE 26000) before running anything, so the statement
+    is sent again plain, and the process prepares nothing more (a WARNING names the settings to add)."""
+    monkeypatch.setattr(statements, "_pooler_seen", False)
+    for _ in range(2):
+        drive(api.start("noop", {"steps": 2}).id)
+    assert prepared()
+    with connection.cursor() as cursor:
+        # The server forgets them, psycopg does not see it (as when a pooler switches the session under it).
+        cursor.execute("DO $$BEGIN EXECUTE 'DEALLOCATE ALL'; END$$")
+    assert drive(api.start("noop", {"steps": 2}).id).status == "completed"
+    assert not statements.prepares()
+    assert "pooler in transaction mode" in caplog.text and "docs/howto/poolers.md" in caplog.text
+    assert prepared() == []
