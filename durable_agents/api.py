@@ -25,12 +25,13 @@ from durable_agents.engine.effects import resolve_effect as _resolve_effect
 from durable_agents.engine.family import cancel_family, parent_is_cancelled, resume_family
 from durable_agents.engine.plans import fork_run, migrate_run
 from durable_agents.engine.records import get_run, let_go
-from durable_agents.engine.runs import resume_run, set_participant, start_run
+from durable_agents.engine.runs import resume_run, set_participant
 from durable_agents.engine.runs import set_budget as _set_budget
 from durable_agents.engine.schedules import define_schedule, delete_schedule
 from durable_agents.engine.schedules import pause_schedule as _pause_schedule
 from durable_agents.engine.schedules import resume_schedule as _resume_schedule
 from durable_agents.engine.schedules import trigger_schedule as _trigger_schedule
+from durable_agents.engine.starts import start_run
 from durable_agents.engine.waits import decide_wait
 from durable_agents.engine.waits import send_signal as _send_signal
 from durable_agents.errors import (
