@@ -1,5 +1,5 @@
-"""Every benchmark, one command: step cost, engine at scale, tokens, the console at a million runs, the zombie window,
-the replay lab, half-price batch turns.
+"""Every benchmark, one command: step cost, starting runs, engine at scale, tokens, the console at a million runs, the
+zombie window, the replay lab, half-price batch turns.
 
     python bench/all.py            # the full figures (about 10 minutes on 2 cores)
     python bench/all.py --quick    # smaller counts, for a first look
@@ -20,6 +20,7 @@ HERE = Path(__file__).resolve().parent
 
 FULL = [
     ["steps.py", "--steps", "500", "--runs", "500"],
+    ["starts.py", "--runs", "2000"],
     ["engine_scale.py", "--kills", "20", "--waiting", "10000", "--sweep-runs", "100000"],
     ["tokens.py"],
     ["admin_scale.py", "--runs", "1000000"],
@@ -31,6 +32,7 @@ FULL = [
 ]
 QUICK = [
     ["steps.py", "--steps", "200", "--runs", "200"],
+    ["starts.py", "--runs", "500", "--repeat", "3"],
     ["engine_scale.py", "--kills", "5", "--waiting", "2000", "--sweep-runs", "20000"],
     ["tokens.py"],
     ["admin_scale.py", "--runs", "100000"],

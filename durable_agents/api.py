@@ -11,7 +11,7 @@ Example::
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from decimal import Decimal
 from typing import Any
 
@@ -25,12 +25,13 @@ from durable_agents.engine.effects import resolve_effect as _resolve_effect
 from durable_agents.engine.family import cancel_family, parent_is_cancelled, resume_family
 from durable_agents.engine.plans import fork_run, migrate_run
 from durable_agents.engine.records import get_run, let_go
-from durable_agents.engine.runs import resume_run, set_participant, start_run
+from durable_agents.engine.runs import resume_run, set_participant
 from durable_agents.engine.runs import set_budget as _set_budget
 from durable_agents.engine.schedules import define_schedule, delete_schedule
 from durable_agents.engine.schedules import pause_schedule as _pause_schedule
 from durable_agents.engine.schedules import resume_schedule as _resume_schedule
 from durable_agents.engine.schedules import trigger_schedule as _trigger_schedule
+from durable_agents.engine.starts import start_run, start_runs
 from durable_agents.engine.waits import decide_wait
 from durable_agents.engine.waits import send_signal as _send_signal
 from durable_agents.errors import (
@@ -181,6 +182,7 @@ __all__ = [
     "set_budget",
     "sleep",
     "start",
+    "start_many",
     "swap_participant",
     "tool",
     "tool_step",
@@ -225,6 +227,52 @@ def start(
         workflow,
         input,
         idempotency_key=idempotency_key,
+        version=_version(version, optional=True),
+        concurrency_key=concurrency_key,
+        concurrency_limit=concurrency_limit,
+    )
+
+
+def start_many(
+    workflow: str,
+    inputs: Iterable[Any],
+    *,
+    idempotency_keys: Iterable[str | None] | None = None,
+    version: int | None = None,
+    concurrency_key: str | None = None,
+    concurrency_limit: int | None = None,
+) -> list[Run]:
+    """Start a run of `workflow` for each of `inputs`, all or none, and return them in order (as `start` would).
+
+    One statement on Postgres whatever their number, and one transaction (the caller's, if any): every input is
+    checked first, and one refused input (InvalidInputError, listing each refused one by its index) or one key reused
+    with another input (IdempotencyKeyReusedError) starts none. `idempotency_keys` gives each input its key (None:
+    none), as `start`'s: an input whose key a run already holds with that input gets that run, and one key given twice
+    with one input is one run. The runs are woken together once the start commits. `version`, `concurrency_key` and
+    `concurrency_limit` are `start`'s, for every run.
+
+    Example::
+
+        orders = ["A-1001", "A-1002", "A-1003"]
+        runs = api.start_many(
+            "noop", [{"steps": 2} for _ in orders], idempotency_keys=[f"nightly-{order}" for order in orders]
+        )
+        assert [run.idempotency_key for run in runs] == ["nightly-A-1001", "nightly-A-1002", "nightly-A-1003"]
+    """
+    check_text(workflow, "a workflow name")
+    inputs = _each(inputs, "inputs", "one input a run; for one run, use start()")
+    keys = None
+    if idempotency_keys is not None:
+        keys = _each(idempotency_keys, "idempotency_keys", "one key (or None) an input")
+    for index, key in enumerate(keys or ()):
+        if key is not None:
+            check_text(key, f"idempotency_keys[{index}]", max_chars=KEY_MAX_CHARS)
+    if concurrency_key is not None:
+        check_text(concurrency_key, "the concurrency key", max_chars=KEY_MAX_CHARS)
+    return start_runs(
+        workflow,
+        inputs,
+        idempotency_keys=keys,
         version=_version(version, optional=True),
         concurrency_key=concurrency_key,
         concurrency_limit=concurrency_limit,
@@ -489,6 +537,13 @@ def replay_here(replay_id: uuid.UUID | str) -> Report:
     """Advance the replay's runs in this process until all have finished (CI without workers), then report."""
     _run_here(replay_id)
     return _report(replay_id)
+
+
+def _each(values: Iterable[Any], what: str, give: str) -> list[Any]:
+    """`values` as a list; a string or a mapping (one value where a list of them is expected) is refused."""
+    if isinstance(values, str | bytes | Mapping) or not isinstance(values, Iterable):
+        raise InvalidInputError(f"{what} is a list ({give}), got {type(values).__name__}")
+    return list(values)
 
 
 def _actor(actor: str, what: str = "the actor (who is acting, --as)") -> str:

@@ -78,7 +78,7 @@ from durable_agents.engine.admission import admit, admit_on_commit
 from durable_agents.engine.advance import advance
 from durable_agents.engine.payloads import load_result
 from durable_agents.engine.replaying import DIVERGED, call_key
-from durable_agents.engine.runs import start_run
+from durable_agents.engine.starts import start_run
 from durable_agents.errors import (
     CohortNotFoundError,
     InvalidInputError,

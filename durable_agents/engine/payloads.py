@@ -48,6 +48,12 @@ def check_input(run_input: Any, what: str = "input") -> str:
 
     `what` names the value in messages (``input["items"][2] is NaN, ...``): "input", "payload".
     """
+    return checked_input(run_input, what)[0]
+
+
+def checked_input(run_input: Any, what: str = "input") -> tuple[str, str]:
+    """As check_input, the input's hash and the JSON text it hashes (sorted keys, no whitespace: as jsonb stores it,
+    the key order aside), for a writer that sends the input as text."""
     try:
         raw = json.dumps(run_input, sort_keys=True, separators=(",", ":")).encode()
     except (TypeError, ValueError, RecursionError) as exc:
@@ -59,7 +65,7 @@ def check_input(run_input: Any, what: str = "input") -> str:
             f"{what} is {len(raw)} bytes, over the {limit}-byte limit "
             "(DURABLE_AGENTS['INPUT_MAX_BYTES']); pass a reference to the data instead"
         )
-    return hashlib.sha256(raw).hexdigest()
+    return hashlib.sha256(raw).hexdigest(), raw.decode()
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Run-level operations: start, cancel, resume, rerun from a step, participant and budget changes.
+"""Run-level operations: cancel, resume, rerun from a step, participant and budget changes (starts: starts.py).
 
 Every status change goes through `transitions`; operations that take a run away from whoever holds it
 bump the lease token there, so a worker still executing a step of that run commits nothing.
@@ -10,108 +10,21 @@ import uuid
 from decimal import Decimal
 from typing import Any
 
-from django.db import IntegrityError, transaction
+from django.db import transaction
 
 from durable_agents import tracing
 from durable_agents.engine import transitions
-from durable_agents.engine.admission import admit_on_commit, concurrency_of
+from durable_agents.engine.admission import admit_on_commit
 from durable_agents.engine.events import record_event
-from durable_agents.engine.payloads import check_input
-from durable_agents.engine.records import current_step_id, get_run, insert_run, let_go, plan_row
+from durable_agents.engine.records import current_step_id, get_run, let_go
 from durable_agents.engine.transitions import Cancellation
 from durable_agents.engine.wake import wake_on_commit
-from durable_agents.errors import (
-    IdempotencyKeyReusedError,
-    InvalidInputError,
-    InvalidTransitionError,
-    StepNotFoundError,
-)
+from durable_agents.errors import InvalidInputError, InvalidTransitionError, StepNotFoundError
 from durable_agents.models import Run, RunStatus, Step, StepStatus
 from durable_agents.signals import run_finished, send_on_commit
 from durable_agents.storable import decimal_amount, whole_number
-from durable_agents.workflows import registry
 
-IDEMPOTENCY_CONSTRAINT = "durable_run_idempotency_key_uniq"
 COST_COLUMN = {"max_digits": 14, "decimal_places": 6}  # Run.cost_budget_usd
-
-
-def start_run(
-    workflow: str,
-    run_input: Any = None,
-    *,
-    idempotency_key: str | None = None,
-    version: int | None = None,
-    concurrency_key: str | None = None,
-    concurrency_limit: int | None = None,
-    schedule: str = "",
-    participant: str = "",
-    replay_lane: str = "",
-    hand_on: bool = True,
-) -> Run:
-    """Create a run and its plan rows in one statement (records.insert_run); a worker is woken once it commits
-    (the caller's transaction, if any; else at once, with the first step's kind, so its queue costs no query).
-
-    A run with a concurrency key (`concurrency_key`, else the workflow's function of the input) is queued instead:
-    once the start commits it is admitted when its key has a free slot (engine/admission.py), and woken then.
-    `hand_on=False` leaves that admission to the caller: one that starts thousands of runs on one key in one
-    transaction (a replay) hands the key on once, not once a run (each admission reads the key's whole queue).
-    """
-    run_input = {} if run_input is None else run_input
-    definition = registry.get(workflow, version)
-    input_hash = check_input(run_input)
-    key, limit = concurrency_of(definition, run_input, concurrency_key, concurrency_limit)
-    if idempotency_key is not None:
-        if not isinstance(idempotency_key, str) or not idempotency_key.strip() or len(idempotency_key) > 255:
-            raise InvalidInputError("idempotency key must be a non-empty string of at most 255 characters")
-        existing = Run.objects.filter(idempotency_key=idempotency_key).first()
-        if existing is not None:
-            return _same_run_or_error(existing, definition.name, input_hash)
-    plan = definition.build_plan(run_input)
-    run = Run(
-        workflow=definition.name,
-        workflow_version=definition.version,
-        input=run_input,
-        input_hash=input_hash,
-        idempotency_key=idempotency_key,
-        step_count=len(plan),
-        concurrency_key=key,
-        concurrency_limit=limit,
-        schedule=schedule,
-        search=definition.search_attributes(run_input),
-        participant=participant,
-        replay_lane=replay_lane,
-    )
-    rows = [plan_row(run.id, definition, element, position) for position, element in enumerate(plan)]
-    # The run's span, child of the caller's (a request, a parent's step): its context is kept in the row.
-    traced = tracing.start_run(definition.name, definition.version, run.id)
-    run.trace_context = traced.traceparent
-    try:
-        insert_run(run, rows)
-    except IntegrityError as exc:
-        # Two starts with one key raced; the loser returns the winner's run (or the reuse error).
-        existing = Run.objects.filter(idempotency_key=idempotency_key).first() if idempotency_key else None
-        if existing is None:
-            raise
-        # Not the run's span (the winner's is, in the winner's trace): the caller's trace shows the run it found.
-        traced.rename(f"reuse run {definition.name}")
-        traced.set({tracing.RUN_ID: str(existing.id), "durable_agents.run.reused": True})
-        tracing.end(traced)
-        return _same_run_or_error(existing, definition.name, input_hash, cause=exc)
-    tracing.end_on_commit(traced)
-    if key is None:
-        wake_on_commit(run.id, kind=rows[0].kind if rows else None)
-    elif hand_on:
-        admit_on_commit(key)
-    return run
-
-
-def _same_run_or_error(existing: Run, workflow: str, input_hash: str, cause: Exception | None = None) -> Run:
-    if existing.workflow != workflow or existing.input_hash != input_hash:
-        raise IdempotencyKeyReusedError(
-            f"idempotency key {existing.idempotency_key!r} was used for run {existing.id} "
-            f"({existing.workflow}) with a different input; use a new key for a new run"
-        ) from cause
-    return existing
 
 
 def cancel_run(run_id: uuid.UUID | str, *, reason: str = "", actor: str = "", compensate: bool = False) -> Run:

@@ -50,7 +50,7 @@ from durable_agents.conf import settings
 from durable_agents.engine.events import record_event
 from durable_agents.engine.payloads import check_input
 from durable_agents.engine.records import locked
-from durable_agents.engine.runs import start_run
+from durable_agents.engine.starts import start_run
 from durable_agents.errors import DurableAgentsError, InvalidInputError, ScheduleDeclaredError, ScheduleNotFoundError
 from durable_agents.models import Declared, MissedSlots, Overlap, Run, Schedule
 from durable_agents.states import ACTIVE_RUN_STATUSES

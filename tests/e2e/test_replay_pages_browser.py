@@ -17,7 +17,7 @@ from django.urls import reverse
 from durable_agents import api
 from durable_agents.agents.messages import ModelRequest, text, tool_use
 from durable_agents.agents.participants import ScriptedParticipant, participants
-from durable_agents.engine.runs import start_run
+from durable_agents.engine.starts import start_run
 from durable_agents.models import ReplayRun, RunStatus
 from durable_agents.testing import drive
 from tests.e2e.test_admin_browser import CHROMIUM, chromium_page, sign_in

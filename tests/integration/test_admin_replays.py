@@ -23,7 +23,7 @@ from django.urls import reverse
 from durable_agents import api
 from durable_agents.agents.messages import ModelRequest, text, tool_use
 from durable_agents.agents.participants import ScriptedParticipant, participants
-from durable_agents.engine.runs import start_run
+from durable_agents.engine.starts import start_run
 from durable_agents.models import Cohort, Replay, ReplayRun, Run, RunStatus
 from durable_agents.testing import drive
 from tests.testapp.models import LedgerEntry

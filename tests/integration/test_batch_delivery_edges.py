@@ -26,7 +26,7 @@ from durable_agents.agents.participants import ScriptedParticipant, participants
 from durable_agents.agents.pricing import cost_usd
 from durable_agents.engine import batches
 from durable_agents.engine.advance import advance
-from durable_agents.engine.runs import start_run
+from durable_agents.engine.starts import start_run
 from durable_agents.engine.sweep import sweep
 from durable_agents.errors import (
     ContextWindowExceededError,

@@ -460,12 +460,16 @@ def test_schedule__a_worker_sigkilled_inside_the_sweeps_transaction_starts_the_s
     assert slot <= clock.now()
     key = slot_key("killed", slot)
     holding, release = threading.Event(), threading.Event()
+    blocking: list[int] = []
 
     def blocker() -> None:
         # An uncommitted run under the slot's key: the sweep's insert of that key waits on it, mid-transaction.
         try:
             with transaction.atomic():
                 api.start("record", {"blocker": True}, idempotency_key=key)
+                with connection.cursor() as cursor:
+                    cursor.execute("SELECT pg_backend_pid()")
+                    blocking.append(cursor.fetchone()[0])
                 holding.set()
                 release.wait(timeout=120)
                 raise _Rollback
@@ -481,12 +485,10 @@ def test_schedule__a_worker_sigkilled_inside_the_sweeps_transaction_starts_the_s
         worker = start_worker(beat=True, env=shared.env)
 
         def sweep_waiting() -> int | None:
+            # The backend waiting on the blocker's transaction (the start's statement text may name its table past
+            # the part pg_stat_activity keeps).
             with connection.cursor() as cursor:
-                cursor.execute(
-                    "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
-                    " AND query LIKE %s",
-                    ["%durable_agents_run%"],
-                )
+                cursor.execute("SELECT pid FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))", blocking)
                 row = cursor.fetchone()
             return row[0] if row else None
 

@@ -10,12 +10,10 @@ parent, in its own trace, and links to spans of other traces (the Celery task sp
 from __future__ import annotations
 
 import re
-import threading
 from datetime import timedelta
-from typing import Any
 
 import pytest
-from django.db import connection, transaction
+from django.db import transaction
 from opentelemetry import trace
 from opentelemetry.sdk.trace import SpanProcessor
 
@@ -23,6 +21,7 @@ from durable_agents import api, clock
 from durable_agents.engine import transitions
 from durable_agents.models import Run
 from durable_agents.testing import drive
+from tests.integration.key_races import key_race
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -177,33 +176,15 @@ def test_run_trace__a_faulty_sdk_never_fails_a_start_or_a_step(spans):
 
 
 def test_run_trace__two_starts_racing_on_one_idempotency_key_export_one_run_span(spans):
-    """Both starts find no run under the key; the loser's insert hits the key's constraint and it returns the
-    winner's run. That run has one span (the winner's): the loser's would be a second `run` span of the same run."""
-    raced = []
-
-    def race(execute, sql, params, many, context):
-        found = execute(sql, params, many, context)
-        if not raced and sql.startswith("SELECT") and '"idempotency_key" =' in sql:
-            # Right after this start looked the key up, another process starts the same run and commits.
-            raced.append(True)
-            winner = threading.Thread(target=_start_elsewhere, args=(raced,))
-            winner.start()
-            winner.join(60)
-        return found
-
-    with connection.execute_wrapper(race):
+    """Neither start sees the other's run; the loser's insert waits on the key for the winner, which commits, and it
+    returns the winner's run. That run has one span (the winner's): the loser's would be a second `run` span of the
+    same run."""
+    with key_race("noop", {"steps": 1}, "race-1") as race:
         loser = api.start("noop", {"steps": 1}, idempotency_key="race-1")
 
-    assert raced[1:] == [loser.id], "the racing start should have won the key"
+    assert race.waited_on and loser.id == race.winner.id, "the racing start should have won the key"
     assert len(spans.named("run noop")) == 1, [dict(s.attributes) for s in spans.named("run noop")]
     (root,) = spans.named("run noop")
     assert root.context.trace_id == int(Run.objects.get(pk=loser.id).trace_context[3:35], 16)
     (reused,) = spans.named("reuse run noop")
     assert reused.attributes["durable_agents.run.id"] == str(loser.id), "the loser's caller sees the run it found"
-
-
-def _start_elsewhere(raced: list[Any]) -> None:
-    try:
-        raced.append(api.start("noop", {"steps": 1}, idempotency_key="race-1").id)
-    finally:
-        connection.close()

@@ -76,6 +76,7 @@ PUBLIC_API = [
     "set_budget",
     "sleep",
     "start",
+    "start_many",
     "swap_participant",
     "tool",
     "tool_step",
