@@ -303,7 +303,8 @@ def test_start_many__bad_inputs_start_none_and_the_error_names_each(recorded):
         api.start_many("noop", inputs)
 
     message = str(refused.value)
-    assert message.startswith("3 of 5 inputs are refused and no run was started: inputs[1]: noop takes"), message
+    assert message.startswith("3 of 5 inputs are refused, so no run was started (fix them or leave them out"), message
+    assert "start the batch again): inputs[1]: noop takes" in message, message
     assert "inputs[3]: noop takes" in message and "inputs[4]" in message and "NaN" in message, message
     assert tried.captured_queries == [] and not Run.objects.exists() and _sent() == []
 
