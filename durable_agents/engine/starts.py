@@ -200,7 +200,8 @@ class _Batch:
             shown = "; ".join(str(problem) for problem in problems[:PROBLEMS_SHOWN])
             more = f" (and {len(problems) - PROBLEMS_SHOWN} more)" if len(problems) > PROBLEMS_SHOWN else ""
             raise type(problems[0])(
-                f"{len(problems)} of {len(self.places)} inputs are refused and no run was started: {shown}{more}"
+                f"{len(problems)} of {len(self.places)} inputs are refused, so no run was started (fix them or leave"
+                f" them out, and start the batch again): {shown}{more}"
             ) from problems[0]
 
     def write(self, *, hand_on: bool, one_wake: bool) -> list[Run]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tempfile
 from datetime import timedelta
 from typing import Any
 
@@ -90,6 +91,31 @@ def test_start__outside_a_transaction_is_one_statement_and_one_wake_up(recorded)
     )
     assert found.id == keyed_run.id and _sent() == [str(run.id), str(keyed_run.id)], "the run found is not woken"
     assert Step.objects.filter(run=run).count() == 3
+
+
+def _round_trips(fn: Any) -> int:
+    """The round trips to Postgres while fn runs, read from libpq's protocol trace of what this process sends: each
+    simple Query (client-side binding, Django's default), or each Sync of the extended protocol, is one."""
+    connection.ensure_connection()
+    pgconn = connection.connection.pgconn
+    with tempfile.TemporaryFile("w+") as trace:
+        pgconn.trace(trace.fileno())
+        try:
+            fn()
+        finally:
+            pgconn.untrace()
+        trace.seek(0)
+        fields = [line.split("\t") for line in trace.read().splitlines()]
+    return sum(1 for f in fields if len(f) > 3 and f[1] == "F" and f[3].split()[0] in ("Query", "Sync"))
+
+
+def test_start__outside_a_transaction_is_one_round_trip_on_the_wire(recorded):
+    """Django's query log shows what Django sends; the protocol trace shows what crosses the wire (no BEGIN psycopg
+    would send on its own, no hidden lookup)."""
+    assert _round_trips(lambda: api.start("noop", {"steps": 3})) == 1
+    assert _round_trips(lambda: api.start("noop", {"steps": 3}, idempotency_key="wire")) == 1
+    assert _round_trips(lambda: api.start("noop", {"steps": 3}, idempotency_key="wire")) == 1, "its key's run found"
+    assert _round_trips(lambda: api.start_many("noop", [{"steps": 3}] * 50)) == 1
 
 
 def test_start__inside_a_transaction_is_one_statement_of_it_without_a_savepoint(recorded):
@@ -277,7 +303,8 @@ def test_start_many__bad_inputs_start_none_and_the_error_names_each(recorded):
         api.start_many("noop", inputs)
 
     message = str(refused.value)
-    assert message.startswith("3 of 5 inputs are refused and no run was started: inputs[1]: noop takes"), message
+    assert message.startswith("3 of 5 inputs are refused, so no run was started (fix them or leave them out"), message
+    assert "start the batch again): inputs[1]: noop takes" in message, message
     assert "inputs[3]: noop takes" in message and "inputs[4]" in message and "NaN" in message, message
     assert tried.captured_queries == [] and not Run.objects.exists() and _sent() == []
 
