@@ -214,6 +214,15 @@ SETTINGS: dict[str, Setting] = {
         at_least=1,
         at_most=MOST_ROWS,
     ),
+    "WAKE_GATHER_MS": Setting(
+        10.0,
+        float,
+        "runs started one per transaction have their wake-ups gathered by a thread of the starting process for this "
+        "long after the first (or until WAKE_BATCH_SIZE are in), then sent together, as runs started in one "
+        "transaction are; 0: each start sends its own wake-up as it commits",
+        at_least=0,
+        at_most=1000,
+    ),
     "EFFECT_MAX_INVOCATIONS": Setting(
         10, int, "an effect invoked this many times without a recorded outcome goes to an operator", at_least=1
     ),

@@ -21,6 +21,7 @@ from django.db import IntegrityError, connection, transaction
 from durable_agents import tracing
 from durable_agents.engine import startpath
 from durable_agents.engine.admission import admit_on_commit, concurrency_of
+from durable_agents.engine.gather import GATHERER, gathering
 from durable_agents.engine.payloads import checked_input
 from durable_agents.engine.records import PlanRow, new_plan_row
 from durable_agents.engine.wake import wake_many, wake_on_commit
@@ -365,7 +366,10 @@ def _wake(written: list[_Start], *, hand_on: bool, one_wake: bool) -> None:
     runs its caller's transaction wakes); a run with a concurrency key is queued for its key's admission instead."""
     woken = [start for start in written if start.run.concurrency_key is None]
     kinds = [start.plan[0].kind if start.plan else None for start in woken]
-    if one_wake and len(woken) == 1:
+    if one_wake and len(woken) == 1 and gathering():
+        run_id, kind = woken[0].run.id, kinds[0]
+        transaction.on_commit(lambda: GATHERER.add(run_id, kind))
+    elif one_wake and len(woken) == 1:
         wake_on_commit(woken[0].run.id, kind=kinds[0])
     elif woken:
         ids = [start.run.id for start in woken]

@@ -1,0 +1,211 @@
+"""Wake-ups of runs started one per transaction, gathered by the starting process (engine/gather.py, WAKE_GATHER_MS).
+
+What is kept: every committed start is woken, once, by the gathered message or — when the process never sent it
+(killed in the window, a broker that refused it) — by the sweep; a process that exits normally sends what it
+gathered; a forked child does not send its parent's. What is not promised: that the message has left when
+`api.start` returns. The suite's settings send each start's wake-up at its commit (WAKE_GATHER_MS 0); these tests
+turn gathering on. A window of a second with WAKE_BATCH_SIZE runs makes a batch go out when it is full, whatever
+the machine's speed; a test that needs the window to have passed flushes instead of sleeping.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import redis
+from django.conf import settings
+from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext, override_settings
+
+from durable_agents import api
+from durable_agents.engine import sweep as engine_sweep
+from durable_agents.engine.gather import GATHERER, Gatherer
+from durable_agents.models import Run, RunStatus
+from durable_agents.testing import wait_for, wait_for_run
+from tests.testapp.models import Execution
+
+woken: list[tuple[str, dict]] = []
+batches: list[tuple[list[str], dict]] = []
+
+
+def record_wake(run_id: str, countdown: float | None = None, **routed: str) -> None:
+    woken.append((str(run_id), routed))
+
+
+def record_batch(run_ids: list[str], **routed: str) -> None:
+    batches.append((list(run_ids), routed))
+
+
+def refuse_batch(run_ids: list[str], **routed: str) -> None:
+    raise ConnectionError("the broker is down")
+
+
+RECORDING = {"WAKER": f"{__name__}.record_wake", "BATCH_WAKER": f"{__name__}.record_batch"}
+WINDOW = {"WAKE_GATHER_MS": 1000.0, "WAKE_BATCH_SIZE": 5}  # a batch leaves when 5 are in, or after a second
+
+
+def _gathering(**changes: object):
+    GATHERER.flush()
+    woken.clear()
+    batches.clear()
+    return override_settings(DURABLE_AGENTS={**settings.DURABLE_AGENTS, **RECORDING, **WINDOW, **changes})
+
+
+def _sent() -> list[str]:
+    return [run_id for run_ids, _ in batches for run_id in run_ids] + [run_id for run_id, _ in woken]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_runs_started_one_per_transaction_go_out_in_one_message_once_a_batch_is_in():
+    with _gathering():
+        ids = [str(api.start("noop", {"steps": 1}).id) for _ in range(5)]
+        wait_for(lambda: batches, timeout=30, what="the gathered batch")
+    assert batches == [(ids, {})], "five starts, one message, in the order they committed"
+    assert woken == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_start_still_costs_one_statement_and_returns_before_its_wake_up_leaves():
+    with _gathering():
+        with CaptureQueriesContext(connection) as queries:
+            run = api.start("noop", {"steps": 1})
+        assert len(queries.captured_queries) == 1
+        assert _sent() == [] and GATHERER.held() == 1, "held for the window: sent by the process's sender thread"
+        GATHERER.flush()
+    assert _sent() == [str(run.id)]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_start_in_a_transaction_that_rolls_back_gathers_nothing():
+    with _gathering():
+        with pytest.raises(RuntimeError), transaction.atomic():
+            api.start("noop", {"steps": 1})
+            raise RuntimeError("the caller's transaction fails")
+        assert GATHERER.held() == 0
+        kept = api.start("noop", {"steps": 1})
+        GATHERER.flush()
+    assert _sent() == [str(kept.id)]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_refused_batch_loses_nothing_the_sweep_wakes_the_runs(caplog):
+    with _gathering(BATCH_WAKER=f"{__name__}.refuse_batch"):
+        ids = [str(api.start("noop", {"steps": 1}).id) for _ in range(3)]
+        GATHERER.flush()
+        assert "could not wake 3 runs" in caplog.text, caplog.text
+        assert Run.objects.filter(pk__in=ids, status=RunStatus.PENDING).count() == 3, "the runs are committed"
+        assert GATHERER.held() == 0
+    with _gathering(IDLE_RESWEEP_SECONDS=0, WAKE_GATHER_MS=0.0):
+        engine_sweep.sweep()
+    assert sorted(_sent()) == sorted(ids), "the sweep re-wakes them"
+
+
+def test_a_sender_whose_send_raises_logs_it_and_sends_the_next_batch(caplog):
+    sent: list[list[str]] = []
+
+    def send(run_ids, kinds):
+        if not sent:
+            sent.append([])
+            raise RuntimeError("a bug in a waker")
+        sent.append(list(run_ids))
+
+    gatherer = Gatherer(send)
+    with override_settings(DURABLE_AGENTS={**settings.DURABLE_AGENTS, "WAKE_GATHER_MS": 1.0}):
+        gatherer.add("a", None)
+        wait_for(lambda: sent, timeout=30, what="the first send")
+        gatherer.add("b", None)
+        wait_for(lambda: len(sent) == 2, timeout=30, what="the second send")
+    assert sent == [[], ["b"]]
+    assert "could not wake 1 started runs now; the sweep will" in caplog.text
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_forked_child_holds_none_of_its_parent_s_wake_ups():
+    with _gathering():
+        run = api.start("noop", {"steps": 1})
+        pid = os.fork()
+        if pid == 0:  # the child (a prefork pool's, a server's worker): its parent's run is not its to send
+            os._exit(0 if GATHERER.held() == 0 else 1)
+        _, status = os.waitpid(pid, 0)
+        GATHERER.flush()
+    assert os.waitstatus_to_exitcode(status) == 0, "the child held its parent's wake-up"
+    assert _sent() == [str(run.id)], "the parent sends it, once"
+
+
+def _start_in_a_process(*, then: str) -> str:
+    """Start one run in a new Python process with gathering on (a window of 60 s), then `then` (Python); the run's
+    id, which the process prints before `then`."""
+    script = textwrap.dedent(
+        f"""
+        import os, signal, sys
+        import django
+        django.setup()
+        from durable_agents import api
+        run = api.start("noop", {{"steps": 1}})
+        print(run.id, flush=True)
+        {then}
+        """
+    )
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "tests.settings",
+        "DATABASE_URL": _database_url(),
+        "DURABLE_TEST_SETTINGS": json.dumps({"WAKE_GATHER_MS": 60_000.0}),
+    }
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip(), done.stderr
+    return done.stdout.split()[0]
+
+
+def _database_url() -> str:
+    db = connection.settings_dict
+    return f"postgres://{db['USER'] or 'postgres'}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+
+
+def _queued_run_ids() -> list[str]:
+    """The run ids of the advance messages waiting on the test broker's default queue."""
+    broker = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+    found = []
+    for raw in reversed(broker.lrange("celery", 0, -1)):  # kombu pushes on the left
+        message = json.loads(raw)
+        args, _kwargs, _embed = json.loads(base64.b64decode(message["body"]))
+        if message["headers"].get("task") == "durable_agents.advance":
+            found.append(args[0])
+        elif message["headers"].get("task") == "durable_agents.advance_many":
+            found.extend(args[0])
+    return found
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_process_that_exits_sends_what_it_gathered_first():
+    redis.Redis.from_url(settings.CELERY_BROKER_URL).delete("celery")
+    run_id = _start_in_a_process(then="sys.exit(0)")
+    assert _queued_run_ids() == [run_id], "sent at exit, though the window had a minute to go"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_process_killed_in_the_window_loses_only_the_wake_up_the_sweep_wakes_the_run():
+    redis.Redis.from_url(settings.CELERY_BROKER_URL).delete("celery")
+    run_id = _start_in_a_process(then="os.kill(os.getpid(), signal.SIGKILL)")
+    assert _queued_run_ids() == [], "killed before the window ended: nothing was sent"
+    assert Run.objects.get(pk=run_id).status == RunStatus.PENDING, "the start is committed"
+    with _gathering(IDLE_RESWEEP_SECONDS=0, WAKE_GATHER_MS=0.0):
+        engine_sweep.sweep()
+    assert run_id in _sent(), "the sweep wakes it"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_workers__runs_started_one_per_transaction_complete_each_step_once(start_worker):
+    start_worker()  # no beat: no sweep wakes a run the gathered messages did not
+    with override_settings(DURABLE_AGENTS={**settings.DURABLE_AGENTS, "WAKE_GATHER_MS": 10.0}):
+        ids = [str(api.start("eager", {"steps": 2}).id) for _ in range(30)]
+    for run_id in ids:
+        wait_for_run(run_id, "completed", timeout=120)
+    assert Execution.objects.filter(run_id__in=ids).count() == 60, "every step ran once"
+    assert not Execution.objects.filter(run_id__in=ids, after_commit=True).exists(), "a committed step ran again"
