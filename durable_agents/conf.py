@@ -215,11 +215,12 @@ SETTINGS: dict[str, Setting] = {
         at_most=MOST_ROWS,
     ),
     "WAKE_GATHER_MS": Setting(
-        10.0,
+        0.0,
         float,
-        "runs started one per transaction have their wake-ups gathered by a thread of the starting process for this "
-        "long after the first (or until WAKE_BATCH_SIZE are in), then sent together, as runs started in one "
-        "transaction are; 0: each start sends its own wake-up as it commits",
+        "above 0, runs started one per transaction have their wake-ups gathered by a thread of the starting process "
+        "for this long after the first (or until WAKE_BATCH_SIZE are in), then sent together, as runs started in one "
+        "transaction are (e.g. 10 for a web process starting a run per request); 0: each start sends its own "
+        "wake-up as it commits",
         at_least=0,
         at_most=1000,
     ),

@@ -316,6 +316,9 @@ DURABLE_AGENTS = {
     "REPLAY_QUEUE": os.environ.get("DURABLE_REPLAY_QUEUE", ""),
     # A worker runs a run's next steps itself, without a broker hop, for up to this many ms; 0: one step per task.
     "EAGER_SLICE_MS": float(env_count("DURABLE_EAGER_SLICE_MS", 100)),
+    # Runs started one per request have their wake-ups gathered for this many ms by a thread of the web process and
+    # sent as one message (durable_agents/engine/gather.py); 0: each start sends its own as it commits.
+    "WAKE_GATHER_MS": float(env_count("DURABLE_WAKE_GATHER_MS", 10)),
     # '{"*": {"requests_per_minute": 50, "input_tokens_per_minute": 30000}}': shared by every worker; unset: none.
     "MODEL_RATE_LIMITS": env_json("DURABLE_MODEL_RATE_LIMITS"),
     # "postgres" (the default) or a redis:// URL every worker reaches.

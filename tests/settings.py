@@ -150,9 +150,6 @@ DURABLE_AGENTS = {
     "RETRY_BACKOFF_MAX_SECONDS": 0.5,
     "STUCK_AFTER_SECONDS": 60.0,
     "NOTIFY_RETRY_SECONDS": 1.0,
-    # Each start sends its own wake-up as it commits, so a test may look at the broker right after a start;
-    # tests/integration/test_wake_gathering.py covers the default, wake-ups gathered by the starting process.
-    "WAKE_GATHER_MS": 0.0,
 }
 
 # Per-test settings for worker subprocesses, which cannot see a test's override_settings: a JSON object

@@ -1,12 +1,11 @@
 """Wake-ups of runs started one per transaction, gathered in this process and sent together (WAKE_GATHER_MS).
 
-A web process starting one run per request would otherwise build and publish one broker message per run, and a
-worker would take each in a task of its own. Here each committed start hands its run to this process's sender
-thread, which waits WAKE_GATHER_MS after the first, then sends what has gathered with `wake_many` — the batching a
-start of many runs in one transaction gets (WAKE_BATCH_SIZE to a message, model-bound runs a message each) —
-while the request goes on. A lone start's wake-up leaves at most WAKE_GATHER_MS (plus the publish) after its
-commit. The sender's work is what a publish costs the requests that share it, and it runs while they wait on the
-database.
+Off by default (0: each start sends its own wake-up as it commits): a web process starting one run per request then
+builds and publishes one broker message per run, and a worker takes each in a task of its own. With WAKE_GATHER_MS
+above 0, each committed start hands its run to this process's sender thread, which waits WAKE_GATHER_MS after the
+first (or until WAKE_BATCH_SIZE are in), then sends what has gathered with `wake_many` — the batching a start of
+many runs in one transaction gets (WAKE_BATCH_SIZE to a message, model-bound runs a message each) — while the
+requests go on. A lone start's wake-up leaves at most WAKE_GATHER_MS (plus the publish) after its commit.
 
 What is guaranteed is what a wake-up always promised: none is needed for correctness. The run is committed before
 it is handed over; a wake-up never sent — a process killed in the window, a broker that refused it, a sender

@@ -3,7 +3,7 @@
 What is kept: every committed start is woken, once, by the gathered message or — when the process never sent it
 (killed in the window, a broker that refused it) — by the sweep; a process that exits normally sends what it
 gathered; a forked child does not send its parent's. What is not promised: that the message has left when
-`api.start` returns. The suite's settings send each start's wake-up at its commit (WAKE_GATHER_MS 0); these tests
+`api.start` returns. By default (WAKE_GATHER_MS 0) each start sends its own wake-up at its commit; these tests
 turn gathering on. A window of a second with WAKE_BATCH_SIZE runs makes a batch go out when it is full, whatever
 the machine's speed; a test that needs the window to have passed flushes instead of sleeping.
 """
