@@ -88,7 +88,10 @@ class Gatherer:
                 full = int(settings.WAKE_BATCH_SIZE)
                 while len(self._pending) < full and (left := deadline - time.monotonic()) > 0:
                     self._arrived.wait(left)
-            self._send_gathered()
+            try:
+                self._send_gathered()
+            except BaseException:  # noqa: BLE001 - a waker's sys.exit(), a gevent Timeout: the runs are the sweep's
+                logger.warning("a wake-up batch was interrupted; the sweep wakes its runs", exc_info=True)
 
     def _send_gathered(self) -> None:
         with self._lock:

@@ -209,3 +209,26 @@ def test_workers__runs_started_one_per_transaction_complete_each_step_once(start
         wait_for_run(run_id, "completed", timeout=120)
     assert Execution.objects.filter(run_id__in=ids).count() == 60, "every step ran once"
     assert not Execution.objects.filter(run_id__in=ids, after_commit=True).exists(), "a committed step ran again"
+
+
+class Interrupted(BaseException):
+    """Not an Exception: a waker's sys.exit(), a gevent Timeout."""
+
+
+def test_a_send_interrupted_by_a_base_exception_does_not_stop_the_sender(caplog):
+    sent: list[str] = []
+    gatherer = Gatherer(lambda run_ids, kinds: None)
+
+    def send(run_ids, kinds):
+        sent.extend(run_ids)
+        if run_ids == ["a"]:
+            gatherer.add("b", None)  # handed over while the sender is still alive: it is the one to send it
+            raise Interrupted
+
+    gatherer._send = send
+    with override_settings(DURABLE_AGENTS={**settings.DURABLE_AGENTS, "WAKE_GATHER_MS": 1.0}):
+        gatherer.add("a", None)
+        wait_for(lambda: "b" in sent, timeout=10, what="the run handed over after the interrupted send")
+    assert sent == ["a", "b"]
+    assert gatherer.held() == 0
+    assert "a wake-up batch was interrupted; the sweep wakes its runs" in caplog.text
