@@ -26,6 +26,8 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 
+from django.db import connections
+
 from durable_agents.conf import settings
 from durable_agents.engine.wake import wake_many
 
@@ -92,6 +94,10 @@ class Gatherer:
                 self._send_gathered()
             except BaseException:  # noqa: BLE001 - a waker's sys.exit(), a gevent Timeout: the runs are the sweep's
                 logger.warning("a wake-up batch was interrupted; the sweep wakes its runs", exc_info=True)
+            finally:
+                # Closed after each batch, as a request's is: routing a run may query (REPLAY_QUEUE), and a
+                # connection this thread kept would outlive a database restart, broken, and hold a pool's slot.
+                connections.close_all()
 
     def _send_gathered(self) -> None:
         with self._lock:

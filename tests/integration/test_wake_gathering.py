@@ -232,3 +232,19 @@ def test_a_send_interrupted_by_a_base_exception_does_not_stop_the_sender(caplog)
     assert sent == ["a", "b"]
     assert gatherer.held() == 0
     assert "a wake-up batch was interrupted; the sweep wakes its runs" in caplog.text
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_sender_whose_database_connection_was_dropped_still_routes_the_next_runs():
+    # With a REPLAY_QUEUE, routing a run asks the database whether it is a replay's: the sender thread queries.
+    with _gathering(REPLAY_QUEUE="replay"):
+        first = [str(api.start("noop", {"steps": 1}).id) for _ in range(5)]
+        wait_for(lambda: batches, timeout=30, what="the first gathered batch")
+        with connection.cursor() as cursor:  # a database restart, as the sender's connection sees it
+            cursor.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+        second = [str(api.start("noop", {"steps": 1}).id) for _ in range(5)]
+        wait_for(lambda: len(batches) == 2, timeout=10, what="the second gathered batch")
+    assert batches == [(first, {}), (second, {})]
