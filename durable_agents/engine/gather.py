@@ -13,7 +13,8 @@ it is handed over; a wake-up never sent — a process killed in the window, a br
 thread a server does not run (uWSGI without enable-threads) — leaves a pending run, which the sweep wakes within
 its period. Not guaranteed: that the message has left when `api.start` returns (with WAKE_GATHER_MS 0 it has, or
 the broker refused it). A process that exits normally sends what it holds first (atexit, up to FLUSH_TIMEOUT
-seconds); a forked child starts empty, and its parent sends what it held.
+seconds); a forked child starts empty, and its parent sends what it held. What is held is bounded
+(MOST_HELD_BATCHES): past it, a start sends the lot itself.
 """
 
 from __future__ import annotations
@@ -35,6 +36,10 @@ logger = logging.getLogger("durable_agents.engine")
 
 # The longest an exiting process waits for the sender's batch in flight before it sends the rest itself.
 FLUSH_TIMEOUT = 5.0
+# The most wake-ups held, in batches (WAKE_BATCH_SIZE): a start that finds this many sends them itself, as a start did
+# before gathering, so a sender that cannot keep up (stuck in a send, or a thread the server never runs) costs the
+# requests their publish again, not memory without end.
+MOST_HELD_BATCHES = 8
 
 Send = Callable[[Sequence[str], Sequence[str | None]], object]
 
@@ -57,15 +62,19 @@ class Gatherer:
         self._pid = os.getpid()
 
     def add(self, run_id: uuid.UUID | str, kind: str | None) -> None:
-        """Hand over the run of a committed start: sent within WAKE_GATHER_MS with the others gathered by then."""
+        """Hand over the run of a committed start: sent within WAKE_GATHER_MS with the others gathered by then (by
+        this start itself, with the rest held, if MOST_HELD_BATCHES are held)."""
         if self._pid != os.getpid():  # a fork the at-fork hook missed (an os.fork from C)
             self._reset()
         with self._lock:
             self._pending.append((str(run_id), kind))
+            overflowing = len(self._pending) >= MOST_HELD_BATCHES * int(settings.WAKE_BATCH_SIZE)
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._serve, name="durable-agents-wake", daemon=True)
                 self._thread.start()
             self._arrived.notify()
+        if overflowing:
+            self._send_gathered()
 
     def flush(self, timeout: float = FLUSH_TIMEOUT) -> None:
         """Send what is gathered now, in this thread, once a batch the sender has in flight is out (or `timeout`)."""

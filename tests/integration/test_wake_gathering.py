@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 
 import pytest
 import redis
@@ -248,3 +249,27 @@ def test_a_sender_whose_database_connection_was_dropped_still_routes_the_next_ru
         second = [str(api.start("noop", {"steps": 1}).id) for _ in range(5)]
         wait_for(lambda: len(batches) == 2, timeout=10, what="the second gathered batch")
     assert batches == [(first, {}), (second, {})]
+
+
+def test_a_sender_that_cannot_keep_up_holds_a_bounded_number_of_wake_ups():
+    # The sender stuck in a send (a broker that hangs), or never run (uWSGI without enable-threads): the starts
+    # do not pile up in memory; past a bound, a start sends what is held itself, as it did before gathering.
+    stuck = threading.Event()
+    sent: list[str] = []
+
+    def send(run_ids, kinds):
+        if threading.current_thread().name == "durable-agents-wake":
+            stuck.wait(30)
+        sent.extend(run_ids)
+
+    gatherer = Gatherer(send)
+    try:
+        with override_settings(DURABLE_AGENTS={**settings.DURABLE_AGENTS, "WAKE_GATHER_MS": 1.0}):
+            gatherer.add("first", None)
+            wait_for(lambda: gatherer.held() == 1 and not gatherer._pending, timeout=10, what="the stuck send")
+            for n in range(10_000):
+                gatherer.add(str(n), None)
+            assert gatherer.held() <= 1_001, "a few batches' worth at most, not every start since the sender stuck"
+            assert len(sent) + gatherer.held() == 10_001
+    finally:
+        stuck.set()
