@@ -273,3 +273,15 @@ def test_a_sender_that_cannot_keep_up_holds_a_bounded_number_of_wake_ups():
             assert len(sent) + gatherer.held() == 10_001
     finally:
         stuck.set()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_prefork_pool_process_that_exits_sends_what_it_gathered_first():
+    # Billiard ends a pool process (max_tasks_per_child, a warm shutdown) with os._exit: atexit does not run, but
+    # worker_process_shutdown is sent first. A step's child run started just before is woken, not left to the sweep.
+    from celery.signals import worker_process_shutdown
+
+    with _gathering():
+        run = api.start("noop", {"steps": 1})
+        worker_process_shutdown.send(sender="celery@test", pid=os.getpid(), exitcode=0)
+        assert _sent() == [str(run.id)]
