@@ -63,18 +63,27 @@ class Gatherer:
 
     def add(self, run_id: uuid.UUID | str, kind: str | None) -> None:
         """Hand over the run of a committed start: sent within WAKE_GATHER_MS with the others gathered by then (by
-        this start itself, with the rest held, if MOST_HELD_BATCHES are held)."""
+        this start itself, with the rest held, if MOST_HELD_BATCHES are held or no sender thread can start). Never
+        raises: the start has committed."""
         if self._pid != os.getpid():  # a fork the at-fork hook missed (an os.fork from C)
             self._reset()
         with self._lock:
             self._pending.append((str(run_id), kind))
-            overflowing = len(self._pending) >= MOST_HELD_BATCHES * int(settings.WAKE_BATCH_SIZE)
+            send_now = len(self._pending) >= MOST_HELD_BATCHES * int(settings.WAKE_BATCH_SIZE)
             if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._serve, name="durable-agents-wake", daemon=True)
-                self._thread.start()
+                send_now = not self._start_sender() or send_now
             self._arrived.notify()
-        if overflowing:
+        if send_now:
             self._send_gathered()
+
+    def _start_sender(self) -> bool:
+        """Start the sender thread; False if none can start (at interpreter shutdown on 3.12+, no threads left)."""
+        self._thread = threading.Thread(target=self._serve, name="durable-agents-wake", daemon=True)
+        try:
+            self._thread.start()
+        except RuntimeError:
+            return False
+        return True
 
     def flush(self, timeout: float = FLUSH_TIMEOUT) -> None:
         """Send what is gathered now, in this thread, once a batch the sender has in flight is out (or `timeout`)."""

@@ -25,6 +25,7 @@ from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext, override_settings
 
 from durable_agents import api
+from durable_agents.engine import gather
 from durable_agents.engine import sweep as engine_sweep
 from durable_agents.engine.gather import GATHERER, Gatherer
 from durable_agents.models import Run, RunStatus
@@ -285,3 +286,18 @@ def test_a_prefork_pool_process_that_exits_sends_what_it_gathered_first():
         run = api.start("noop", {"steps": 1})
         worker_process_shutdown.send(sender="celery@test", pid=os.getpid(), exitcode=0)
         assert _sent() == [str(run.id)]
+
+
+def test_a_start_whose_sender_thread_cannot_start_sends_its_own_wake_up(monkeypatch):
+    # Python 3.12+ refuses a new thread at interpreter shutdown (a start in an atexit handler), any version when the
+    # process has no threads left. The start has committed: its hook must neither raise nor drop the wake-up.
+    class Refused(threading.Thread):
+        def start(self):
+            raise RuntimeError("can't create new thread at interpreter shutdown")
+
+    sent: list[str] = []
+    gatherer = Gatherer(lambda run_ids, kinds: sent.extend(run_ids))
+    monkeypatch.setattr(gather.threading, "Thread", Refused)
+    gatherer.add("a", None)
+    assert sent == ["a"]
+    assert gatherer.held() == 0
