@@ -30,6 +30,7 @@ from durable_agents.engine import sweep as engine_sweep
 from durable_agents.engine.gather import GATHERER, Gatherer
 from durable_agents.models import Run, RunStatus
 from durable_agents.testing import wait_for, wait_for_run
+from tests.integration.conftest import MODEL_QUEUE
 from tests.testapp.models import Execution
 
 woken: list[tuple[str, dict]] = []
@@ -301,3 +302,41 @@ def test_a_start_whose_sender_thread_cannot_start_sends_its_own_wake_up(monkeypa
     gatherer.add("a", None)
     assert sent == ["a"]
     assert gatherer.held() == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_starts_in_one_transaction_gather_those_kept_and_not_those_of_a_savepoint_rolled_back():
+    with _gathering():
+        with transaction.atomic():  # a request under ATOMIC_REQUESTS
+            first = api.start("noop", {"steps": 1})
+            with pytest.raises(RuntimeError), transaction.atomic():
+                api.start("noop", {"steps": 1})
+                raise RuntimeError("a savepoint rolled back")
+            second = api.start("noop", {"steps": 1})
+            assert GATHERER.held() == 0, "nothing is handed over before the commit"
+        GATHERER.flush()
+    assert _sent() == [str(first.id), str(second.id)]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_start_that_finds_its_key_s_run_wakes_nothing_as_before():
+    with _gathering():
+        run = api.start("noop", {"steps": 1}, idempotency_key="once")
+        GATHERER.flush()
+        again = api.start("noop", {"steps": 1}, idempotency_key="once")
+        GATHERER.flush()
+    assert again.id == run.id
+    assert _sent() == [str(run.id)], "the run was woken by its own start"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_gathered_model_bound_runs_each_get_a_message_and_keyed_runs_are_admitted_not_gathered():
+    with _gathering(MODEL_QUEUE=MODEL_QUEUE):
+        plain = [str(api.start("eager", {"steps": 1}).id) for _ in range(2)]
+        model_bound = [str(api.start("approve_briefed", {}).id) for _ in range(2)]
+        plain += [str(api.start("eager", {"steps": 1}).id)]
+        wait_for(lambda: batches, timeout=30, what="the gathered batch")
+        keyed = api.start("noop", {"steps": 1}, concurrency_key="tenant-1")
+        assert GATHERER.held() == 0, "a keyed run is admitted at its commit, and woken then"
+    assert batches == [(plain, {})]
+    assert woken == [(run_id, {"queue": MODEL_QUEUE}) for run_id in model_bound] + [(str(keyed.id), {})]
