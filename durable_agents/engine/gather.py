@@ -34,7 +34,7 @@ from durable_agents.engine.wake import wake_many
 
 logger = logging.getLogger("durable_agents.engine")
 
-# The longest an exiting process waits for the sender's batch in flight before it sends the rest itself.
+# The longest an exiting process waits for the sender's batches in flight, once it has sent the rest itself.
 FLUSH_TIMEOUT = 5.0
 # The most wake-ups held, in batches (WAKE_BATCH_SIZE): a start that finds this many sends them itself, as a start did
 # before gathering, so a sender that cannot keep up (stuck in a send, or a thread the server never runs) costs the
@@ -86,12 +86,13 @@ class Gatherer:
         return True
 
     def flush(self, timeout: float = FLUSH_TIMEOUT) -> None:
-        """Send what is gathered now, in this thread, once a batch the sender has in flight is out (or `timeout`)."""
+        """Send what is gathered now, in this thread, and return once the batches the sender has in flight are out
+        too — one it took meanwhile included (or `timeout`)."""
         deadline = time.monotonic() + timeout
+        self._send_gathered()
         with self._lock:
             while self._in_flight and (left := deadline - time.monotonic()) > 0:
                 self._idle.wait(left)
-        self._send_gathered()
 
     def held(self) -> int:
         """Wake-ups gathered and not yet handed to the broker (in flight included)."""

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 
 import pytest
 import redis
@@ -340,3 +341,29 @@ def test_gathered_model_bound_runs_each_get_a_message_and_keyed_runs_are_admitte
         assert GATHERER.held() == 0, "a keyed run is admitted at its commit, and woken then"
     assert batches == [(plain, {})]
     assert woken == [(run_id, {"queue": MODEL_QUEUE}) for run_id in model_bound] + [(str(keyed.id), {})]
+
+
+def test_flush_returns_once_a_batch_the_sender_took_meanwhile_is_out():
+    # At exit, a batch still in the sender's hands when flush returns dies with the daemon thread. The sender may
+    # take what is held between flush's look at what is in flight and its own take: here it is made to.
+    sent: list[str] = []
+
+    def send(run_ids, kinds):
+        if threading.current_thread().name == "durable-agents-wake":
+            time.sleep(0.5)
+        sent.extend(run_ids)
+
+    class TakenMeanwhile(Gatherer):
+        def _send_gathered(self):
+            if threading.current_thread() is threading.main_thread() and not sent and self.held() < 5:
+                for n in range(4):  # the fifth run: a full batch, which the sender takes at once
+                    self.add(str(n), None)
+                wait_for(lambda: self._in_flight, timeout=10, what="the sender's take")
+            super()._send_gathered()
+
+    gatherer = TakenMeanwhile(send)
+    with override_settings(DURABLE_AGENTS={**settings.DURABLE_AGENTS, **WINDOW}):
+        gatherer.add("a", None)
+        gatherer.flush()
+        assert gatherer.held() == 0, "flush returned with a batch in flight"
+    assert sorted(sent) == ["0", "1", "2", "3", "a"]
