@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -367,3 +368,30 @@ def test_flush_returns_once_a_batch_the_sender_took_meanwhile_is_out():
         gatherer.flush()
         assert gatherer.held() == 0, "flush returned with a batch in flight"
     assert sorted(sent) == ["0", "1", "2", "3", "a"]
+
+
+def test_a_fork_while_another_thread_holds_the_gatherer_s_lock_leaves_the_child_free_to_gather():
+    holding, release = threading.Event(), threading.Event()
+
+    def hold():
+        with GATHERER._lock:  # the sender, mid-take, as the process forks
+            holding.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=hold, daemon=True)
+    holder.start()
+    holding.wait(10)
+    try:
+        pid = os.fork()
+        if pid == 0:
+            signal.alarm(10)  # a deadlocked child dies of it, and fails the test
+            sent: list[str] = []
+            GATHERER._send = lambda run_ids, kinds: sent.extend(run_ids)
+            GATHERER.add("child's", None)
+            GATHERER.flush()
+            os._exit(0 if sent == ["child's"] and GATHERER.held() == 0 else 1)
+        _, status = os.waitpid(pid, 0)
+    finally:
+        release.set()
+        holder.join(10)
+    assert os.waitstatus_to_exitcode(status) == 0
