@@ -20,7 +20,14 @@ from typing import Any, TypeVar
 
 from celery import shared_task
 from celery.exceptions import OperationalError as BrokerError
-from celery.signals import beat_init, celeryd_init, worker_init, worker_ready, worker_shutdown
+from celery.signals import (
+    beat_init,
+    celeryd_init,
+    worker_init,
+    worker_process_shutdown,
+    worker_ready,
+    worker_shutdown,
+)
 from celery.worker import state as worker_state
 from django.db import InterfaceError, OperationalError
 
@@ -36,6 +43,7 @@ from durable_agents.engine import heartbeats as engine_heartbeats
 from durable_agents.engine import outbox as engine_outbox
 from durable_agents.engine import sweep as engine_sweep
 from durable_agents.engine.eager import Batch
+from durable_agents.engine.gather import GATHERER
 from durable_agents.engine.lease import name_this_worker
 from durable_agents.engine.wake import queue_for
 from durable_agents.engine.wake import wake as engine_wake
@@ -327,6 +335,13 @@ def _slots(consumer: Any) -> tuple[int, int]:
     """(tasks executing, concurrency) of this worker: Celery's own count of the requests it accepted and has not
     finished (kept in the main process for every pool), against its pool's size (prefork: processes; gevent: limit)."""
     return len(worker_state.active_requests), int(getattr(consumer.pool, "num_processes", 0) or 0)
+
+
+@worker_process_shutdown.connect
+def _send_gathered_wake_ups(**_: Any) -> None:
+    """A prefork pool process ends with os._exit, so atexit never runs: the wake-ups it gathered (of runs its steps
+    started) are sent first, as a process that exits normally sends them (engine/gather.py)."""
+    GATHERER.flush()
 
 
 @worker_shutdown.connect

@@ -12,7 +12,8 @@ it is handed over; a wake-up never sent — a process killed in the window, a br
 thread a server does not run (uWSGI without enable-threads) — leaves a pending run, which the sweep wakes within
 its period. Not guaranteed: that the message has left when `api.start` returns (with WAKE_GATHER_MS 0 it has, or
 the broker refused it). A process that exits normally sends what it holds first (atexit, up to FLUSH_TIMEOUT
-seconds); a forked child starts empty, and its parent sends what it held.
+seconds); a forked child starts empty, and its parent sends what it held. What is held is bounded
+(MOST_HELD_BATCHES): past it, a start sends the lot itself.
 """
 
 from __future__ import annotations
@@ -25,13 +26,19 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 
+from django.db import connections
+
 from durable_agents.conf import settings
 from durable_agents.engine.wake import wake_many
 
 logger = logging.getLogger("durable_agents.engine")
 
-# The longest an exiting process waits for the sender's batch in flight before it sends the rest itself.
+# The longest an exiting process waits for the sender's batches in flight, once it has sent the rest itself.
 FLUSH_TIMEOUT = 5.0
+# The most wake-ups held, in batches (WAKE_BATCH_SIZE): a start that finds this many sends them itself, as a start did
+# before gathering, so a sender that cannot keep up (stuck in a send, or a thread the server never runs) costs the
+# requests their publish again, not memory without end.
+MOST_HELD_BATCHES = 8
 
 Send = Callable[[Sequence[str], Sequence[str | None]], object]
 
@@ -54,23 +61,37 @@ class Gatherer:
         self._pid = os.getpid()
 
     def add(self, run_id: uuid.UUID | str, kind: str | None) -> None:
-        """Hand over the run of a committed start: sent within WAKE_GATHER_MS with the others gathered by then."""
+        """Hand over the run of a committed start: sent within WAKE_GATHER_MS with the others gathered by then (by
+        this start itself, with the rest held, if MOST_HELD_BATCHES are held or no sender thread can start). Never
+        raises: the start has committed."""
         if self._pid != os.getpid():  # a fork the at-fork hook missed (an os.fork from C)
             self._reset()
         with self._lock:
             self._pending.append((str(run_id), kind))
+            send_now = len(self._pending) >= MOST_HELD_BATCHES * int(settings.WAKE_BATCH_SIZE)
             if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._serve, name="durable-agents-wake", daemon=True)
-                self._thread.start()
+                send_now = not self._start_sender() or send_now
             self._arrived.notify()
+        if send_now:
+            self._send_gathered()
+
+    def _start_sender(self) -> bool:
+        """Start the sender thread; False if none can start (at interpreter shutdown on 3.12+, no threads left)."""
+        self._thread = threading.Thread(target=self._serve, name="durable-agents-wake", daemon=True)
+        try:
+            self._thread.start()
+        except RuntimeError:
+            return False
+        return True
 
     def flush(self, timeout: float = FLUSH_TIMEOUT) -> None:
-        """Send what is gathered now, in this thread, once a batch the sender has in flight is out (or `timeout`)."""
+        """Send what is gathered now, in this thread, and return once the batches the sender has in flight are out
+        too — one it took meanwhile included (or `timeout`)."""
         deadline = time.monotonic() + timeout
+        self._send_gathered()
         with self._lock:
             while self._in_flight and (left := deadline - time.monotonic()) > 0:
                 self._idle.wait(left)
-        self._send_gathered()
 
     def held(self) -> int:
         """Wake-ups gathered and not yet handed to the broker (in flight included)."""
@@ -87,7 +108,14 @@ class Gatherer:
                 full = int(settings.WAKE_BATCH_SIZE)
                 while len(self._pending) < full and (left := deadline - time.monotonic()) > 0:
                     self._arrived.wait(left)
-            self._send_gathered()
+            try:
+                self._send_gathered()
+            except BaseException:  # noqa: BLE001 - a waker's sys.exit(), a gevent Timeout: the runs are the sweep's
+                logger.warning("a wake-up batch was interrupted; the sweep wakes its runs", exc_info=True)
+            finally:
+                # Closed after each batch, as a request's is: routing a run may query (REPLAY_QUEUE), and a
+                # connection this thread kept would outlive a database restart, broken, and hold a pool's slot.
+                connections.close_all()
 
     def _send_gathered(self) -> None:
         with self._lock:

@@ -13,9 +13,12 @@ from __future__ import annotations
 import base64
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 
 import pytest
 import redis
@@ -24,10 +27,12 @@ from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext, override_settings
 
 from durable_agents import api
+from durable_agents.engine import gather
 from durable_agents.engine import sweep as engine_sweep
 from durable_agents.engine.gather import GATHERER, Gatherer
 from durable_agents.models import Run, RunStatus
 from durable_agents.testing import wait_for, wait_for_run
+from tests.integration.conftest import MODEL_QUEUE
 from tests.testapp.models import Execution
 
 woken: list[tuple[str, dict]] = []
@@ -209,3 +214,184 @@ def test_workers__runs_started_one_per_transaction_complete_each_step_once(start
         wait_for_run(run_id, "completed", timeout=120)
     assert Execution.objects.filter(run_id__in=ids).count() == 60, "every step ran once"
     assert not Execution.objects.filter(run_id__in=ids, after_commit=True).exists(), "a committed step ran again"
+
+
+class Interrupted(BaseException):
+    """Not an Exception: a waker's sys.exit(), a gevent Timeout."""
+
+
+def test_a_send_interrupted_by_a_base_exception_does_not_stop_the_sender(caplog):
+    sent: list[str] = []
+    gatherer = Gatherer(lambda run_ids, kinds: None)
+
+    def send(run_ids, kinds):
+        sent.extend(run_ids)
+        if run_ids == ["a"]:
+            gatherer.add("b", None)  # handed over while the sender is still alive: it is the one to send it
+            raise Interrupted
+
+    gatherer._send = send
+    with override_settings(DURABLE_AGENTS={**settings.DURABLE_AGENTS, "WAKE_GATHER_MS": 1.0}):
+        gatherer.add("a", None)
+        wait_for(lambda: "b" in sent, timeout=10, what="the run handed over after the interrupted send")
+    assert sent == ["a", "b"]
+    assert gatherer.held() == 0
+    assert "a wake-up batch was interrupted; the sweep wakes its runs" in caplog.text
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_sender_whose_database_connection_was_dropped_still_routes_the_next_runs():
+    # With a REPLAY_QUEUE, routing a run asks the database whether it is a replay's: the sender thread queries.
+    with _gathering(REPLAY_QUEUE="replay"):
+        first = [str(api.start("noop", {"steps": 1}).id) for _ in range(5)]
+        wait_for(lambda: batches, timeout=30, what="the first gathered batch")
+        with connection.cursor() as cursor:  # a database restart, as the sender's connection sees it
+            cursor.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+        second = [str(api.start("noop", {"steps": 1}).id) for _ in range(5)]
+        wait_for(lambda: len(batches) == 2, timeout=10, what="the second gathered batch")
+    assert batches == [(first, {}), (second, {})]
+
+
+def test_a_sender_that_cannot_keep_up_holds_a_bounded_number_of_wake_ups():
+    # The sender stuck in a send (a broker that hangs), or never run (uWSGI without enable-threads): the starts
+    # do not pile up in memory; past a bound, a start sends what is held itself, as it did before gathering.
+    stuck = threading.Event()
+    sent: list[str] = []
+
+    def send(run_ids, kinds):
+        if threading.current_thread().name == "durable-agents-wake":
+            stuck.wait(30)
+        sent.extend(run_ids)
+
+    gatherer = Gatherer(send)
+    try:
+        with override_settings(DURABLE_AGENTS={**settings.DURABLE_AGENTS, "WAKE_GATHER_MS": 1.0}):
+            gatherer.add("first", None)
+            wait_for(lambda: gatherer.held() == 1 and not gatherer._pending, timeout=10, what="the stuck send")
+            for n in range(10_000):
+                gatherer.add(str(n), None)
+            assert gatherer.held() <= 1_001, "a few batches' worth at most, not every start since the sender stuck"
+            assert len(sent) + gatherer.held() == 10_001
+    finally:
+        stuck.set()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_prefork_pool_process_that_exits_sends_what_it_gathered_first():
+    # Billiard ends a pool process (max_tasks_per_child, a warm shutdown) with os._exit: atexit does not run, but
+    # worker_process_shutdown is sent first. A step's child run started just before is woken, not left to the sweep.
+    from celery.signals import worker_process_shutdown
+
+    with _gathering():
+        run = api.start("noop", {"steps": 1})
+        worker_process_shutdown.send(sender="celery@test", pid=os.getpid(), exitcode=0)
+        assert _sent() == [str(run.id)]
+
+
+def test_a_start_whose_sender_thread_cannot_start_sends_its_own_wake_up(monkeypatch):
+    # Python 3.12+ refuses a new thread at interpreter shutdown (a start in an atexit handler), any version when the
+    # process has no threads left. The start has committed: its hook must neither raise nor drop the wake-up.
+    class Refused(threading.Thread):
+        def start(self):
+            raise RuntimeError("can't create new thread at interpreter shutdown")
+
+    sent: list[str] = []
+    gatherer = Gatherer(lambda run_ids, kinds: sent.extend(run_ids))
+    monkeypatch.setattr(gather.threading, "Thread", Refused)
+    gatherer.add("a", None)
+    assert sent == ["a"]
+    assert gatherer.held() == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_starts_in_one_transaction_gather_those_kept_and_not_those_of_a_savepoint_rolled_back():
+    with _gathering():
+        with transaction.atomic():  # a request under ATOMIC_REQUESTS
+            first = api.start("noop", {"steps": 1})
+            with pytest.raises(RuntimeError), transaction.atomic():
+                api.start("noop", {"steps": 1})
+                raise RuntimeError("a savepoint rolled back")
+            second = api.start("noop", {"steps": 1})
+            assert GATHERER.held() == 0, "nothing is handed over before the commit"
+        GATHERER.flush()
+    assert _sent() == [str(first.id), str(second.id)]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_start_that_finds_its_key_s_run_wakes_nothing_as_before():
+    with _gathering():
+        run = api.start("noop", {"steps": 1}, idempotency_key="once")
+        GATHERER.flush()
+        again = api.start("noop", {"steps": 1}, idempotency_key="once")
+        GATHERER.flush()
+    assert again.id == run.id
+    assert _sent() == [str(run.id)], "the run was woken by its own start"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_gathered_model_bound_runs_each_get_a_message_and_keyed_runs_are_admitted_not_gathered():
+    with _gathering(MODEL_QUEUE=MODEL_QUEUE):
+        plain = [str(api.start("eager", {"steps": 1}).id) for _ in range(2)]
+        model_bound = [str(api.start("approve_briefed", {}).id) for _ in range(2)]
+        plain += [str(api.start("eager", {"steps": 1}).id)]
+        wait_for(lambda: batches, timeout=30, what="the gathered batch")
+        keyed = api.start("noop", {"steps": 1}, concurrency_key="tenant-1")
+        assert GATHERER.held() == 0, "a keyed run is admitted at its commit, and woken then"
+    assert batches == [(plain, {})]
+    assert woken == [(run_id, {"queue": MODEL_QUEUE}) for run_id in model_bound] + [(str(keyed.id), {})]
+
+
+def test_flush_returns_once_a_batch_the_sender_took_meanwhile_is_out():
+    # At exit, a batch still in the sender's hands when flush returns dies with the daemon thread. The sender may
+    # take what is held between flush's look at what is in flight and its own take: here it is made to.
+    sent: list[str] = []
+
+    def send(run_ids, kinds):
+        if threading.current_thread().name == "durable-agents-wake":
+            time.sleep(0.5)
+        sent.extend(run_ids)
+
+    class TakenMeanwhile(Gatherer):
+        def _send_gathered(self):
+            if threading.current_thread() is threading.main_thread() and not sent and self.held() < 5:
+                for n in range(4):  # the fifth run: a full batch, which the sender takes at once
+                    self.add(str(n), None)
+                wait_for(lambda: self._in_flight, timeout=10, what="the sender's take")
+            super()._send_gathered()
+
+    gatherer = TakenMeanwhile(send)
+    with override_settings(DURABLE_AGENTS={**settings.DURABLE_AGENTS, **WINDOW}):
+        gatherer.add("a", None)
+        gatherer.flush()
+        assert gatherer.held() == 0, "flush returned with a batch in flight"
+    assert sorted(sent) == ["0", "1", "2", "3", "a"]
+
+
+def test_a_fork_while_another_thread_holds_the_gatherer_s_lock_leaves_the_child_free_to_gather():
+    holding, release = threading.Event(), threading.Event()
+
+    def hold():
+        with GATHERER._lock:  # the sender, mid-take, as the process forks
+            holding.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=hold, daemon=True)
+    holder.start()
+    holding.wait(10)
+    try:
+        pid = os.fork()
+        if pid == 0:
+            signal.alarm(10)  # a deadlocked child dies of it, and fails the test
+            sent: list[str] = []
+            GATHERER._send = lambda run_ids, kinds: sent.extend(run_ids)
+            GATHERER.add("child's", None)
+            GATHERER.flush()
+            os._exit(0 if sent == ["child's"] and GATHERER.held() == 0 else 1)
+        _, status = os.waitpid(pid, 0)
+    finally:
+        release.set()
+        holder.join(10)
+    assert os.waitstatus_to_exitcode(status) == 0
