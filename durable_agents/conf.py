@@ -222,7 +222,7 @@ SETTINGS: dict[str, Setting] = {
         "transaction are (e.g. 10 for a web process starting a run per request); 0: each start sends its own "
         "wake-up as it commits",
         at_least=0,
-        at_most=1000,
+        at_most=60_000,
     ),
     "EFFECT_MAX_INVOCATIONS": Setting(
         10, int, "an effect invoked this many times without a recorded outcome goes to an operator", at_least=1
