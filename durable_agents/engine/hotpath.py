@@ -495,7 +495,7 @@ def _start_effect_sql() -> str:
         WITH held AS (
             UPDATE {Run._meta.db_table} SET lease_expires_at = STATEMENT_TIMESTAMP() + %(lease)s
              WHERE id = %(run_id)s AND lease_token = %(token)s AND lease_owner = %(owner)s
-               AND lease_expires_at IS NOT NULL AND status = %(running)s
+               AND lease_expires_at IS NOT NULL AND {_status_in(frozenset({RunStatus.RUNNING.value}))}
          RETURNING id
         ), started AS (
             INSERT INTO {Effect._meta.db_table} ({columns})
@@ -519,7 +519,6 @@ def start_effect(
         "token": claim.token,
         "owner": claim.owner,
         "lease": clock.offset(lease),
-        "running": RunStatus.RUNNING.value,
         "key": key,
         "step_id": step_pk,
         "kind": EffectKind.EFFECT.value,

@@ -17,8 +17,9 @@ from django.conf import settings
 from django.db import connection
 from django.test.utils import CaptureQueriesContext, override_settings
 
+from bench.scale_agent import WORKFLOW, answer
 from durable_agents import api
-from durable_agents.engine.advance import advance, advance_slice
+from durable_agents.engine.advance import Outcome, advance, advance_slice
 from durable_agents.models import Run, RunStatus
 
 RUN_TABLE = Run._meta.db_table
@@ -41,14 +42,25 @@ def _explained(sql: str) -> list[str]:
     return _run_scans((json.loads(plan) if isinstance(plan, str) else plan)[0]["Plan"])
 
 
-@pytest.mark.django_db(transaction=True)
-def test_claims_and_commits_take_the_run_by_its_key_when_statistics_say_no_run_is_running():
+def _misleading_statistics() -> None:
+    """Statistics that say no run is pending or running, taken before 300 runs started and were claimed."""
     finished = api.start_many("noop", [{"steps": 1}] * 400)
     Run.objects.filter(pk__in=[run.id for run in finished]).update(status=RunStatus.COMPLETED)
     with connection.cursor() as cursor:
-        cursor.execute(f"ANALYZE {RUN_TABLE}")  # the statistics: no run pending or running
+        cursor.execute(f"ANALYZE {RUN_TABLE}")
     crowd = api.start_many("noop", [{"steps": 3}] * 300)
     Run.objects.filter(pk__in=[run.id for run in crowd]).update(status=RunStatus.RUNNING)
+
+
+def _assert_by_key(statements: list[str]) -> None:
+    for sql in statements:
+        scans = _explained(sql)
+        assert all(scan.endswith(f"{RUN_TABLE}_pkey") for scan in scans), (scans, sql[:400])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_claims_and_commits_take_the_run_by_its_key_when_statistics_say_no_run_is_running():
+    _misleading_statistics()
     run = api.start("noop", {"steps": 3})
 
     with CaptureQueriesContext(connection) as one_step:
@@ -60,7 +72,15 @@ def test_claims_and_commits_take_the_run_by_its_key_when_statistics_say_no_run_i
 
     statements = [query["sql"] for query in [*one_step.captured_queries, *slice_.captured_queries]]
     assert len(statements) == 5, statements
-    for sql in statements:
-        scans = _explained(sql)
-        assert scans, sql
-        assert all(scan.endswith(f"{RUN_TABLE}_pkey") for scan in scans), (scans, sql[:400])
+    assert all(_explained(sql) for sql in statements), "each of them reads the run"
+    _assert_by_key(statements)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_conversation_s_statements_take_the_run_by_its_key_when_statistics_say_no_run_is_running(fake_anthropic):
+    fake_anthropic.responder = answer
+    _misleading_statistics()
+    run = api.start(WORKFLOW, {"order_id": "A-1"})
+    with CaptureQueriesContext(connection) as queries:
+        assert advance(run.id) is Outcome.COMPLETED  # bench/scale_agent.py's: two turns and an effect
+    _assert_by_key([query["sql"] for query in queries.captured_queries])
