@@ -4,8 +4,9 @@ What is kept: every committed start is woken, once, by the gathered message or â
 (killed in the window, a broker that refused it) â€” by the sweep; a process that exits normally sends what it
 gathered; a forked child does not send its parent's. What is not promised: that the message has left when
 `api.start` returns. By default (WAKE_GATHER_MS 0) each start sends its own wake-up at its commit; these tests
-turn gathering on. A window of a second with WAKE_BATCH_SIZE runs makes a batch go out when it is full, whatever
-the machine's speed; a test that needs the window to have passed flushes instead of sleeping.
+turn gathering on. A window of a minute with WAKE_BATCH_SIZE 5 makes a batch go out when it is full and never
+because time passed, whatever the machine's speed; a test that needs what is held sent flushes instead of sleeping,
+and what a test leaves held is flushed as it ends, under its own recording wakers.
 """
 
 from __future__ import annotations
@@ -52,7 +53,15 @@ def refuse_batch(run_ids: list[str], **routed: str) -> None:
 
 
 RECORDING = {"WAKER": f"{__name__}.record_wake", "BATCH_WAKER": f"{__name__}.record_batch"}
-WINDOW = {"WAKE_GATHER_MS": 1000.0, "WAKE_BATCH_SIZE": 5}  # a batch leaves when 5 are in, or after a second
+WINDOW = {"WAKE_GATHER_MS": 60_000.0, "WAKE_BATCH_SIZE": 5}  # a batch leaves when 5 are in (or after a minute)
+
+
+@pytest.fixture(autouse=True)
+def _nothing_left_held():
+    """What a test leaves held is sent to the recording wakers now, not later into another test's broker."""
+    yield
+    with override_settings(DURABLE_AGENTS={**settings.DURABLE_AGENTS, **RECORDING}):
+        GATHERER.flush()
 
 
 def _gathering(**changes: object):
