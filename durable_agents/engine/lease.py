@@ -237,9 +237,9 @@ class Heartbeat:
 class _Renewer:
     """The process's lease-renewal thread (started lazily, and again in a forked child)."""
 
-    def __init__(self) -> None:
+    def __init__(self, beats: set[Heartbeat]) -> None:
         self.pid = os.getpid()
-        self._beats: set[Heartbeat] = set()
+        self._beats = beats
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="durable-lease-renewer", daemon=True)
         self._thread.start()
@@ -253,17 +253,25 @@ class _Renewer:
             self._beats.discard(beat)
 
     def _run(self) -> None:
+        interval = 1.0  # until LEASE_SECONDS is first read: renewing early costs a statement, renewing late a run
         while True:
-            interval = lease_seconds() / 3
+            try:
+                interval = lease_seconds() / 3
+            except Exception:  # noqa: BLE001 - settings replaced by ones it cannot read (a test's, a reload's)
+                # Renewing on the last interval read: a dead renewer would let every lease of this process lapse.
+                logger.warning("cannot read LEASE_SECONDS; renewing every %.1f s meanwhile", interval, exc_info=True)
             time.sleep(interval / 4)
             with self._lock:
                 due = [b for b in self._beats if time.monotonic() - b.renewed_at >= interval]
             if due:
                 self._renew(due)
-                # The thread's own connection: closed between rounds so an idle worker holds none.
-                connections.close_all()
-                if self._own is not None:
-                    self._own.close()
+                try:
+                    # The thread's own connection: closed between rounds so an idle worker holds none.
+                    connections.close_all()
+                    if self._own is not None:
+                        self._own.close()
+                except Exception:  # noqa: BLE001 - a connection that will not close is dropped next round
+                    logger.warning("could not close the lease renewer's connection", exc_info=True)
 
     _own: Any = None
 
@@ -298,9 +306,15 @@ _renewer_lock = threading.Lock()
 
 
 def _renewer() -> _Renewer:
+    """The process's renewer: a new one in a forked child, and in place of one whose thread died (its leases kept)."""
     global _the_renewer
-    if _the_renewer is None or _the_renewer.pid != os.getpid():
+    if not _serving(_the_renewer):
         with _renewer_lock:
-            if _the_renewer is None or _the_renewer.pid != os.getpid():
-                _the_renewer = _Renewer()
+            if not _serving(_the_renewer):
+                dead = _the_renewer if _the_renewer is not None and _the_renewer.pid == os.getpid() else None
+                _the_renewer = _Renewer(dead._beats if dead is not None else set())
     return _the_renewer
+
+
+def _serving(renewer: _Renewer | None) -> bool:
+    return renewer is not None and renewer.pid == os.getpid() and renewer._thread.is_alive()

@@ -366,11 +366,12 @@ def _wake(written: list[_Start], *, hand_on: bool, one_wake: bool) -> None:
     runs its caller's transaction wakes); a run with a concurrency key is queued for its key's admission instead."""
     woken = [start for start in written if start.run.concurrency_key is None]
     kinds = [start.plan[0].kind if start.plan else None for start in woken]
-    if one_wake and len(woken) == 1 and gathering():
+    if one_wake and len(woken) == 1:
         run_id, kind = woken[0].run.id, kinds[0]
-        transaction.on_commit(lambda: GATHERER.add(run_id, kind))
-    elif one_wake and len(woken) == 1:
-        wake_on_commit(woken[0].run.id, kind=kinds[0])
+        if gathering():
+            transaction.on_commit(lambda: GATHERER.add(run_id, kind))
+        else:
+            wake_on_commit(run_id, kind=kind)
     elif woken:
         ids = [start.run.id for start in woken]
         transaction.on_commit(lambda: wake_many(ids, kinds=kinds))

@@ -28,22 +28,17 @@ from durable_agents.testing import wait_for, wait_for_run
 from durable_agents.workflows import call, workflow
 from tests.celery import deliveries_key
 from tests.integration.conftest import MODEL_QUEUE, ROUTED
+from tests.integration.wakers import RECORDING, woken
 from tests.testapp.models import Execution, LedgerEntry
 
 ON = {"EAGER_SLICE_MS": 600_000.0, "EAGER_MAX_STEPS": 10}
 OFF = {"EAGER_SLICE_MS": 0.0}
 MODES = pytest.mark.parametrize("mode", [ON, OFF], ids=["slice_on", "slice_off"])
-woken: list[tuple[str, dict]] = []
-
-
-def record_wake(run_id: str, countdown: float | None = None, **routed: str) -> None:
-    """A WAKER that only records what the engine asked for."""
-    woken.append((str(run_id), routed))
 
 
 def _in_process(**changes: object):
     woken.clear()
-    return override_settings(DURABLE_AGENTS={**settings.DURABLE_AGENTS, "WAKER": f"{__name__}.record_wake", **changes})
+    return override_settings(DURABLE_AGENTS={**settings.DURABLE_AGENTS, "WAKER": RECORDING["WAKER"], **changes})
 
 
 # --- in this process: statements and wake-ups, exactly -------------------------------------------------------

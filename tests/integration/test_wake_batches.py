@@ -27,27 +27,8 @@ from durable_agents.models import Run, RunStatus, Step, StepStatus
 from durable_agents.testing import wait_for, wait_for_run
 from tests.celery import BATCHES_KEY, deliveries_key
 from tests.integration.conftest import MODEL_QUEUE
+from tests.integration.wakers import RECORDING, REFUSING, batches, woken
 from tests.testapp.models import Execution, LedgerEntry
-
-woken: list[tuple[str, dict]] = []
-batches: list[tuple[list[str], dict]] = []
-
-
-def record_wake(run_id: str, countdown: float | None = None, **routed: str) -> None:
-    """A WAKER that only records what the engine asked for."""
-    woken.append((str(run_id), routed))
-
-
-def record_batch(run_ids: list[str], **routed: str) -> None:
-    """A BATCH_WAKER that only records what the engine asked for."""
-    batches.append((list(run_ids), routed))
-
-
-def refuse_batch(run_ids: list[str], **routed: str) -> None:
-    raise ConnectionError("the broker is down")
-
-
-RECORDING = {"WAKER": f"{__name__}.record_wake", "BATCH_WAKER": f"{__name__}.record_batch"}
 
 
 def _in_process(**changes: object):
@@ -132,7 +113,7 @@ def test_a_lone_run_and_a_run_started_outside_a_transaction_get_the_plain_wake_u
 
 @pytest.mark.django_db(transaction=True)
 def test_a_refused_batch_loses_nothing_the_sweep_wakes_the_runs_again(caplog):
-    with _in_process(BATCH_WAKER=f"{__name__}.refuse_batch", IDLE_RESWEEP_SECONDS=0):
+    with _in_process(BATCH_WAKER=REFUSING, IDLE_RESWEEP_SECONDS=0):
         with transaction.atomic():
             ids = _start(3)
         assert "could not wake 3 runs" in caplog.text and "the sweep wakes them" in caplog.text, caplog.text

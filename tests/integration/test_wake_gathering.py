@@ -34,25 +34,9 @@ from durable_agents.engine.gather import GATHERER, Gatherer
 from durable_agents.models import Run, RunStatus
 from durable_agents.testing import wait_for, wait_for_run
 from tests.integration.conftest import MODEL_QUEUE
+from tests.integration.wakers import RECORDING, REFUSING, batches, woken
 from tests.testapp.models import Execution
 
-woken: list[tuple[str, dict]] = []
-batches: list[tuple[list[str], dict]] = []
-
-
-def record_wake(run_id: str, countdown: float | None = None, **routed: str) -> None:
-    woken.append((str(run_id), routed))
-
-
-def record_batch(run_ids: list[str], **routed: str) -> None:
-    batches.append((list(run_ids), routed))
-
-
-def refuse_batch(run_ids: list[str], **routed: str) -> None:
-    raise ConnectionError("the broker is down")
-
-
-RECORDING = {"WAKER": f"{__name__}.record_wake", "BATCH_WAKER": f"{__name__}.record_batch"}
 WINDOW = {"WAKE_GATHER_MS": 60_000.0, "WAKE_BATCH_SIZE": 5}  # a batch leaves when 5 are in (or after a minute)
 
 
@@ -109,7 +93,7 @@ def test_a_start_in_a_transaction_that_rolls_back_gathers_nothing():
 
 @pytest.mark.django_db(transaction=True)
 def test_a_refused_batch_loses_nothing_the_sweep_wakes_the_runs(caplog):
-    with _gathering(BATCH_WAKER=f"{__name__}.refuse_batch"):
+    with _gathering(BATCH_WAKER=REFUSING):
         ids = [str(api.start("noop", {"steps": 1}).id) for _ in range(3)]
         GATHERER.flush()
         assert "could not wake 3 runs" in caplog.text, caplog.text
