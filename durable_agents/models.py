@@ -67,6 +67,17 @@ class EffectKind(models.TextChoices):
 QUEUED = Q(status=RunStatus.PENDING, concurrency_key__isnull=False, admitted_at__isnull=True)
 
 
+class Unindexed(models.Transform):
+    """`status__unindexed__in=[...]`: the column as an expression no index matches, for a query that names its row by
+    its key. Statistics taken before rows reached a status say almost none are in it; Postgres then plans `pk = %s AND
+    status IN (...)` as a scan of a status index (a partial one included) over every row in that status, filtered by
+    the key. engine/hotpath.py's statements do the same (`_status_in`)."""
+
+    lookup_name = "unindexed"
+    template = "(%(expressions)s || '')"
+    output_field = models.CharField()
+
+
 class RunQuerySet(models.QuerySet["Run"]):
     def active(self) -> RunQuerySet:
         return self.filter(status__in=ACTIVE_RUN_STATUSES)
@@ -496,8 +507,9 @@ class DeadlinePolicy(models.TextChoices):
 
 
 class WaitQuerySet(models.QuerySet["Wait"]):
-    def open(self) -> WaitQuerySet:
-        return self.filter(status=WaitStatus.OPEN)
+    def open(self, *, keyed: bool = False) -> WaitQuerySet:
+        """Open waits. `keyed`: the query names its wait or its run, whose index must be used (see `Unindexed`)."""
+        return self.filter(status__unindexed=WaitStatus.OPEN) if keyed else self.filter(status=WaitStatus.OPEN)
 
 
 class Wait(models.Model):
@@ -878,3 +890,7 @@ class BatchTurn(models.Model):
 
     def __str__(self) -> str:
         return f"batch turn {self.index} of step {self.step_id} ({self.status})"
+
+
+for _model in (Run, Wait, Effect, MessageBatch):
+    _model._meta.get_field("status").register_lookup(Unindexed)

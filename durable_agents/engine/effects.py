@@ -316,7 +316,7 @@ def _call_external(tool: Tool[..., Any], args: dict[str, Any], effect: Effect, c
 
 
 def _holds(run_id: Any, token: int, *, lock: bool = False) -> bool:
-    held = Run.objects.filter(pk=run_id, lease_token=token, status=RunStatus.RUNNING)
+    held = Run.objects.filter(pk=run_id, lease_token=token, status__unindexed=RunStatus.RUNNING)
     return (held.select_for_update() if lock else held).exists()
 
 

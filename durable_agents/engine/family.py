@@ -351,7 +351,7 @@ def notify_parent(child_id: Any, status: str | None = None) -> bool:
         # The parent's row first: the lock order of every operation on a run and its waits (cancel, park, decide).
         if not Run.objects.select_for_update().filter(pk=parent_id).exists():
             return False
-        wait = Wait.objects.open().filter(run_id=parent_id, kind=WaitKind.CHILDREN, name=step_id).first()
+        wait = Wait.objects.open(keyed=True).filter(run_id=parent_id, kind=WaitKind.CHILDREN, name=step_id).first()
         return wait is not None and join_if_ready_txn(wait, finished=status)
 
 
@@ -587,7 +587,7 @@ def sweep_children(now: datetime | None = None, *, batch: int | None = None) -> 
         with transaction.atomic():
             if locked(Run.objects.filter(pk=run_id)).first() is None:
                 continue  # being parked, cancelled or decided: a later pass gets to it
-            wait = Wait.objects.open().filter(pk=wait_id).first()
+            wait = Wait.objects.open(keyed=True).filter(pk=wait_id).first()
             joined += bool(wait is not None and join_if_ready_txn(wait))
     # Checked and not met: not again before IDLE_RESWEEP_SECONDS (their status is unchanged).
     Wait.objects.filter(pk__in=checked, status=WaitStatus.OPEN).update(updated_at=DbNow())

@@ -182,7 +182,7 @@ def deliver(effect_id: int) -> Delivery:
     hold = float(settings.NOTIFY_SEND_TIMEOUT_SECONDS) + backoff
     # The claim checks again that the wait is open: one decided since the skip check is not asked about.
     still_open = (
-        Exists(Wait.objects.filter(pk=effect.args.get("wait_id"), status=WaitStatus.OPEN))
+        Exists(Wait.objects.open(keyed=True).filter(pk=effect.args.get("wait_id")))
         if effect.args.get("kind") in SENT_ONLY_WHILE_OPEN
         else Q()
     )

@@ -89,7 +89,7 @@ RELEASED = {"lease_owner": "", "lease_expires_at": None}
 def move_run(op: RunOp, run_id: Any, *, to: str | None = None, where: Q | None = None, **changes: Any) -> bool:
     """One compare-and-set UPDATE of a run for `op`; True if it moved. `where` adds the fence."""
     status = _target(RUN_RULES, op, to)
-    runs = Run.objects.filter(where or Q(), pk=run_id, status__in=RUN_RULES[op].sources)
+    runs = Run.objects.filter(where or Q(), pk=run_id, status__unindexed__in=RUN_RULES[op].sources)
     return runs.update(**status, updated_at=DbNow(), **changes) == 1
 
 
@@ -107,7 +107,11 @@ def holds_txn(run_id: Any, token: int) -> bool:
     """True while `token` still holds the running run; its row stays locked until the transaction ends, so nothing
     takes the run over before what the holder writes next commits."""
     _in_transaction()
-    return Run.objects.select_for_update().filter(pk=run_id, lease_token=token, status=RunStatus.RUNNING).exists()
+    return (
+        Run.objects.select_for_update()
+        .filter(pk=run_id, lease_token=token, status__unindexed=RunStatus.RUNNING)
+        .exists()
+    )
 
 
 def take_txn(op: RunOp, run_id: Any, *, to: str | None = None, where: Q | None = None, **changes: Any) -> bool:
@@ -272,7 +276,7 @@ def park_txn(claim: Claim, step: Step, spec: WaitSpec, *, notify_to: Iterable[st
     """Release the run into `waiting` and open its wait; (wait, opened). A signal that arrived while the
     step was parking wakes the run at once instead (opened False)."""
     hold_txn(claim, RunOp.PARK, to=RunStatus.WAITING, attempt=0, **RELEASED)
-    existing = Wait.objects.filter(run_id=claim.run_id, status=WaitStatus.OPEN).first()
+    existing = Wait.objects.open(keyed=True).filter(run_id=claim.run_id).first()
     if existing is not None:
         return existing, False
     if spec.kind == "signal":
@@ -320,7 +324,7 @@ def fail_txn(run_id: Any, step_pk: int | None, error: dict[str, Any], *, claim: 
     LeaseLostError if the claim no longer holds the run; False if a waiting run is no longer waiting.
     """
     _in_transaction()
-    fence = Q(lease_token=claim.token) if claim else Q(status=RunStatus.WAITING)
+    fence = Q(lease_token=claim.token) if claim else Q(status__unindexed=RunStatus.WAITING)
     # The fence first, under the run's row lock: nothing of a failure is written for a run no longer held.
     run = Run.objects.select_for_update().filter(fence, pk=run_id).values("cancel_compensate", "finish_as").first()
     if run is None:
@@ -513,7 +517,7 @@ def settle_cancellation_txn(run_id: Any) -> Cancellation:
     _in_transaction()
     row = (
         Run.objects.select_for_update()
-        .filter(lease_free(), pk=run_id, status__in=RUN_RULES[RunOp.CANCEL].sources)
+        .filter(lease_free(), pk=run_id, status__unindexed__in=RUN_RULES[RunOp.CANCEL].sources)
         .exclude(cancel_requested_at=None)
         .values("cancel_compensate", "cancel_reason")
         .first()
@@ -558,7 +562,7 @@ def family_undone_txn(run_id: Any) -> bool:
     """A run whose saga was owed to its family is done with it: it has ended, and none of its children is live or
     ended standing on what it applied. True if the mark was cleared; else the run is marked checked (updated_at)."""
     _in_transaction()
-    owed = Run.objects.filter(pk=run_id, family_undo=True, status__in=FINISHED_RUN_STATUSES)
+    owed = Run.objects.filter(pk=run_id, family_undo=True, status__unindexed__in=FINISHED_RUN_STATUSES)
     children = Run.objects.filter(parent_id=run_id)
     if children.filter(Q(status__in=ACTIVE_RUN_STATUSES) | Q(finish_as="")).exists():
         owed.update(updated_at=DbNow())
@@ -571,7 +575,7 @@ def undo_finished_txn(run_id: Any) -> Saga:
     too: a saga from its end, ending `cancelled`, queued for its concurrency key again. With nothing of its own to
     undo it lets go of its effects (`finish_as`), its status as it was: neither resumed nor reached again."""
     _in_transaction()
-    where = Q(status__in=FINISHED_RUN_STATUSES, finish_as="")
+    where = Q(status__unindexed__in=FINISHED_RUN_STATUSES, finish_as="")
     reopened = {"finished_at": None, "admitted_at": None, "lease_token": F("lease_token") + 1, "wake_at": None}
     saga = compensate_txn(run_id, finish_as=RunStatus.CANCELLED, where=where, op=RunOp.UNDO, **reopened, **RELEASED)
     if not saga.planned:
@@ -608,7 +612,7 @@ def resume_txn(run_id: Any, *, from_status: str, cursor: int, **changes: Any) ->
     # A saga resumed is still owed to its family; a run resumed forward no longer is.
     owed = Case(When(finish_as="", then=False), default=F("family_undo"))
     restarted = {**RESTARTED, "admitted_at": None, "family_undo": owed, **changes}
-    if not take_txn(RunOp.RESUME, run_id, to=RunStatus.PENDING, where=Q(status=from_status), **restarted):
+    if not take_txn(RunOp.RESUME, run_id, to=RunStatus.PENDING, where=Q(status__unindexed=from_status), **restarted):
         return False
     step = Step.objects.live().filter(run_id=run_id, position=cursor).first()
     if step is not None:
@@ -715,7 +719,7 @@ def copy_plan_txn(steps: list[Step], fork_id: Any, before: int) -> None:
 def move_wait(op: WaitOp, wait_id: int, *, to: str, where: Q | None = None, **changes: Any) -> bool:
     """Close an open wait for `op` (decide, signal, fire, expire, migrate); False if it was not open."""
     status = _target(WAIT_RULES, op, to)
-    moved = Wait.objects.filter(where or Q(), pk=wait_id, status__in=WAIT_RULES[op].sources)
+    moved = Wait.objects.filter(where or Q(), pk=wait_id, status__unindexed__in=WAIT_RULES[op].sources)
     if moved.update(**status, updated_at=DbNow(), **changes) != 1:
         return False
     if tracing.enabled():
@@ -767,7 +771,7 @@ def cancel_open_waits_txn(run_id: Any) -> None:
     """Its open wait is cancelled, and a model turn it sent in a batch abandoned (a late answer is counted, never
     used; the batcher cancels a batch once every turn in it is abandoned)."""
     _in_transaction()
-    cancelling = Wait.objects.filter(run_id=run_id, status__in=WAIT_RULES[WaitOp.CANCEL].sources)
+    cancelling = Wait.objects.filter(run_id=run_id, status__unindexed__in=WAIT_RULES[WaitOp.CANCEL].sources)
     if tracing.enabled():
         for wait_id in cancelling.values_list("pk", flat=True):
             transaction.on_commit(lambda wait_id=wait_id: trace_closed_wait(wait_id), robust=True)
@@ -813,7 +817,7 @@ def bind_buffered_signal(step: Step, name: str, *, token: int | None = None) -> 
 def move_effect(op: EffectOp, effect_pk: int, *, to: str, where: Q | None = None, **changes: Any) -> bool:
     """One compare-and-set UPDATE of an effect for `op`; True if it moved."""
     status = _target(EFFECT_RULES, op, to)
-    effects = Effect.objects.filter(where or Q(), pk=effect_pk, status__in=EFFECT_RULES[op].sources)
+    effects = Effect.objects.filter(where or Q(), pk=effect_pk, status__unindexed__in=EFFECT_RULES[op].sources)
     return effects.update(**status, updated_at=DbNow(), **changes) == 1
 
 
@@ -857,7 +861,9 @@ def move_batch_turns(op: BatchTurnOp, turns: QuerySet[BatchTurn], *, to: str | N
 def move_message_batch(op: MessageBatchOp, batch_pk: int, *, to: str, where: Q | None = None, **changes: Any) -> bool:
     """Move one message batch for `op`; False if it was not in a source status of `op`."""
     status = _target(MESSAGE_BATCH_RULES, op, to)
-    moved = MessageBatch.objects.filter(where or Q(), pk=batch_pk, status__in=MESSAGE_BATCH_RULES[op].sources)
+    moved = MessageBatch.objects.filter(
+        where or Q(), pk=batch_pk, status__unindexed__in=MESSAGE_BATCH_RULES[op].sources
+    )
     return moved.update(**status, **changes) == 1
 
 

@@ -113,7 +113,7 @@ def decide_wait(
                 comment=comment,
                 via=via,
             )
-        elif Wait.objects.open().filter(pk=wait.pk).exclude(in_time).exists():
+        elif Wait.objects.open(keyed=True).filter(pk=wait.pk).exclude(in_time).exists():
             late = True
         else:
             raise _closed(wait)
@@ -167,7 +167,7 @@ def send_signal(
         # The run's row lock orders this against a step parking on the same signal (its fenced UPDATE):
         # either we see its open wait, or it sees our buffered signal. Nothing arrives in between.
         Run.objects.select_for_update().filter(pk=run.id).first()
-        waiting = Wait.objects.open().filter(run_id=run.id, kind=WaitKind.SIGNAL, name=name).first()
+        waiting = Wait.objects.open(keyed=True).filter(run_id=run.id, kind=WaitKind.SIGNAL, name=name).first()
         now = clock.now()
         if waiting is not None and waiting.deadline is not None and waiting.deadline <= now:
             # The timeout came first, however late the sweep runs: it applies; the signal is kept, late.
@@ -217,10 +217,10 @@ def _due_ids(condition: Q, limit: int) -> list[int]:
 def _locked_open(wait_id: int) -> Wait | None:
     """The open wait, locked after its run's row (the lock order of every operation on a run and its waits);
     None if it closed, or if another transaction holds either row (a later sweep pass gets to it)."""
-    run_id = Wait.objects.open().filter(pk=wait_id).values_list("run_id", flat=True).first()
+    run_id = Wait.objects.open(keyed=True).filter(pk=wait_id).values_list("run_id", flat=True).first()
     if run_id is None or locked(Run.objects.filter(pk=run_id)).first() is None:
         return None
-    return locked(Wait.objects.open().filter(pk=wait_id)).first()
+    return locked(Wait.objects.open(keyed=True).filter(pk=wait_id)).first()
 
 
 def _apply_deadline(wait_id: int, now: datetime) -> str:

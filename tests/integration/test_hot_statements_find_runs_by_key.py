@@ -6,6 +6,10 @@ then believes there are almost none. A prepared statement keeps such a plan, so 
 run in flight (bench/agent_scale.py: 636 a commit at 1,000 conversations). Here the statistics are made that way on
 purpose — analyzed with every run finished, then runs started and claimed — and each statement of a claim, a
 commit, a commit-and-claim and a run's last commit is explained: no scan of the run table may use another index.
+
+The engine's other transitions (an approval decided, a signal, a cancel, a resume) go through the ORM and name their
+run or wait by key too: on such statistics none of their statements may scan an index on a status
+(`models.Unindexed`, `Wait.objects.open(keyed=True)`).
 """
 
 from __future__ import annotations
@@ -20,36 +24,55 @@ from django.test.utils import CaptureQueriesContext, override_settings
 from bench.scale_agent import WORKFLOW, answer
 from durable_agents import api
 from durable_agents.engine.advance import Outcome, advance, advance_slice
-from durable_agents.models import Run, RunStatus
+from durable_agents.models import Run, RunStatus, Wait, WaitStatus
+from durable_agents.testing.runs import take_lease
 
 RUN_TABLE = Run._meta.db_table
 
 
-def _run_scans(plan: dict) -> list[str]:
-    """(scan type, index) of every node of `plan` that reads the run table (an UPDATE's own node reads nothing)."""
+WAIT_TABLE = Wait._meta.db_table
+
+
+def _scans(plan: dict, table: str | None = RUN_TABLE) -> list[str]:
+    """(scan type, index) of every node of `plan` that reads `table` (None: any table; an UPDATE's own node reads
+    nothing)."""
     found = []
-    if plan.get("Relation Name") == RUN_TABLE and plan["Node Type"] != "ModifyTable":
+    if plan.get("Relation Name") and table in (None, plan["Relation Name"]) and plan["Node Type"] != "ModifyTable":
         found.append(f"{plan['Node Type']} {plan.get('Index Name', '')}".strip())
     for child in plan.get("Plans", []):
-        found.extend(_run_scans(child))
+        found.extend(_scans(child, table))
     return found
 
 
-def _explained(sql: str) -> list[str]:
+def _explained(sql: str, table: str | None = RUN_TABLE) -> list[str]:
     with connection.cursor() as cursor:
         cursor.execute(f"EXPLAIN (FORMAT JSON) {sql}")
         plan = cursor.fetchone()[0]
-    return _run_scans((json.loads(plan) if isinstance(plan, str) else plan)[0]["Plan"])
+    return _scans((json.loads(plan) if isinstance(plan, str) else plan)[0]["Plan"], table)
 
 
-def _misleading_statistics() -> None:
-    """Statistics that say no run is pending or running, taken before 300 runs started and were claimed."""
+def _misleading_statistics(*, waiting: int = 0) -> None:
+    """Statistics that say no run is pending, running or waiting and no wait is open, taken before 300 runs started
+    and were claimed (and `waiting` more parked on an open approval)."""
     finished = api.start_many("noop", [{"steps": 1}] * 400)
     Run.objects.filter(pk__in=[run.id for run in finished]).update(status=RunStatus.COMPLETED)
     with connection.cursor() as cursor:
-        cursor.execute(f"ANALYZE {RUN_TABLE}")
+        cursor.execute(f"ANALYZE {RUN_TABLE}, {WAIT_TABLE}")
     crowd = api.start_many("noop", [{"steps": 3}] * 300)
     Run.objects.filter(pk__in=[run.id for run in crowd]).update(status=RunStatus.RUNNING)
+    for run in api.start_many("approve_charge", [{"order_id": "crowd"}] * waiting):
+        advance(run.id)  # prepare
+        advance(run.id)  # parks on its approval
+
+
+def _status_indexes() -> set[str]:
+    """The indexes of the run and wait tables with a status in their key or their predicate."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT indexname FROM pg_indexes WHERE tablename IN (%s, %s) AND indexdef LIKE %s",
+            [RUN_TABLE, WAIT_TABLE, "%status%"],
+        )
+        return {name for (name,) in cursor.fetchall()}
 
 
 def _assert_by_key(statements: list[str]) -> None:
@@ -84,3 +107,41 @@ def test_a_conversation_s_statements_take_the_run_by_its_key_when_statistics_say
     with CaptureQueriesContext(connection) as queries:
         assert advance(run.id) is Outcome.COMPLETED  # bench/scale_agent.py's: two turns and an effect
     _assert_by_key([query["sql"] for query in queries.captured_queries])
+
+
+def _advance_to_its_end(run_id) -> None:
+    for _ in range(5):
+        if advance(run_id) is Outcome.COMPLETED:
+            return
+    raise AssertionError(f"run {run_id} did not complete in 5 steps: {Run.objects.get(pk=run_id).status}")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_decisions_signals_cancels_and_resumes_take_their_run_and_wait_by_key_when_statistics_say_none_waits():
+    _misleading_statistics(waiting=200)
+    approved, signalled = api.start("approve_charge", {"order_id": "A-1"}), api.start("signal_flow", {})
+    pending, held, broken = api.start("noop", {"steps": 2}), api.start("noop", {"steps": 2}), api.start("broken", {})
+    for run in (approved, approved, signalled, broken, broken):
+        advance(run.id)
+    assert Run.objects.get(pk=broken.id).status == RunStatus.FAILED
+    wait = Wait.objects.get(run_id=approved.id, status=WaitStatus.OPEN)
+    assert take_lease(held.id) is not None
+    keys = {str(run.id).replace("-", "") for run in (approved, signalled, pending, held, broken)} | {f"= {wait.id}"}
+
+    with CaptureQueriesContext(connection) as queries:
+        api.decide(wait.id, True, by="ops@example.com")
+        _advance_to_its_end(approved.id)
+        api.send_signal(signalled.id, "payment.confirmed", {"paid": True})
+        _advance_to_its_end(signalled.id)
+        api.cancel(pending.id, "not needed")
+        api.cancel(held.id, "not needed")  # asked: settled once the holder lets go
+        api.resume(broken.id)
+
+    keyed = [query["sql"] for query in queries.captured_queries if any(key in query["sql"] for key in keys)]
+    assert len(keyed) > 20, keyed
+    forbidden = _status_indexes()
+    assert "durable_run_status_updated" in forbidden and "durable_wait_open_reminder" in forbidden
+    for sql in keyed:
+        if sql.lstrip().upper().startswith(("SELECT", "UPDATE", "DELETE", "WITH")):
+            used = {scan.rsplit(" ", 1)[-1] for scan in _explained(sql, table=None)}
+            assert not used & forbidden, (sorted(used & forbidden), sql[-600:])
