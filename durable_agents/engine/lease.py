@@ -237,10 +237,11 @@ class Heartbeat:
 class _Renewer:
     """The process's lease-renewal thread (started lazily, and again in a forked child)."""
 
-    def __init__(self, beats: set[Heartbeat]) -> None:
+    def __init__(self, dead: _Renewer | None = None) -> None:
+        """`dead`: the renewer of this process whose thread died; its heartbeats (and their lock) are taken over."""
         self.pid = os.getpid()
-        self._beats = beats
-        self._lock = threading.Lock()
+        self._beats: set[Heartbeat] = dead._beats if dead is not None else set()
+        self._lock = dead._lock if dead is not None else threading.Lock()
         self._thread = threading.Thread(target=self._run, name="durable-lease-renewer", daemon=True)
         self._thread.start()
 
@@ -312,7 +313,7 @@ def _renewer() -> _Renewer:
         with _renewer_lock:
             if not _serving(_the_renewer):
                 dead = _the_renewer if _the_renewer is not None and _the_renewer.pid == os.getpid() else None
-                _the_renewer = _Renewer(dead._beats if dead is not None else set())
+                _the_renewer = _Renewer(dead)
     return _the_renewer
 
 
