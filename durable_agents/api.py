@@ -378,7 +378,7 @@ def resolve_effect(
     check_json(result, "the result")
     actor = _actor(actor)
     effect = _resolve_effect(key, applied=applied, result=result, actor=actor, reason=reason)
-    stopped = Run.objects.filter(pk=effect.run_id, status=RunStatus.FAILED).first()
+    stopped = Run.objects.filter(pk=effect.run_id, status__unindexed=RunStatus.FAILED).first()
     # A run whose saga is over stays over (fork it instead); a child whose parent is cancelled comes back with it.
     if resume and stopped is not None and not let_go(stopped) and not parent_is_cancelled(stopped):
         resume_run(effect.run_id, actor=actor)

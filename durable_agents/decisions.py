@@ -48,7 +48,7 @@ def describe_closed(wait: Wait) -> str:
         sentence += f" at {when_text(wait.decided_at)}"
     sentence += "; nothing was decided."
     current = (
-        Wait.objects.open(keyed=True)
+        Wait.objects.open()
         .filter(run_id=wait.run_id)
         .exclude(pk=wait.pk)
         .only("id", "run_id", "kind", "name", "question")

@@ -65,6 +65,8 @@ class EffectKind(models.TextChoices):
 
 # A run waiting for its concurrency key's slot: it holds no worker and no lease, and no claim takes it.
 QUEUED = Q(status=RunStatus.PENDING, concurrency_key__isnull=False, admitted_at__isnull=True)
+# The same, for a query that names its run by key (see `Unindexed`).
+QUEUED_KEYED = Q(status__unindexed=RunStatus.PENDING, concurrency_key__isnull=False, admitted_at__isnull=True)
 
 
 class Unindexed(models.Transform):
@@ -508,7 +510,9 @@ class DeadlinePolicy(models.TextChoices):
 
 class WaitQuerySet(models.QuerySet["Wait"]):
     def open(self, *, keyed: bool = False) -> WaitQuerySet:
-        """Open waits. `keyed`: the query names its wait or its run, whose index must be used (see `Unindexed`)."""
+        """Open waits. `keyed`: the query names its wait by its primary key, whose index must be used (see
+        `Unindexed`). A query of a run's open wait needs no such care: durable_wait_one_open_per_run is the only
+        index whose predicate it implies."""
         return self.filter(status__unindexed=WaitStatus.OPEN) if keyed else self.filter(status=WaitStatus.OPEN)
 
 
@@ -556,8 +560,24 @@ class Wait(models.Model):
             models.UniqueConstraint(fields=["run"], condition=Q(status="open"), name="durable_wait_one_open_per_run"),
         ]
         indexes = [
-            models.Index(fields=["deadline"], condition=Q(status="open"), name="durable_wait_open_deadline"),
-            models.Index(fields=["next_reminder_at"], condition=Q(status="open"), name="durable_wait_open_reminder"),
+            # The sweep's: open waits due. Each names its column in its predicate too, so a query of a run's open wait
+            # (`run_id = %s AND status = 'open'`) can only match durable_wait_one_open_per_run, whatever the
+            # statistics (the sweep's `deadline <= %s` implies `deadline IS NOT NULL`).
+            models.Index(
+                fields=["deadline"],
+                condition=Q(status="open", deadline__isnull=False),
+                name="durable_wait_deadline_due",
+            ),
+            models.Index(
+                fields=["next_reminder_at"],
+                condition=Q(status="open", next_reminder_at__isnull=False),
+                name="durable_wait_reminder_due",
+            ),
+            # The console's approvals queue, open approvals by deadline (NULLs last, as a btree keeps them): one page
+            # read, however many are open.
+            models.Index(
+                fields=["deadline"], condition=Q(status="open", kind="approval"), name="durable_wait_open_approvals"
+            ),
             models.Index(fields=["run", "kind", "name"], name="durable_wait_run_name"),
         ]
 

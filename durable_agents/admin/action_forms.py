@@ -155,7 +155,7 @@ class DecisionForm(RunActionForm):
             posted = str(self.data.get("wait", ""))
             self.shown_wait = Wait.objects.filter(run=run, pk=int(posted)).first() if posted.isdecimal() else None
         else:
-            self.shown_wait = Wait.objects.open(keyed=True).filter(run=run).first()
+            self.shown_wait = Wait.objects.open().filter(run=run).first()
             self.fields["wait"].initial = self.shown_wait.pk if self.shown_wait else None
             self.fields["args_hash"].initial = self.shown_wait.args_hash if self.shown_wait else ""
         if self.shown_wait is not None:

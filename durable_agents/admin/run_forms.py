@@ -40,7 +40,7 @@ def open_signal_wait(run: Run) -> Wait | None:
     """The signal wait `run` parks on, if any (read once per run object: the run page asks several actions)."""
     cached = getattr(run, "_durable_open_wait", False)
     if cached is False:
-        cached = Wait.objects.open(keyed=True).filter(run=run).order_by("-id").first()
+        cached = Wait.objects.open().filter(run=run).order_by("-id").first()
         run._durable_open_wait = cached  # type: ignore[attr-defined]
     return cached if cached is not None and cached.kind == WaitKind.SIGNAL else None
 

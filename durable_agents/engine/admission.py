@@ -40,7 +40,7 @@ from durable_agents.clock import DbNow
 from durable_agents.engine.events import record_event
 from durable_agents.engine.wake import wake_on_commit
 from durable_agents.errors import InvalidInputError
-from durable_agents.models import ACTIVE_RUN_STATUSES, QUEUED, Run
+from durable_agents.models import ACTIVE_RUN_STATUSES, QUEUED, QUEUED_KEYED, Run
 from durable_agents.storable import check_text
 from durable_agents.workflows import MAX_CONCURRENCY_LIMIT, Workflow
 
@@ -99,7 +99,7 @@ def admit(key: str) -> list[uuid.UUID]:
         for run_id in list(queue.values_list("id", flat=True)[: head - held]):
             # Re-checked row by row: a run cancelled since the queue was read is not admitted (its slot waits for
             # the cancel's own hand-off, which runs after the cancel commits).
-            if Run.objects.filter(QUEUED, pk=run_id, cancel_requested_at__isnull=True).update(
+            if Run.objects.filter(QUEUED_KEYED, pk=run_id, cancel_requested_at__isnull=True).update(
                 admitted_at=DbNow(),
                 updated_at=DbNow(),  # its wake-up goes now: the sweep and health count from here
             ):
@@ -120,7 +120,7 @@ def _admit_in_family_slots(queue: Any, key: str) -> list[uuid.UUID]:
         # × holders: half a second a call with 1,600 queued behind 100, under the key's lock.
         return admitted
     for run_id in list(queue.filter(IN_FAMILY_SLOT).values_list("id", flat=True)):
-        if Run.objects.filter(QUEUED, pk=run_id, cancel_requested_at__isnull=True).update(
+        if Run.objects.filter(QUEUED_KEYED, pk=run_id, cancel_requested_at__isnull=True).update(
             admitted_at=DbNow(),
             updated_at=DbNow(),  # its wake-up goes now: the sweep and health count from here
         ):

@@ -325,7 +325,7 @@ def record_result(
             transitions.move_batch_turns(
                 BatchTurnOp.END, BatchTurn.objects.filter(pk=turn.pk), to=status, result=result, cost_usd=cost
             )
-            wait = Wait.objects.open(keyed=True).filter(run_id=run_id, kind=WaitKind.BATCH, name=custom_id)
+            wait = Wait.objects.open().filter(run_id=run_id, kind=WaitKind.BATCH, name=custom_id)
             for wait_pk in wait.values_list("pk", flat=True):
                 if transitions.move_wait(
                     WaitOp.ANSWER, wait_pk, to=WaitStatus.APPROVED, decided_by="batch", decided_at=DbNow()

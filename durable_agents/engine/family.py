@@ -351,7 +351,7 @@ def notify_parent(child_id: Any, status: str | None = None) -> bool:
         # The parent's row first: the lock order of every operation on a run and its waits (cancel, park, decide).
         if not Run.objects.select_for_update().filter(pk=parent_id).exists():
             return False
-        wait = Wait.objects.open(keyed=True).filter(run_id=parent_id, kind=WaitKind.CHILDREN, name=step_id).first()
+        wait = Wait.objects.open().filter(run_id=parent_id, kind=WaitKind.CHILDREN, name=step_id).first()
         return wait is not None and join_if_ready_txn(wait, finished=status)
 
 
@@ -538,7 +538,10 @@ def resume_family(run_id: Any, *, from_step: str | None = None, actor: str = "")
 
 def parent_is_cancelled(run: Run) -> bool:
     """True for a child whose parent is cancelled (it does not resume on its own: the parent brings it back)."""
-    return run.parent_id is not None and Run.objects.filter(pk=run.parent_id, status=RunStatus.CANCELLED).exists()
+    return (
+        run.parent_id is not None
+        and Run.objects.filter(pk=run.parent_id, status__unindexed=RunStatus.CANCELLED).exists()
+    )
 
 
 def _bring_back_children(parent_id: Any, *, actor: str) -> None:

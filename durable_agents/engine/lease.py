@@ -8,6 +8,7 @@ One renewer thread per process renews every lease the process holds in one state
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 import threading
@@ -79,16 +80,16 @@ def lease_seconds() -> float:
     return float(settings.LEASE_SECONDS)
 
 
-def renew_lease(claim: Claim) -> bool:
-    """Push the lease expiry forward on the database's clock; False if the lease was lost (another worker
-    took the run, or it was released)."""
-    if connections["default"].vendor == "postgresql":
+def renew_lease(claim: Claim, lease: float | None = None) -> bool:
+    """Push the lease expiry forward on the database's clock (by `lease` seconds, else LEASE_SECONDS); False if the
+    lease was lost (another worker took the run, or it was released)."""
+    if connections["default"].vendor == "postgresql" and lease is None:
         return prove_lease(claim) is not None
     # Owner and a held lease too: a renewal racing the commit must not re-arm a lease just released.
     return (
         Run.objects.filter(
             pk=claim.run_id, lease_token=claim.token, lease_owner=claim.owner, lease_expires_at__isnull=False
-        ).update(lease_expires_at=DbNow(timedelta(seconds=lease_seconds())))
+        ).update(lease_expires_at=DbNow(timedelta(seconds=lease if lease is not None else lease_seconds())))
         == 1
     )
 
@@ -140,15 +141,16 @@ def _prove_sql() -> str:
     """
 
 
-def renew_leases(claims: list[Claim], db: Any = None) -> tuple[set[Claim], set[Claim]]:
-    """Renew many leases in one fenced statement (and, for any it skipped, one plain read): (renewed, lost).
-    Claims in neither were skipped this time because another transaction held their row lock: one locked row
-    must not delay every other heartbeat."""
+def renew_leases(claims: list[Claim], db: Any = None, lease: float | None = None) -> tuple[set[Claim], set[Claim]]:
+    """Renew many leases (by `lease` seconds, else LEASE_SECONDS) in one fenced statement (and, for any it skipped,
+    one plain read): (renewed, lost). Claims in neither were skipped this time because another transaction held
+    their row lock: one locked row must not delay every other heartbeat."""
     if not claims:
         return set(), set()
+    lease = lease if lease is not None else lease_seconds()
     connection = db if db is not None else connections["default"]
     if connection.vendor != "postgresql":
-        renewed = {c for c in claims if renew_lease(c)}
+        renewed = {c for c in claims if renew_lease(c, lease)}
         return renewed, set(claims) - renewed
     table = connection.ops.quote_name(Run._meta.db_table)
     held = [(c.run_id, c.token, c.owner) for c in claims]
@@ -170,7 +172,7 @@ def renew_leases(claims: list[Claim], db: Any = None) -> tuple[set[Claim], set[C
                 "ids": [h[0] for h in held],
                 "tokens": [h[1] for h in held],
                 "owners": [h[2] for h in held],
-                "lease": clock.offset(timedelta(seconds=lease_seconds())),
+                "lease": clock.offset(timedelta(seconds=lease)),
             },
         )
         renewed_ids = {row[0] for row in cursor.fetchall()}
@@ -254,25 +256,48 @@ class _Renewer:
             self._beats.discard(beat)
 
     def _run(self) -> None:
-        interval = 1.0  # until LEASE_SECONDS is first read: renewing early costs a statement, renewing late a run
+        # Until LEASE_SECONDS is first read (always at once, unless the settings are broken from the start): short
+        # leases renewed often, as renewing early costs a statement and renewing late a run.
+        lease = 3.0
         while True:
             try:
-                interval = lease_seconds() / 3
-            except Exception:  # noqa: BLE001 - settings replaced by ones it cannot read (a test's, a reload's)
-                # Renewing on the last interval read: a dead renewer would let every lease of this process lapse.
-                logger.warning("cannot read LEASE_SECONDS; renewing every %.1f s meanwhile", interval, exc_info=True)
-            time.sleep(interval / 4)
-            with self._lock:
-                due = [b for b in self._beats if time.monotonic() - b.renewed_at >= interval]
-            if due:
-                self._renew(due)
-                try:
-                    # The thread's own connection: closed between rounds so an idle worker holds none.
-                    connections.close_all()
-                    if self._own is not None:
-                        self._own.close()
-                except Exception:  # noqa: BLE001 - a connection that will not close is dropped next round
-                    logger.warning("could not close the lease renewer's connection", exc_info=True)
+                lease = self._readable_lease(lease)
+                interval = lease / 3
+                time.sleep(interval / 4)
+                with self._lock:
+                    due = [b for b in self._beats if time.monotonic() - b.renewed_at >= interval]
+                if due:
+                    try:
+                        self._renew(due, lease)
+                    finally:
+                        self._close()
+            except BaseException:  # noqa: BLE001 - a gevent Timeout, a sys.exit(): the leases must not lapse with it
+                logger.exception("a round of the lease renewer failed; it goes on")
+                time.sleep(0.25)
+
+    _unreadable = False
+
+    def _readable_lease(self, last: float) -> float:
+        """LEASE_SECONDS; the last one read while the settings cannot be read or hold no positive number (replaced
+        by a test's, a reload half done): a renewer that stopped would let every lease of this process lapse."""
+        try:
+            lease = lease_seconds()
+            problem = "" if math.isfinite(lease) and lease > 0 else f"LEASE_SECONDS is {lease!r}"
+        except Exception as exc:  # noqa: BLE001 - see the docstring
+            problem = f"cannot read LEASE_SECONDS ({type(exc).__name__}: {exc})"
+        if problem and not self._unreadable:
+            logger.warning("%s; renewing leases of %.1f s meanwhile", problem, last)
+        self._unreadable = bool(problem)
+        return last if problem else lease
+
+    def _close(self) -> None:
+        """The thread's own connections, closed between rounds so an idle worker holds none."""
+        try:
+            connections.close_all()
+            if self._own is not None:
+                self._own.close()
+        except Exception:  # noqa: BLE001 - a connection that will not close is dropped next round
+            logger.warning("could not close the lease renewer's connection", exc_info=True)
 
     _own: Any = None
 
@@ -284,9 +309,9 @@ class _Renewer:
             self._own = outside_the_pool("durable_renewer", "lease-renewer")
         return self._own or connections["default"]
 
-    def _renew(self, due: list[Heartbeat]) -> None:
+    def _renew(self, due: list[Heartbeat], lease: float) -> None:
         try:
-            renewed, lost = renew_leases([b.claim for b in due], self._connection())
+            renewed, lost = renew_leases([b.claim for b in due], self._connection(), lease)
         except Exception:
             # A failed renewal (a database blip) is tried again next round; the commit is fenced anyway.
             logger.exception("lease renewal failed for %d runs", len(due))

@@ -176,7 +176,7 @@ def migrate_run(run_id: uuid.UUID | str, version: int, *, replan: bool = False, 
                 f"run {run.id} is being advanced by {run.lease_owner}, or began compensating; look at it again"
             )
         adopt_version_txn(run.id, target, replan=replan, actor=actor)
-        parked = Wait.objects.open(keyed=True).filter(run_id=run.id, kind=WaitKind.SIGNAL, name=VERSION_WAIT)
+        parked = Wait.objects.open().filter(run_id=run.id, kind=WaitKind.SIGNAL, name=VERSION_WAIT)
         migrated = [
             wait_id
             for wait_id in parked.values_list("pk", flat=True)

@@ -276,7 +276,7 @@ def park_txn(claim: Claim, step: Step, spec: WaitSpec, *, notify_to: Iterable[st
     """Release the run into `waiting` and open its wait; (wait, opened). A signal that arrived while the
     step was parking wakes the run at once instead (opened False)."""
     hold_txn(claim, RunOp.PARK, to=RunStatus.WAITING, attempt=0, **RELEASED)
-    existing = Wait.objects.open(keyed=True).filter(run_id=claim.run_id).first()
+    existing = Wait.objects.open().filter(run_id=claim.run_id).first()
     if existing is not None:
         return existing, False
     if spec.kind == "signal":
@@ -771,7 +771,7 @@ def cancel_open_waits_txn(run_id: Any) -> None:
     """Its open wait is cancelled, and a model turn it sent in a batch abandoned (a late answer is counted, never
     used; the batcher cancels a batch once every turn in it is abandoned)."""
     _in_transaction()
-    cancelling = Wait.objects.filter(run_id=run_id, status__unindexed__in=WAIT_RULES[WaitOp.CANCEL].sources)
+    cancelling = Wait.objects.filter(run_id=run_id, status__in=WAIT_RULES[WaitOp.CANCEL].sources)
     if tracing.enabled():
         for wait_id in cancelling.values_list("pk", flat=True):
             transaction.on_commit(lambda wait_id=wait_id: trace_closed_wait(wait_id), robust=True)

@@ -167,7 +167,7 @@ def send_signal(
         # The run's row lock orders this against a step parking on the same signal (its fenced UPDATE):
         # either we see its open wait, or it sees our buffered signal. Nothing arrives in between.
         Run.objects.select_for_update().filter(pk=run.id).first()
-        waiting = Wait.objects.open(keyed=True).filter(run_id=run.id, kind=WaitKind.SIGNAL, name=name).first()
+        waiting = Wait.objects.open().filter(run_id=run.id, kind=WaitKind.SIGNAL, name=name).first()
         now = clock.now()
         if waiting is not None and waiting.deadline is not None and waiting.deadline <= now:
             # The timeout came first, however late the sweep runs: it applies; the signal is kept, late.
@@ -276,7 +276,7 @@ def _expire_and_fail_txn(wait: Wait) -> None:
         return
     if transitions.fail_txn(run.id, wait.step_id, error, claim=None, compensate=_compensates_on_failure(run)):
         wake_on_commit(run.id)
-    elif Run.objects.filter(pk=run.id, status=RunStatus.FAILED).exists():
+    elif Run.objects.filter(pk=run.id, status__unindexed=RunStatus.FAILED).exists():
         send_on_commit(run_finished, run_id=run.id, status=RunStatus.FAILED, error=error, parent_id=run.parent_id)
         admit_on_commit(run.concurrency_key)
 

@@ -10,6 +10,8 @@ updates go on:
                                         validated; its index built CONCURRENTLY
     AddIndexWithoutBlockingWrites       CREATE INDEX CONCURRENTLY
     AddConstraintWithoutBlockingWrites  a unique constraint Postgres keeps as an index: CREATE UNIQUE INDEX CONCURRENTLY
+    RemoveIndexWithoutBlockingWrites    DROP INDEX CONCURRENTLY (once the code no longer needs it: a query planned with
+                                        it is planned again without it)
     SetDatabaseDefault                  ALTER COLUMN ... SET DEFAULT (catalog only), for installs that applied a
                                         migration before it had its `db_default`
 
@@ -195,6 +197,32 @@ class AddIndexWithoutBlockingWrites(migrations.AddIndex):
         if self.allow_migrate_model(schema_editor.connection.alias, model):
             ensure_not_in_transaction(self, schema_editor)
             schema_editor.remove_index(model, self.index, concurrently=True)
+
+
+class RemoveIndexWithoutBlockingWrites(migrations.RemoveIndex):
+    """DROP INDEX CONCURRENTLY IF EXISTS on Postgres; elsewhere (SQLite) a plain RemoveIndex, skipped when the index
+    is gone already."""
+
+    def database_forwards(self, app_label, schema_editor, from_state, to_state):
+        model = from_state.apps.get_model(app_label, self.model_name)
+        if not self.allow_migrate_model(schema_editor.connection.alias, model):
+            return
+        if not is_postgres(schema_editor):
+            if is_checking(schema_editor) or constraint_exists(schema_editor, model._meta.db_table, self.name):
+                with transaction.atomic(using=schema_editor.connection.alias):
+                    super().database_forwards(app_label, schema_editor, from_state, to_state)
+            return
+        ensure_not_in_transaction(self, schema_editor)
+        schema_editor.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {schema_editor.quote_name(self.name)}")
+
+    def database_backwards(self, app_label, schema_editor, from_state, to_state):
+        if not is_postgres(schema_editor):
+            return super().database_backwards(app_label, schema_editor, from_state, to_state)
+        model = to_state.apps.get_model(app_label, self.model_name)
+        if self.allow_migrate_model(schema_editor.connection.alias, model):
+            ensure_not_in_transaction(self, schema_editor)
+            index = to_state.models[app_label, self.model_name_lower].get_index_by_name(self.name)
+            build_index(schema_editor, index.create_sql(model, schema_editor, concurrently=True))
 
 
 class AddConstraintWithoutBlockingWrites(migrations.AddConstraint):
