@@ -74,6 +74,9 @@ def cursor(db: Any = None) -> Any:
     db = db if db is not None else connection
     if db.vendor != "postgresql" or not prepares(db):
         return db.cursor()  # Django's: bound on the client, never prepared
+    # As Django's own cursor(): with CONN_HEALTH_CHECKS, a persistent connection is tested before the first statement
+    # of a request or task, and one the server ended (a restart, a failover) replaced rather than failing the step.
+    db.close_if_health_check_failed()
     db.ensure_connection()
     raw = db.connection
     if not hasattr(raw, "prepare_threshold"):

@@ -29,6 +29,7 @@ from django.db import OperationalError, connection, transaction
 from django.test.utils import override_settings
 
 from durable_agents import api, clock, tasks
+from durable_agents.engine.advance import Outcome, advance
 from durable_agents.engine.sweep import sweep
 from durable_agents.models import Run
 from durable_agents.testing import wait_for, wait_for_run
@@ -151,3 +152,23 @@ def test_a_statement_timeout_is_no_dead_connection_and_an_open_transaction_is_ke
     with pytest.raises(OperationalError):
         tasks._dropping_dead_connections(lambda: transaction.atomic()(slow)())
     assert connection.connection is not None, "a connection that only timed out a statement is kept"
+
+
+def test_the_engine_s_statements_test_a_persistent_connection_as_django_does_with_conn_health_checks():
+    """With CONN_HEALTH_CHECKS, Django tests a persistent connection before the first query of a request or a task
+    (Celery's Django fixup closes old connections as each task starts) and replaces it if the server ended it. The
+    engine's own statements (engine/statements.py) must too: the first step after a database restart would fail."""
+    run = api.start("noop", {"steps": 1})
+    connection.close()
+    saved = {key: connection.settings_dict[key] for key in ("CONN_HEALTH_CHECKS", "CONN_MAX_AGE")}
+    connection.settings_dict.update(CONN_HEALTH_CHECKS=True, CONN_MAX_AGE=None)
+    try:
+        connection.ensure_connection()
+        with _admin() as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", [connection.connection.info.backend_pid])
+        connection.close_if_unusable_or_obsolete()  # what a task's start does: the connection is kept, to be tested
+        assert connection.connection is not None
+        assert advance(run.id) is Outcome.COMPLETED, "the claim ran on a connection the server had ended"
+    finally:
+        connection.close()
+        connection.settings_dict.update(saved)
