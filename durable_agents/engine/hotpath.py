@@ -75,6 +75,14 @@ def _clock() -> tuple[str, str]:
 RELEASED_ROW = {"lease_owner": "''", "lease_expires_at": "NULL", "attempt": "0"}
 
 
+def _live(alias: str = "") -> str:
+    """A live (not superseded) step of `alias`, the status written out: a partial index serves a prepared statement's
+    generic plan only where its predicate follows from the query's text (durable_step_run_position_uniq's from this;
+    from `status <> $1` nothing, and a run's step was then found among all of the run's steps)."""
+    column = f"{alias}.status" if alias else "status"
+    return f"{column} <> '{StepStatus.SUPERSEDED.value}'"
+
+
 def _claim_sets(now: str, expires: str, row: Mapping[str, str]) -> dict[str, str]:
     """What a claim writes, column by column, from the run's row as `row` has it (absent: the column itself)."""
 
@@ -183,7 +191,7 @@ def _load_sql(stale: str, first: str = "") -> str:
         SELECT {first}{", ".join(f"c.{col}" for col in CLAIM_RETURNS.split(", "))}, c.claimed_at,
                {stale} AS stale, {run_cols}, {step_cols}
           FROM c JOIN {Run._meta.db_table} seen ON seen.id = c.id
-          LEFT JOIN {step} s ON s.run_id = c.id AND s.position = c.cursor AND s.status <> %(superseded)s
+          LEFT JOIN {step} s ON s.run_id = c.id AND s.position = c.cursor AND {_live("s")}
     """
 
 
@@ -206,7 +214,7 @@ def _model_bound() -> str:
     under the cursor waits on the model."""
     run, step = Run._meta.db_table, Step._meta.db_table
     kind = f"""(SELECT kind FROM {step} k
-                 WHERE k.run_id = {run}.id AND k.position = {run}.cursor AND k.status <> %(superseded)s)"""
+                 WHERE k.run_id = {run}.id AND k.position = {run}.cursor AND {_live("k")})"""
     return (
         f"CASE WHEN %(replay_queue)s AND {run}.replay_lane <> '' THEN %(replay_here)s"
         f" ELSE {kind} = ANY(%(model_kinds)s) END"
@@ -240,7 +248,6 @@ def _claim_params(owner: str, lease: timedelta) -> dict[str, Any]:
         "running": RunStatus.RUNNING.value,
         "shift": clock.offset(),
         "lease": lease,
-        "superseded": StepStatus.SUPERSEDED.value,
     }
 
 
@@ -334,7 +341,7 @@ def _commit_sql(ending: bool, claims_next: bool = False) -> str:
     # Not claimed — locked, not claimable, another queue's step — the next run is claimed by its own statement.
     step = Step._meta.db_table
     next_kind = f"""(SELECT kind FROM {step} k
-                      WHERE k.run_id = {run}.id AND k.position = {run}.cursor AND k.status <> %(superseded)s)"""
+                      WHERE k.run_id = {run}.id AND k.position = {run}.cursor AND {_live("k")})"""
     served = f"CASE WHEN {next_kind} = ANY(%(model_kinds)s) THEN %(model_ok)s ELSE %(plain_ok)s END"
     target = f"(SELECT id FROM {run} WHERE id = %(next_id)s AND EXISTS (SELECT 1 FROM f) FOR UPDATE SKIP LOCKED)"
     return f"""
@@ -432,9 +439,7 @@ def _commit_and_claim_sql() -> str:
         f"{column} = CASE WHEN h.go THEN {value} ELSE {RELEASED_ROW.get(column, column)} END"
         for column, value in claims.items()
     )
-    next_kind = (
-        f"(SELECT kind FROM {step} WHERE run_id = %(run_id)s AND position = %(cursor)s AND status <> %(superseded)s)"
-    )
+    next_kind = f"(SELECT kind FROM {step} WHERE run_id = %(run_id)s AND position = %(cursor)s AND {_live()})"
     served = f"CASE WHEN {next_kind} = ANY(%(model_kinds)s) THEN %(model_ok)s ELSE %(plain_ok)s END"
     # `go` is decided under the row lock, on the row as the last transaction before it left it (a cancel
     # requested while the step ran is seen); `locked_at` is that row's updated_at, which differs from the

@@ -34,7 +34,7 @@ Usage (in a migration with `atomic = False`)::
 from __future__ import annotations
 
 from django.db import NotSupportedError, migrations, transaction
-from django.db.models import UniqueConstraint
+from django.db.models import Index, UniqueConstraint
 
 # Postgres' identifiers are at most 63 bytes (NAMEDATALEN - 1).
 MAX_NAME = 63
@@ -225,6 +225,59 @@ class RemoveIndexWithoutBlockingWrites(migrations.RemoveIndex):
             build_index(schema_editor, index.create_sql(model, schema_editor, concurrently=True))
 
 
+class AlterFieldIndexWithoutBlockingWrites(migrations.AlterField):
+    """AlterField whose one change is the field's own index (`db_index`; a ForeignKey has one unless it says
+    db_index=False): the index Django made for it dropped with DROP INDEX CONCURRENTLY, or built CONCURRENTLY. Backwards
+    does the opposite. On other databases (SQLite) the same statements, plain: each skips what is done already."""
+
+    def database_forwards(self, app_label, schema_editor, from_state, to_state):
+        model = to_state.apps.get_model(app_label, self.model_name)
+        if not self.allow_migrate_model(schema_editor.connection.alias, model):
+            return
+        old = from_state.apps.get_model(app_label, self.model_name)._meta.get_field(self.name)
+        new = model._meta.get_field(self.name)
+        if _without_index(old) != _without_index(new) or old.unique or new.unique:
+            raise NotSupportedError(f"{type(self).__name__} changes only the db_index of a field that is not unique")
+        postgres = is_postgres(schema_editor)
+        if postgres:
+            ensure_not_in_transaction(self, schema_editor)
+        if old.db_index and not new.db_index:
+            # Django's own way of finding it (BaseDatabaseSchemaEditor._alter_field): the btree index on that column
+            # alone, not one that Meta.indexes declares.
+            if is_checking(schema_editor):  # sqlmigrate: the name Django gives such an index
+                names = [schema_editor._create_index_name(model._meta.db_table, [old.column], suffix="")]
+            else:
+                names = _field_index_names(schema_editor, model, old.column)
+            drop = "DROP INDEX CONCURRENTLY IF EXISTS" if postgres else "DROP INDEX IF EXISTS"
+            for name in names:
+                schema_editor.execute(f"{drop} {schema_editor.quote_name(name)}")
+        elif new.db_index and not old.db_index:
+            for statement in schema_editor._field_indexes_sql(model, new):
+                if postgres:
+                    build_index(schema_editor, concurrently(statement))
+                elif is_checking(schema_editor) or not _field_index_names(schema_editor, model, new.column):
+                    schema_editor.execute(statement)
+
+    def database_backwards(self, app_label, schema_editor, from_state, to_state):
+        self.database_forwards(app_label, schema_editor, from_state, to_state)
+
+
+def _without_index(field) -> tuple:
+    _, path, args, kwargs = field.deconstruct()
+    kwargs.pop("db_index", None)
+    return path, args, kwargs
+
+
+def _field_index_names(schema_editor, model, column: str) -> list[str]:
+    return schema_editor._constraint_names(
+        model,
+        [column],
+        index=True,
+        type_=Index.suffix,
+        exclude={index.name for index in model._meta.indexes},
+    )
+
+
 class AddConstraintWithoutBlockingWrites(migrations.AddConstraint):
     """A unique constraint that Postgres keeps as a unique index (one with a condition, expressions, include or
     opclasses), built CONCURRENTLY; elsewhere (SQLite) a plain AddConstraint."""
@@ -332,5 +385,7 @@ __all__ = [
     "AddConstraintWithoutBlockingWrites",
     "AddFieldWithoutBlockingWrites",
     "AddIndexWithoutBlockingWrites",
+    "AlterFieldIndexWithoutBlockingWrites",
+    "RemoveIndexWithoutBlockingWrites",
     "SetDatabaseDefault",
 ]

@@ -128,6 +128,7 @@ def is_rerunnable(operation) -> bool:
             _operations.AddIndexWithoutBlockingWrites,
             _operations.AddConstraintWithoutBlockingWrites,
             _operations.RemoveIndexWithoutBlockingWrites,
+            _operations.AlterFieldIndexWithoutBlockingWrites,
             _operations.SetDatabaseDefault,
             # The migration's author makes it idempotent: it may run again after an interruption.
             migrations.RunPython,
@@ -398,6 +399,9 @@ def test_lint__refuses_what_breaks_a_rolling_deploy(operations, atomic, expected
                 ),
                 _operations.AddIndexWithoutBlockingWrites("run", models.Index(fields=["retries"], name="probe_r")),
                 _operations.RemoveIndexWithoutBlockingWrites("run", "probe_r"),
+                _operations.AlterFieldIndexWithoutBlockingWrites(
+                    "run", "probe", models.ForeignKey("durable_agents.run", models.SET_NULL, null=True, db_index=False)
+                ),
                 _operations.AddConstraintWithoutBlockingWrites(
                     "run",
                     models.UniqueConstraint(
