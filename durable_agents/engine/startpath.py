@@ -4,7 +4,9 @@ by the same statement.
 Only `starts.py` calls this module: it is the fast implementation of its write, the way procrastinate's
 `defer_jobs` and Graphile Worker's `add_jobs` take a batch of jobs. One statement, whatever the number of runs: their
 values go as one array per column (unnest), so its text is built once per process (two shapes: with idempotency keys
-or without), psycopg caches its parsing (it stays under psycopg's 4,096 bytes) and no ORM query is compiled per start.
+or without), no ORM query is compiled per start, and it is sent as the step loop's statements are (`statements.cursor`):
+prepared on the server from its second use on a connection, so a web process that keeps its connections
+(CONN_MAX_AGE) neither parses nor plans it again.
 Outside a transaction the statement is its own transaction (no BEGIN/COMMIT round trips); inside the caller's it is
 one more statement of it, with no savepoint.
 
@@ -32,6 +34,7 @@ from typing import Any
 from django.db import IntegrityError, connection
 from django.db.models import Field, Model
 
+from durable_agents.engine import statements
 from durable_agents.engine.records import PlanRow
 from durable_agents.models import Run, Step
 
@@ -105,7 +108,7 @@ def insert_runs(runs: Sequence[Run], inputs: Sequence[str], plans: Sequence[Sequ
     keyed = any(run.idempotency_key is not None for run in runs)
     skip_conflicts = keyed and connection.in_atomic_block
     try:
-        with connection.cursor() as cursor:
+        with statements.cursor() as cursor:
             cursor.execute(_start_sql(keyed, skip_conflicts), params)
             found = cursor.fetchall()
     except IntegrityError as exc:

@@ -1,7 +1,8 @@
 """The engine's hot statements on Postgres: SQL written once per process, sent with psycopg, prepared on the server
 where the connection allows it.
 
-Each statement of the step loop and of a model turn (hotpath.py, the agents' journal, the effect path) is built once
+Each statement of a start, of the step loop and of a model turn (startpath.py, hotpath.py, the agents' journal, the
+effect path) is built once
 (`functools.cache`) and sent through `cursor()`: Django's cursor wrapper (its execute wrappers, query logging and
 error translation hold) over a psycopg cursor that binds its parameters on the server. No ORM query compilation, and
 where the connection allows it no parsing or planning either: psycopg prepares a statement on the server the second

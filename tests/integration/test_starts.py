@@ -111,11 +111,16 @@ def _round_trips(fn: Any) -> int:
 
 def test_start__outside_a_transaction_is_one_round_trip_on_the_wire(recorded):
     """Django's query log shows what Django sends; the protocol trace shows what crosses the wire (no BEGIN psycopg
-    would send on its own, no hidden lookup)."""
+    would send on its own, no hidden lookup). The statement is prepared on the server at its second use on a
+    connection (engine/statements.py), a round trip more that once: psycopg waits for the Parse before it binds."""
+    assert _round_trips(lambda: api.start("noop", {"steps": 3})) == 1, "its first use on a connection: sent plain"
+    assert _round_trips(lambda: api.start("noop", {"steps": 3})) == 2, "its second: prepared, then executed"
     assert _round_trips(lambda: api.start("noop", {"steps": 3})) == 1
-    assert _round_trips(lambda: api.start("noop", {"steps": 3}, idempotency_key="wire")) == 1
-    assert _round_trips(lambda: api.start("noop", {"steps": 3}, idempotency_key="wire")) == 1, "its key's run found"
-    assert _round_trips(lambda: api.start_many("noop", [{"steps": 3}] * 50)) == 1
+    assert _round_trips(lambda: api.start_many("noop", [{"steps": 3}] * 50)) == 1, "the same statement"
+    # With keys, a statement of its own: the third start finds the run holding its key in the same round trip.
+    for key, trips in [("wire-1", 1), ("wire-2", 2), ("wire-1", 1), ("wire-3", 1)]:
+        assert _round_trips(lambda key=key: api.start("noop", {"steps": 3}, idempotency_key=key)) == trips, key
+    assert Run.objects.filter(idempotency_key__startswith="wire").count() == 3
 
 
 def test_start__inside_a_transaction_is_one_statement_of_it_without_a_savepoint(recorded):
