@@ -174,55 +174,71 @@ class AddFieldWithoutBlockingWrites(migrations.AddField):
 
 class AddIndexWithoutBlockingWrites(migrations.AddIndex):
     """CREATE INDEX CONCURRENTLY on Postgres (rebuilt if an interrupted build left it invalid); elsewhere (SQLite) a
-    plain AddIndex."""
+    plain AddIndex, skipped when the index is there already. Backwards, as RemoveIndexWithoutBlockingWrites."""
 
     def database_forwards(self, app_label, schema_editor, from_state, to_state):
         model = to_state.apps.get_model(app_label, self.model_name)
-        if not self.allow_migrate_model(schema_editor.connection.alias, model):
-            return
-        if not is_postgres(schema_editor):
-            if is_checking(schema_editor) or not constraint_exists(
-                schema_editor, model._meta.db_table, self.index.name
-            ):
-                with transaction.atomic(using=schema_editor.connection.alias):
-                    super().database_forwards(app_label, schema_editor, from_state, to_state)
-            return
-        ensure_not_in_transaction(self, schema_editor)
-        build_index(schema_editor, self.index.create_sql(model, schema_editor, concurrently=True))
+        if self.allow_migrate_model(schema_editor.connection.alias, model):
+            plain = super().database_forwards
+            _add_index(
+                self, schema_editor, model, self.index, lambda: plain(app_label, schema_editor, from_state, to_state)
+            )
 
     def database_backwards(self, app_label, schema_editor, from_state, to_state):
-        if not is_postgres(schema_editor):
-            return super().database_backwards(app_label, schema_editor, from_state, to_state)
         model = from_state.apps.get_model(app_label, self.model_name)
         if self.allow_migrate_model(schema_editor.connection.alias, model):
-            ensure_not_in_transaction(self, schema_editor)
-            schema_editor.remove_index(model, self.index, concurrently=True)
+            plain = super().database_backwards
+            _remove_index(
+                self,
+                schema_editor,
+                model,
+                self.index.name,
+                lambda: plain(app_label, schema_editor, from_state, to_state),
+            )
 
 
 class RemoveIndexWithoutBlockingWrites(migrations.RemoveIndex):
     """DROP INDEX CONCURRENTLY IF EXISTS on Postgres; elsewhere (SQLite) a plain RemoveIndex, skipped when the index
-    is gone already."""
+    is gone already. Backwards, as AddIndexWithoutBlockingWrites."""
 
     def database_forwards(self, app_label, schema_editor, from_state, to_state):
         model = from_state.apps.get_model(app_label, self.model_name)
-        if not self.allow_migrate_model(schema_editor.connection.alias, model):
-            return
-        if not is_postgres(schema_editor):
-            if is_checking(schema_editor) or constraint_exists(schema_editor, model._meta.db_table, self.name):
-                with transaction.atomic(using=schema_editor.connection.alias):
-                    super().database_forwards(app_label, schema_editor, from_state, to_state)
-            return
-        ensure_not_in_transaction(self, schema_editor)
-        schema_editor.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {schema_editor.quote_name(self.name)}")
+        if self.allow_migrate_model(schema_editor.connection.alias, model):
+            plain = super().database_forwards
+            _remove_index(
+                self, schema_editor, model, self.name, lambda: plain(app_label, schema_editor, from_state, to_state)
+            )
 
     def database_backwards(self, app_label, schema_editor, from_state, to_state):
-        if not is_postgres(schema_editor):
-            return super().database_backwards(app_label, schema_editor, from_state, to_state)
         model = to_state.apps.get_model(app_label, self.model_name)
         if self.allow_migrate_model(schema_editor.connection.alias, model):
-            ensure_not_in_transaction(self, schema_editor)
             index = to_state.models[app_label, self.model_name_lower].get_index_by_name(self.name)
-            build_index(schema_editor, index.create_sql(model, schema_editor, concurrently=True))
+            plain = super().database_backwards
+            _add_index(self, schema_editor, model, index, lambda: plain(app_label, schema_editor, from_state, to_state))
+
+
+def _add_index(operation, schema_editor, model, index, plain) -> None:
+    """Build `index` CONCURRENTLY on Postgres; elsewhere run `plain` (Django's own operation) in a transaction of its
+    own, unless the index is there already (a rerun after an interruption)."""
+    if not is_postgres(schema_editor):
+        if is_checking(schema_editor) or not constraint_exists(schema_editor, model._meta.db_table, index.name):
+            with transaction.atomic(using=schema_editor.connection.alias):
+                plain()
+        return
+    ensure_not_in_transaction(operation, schema_editor)
+    build_index(schema_editor, index.create_sql(model, schema_editor, concurrently=True))
+
+
+def _remove_index(operation, schema_editor, model, name: str, plain) -> None:
+    """DROP INDEX CONCURRENTLY IF EXISTS on Postgres; elsewhere run `plain` in a transaction of its own, unless the
+    index is gone already."""
+    if not is_postgres(schema_editor):
+        if is_checking(schema_editor) or constraint_exists(schema_editor, model._meta.db_table, name):
+            with transaction.atomic(using=schema_editor.connection.alias):
+                plain()
+        return
+    ensure_not_in_transaction(operation, schema_editor)
+    schema_editor.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {schema_editor.quote_name(name)}")
 
 
 class AlterFieldIndexWithoutBlockingWrites(migrations.AlterField):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 import time
@@ -127,3 +128,30 @@ for page in pages:
     assert result.returncode == 0, result.stderr[-3000:]
     statuses = dict(line.rsplit(" ", 1) for line in result.stdout.split("\n") if line.startswith("/admin/"))
     assert statuses and set(statuses.values()) == {"200"}, statuses
+
+
+def test_sqlite__an_index_migration_interrupted_backwards_finishes_when_run_again(tmp_path):
+    """The embedded default migrates back as well: a migration of the index operations (`_operations`) stopped after
+    its first backward statement finishes when `migrate` runs again, each operation skipping what is done."""
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "CELERY_BROKER_URL")}
+    env.update(DJANGO_SETTINGS_MODULE="project.settings", DURABLE_VAR_DIR=str(tmp_path), DJANGO_LOCAL_SECRET_KEY="1")
+
+    def manage(*args: str) -> str:
+        result = subprocess.run(
+            [sys.executable, "manage.py", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+        )
+        assert result.returncode == 0, (args, result.stderr[-2000:])
+        return result.stdout
+
+    manage("migrate", "-v0")
+    database = sqlite3.connect(tmp_path / "durable_agents.sqlite3")
+    for name, before in [("0035", "0034"), ("0034", "0033")]:
+        backwards = [line for line in manage("sqlmigrate", "--backwards", "durable_agents", name).splitlines()]
+        first = next(line for line in backwards if line.strip() and not line.startswith("--"))
+        database.execute(first)  # the interrupted run's first statement, committed
+        database.commit()
+        manage("migrate", "-v0", "durable_agents", before)
+    manage("migrate", "-v0")
+    indexes = {row[0] for row in database.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+    assert {"durable_step_run_position", "durable_wait_deadline_due", "durable_wait_open_approvals"} <= indexes
+    assert "durable_wait_open_deadline" not in indexes
