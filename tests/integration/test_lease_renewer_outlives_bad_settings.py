@@ -23,33 +23,6 @@ from durable_agents.testing.runs import take_lease
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def test_lease_renewer__lives_through_settings_it_cannot_read_and_renews_after():
-    run = api.start("noop", {"steps": 1})
-    claim = take_lease(run.id)
-    assert claim is not None
-    first_expiry = Run.objects.get(pk=run.id).lease_expires_at
-    unreadable = threading.Event()
-    readable = lease.lease_seconds
-
-    def lease_seconds() -> float:
-        # What `conf.settings` raises when DURABLE_AGENTS is a list (tests/unit/test_checks.py sets one).
-        if not unreadable.is_set():
-            unreadable.set()
-            raise AttributeError("'list' object has no attribute 'get'")
-        return readable()
-
-    try:
-        with mock.patch.object(lease, "lease_seconds", lease_seconds), Heartbeat(claim) as beat:
-            assert unreadable.wait(30), "the renewer never read its interval"
-            held_since = beat.renewed_at
-            wait_for(lambda: beat.renewed_at > held_since, timeout=60, what="a renewal after the unreadable read")
-            assert lease._renewer()._thread.is_alive()
-            assert not beat.lost
-        assert Run.objects.get(pk=run.id).lease_expires_at > first_expiry, "the renewal reached the database"
-    finally:
-        connections.close_all()
-
-
 def test_lease_renewer__a_dead_renewer_is_replaced_and_its_leases_renewed_by_the_next():
     """The renewer outlives what a round raises; should its thread die anyway (its handler raising too), the next
     heartbeat to enter or leave replaces it, and the new one renews the dead one's heartbeats."""
@@ -100,27 +73,40 @@ def test_lease_renewer__renews_on_the_last_lease_it_read_while_the_settings_stay
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
-def test_lease_renewer__a_lone_heartbeat_is_renewed_after_a_round_that_raised_what_no_handler_catches():
+@pytest.mark.parametrize(
+    "raised",
+    [
+        # What `conf.settings` raises when DURABLE_AGENTS is a list (tests/unit/test_checks.py sets one).
+        AttributeError("'list' object has no attribute 'get'"),
+        # What no handler catches: a gevent Timeout, a sys.exit in a signal handler.
+        SystemExit("a BaseException"),
+    ],
+    ids=["unreadable-settings", "base-exception"],
+)
+def test_lease_renewer__a_lone_heartbeat_is_renewed_after_a_round_that_raised(raised):
     """A prefork process runs one step at a time: nothing enters another heartbeat to replace a dead renewer, so the
-    renewer itself must outlive a BaseException (a gevent Timeout, a sys.exit in a signal handler)."""
+    renewer itself must outlive a round that raised, whatever it raised, and renew the heartbeat after it."""
     run = api.start("noop", {"steps": 1})
     claim = take_lease(run.id)
     assert claim is not None
-    raised = threading.Event()
+    first_expiry = Run.objects.get(pk=run.id).lease_expires_at
+    once = threading.Event()
     readable = lease.lease_seconds
 
     def lease_seconds() -> float:
-        if not raised.is_set():
-            raised.set()
-            raise SystemExit("a BaseException")
+        if not once.is_set():
+            once.set()
+            raise raised
         return readable()
 
     try:
         with mock.patch.object(lease, "lease_seconds", lease_seconds), Heartbeat(claim) as beat:
-            assert raised.wait(30)
+            assert once.wait(30), "the renewer never read its interval"
             held_since = beat.renewed_at
-            wait_for(lambda: beat.renewed_at > held_since, timeout=60, what="the lone heartbeat renewed again")
+            wait_for(lambda: beat.renewed_at > held_since, timeout=60, what="a renewal after the round that raised")
+            assert lease._renewer()._thread.is_alive()
             assert not beat.lost
+        assert Run.objects.get(pk=run.id).lease_expires_at > first_expiry, "the renewal reached the database"
     finally:
         connections.close_all()
 
