@@ -4,9 +4,9 @@ by the same statement.
 Only `starts.py` calls this module: it is the fast implementation of its write, the way procrastinate's
 `defer_jobs` and Graphile Worker's `add_jobs` take a batch of jobs. One statement, whatever the number of runs: their
 values go as one array per column (unnest), so its text is built once per process (two shapes: with idempotency keys
-or without), no ORM query is compiled per start, and it is sent as the step loop's statements are (`statements.cursor`):
-prepared on the server from its second use on a connection, so a web process that keeps its connections
-(CONN_MAX_AGE) neither parses nor plans it again.
+or without), no ORM query is compiled per start, and in autocommit it is sent as the step loop's statements are
+(`statements.cursor`): prepared on the server from its second use on a connection, so a web process that keeps its
+connections (CONN_MAX_AGE) neither parses nor plans it again. Inside the caller's transaction it goes plain.
 Outside a transaction the statement is its own transaction (no BEGIN/COMMIT round trips); inside the caller's it is
 one more statement of it, with no savepoint.
 
@@ -108,7 +108,11 @@ def insert_runs(runs: Sequence[Run], inputs: Sequence[str], plans: Sequence[Sequ
     keyed = any(run.idempotency_key is not None for run in runs)
     skip_conflicts = keyed and connection.in_atomic_block
     try:
-        with statements.cursor() as cursor:
+        # Prepared in autocommit only. Postgres may refuse a prepared statement before running it (a migration changed
+        # the type of a column it returns; an undeclared pooler lost it): statements.cursor then sends it again, but
+        # not inside a transaction, which the refusal has aborted — and the caller's (a request's) would be lost.
+        chosen = connection.cursor() if connection.in_atomic_block else statements.cursor()
+        with chosen as cursor:
             cursor.execute(_start_sql(keyed, skip_conflicts), params)
             found = cursor.fetchall()
     except IntegrityError as exc:

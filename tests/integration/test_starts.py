@@ -17,10 +17,11 @@ from typing import Any
 
 import pytest
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import connection, connections, transaction
 from django.test.utils import CaptureQueriesContext, override_settings
 
 from durable_agents import api
+from durable_agents.engine import statements
 from durable_agents.engine.admission import admit
 from durable_agents.models import Run, RunStatus, Step, StepStatus
 from durable_agents.testing import wait_for_run
@@ -129,6 +130,67 @@ def test_start__inside_a_transaction_is_one_statement_of_it_without_a_savepoint(
         assert _sent() == [], "nothing is woken before the caller's transaction commits"
     assert _statements(inside) == ["WITH"]
     assert _sent() == [str(run.id)]
+
+
+def _prepare_the_start_statements() -> None:
+    """Send each shape of the start statement twice on this connection (without keys; with keys in autocommit and in
+    a transaction): those that are prepared are prepared from then on."""
+    for i in range(2):
+        api.start("noop", {"steps": 1})
+        api.start("noop", {"steps": 1}, idempotency_key=f"prepared-{i}")
+        with transaction.atomic():
+            api.start("noop", {"steps": 1}, idempotency_key=f"prepared-in-{i}")
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE %s", ["%unnest%"])
+        assert cursor.fetchone()[0] >= 2
+
+
+def _a_column_widened() -> None:
+    """What a rolling deploy's migration does beside a web process: the type of a column the keyed start returns
+    changes, and Postgres refuses, before running it, a statement prepared before ("cached plan must not change
+    result type")."""
+    other = connections.create_connection("default")  # the migration's own
+    try:
+        with other.cursor() as cursor:
+            cursor.execute(f"ALTER TABLE {Run._meta.db_table} ALTER COLUMN workflow TYPE varchar(250)")
+    finally:
+        other.close()
+
+
+def _a_pooler_switched_the_session() -> None:
+    """What an undeclared transaction-mode pooler does between two transactions: the server session the client gets
+    has none of the statements it prepared."""
+    with connection.cursor() as cursor:
+        cursor.execute("DO $$BEGIN EXECUTE 'DEALLOCATE ALL'; END$$")  # psycopg keeps believing they are there
+
+
+@pytest.fixture
+def workflow_column_restored():
+    yield
+    connection.close()
+    column = Run._meta.get_field("workflow")
+    with connection.cursor() as cursor:
+        cursor.execute(f"ALTER TABLE {Run._meta.db_table} ALTER COLUMN workflow TYPE varchar({column.max_length})")
+
+
+@pytest.mark.parametrize("refusal", [_a_column_widened, _a_pooler_switched_the_session], ids=["migrated", "pooler"])
+@pytest.mark.usefixtures("workflow_column_restored")
+def test_start__inside_a_request_s_transaction_survives_a_prepared_statement_the_server_refuses(refusal, monkeypatch):
+    """A start in the caller's transaction (ATOMIC_REQUESTS, a view's atomic()) is sent plain: a prepared statement
+    the server refuses aborts the transaction it was sent in, and the request would fail with it. In autocommit the
+    refused statement is sent again (engine/statements.py)."""
+    monkeypatch.setattr(statements, "_pooler_seen", False)
+    connection.close()
+    _prepare_the_start_statements()
+    refusal()
+    with transaction.atomic():
+        held = api.start("noop", {"steps": 1}, idempotency_key="prepared-0")  # the run holding it, read back
+        new = api.start("noop", {"steps": 1}, idempotency_key="in-the-request")
+        plain = api.start("noop", {"steps": 1})
+    assert Run.objects.filter(pk__in=[held.id, new.id, plain.id]).count() == 3
+    again = api.start("noop", {"steps": 1}, idempotency_key="in-the-request")  # autocommit: sent again if refused
+    assert again.id == new.id
+    connection.close()
 
 
 def test_start_many__a_hundred_runs_are_one_statement_and_four_wake_up_messages(recorded):
