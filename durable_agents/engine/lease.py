@@ -85,9 +85,9 @@ def renew_lease(claim: Claim, lease: float | None = None) -> bool:
     lease was lost (another worker took the run, or it was released)."""
     if connections["default"].vendor == "postgresql" and lease is None:
         return prove_lease(claim) is not None
-    # With `lease` given (only renew_leases' SQLite branch passes one: on Postgres the renewer renews its leases in one
-    # statement of its own), the ORM's UPDATE, which takes it as it is.
-    # Owner and a held lease too: a renewal racing the commit must not re-arm a lease just released.
+    # The ORM's UPDATE: on SQLite, or with `lease` given (only renew_leases' SQLite branch passes one; on Postgres the
+    # renewer renews every lease in one statement of its own). Owner and a held lease too: a renewal racing the commit
+    # must not re-arm a lease just released.
     return (
         Run.objects.filter(
             pk=claim.run_id, lease_token=claim.token, lease_owner=claim.owner, lease_expires_at__isnull=False

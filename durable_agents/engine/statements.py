@@ -2,12 +2,12 @@
 where the connection allows it.
 
 Each statement of a start, of the step loop and of a model turn (startpath.py, hotpath.py, the agents' journal, the
-effect path) is built once
-(`functools.cache`) and sent through `cursor()`: Django's cursor wrapper (its execute wrappers, query logging and
-error translation hold) over a psycopg cursor that binds its parameters on the server. No ORM query compilation, and
-where the connection allows it no parsing or planning either: psycopg prepares a statement on the server the second
-time it is sent on a connection and then sends only its name and parameters (psycopg's docs, "Prepared statements");
-not the first, as a connection closed while a step waits on the network would prepare each statement for one use.
+effect path) is built once (`functools.cache`) and sent through `cursor()`: Django's cursor wrapper (its execute
+wrappers, query logging and error translation hold) over a psycopg cursor that binds its parameters on the server.
+No ORM query compilation, and where the connection allows it no parsing or planning either: psycopg prepares a
+statement on the server the second time it is sent on a connection and then sends only its name and parameters
+(psycopg's docs, "Prepared statements"); not the first, as a connection closed while a step waits on the network
+would prepare each statement for one use.
 
 Prepared where the connection keeps a server session, sent plain otherwise. PgBouncer in transaction mode hands a
 client a server connection for one transaction only, and before 1.21 (or without `max_prepared_statements`) loses

@@ -1,7 +1,8 @@
 # Rolling-safe: a run's steps are indexed by run and position (built CONCURRENTLY), and the foreign key's index of the
-# run alone is dropped (CONCURRENTLY) once the new one serves its checks and cascades. Planned on statistics taken
-# while the step table was small, a prepared claim or commit read the step under a run's cursor through the index of
-# the run alone: every step of the run, at every step. Not atomic; run again after an interruption, it finishes.
+# run alone is dropped (CONCURRENTLY) once the new one serves its checks and cascades. Planned for any parameters (a
+# prepared statement's generic plan) or on statistics taken while the table was small, a claim or a commit read the
+# step under a run's cursor through the index of the run alone: every step of the run, at every step. Not atomic; run
+# again after an interruption, it finishes.
 
 import django.db.models.deletion
 from django.db import migrations, models
