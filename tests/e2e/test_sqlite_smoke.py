@@ -15,7 +15,9 @@ from durable_agents.testing import WorkerProcess
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_sqlite__noop_run_completes_on_embedded_defaults(tmp_path):
+def _embedded_defaults(tmp_path: Path) -> dict[str, str]:
+    """This environment without a database or broker named: the project's embedded SQLite file under `tmp_path` and
+    kombu's filesystem broker."""
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "CELERY_BROKER_URL")}
     env.update(
         DJANGO_SETTINGS_MODULE="project.settings",
@@ -23,13 +25,23 @@ def test_sqlite__noop_run_completes_on_embedded_defaults(tmp_path):
         CELERY_BROKER_URL="filesystem://",
         DJANGO_LOCAL_SECRET_KEY="1",
     )
+    return env
+
+
+def _manage(env: dict[str, str], *args: str) -> str:
+    """`manage.py *args`'s output; it must succeed."""
+    result = subprocess.run(
+        [sys.executable, "manage.py", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, (args, result.stderr[-3000:])
+    return result.stdout
+
+
+def test_sqlite__noop_run_completes_on_embedded_defaults(tmp_path):
+    env = _embedded_defaults(tmp_path)
 
     def manage(*args: str) -> str:
-        result = subprocess.run(
-            [sys.executable, "manage.py", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
-        )
-        assert result.returncode == 0, result.stderr
-        return result.stdout
+        return _manage(env, *args)
 
     def health() -> dict:
         # durable_status exits 1 while unhealthy (e.g. before the worker's first heartbeat): read its JSON anyway.
@@ -63,48 +75,32 @@ def test_sqlite__noop_run_completes_on_embedded_defaults(tmp_path):
 
 def test_sqlite__a_run_is_found_by_its_search_attributes(tmp_path):
     """SQLite has no `@>`: the search matches each key exactly (a scan), with the same answers as on Postgres."""
-    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "CELERY_BROKER_URL")}
-    env.update(
-        DJANGO_SETTINGS_MODULE="project.settings",
-        DURABLE_VAR_DIR=str(tmp_path),
-        CELERY_BROKER_URL="filesystem://",
-        DJANGO_LOCAL_SECRET_KEY="1",
-    )
+    env = _embedded_defaults(tmp_path)
 
-    def manage(*args: str, code: int = 0) -> subprocess.CompletedProcess[str]:
-        result = subprocess.run(
-            [sys.executable, "manage.py", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
-        )
-        assert result.returncode == code, result.stderr
-        return result
+    def manage(*args: str) -> str:
+        return _manage(env, *args)
 
     manage("migrate", "--verbosity", "0")
-    wanted = manage("durable_start", "refund_agent", "--input", '{"order_id": "A-1001", "message": "hi"}').stdout
+    wanted = manage("durable_start", "refund_agent", "--input", '{"order_id": "A-1001", "message": "hi"}')
     manage("durable_start", "refund_agent", "--input", '{"order_id": "A-1002", "message": "A-1001"}')
 
-    found = json.loads(manage("durable_runs", "--search", "order_id=A-1001", "--json").stdout)
+    found = json.loads(manage("durable_runs", "--search", "order_id=A-1001", "--json"))
     assert [row["id"] for row in found] == [wanted.strip()]
     assert found[0]["search"] == {"order_id": "A-1001"}
-    assert json.loads(manage("durable_runs", "--search", "order_id=A-404", "--json").stdout) == []
+    assert json.loads(manage("durable_runs", "--search", "order_id=A-404", "--json")) == []
     # The admin's bare-value search, on SQLite.
     script = (
         "from durable_agents.models import Run; "
         "print(list(Run.objects.holding_search_value('A-1001', ['customer', 'order_id']).values_list('id', flat=True)))"
     )
-    assert wanted.strip() in manage("shell", "-c", script).stdout
+    assert wanted.strip() in manage("shell", "-c", script)
 
 
 def test_sqlite__the_console_s_pages_open(tmp_path):
     """The embedded default is where a first user opens the console: each page must render on SQLite too (it once
     failed there: SQLite refuses a LIMIT inside a UNION, which the overview used)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "CELERY_BROKER_URL")}
-    env.update(
-        DJANGO_SETTINGS_MODULE="project.settings",
-        DURABLE_VAR_DIR=str(tmp_path),
-        CELERY_BROKER_URL="filesystem://",
-        DJANGO_LOCAL_SECRET_KEY="1",
-    )
-    subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env, check=True, timeout=120)
+    env = _embedded_defaults(tmp_path)
+    _manage(env, "migrate", "-v0")
     script = """
 from django.contrib.auth.models import User
 from django.test import Client
@@ -133,20 +129,15 @@ for page in pages:
 def test_sqlite__an_index_migration_interrupted_backwards_finishes_when_run_again(tmp_path):
     """The embedded default migrates back as well: a migration of the index operations (`_operations`) stopped after
     its first backward statement finishes when `migrate` runs again, each operation skipping what is done."""
-    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "CELERY_BROKER_URL")}
-    env.update(DJANGO_SETTINGS_MODULE="project.settings", DURABLE_VAR_DIR=str(tmp_path), DJANGO_LOCAL_SECRET_KEY="1")
+    env = _embedded_defaults(tmp_path)
 
     def manage(*args: str) -> str:
-        result = subprocess.run(
-            [sys.executable, "manage.py", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
-        )
-        assert result.returncode == 0, (args, result.stderr[-2000:])
-        return result.stdout
+        return _manage(env, *args)
 
     manage("migrate", "-v0")
     database = sqlite3.connect(tmp_path / "durable_agents.sqlite3")
     for name, before in [("0035", "0034"), ("0034", "0033")]:
-        backwards = [line for line in manage("sqlmigrate", "--backwards", "durable_agents", name).splitlines()]
+        backwards = manage("sqlmigrate", "--backwards", "durable_agents", name).splitlines()
         first = next(line for line in backwards if line.strip() and not line.startswith("--"))
         database.execute(first)  # the interrupted run's first statement, committed
         database.commit()

@@ -10,7 +10,8 @@ step of the run, at every claim and commit: a 300-step run read 300 entries a st
 Postgres CPU a step instead of 0.05.
 
 Here auto_explain (a superuser's LOAD; Debian's postgresql package ships it) reports the plan each statement ran
-with, generic plans forced: every read of the step table is by its primary key or by a run's live position.
+with, generic plans forced: every read of a row is by its table's key, a run's position, a step's turn or an
+idempotency key.
 """
 
 from __future__ import annotations
