@@ -65,6 +65,7 @@ import redis  # noqa: E402
 from django.db import connection  # noqa: E402
 from django.test import override_settings  # noqa: E402
 
+from bench.baseline import UNWOKEN  # noqa: E402
 from bench.cpu import TICK_MS, Transactions, Usage, Watch, snapshot  # noqa: E402
 from bench.scale_agent import WORKFLOW, answer  # noqa: E402
 from durable_agents import api, clock  # noqa: E402
@@ -230,7 +231,7 @@ def run_all(n: int, prefix: str, timeout: float) -> tuple[float, list[str]]:
     since = clock.now()
     created = time.monotonic()
     order_ids = [f"{prefix}-{i}" for i in range(n)]
-    unwoken = override_settings(DURABLE_AGENTS={**_durable(), "WAKER": "bench.baseline.no_wake"})
+    unwoken = override_settings(DURABLE_AGENTS={**_durable(), **UNWOKEN})
     with unwoken, ThreadPoolExecutor(STARTERS) as starters:
         chunks = starters.map(_start_each, [order_ids[k::STARTERS] for k in range(STARTERS)])
         ids = [i for chunk in chunks for i in chunk]

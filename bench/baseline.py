@@ -28,3 +28,9 @@ def noop(key: str) -> None:
 
 def no_wake(run_id: str, countdown: float | None = None, queue: str | None = None) -> None:
     """A WAKER that sends nothing: for benches that measure the database side alone."""
+
+
+# DURABLE_AGENTS settings under which a start wakes nothing: WAKER sends nothing, and no start is gathered (a gathered
+# wake-up is sent by the process's sender thread after WAKE_GATHER_MS, through the WAKER of that moment: the bench's
+# own wake-up after the block would be a second message, every run claimed twice).
+UNWOKEN = {"WAKER": "bench.baseline.no_wake", "WAKE_GATHER_MS": 0}

@@ -52,6 +52,7 @@ import redis  # noqa: E402
 from django.db import connection  # noqa: E402
 from django.test import override_settings  # noqa: E402
 
+from bench.baseline import UNWOKEN  # noqa: E402
 from bench.scale_agent import WORKFLOW, answer  # noqa: E402
 from durable_agents import api, broker, clock  # noqa: E402
 from durable_agents.engine.wake import wake  # noqa: E402
@@ -115,7 +116,7 @@ def run_wave(n: int, prefix: str, timeout: float) -> dict[str, float]:
     """Create `n` runs unwoken, wake them all at once, wait for all: throughput and the sweep's re-wakes."""
     since = clock.now()
     order_ids = [f"{prefix}-{i}" for i in range(n)]
-    unwoken = override_settings(DURABLE_AGENTS={**_durable(), "WAKER": "bench.baseline.no_wake"})
+    unwoken = override_settings(DURABLE_AGENTS={**_durable(), **UNWOKEN})
     with unwoken, ThreadPoolExecutor(STARTERS) as starters:
         ids = [
             i for chunk in starters.map(_start_each, [order_ids[k::STARTERS] for k in range(STARTERS)]) for i in chunk

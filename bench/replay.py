@@ -60,6 +60,7 @@ from django.conf import settings  # noqa: E402
 from django.db import connection, connections  # noqa: E402
 from django.test import override_settings  # noqa: E402
 
+from bench.baseline import UNWOKEN  # noqa: E402
 from bench.scale_agent import WORKFLOW, applied  # noqa: E402
 from durable_agents import api, clock  # noqa: E402
 from durable_agents.engine.admission import slots_held  # noqa: E402
@@ -172,7 +173,7 @@ def live(n: int, prefix: str, timeout: float) -> tuple[float, float, list[str]]:
     created = time.monotonic()
     order_ids = [f"{prefix}-{i}" for i in range(n)]
     with (
-        override_settings(DURABLE_AGENTS=_durable(WAKER="bench.baseline.no_wake")),
+        override_settings(DURABLE_AGENTS=_durable(**UNWOKEN)),
         ThreadPoolExecutor(STARTERS) as pool,
     ):
         ids = [i for chunk in pool.map(_start_each, [order_ids[k::STARTERS] for k in range(STARTERS)]) for i in chunk]
