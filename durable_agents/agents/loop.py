@@ -64,7 +64,8 @@ from durable_agents.agents.participants import Participant, participants
 from durable_agents.agents.toolcalls import run_calls
 from durable_agents.conf import settings
 from durable_agents.engine import turnpath
-from durable_agents.engine.context import prove_lease_reading_spend
+from durable_agents.engine.context import prove_lease_reading_spend, write_tool_results
+from durable_agents.engine.lease import Spent
 from durable_agents.errors import (
     AgentLimitError,
     ContextWindowExceededError,
@@ -242,6 +243,8 @@ class _AgentLoop:
         self.must_compact = False
         self.overflowed = False
         self.dropped_models: set[str] = set()
+        # The lease as the write of the last turn's tool results proved it (with the run's spend), for the ask after.
+        self.proof: Spent | None = None
 
     @property
     def model(self) -> str:
@@ -284,6 +287,7 @@ class _AgentLoop:
                 return outcome
         while True:
             if self.must_compact or self._should_compact():
+                self.proof = None  # a summary is asked for first
                 self._compact()
             try:
                 turn = self._ask()
@@ -325,13 +329,28 @@ class _AgentLoop:
             messages=self.conversation.sendable(self.model),
             turn_number=self.turn_number,
         )
-        self._record_dropped()
+        proof, self.proof = self.proof, None
+        waited = self._record_dropped()
         counter = getattr(self.participant, "count_tokens", None) if settings.COUNT_TOKENS else None
-        count = (lambda: counter(request)) if counter is not None else None
+
+        def count() -> int | None:
+            nonlocal waited
+            waited = True
+            return counter(request)
+
         # Measured first: a count is a round trip to the API, and a pause in it must still meet the proof below.
-        prompt_tokens = estimate_prompt(request.as_kwargs(), self.conversation.messages, self.measured, count)
+        prompt_tokens = estimate_prompt(
+            request.as_kwargs(), self.conversation.messages, self.measured, count if counter is not None else None
+        )
         # A live call proves the lease right before it is sent; the same statement reads the spend the budget checks.
-        spent = prove_lease_reading_spend(self.ctx) if self.batch is None else None
+        # The statement that wrote the last turn's tool results proved it so, and stands for it if nothing since
+        # waited on the database or the API: from either proof, the call is only this process's work away.
+        if self.batch is not None:
+            spent = None
+        elif proof is not None and not waited:
+            spent = proof
+        else:
+            spent = prove_lease_reading_spend(self.ctx)
         self.budget.check(
             model=request.model,
             prompt_tokens=prompt_tokens,
@@ -348,12 +367,14 @@ class _AgentLoop:
         self.next_index += 1
         return turn
 
-    def _record_dropped(self) -> None:
-        """A model swap drops the thinking blocks the new model cannot read, on purpose and on the record."""
+    def _record_dropped(self) -> bool:
+        """A model swap drops the thinking blocks the new model cannot read, on purpose and on the record; True if it
+        wrote that record."""
         dropped = self.conversation.dropped_models - self.dropped_models
         if dropped:
             record_thinking_dropped(self.ctx, sorted(dropped), self.model)
             self.dropped_models |= dropped
+        return bool(dropped)
 
     def _act(self, turn: Turn, *, replayed: bool) -> dict[str, Any] | None:
         """Take a journaled turn into the conversation; the step's result once the agent is done, else None."""
@@ -374,7 +395,10 @@ class _AgentLoop:
         kept = kept and self.profile.prefix_check
         self.conversation.add_turn(turn.index, turn.content, stop, model=turn.model, strip_thinking=kept)
         if stop == "tool_use":
-            results = turn.tool_results if turn.tool_results is not None else _run_tools(self.ctx, turn, self.tools)
+            if turn.tool_results is not None:
+                results = turn.tool_results
+            else:
+                results, self.proof = _run_tools(self.ctx, turn, self.tools)
             self.errors_by_turn[turn.index] = sum(1 for block in results if block.get("is_error"))
             if self.tool_errors > self.spec.max_tool_errors:
                 raise AgentLimitError(
@@ -524,16 +548,18 @@ def _prompt_tokens(turn: Turn) -> int:
     return turn.input_tokens + turn.cache_write_tokens + turn.cache_read_tokens
 
 
-def _run_tools(ctx: Any, turn: Turn, tools: dict[str, Tool[..., Any]]) -> list[dict[str, Any]]:
-    """Run this turn's tool calls (concurrently, effects keyed by tool_use_id) and store their results on the turn."""
+def _run_tools(ctx: Any, turn: Turn, tools: dict[str, Tool[..., Any]]) -> tuple[list[dict[str, Any]], Spent | None]:
+    """Run this turn's tool calls (concurrently, effects keyed by tool_use_id) and store their results on the turn:
+    the results, and the lease's proof if the write made one (Postgres: write_tool_results)."""
     results = run_calls(ctx, [block for block in turn.content if block.get("type") == "tool_use"], tools)
     # Fenced: a zombie (its run taken over) must not write the results the live worker will journal.
+    proof = None
     if turnpath.is_available():
-        written = turnpath.write_tool_results(turn.pk, results, run_id=ctx.run_id, token=ctx.lease_token)
+        written = proof = write_tool_results(ctx, turn.pk, results)
     else:
         written = Turn.objects.filter(pk=turn.pk, tool_results__isnull=True, run__lease_token=ctx.lease_token).update(
             tool_results=results
         )
     if not written:
         raise LeaseLostError(f"run {ctx.run_id} was taken over; the results of turn {turn.index} were not written")
-    return results
+    return results, proof

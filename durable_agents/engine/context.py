@@ -11,7 +11,7 @@ from datetime import datetime
 from typing import Any
 
 from durable_agents import clock
-from durable_agents.engine import replaying
+from durable_agents.engine import replaying, turnpath
 from durable_agents.engine.approvals import require_approval
 from durable_agents.engine.effects import effect_key, invoke_tool
 from durable_agents.engine.lease import Spent, prove_lease
@@ -189,6 +189,18 @@ class StepContext:
             raise StepNotFoundError(f"run {self.run.id} has no completed step {step_id!r}")
         result, ref, sha = row
         return load_result(ref, sha, run_id=self.run.id) if ref else result
+
+
+def write_tool_results(ctx: StepContext, turn_pk: int, results: list[Any]) -> Spent | None:
+    """Store a turn's tool results iff none are stored and `ctx` still holds its run's lease, proving and extending
+    that lease in the same statement (Postgres): the run's spend as it read it, which the model call that follows
+    may take as its proof when nothing else waited in between; None if nothing was written (the lease was lost)."""
+    if ctx._heartbeat is None:
+        return None
+    spent = turnpath.write_tool_results(turn_pk, results, ctx._heartbeat.claim)
+    if spent is not None:
+        ctx._lease_proven()
+    return spent
 
 
 def prove_lease_reading_spend(ctx: StepContext) -> Spent | None:

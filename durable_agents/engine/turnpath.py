@@ -3,7 +3,8 @@ statement (hotpath.py has the claim and the commit, and an effect's start and ou
 
 * `journal_turn`: a billed answer journaled — its Turn, its usage on the run and the step, the step's conversation
   head frozen with its first call — fenced by the lease token;
-* `write_tool_results`: the tool results of a turn, fenced by the lease token;
+* `write_tool_results`: the tool results of a turn, fenced by the lease, which the same statement proves and extends
+  (the model call that follows needs no proof of its own);
 * `step_journal`: what an agent step reads as it starts: its context, its frozen head, its last turn's index.
 
 Each is one round trip and, in autocommit, one transaction, written once per process and sent through
@@ -16,6 +17,8 @@ clock shift).
 from __future__ import annotations
 
 import json
+from datetime import timedelta
+from decimal import Decimal
 from functools import cache
 from typing import Any
 
@@ -23,6 +26,7 @@ from django.db import connection
 
 from durable_agents import clock
 from durable_agents.engine import statements
+from durable_agents.engine.lease import SPEND_COLUMNS, Claim, Spent, lease_seconds
 from durable_agents.models import Run, Step, Turn
 
 NOW = "(STATEMENT_TIMESTAMP() + %(shift)s)"
@@ -98,24 +102,40 @@ def journal_turn(run_id: Any, token: int, step_pk: int, fields: dict[str, Any], 
 
 @cache
 def _tool_results_sql() -> str:
+    # The run row first, as prove_lease updates it (its lock orders this against a takeover), then the turn only if
+    # the lease held: a zombie writes nothing. The spend comes back as prove_lease reads it.
     return f"""
-        UPDATE {_table(Turn)} SET tool_results = %(results)s
-         WHERE id = %(id)s AND tool_results IS NULL
-           AND EXISTS (SELECT 1 FROM {_table(Run)} WHERE id = %(run_id)s AND lease_token = %(token)s)
+        WITH proven AS (
+            UPDATE {_table(Run)}
+               SET lease_expires_at = STATEMENT_TIMESTAMP() + %(lease)s
+             WHERE id = %(run_id)s AND lease_token = %(token)s AND lease_owner = %(owner)s
+               AND lease_expires_at IS NOT NULL
+         RETURNING {" + ".join(SPEND_COLUMNS)}, cost_usd, token_budget, cost_budget_usd
+        ), written AS (
+            UPDATE {_table(Turn)} SET tool_results = %(results)s
+             WHERE id = %(id)s AND tool_results IS NULL AND EXISTS (SELECT 1 FROM proven)
+         RETURNING id
+        )
+        SELECT proven.* FROM proven, written
     """
 
 
-def write_tool_results(turn_pk: int, results: list[Any], *, run_id: Any, token: int | None) -> bool:
-    """Store a turn's tool results iff none are stored and `token` still holds the run; True if written."""
+def write_tool_results(turn_pk: int, results: list[Any], claim: Claim) -> Spent | None:
+    """Store a turn's tool results iff none are stored and `claim` still holds its run, proving and extending the
+    lease in the same statement (as prove_lease does); the run's spend as that statement read it, or None if nothing
+    was written."""
     params = {
         "id": turn_pk,
         "results": Turn._meta.get_field("tool_results").get_db_prep_value(results, connection),
-        "run_id": run_id,
-        "token": token,
+        "run_id": claim.run_id,
+        "token": claim.token,
+        "owner": claim.owner,
+        "lease": clock.offset(timedelta(seconds=lease_seconds())),
     }
     with statements.cursor() as cursor:
         cursor.execute(_tool_results_sql(), params)
-        return cursor.rowcount == 1
+        row = cursor.fetchone()
+    return None if row is None else Spent(int(row[0]), Decimal(row[1]), row[2], row[3])
 
 
 @cache

@@ -4,7 +4,8 @@ The bench's conversation (bench/scale_agent.py: a tool call, then the answer; it
 in this process against the fake Messages API, every statement Django sends counted — with the BEGIN and COMMIT of a
 transaction, which Django logs as statements: each is a round trip. The claim and the commit are one statement each
 (engine/hotpath.py), a model turn two (the lease proven with the spend read, then the journal: engine/turnpath.py),
-an external effect two (its outbox row under the lease proof, then its outcome) and the turn's tool results one.
+an external effect two (its outbox row under the lease proof, then its outcome) and the turn's tool results one, which
+proves the lease for the turn after it: that turn is its journal alone.
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 CLAIM, STEP_JOURNAL, COMMIT = 1, 1, 1
 PER_TURN = 2  # the lease proven (with the spend), the answer journaled
+JOURNAL = 1  # a turn after tool results: the answer journaled (its proof was the results' write)
 PER_EFFECT = 2  # the outbox row under the lease proof, the outcome
-TOOL_RESULTS = 1
+TOOL_RESULTS = 1  # and the lease proven (with the spend) for the next turn, which saves that turn its own proof
 
 
 @pytest.fixture
@@ -43,7 +45,7 @@ def compiled(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     yield seen
 
 
-def test_a_conversation_of_two_turns_and_one_effect_is_ten_statements_and_no_orm_query(fake_anthropic, compiled):
+def test_a_conversation_of_two_turns_and_one_effect_is_nine_statements_and_no_orm_query(fake_anthropic, compiled):
     fake_anthropic.responder = answer
     run = api.start(WORKFLOW, {"order_id": "A-1"})
     compiled.clear()
@@ -51,7 +53,11 @@ def test_a_conversation_of_two_turns_and_one_effect_is_ten_statements_and_no_orm
         assert advance(run.id) is Outcome.COMPLETED
     sent = [q["sql"] for q in queries.captured_queries]
 
-    assert len(sent) == CLAIM + STEP_JOURNAL + 2 * PER_TURN + PER_EFFECT + TOOL_RESULTS + COMMIT, "\n".join(sent)
+    assert len(sent) == CLAIM + STEP_JOURNAL + PER_TURN + PER_EFFECT + TOOL_RESULTS + JOURNAL + COMMIT, "\n".join(sent)
+    # The second turn's proof is the tool results' write: the journal follows it, the model call between them.
+    results = next(i for i, sql in enumerate(sent) if "SET tool_results" in sql)
+    assert "lease_expires_at" in sent[results] and "RETURNING" in sent[results]
+    assert "INSERT INTO" in sent[results + 1] and "durable_agents_turn" in sent[results + 1], sent[results + 1]
     assert compiled == [], "the conversation's hot path compiled ORM queries"
     assert not any(s.strip().upper() in ("BEGIN", "COMMIT") for s in sent), "each statement is its own transaction"
     # And it wrote what the ORM path writes.
