@@ -194,7 +194,8 @@ class StepContext:
 def write_tool_results(ctx: StepContext, turn_pk: int, results: list[Any]) -> Spent | None:
     """Store a turn's tool results iff none are stored and `ctx` still holds its run's lease, proving and extending
     that lease in the same statement (Postgres): the run's spend as it read it, which the model call that follows
-    may take as its proof when nothing else waited in between; None if nothing was written (the lease was lost)."""
+    may take as its proof when nothing else waited in between; None if nothing was written (the lease was lost, or
+    the turn had its results already)."""
     if ctx._heartbeat is None:
         return None
     spent = turnpath.write_tool_results(turn_pk, results, ctx._heartbeat.claim)

@@ -103,13 +103,15 @@ def journal_turn(run_id: Any, token: int, step_pk: int, fields: dict[str, Any], 
 @cache
 def _tool_results_sql() -> str:
     # The run row first, as prove_lease updates it (its lock orders this against a takeover), then the turn only if
-    # the lease held: a zombie writes nothing. The spend comes back as prove_lease reads it.
+    # the lease held: a zombie writes nothing. The spend comes back as prove_lease reads it. A turn that has its
+    # results already is not written, and the lease is not extended for it either: nothing comes back.
     return f"""
         WITH proven AS (
             UPDATE {_table(Run)}
                SET lease_expires_at = STATEMENT_TIMESTAMP() + %(lease)s
              WHERE id = %(run_id)s AND lease_token = %(token)s AND lease_owner = %(owner)s
                AND lease_expires_at IS NOT NULL
+               AND EXISTS (SELECT 1 FROM {_table(Turn)} WHERE id = %(id)s AND tool_results IS NULL)
          RETURNING {" + ".join(SPEND_COLUMNS)}, cost_usd, token_budget, cost_budget_usd
         ), written AS (
             UPDATE {_table(Turn)} SET tool_results = %(results)s
@@ -123,7 +125,8 @@ def _tool_results_sql() -> str:
 def write_tool_results(turn_pk: int, results: list[Any], claim: Claim) -> Spent | None:
     """Store a turn's tool results iff none are stored and `claim` still holds its run, proving and extending the
     lease in the same statement (as prove_lease does); the run's spend as that statement read it, or None if nothing
-    was written."""
+    was written (the lease was lost, or the turn had its results) and the lease left as it was. (A transaction
+    writing the same turn's results meanwhile, which only this lease's holder does, would leave it extended.)"""
     params = {
         "id": turn_pk,
         "results": Turn._meta.get_field("tool_results").get_db_prep_value(results, connection),
