@@ -237,7 +237,7 @@ class AnthropicParticipant:
         traced = tracing.current()
         traced.set({tracing.SERVER_ADDRESS: client.base_url.host, tracing.SERVER_PORT: client.base_url.port})
         try:
-            message, headers, wire = self._call(client, kwargs)
+            message, headers, request_id = self._call(client, kwargs)
         except ModelUnavailableError as exc:
             if shared and reservation:
                 with limiter_faults_logged("a 429's hold" if exc.status == 429 else "a refund"):
@@ -252,22 +252,22 @@ class AnthropicParticipant:
                 with limiter_faults_logged("a refund"):
                     shared.settle(reservation, Usage())
             raise
-        usage = usage_of(message.usage)
-        traced.set({tracing.GEN_AI_RESPONSE_ID: getattr(message, "id", None)})
+        usage = usage_of(message.get("usage"))
+        traced.set({tracing.GEN_AI_RESPONSE_ID: message.get("id")})
         if shared:
             # The answer is billed: a limiter that fails now must not lose it (the step would ask for it again).
             with limiter_faults_logged("the billed usage"):
                 if reservation:
                     shared.settle(reservation, usage)
                 shared.observe(request.model, key, headers)
-        details = getattr(message, "stop_details", None)
+        details = message.get("stop_details")
         return ModelResponse(
-            content=wire or tuple(block.model_dump(mode="json", exclude_none=True) for block in message.content),
-            stop_reason=message.stop_reason or "",
-            model=message.model,
+            content=content_of(message),
+            stop_reason=message.get("stop_reason") or "",
+            model=message.get("model") or "",
             usage=usage,
-            request_id=getattr(message, "_request_id", None) or "",
-            stop_details=details.model_dump(mode="json", exclude_none=True) if details is not None else None,
+            request_id=request_id,
+            stop_details=_without_nulls(details) if isinstance(details, dict) else None,
         )
 
     def count_tokens(self, request: ModelRequest) -> int | None:
@@ -291,20 +291,33 @@ class AnthropicParticipant:
             return None  # nothing would be reserved
         return count_input_tokens(client, request.as_kwargs())
 
-    def _call(self, client: anthropic.Anthropic, kwargs: dict[str, Any]) -> tuple[Any, Any, tuple[Any, ...] | None]:
-        """The answer, its HTTP headers (the rate limiter reads `anthropic-ratelimit-*` off them) and its content
-        blocks as they came over the wire (None when streamed: the SDK assembles those).
+    def _call(self, client: anthropic.Anthropic, kwargs: dict[str, Any]) -> tuple[dict[str, Any], Any, str]:
+        """The answer as a JSON object, its HTTP headers (the rate limiter reads `anthropic-ratelimit-*` off them)
+        and its request id.
 
-        The wire's blocks are what is journaled and sent back: keys in the order the API wrote them (a tool_use's
-        input as the model wrote it), where the SDK's models would reorder a block's fields. Null fields are left
-        out, as the SDK's `exclude_none` would.
+        Not streamed, the object is the body as the API wrote it, decoded once: its blocks
+        are what is journaled and sent back, keys in the order the API wrote them (a tool_use's input as the model
+        wrote it), where the SDK's models would reorder a block's fields; and the SDK's `Message`, of which a few
+        fields are read, is not built (0.16 ms a call). Streamed, the SDK assembles the message and it is dumped,
+        null fields left out.
         """
         with map_errors():
             if self.stream:
                 with client.messages.stream(**kwargs) as stream:
-                    return stream.get_final_message(), stream.response.headers, None
+                    message = stream.get_final_message()
+                    answer = message.model_dump(mode="json", exclude_none=True)
+                    return answer, stream.response.headers, getattr(message, "_request_id", None) or ""
             raw = client.messages.with_raw_response.create(**kwargs)
-            return raw.parse(), raw.headers, wire_content(raw.http_response)
+            response = raw.parse(to=httpx.Response)  # read, not parsed
+        try:
+            body = json.loads(response.content)
+        except ValueError:
+            body = None
+        blocks = body.get("content") if isinstance(body, dict) else None
+        if not isinstance(blocks, list) or not all(isinstance(block, dict) for block in blocks):
+            # Not a Messages API answer (a proxy's page sent as 200?): nothing to journal, asked again.
+            raise ModelUnavailableError("the model API answered 200 with no message in the body; the step retries")
+        return body, raw.headers, raw.request_id or ""
 
 
 @contextmanager
@@ -332,15 +345,14 @@ def limiter_faults_logged(what: str) -> Iterator[None]:
         logger.warning("the shared rate limiter did not take %s: %s", what, redact(f"{type(exc).__name__}: {exc}"))
 
 
-def wire_content(response: Any) -> tuple[dict[str, Any], ...] | None:
-    """The content blocks of a Messages API response body, in its own key order; None if it has none to give."""
-    try:
-        blocks = json.loads(response.content).get("content")
-    except (ValueError, AttributeError):
-        return None
-    if not isinstance(blocks, list) or not all(isinstance(b, dict) for b in blocks):
-        return None
-    return tuple({k: v for k, v in block.items() if v is not None} for block in blocks)
+def content_of(message: dict[str, Any]) -> tuple[dict[str, Any], ...]:
+    """The content blocks of a Messages API answer (checked by `_call`), each in its own key order, null fields left
+    out (as the SDK's `exclude_none` would leave them out)."""
+    return tuple(_without_nulls(block) for block in message["content"])
+
+
+def _without_nulls(fields: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in fields.items() if value is not None}
 
 
 def count_input_tokens(client: anthropic.Anthropic, request: dict[str, Any]) -> int | None:
@@ -393,12 +405,15 @@ def new_client() -> anthropic.Anthropic:
 
 
 def usage_of(usage: Any) -> Usage:
-    """The billed tokens of a Messages API `usage` object; 1 h cache writes are priced apart from 5 min ones."""
-    split = getattr(usage, "cache_creation", None)
+    """The billed tokens of a Messages API answer's `usage` object (as JSON); 1 h cache writes are priced apart from
+    5 min ones."""
+    usage = usage if isinstance(usage, dict) else {}
+    split = usage.get("cache_creation")
+    split = split if isinstance(split, dict) else {}
     return Usage(
-        input_tokens=usage.input_tokens or 0,
-        output_tokens=usage.output_tokens or 0,
-        cache_write_tokens=usage.cache_creation_input_tokens or 0,
-        cache_read_tokens=usage.cache_read_input_tokens or 0,
-        cache_write_1h_tokens=(getattr(split, "ephemeral_1h_input_tokens", 0) or 0) if split is not None else 0,
+        input_tokens=usage.get("input_tokens") or 0,
+        output_tokens=usage.get("output_tokens") or 0,
+        cache_write_tokens=usage.get("cache_creation_input_tokens") or 0,
+        cache_read_tokens=usage.get("cache_read_input_tokens") or 0,
+        cache_write_1h_tokens=split.get("ephemeral_1h_input_tokens") or 0,
     )

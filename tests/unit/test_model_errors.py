@@ -332,6 +332,49 @@ def test_respond__drops_the_null_fields_of_stop_details():
     assert refused.stop_details == {"type": "refusal"}
 
 
+def test_respond__reads_the_answer_off_the_body_as_the_api_wrote_it():
+    # https://platform.claude.com/docs/en/api/messages : `content` an array of blocks, `usage` with
+    # `cache_creation.ephemeral_1h_input_tokens`; https://platform.claude.com/docs/en/api/errors : every response has a
+    # `request-id` header. The body is decoded once, not built into the SDK's Message.
+    answer = message(stop_reason="tool_use")
+    answer["content"] = [
+        {"type": "text", "text": "Looking.", "citations": None},
+        {"type": "tool_use", "id": "toolu_01", "name": "look_up", "input": {"zeta": 1, "alpha": 2}},
+    ]
+    answer["usage"] = {
+        "input_tokens": 40,
+        "output_tokens": 9,
+        "cache_creation_input_tokens": 30,
+        "cache_read_input_tokens": 20,
+        "cache_creation": {"ephemeral_5m_input_tokens": 10, "ephemeral_1h_input_tokens": 20},
+    }
+    with ScriptedAPI() as api:
+        api.answer(answer, headers={"request-id": "req_011body"})
+        response = AnthropicParticipant(client=api.client()).respond(ask())
+
+    assert response.content == (
+        {"type": "text", "text": "Looking."},
+        {"type": "tool_use", "id": "toolu_01", "name": "look_up", "input": {"zeta": 1, "alpha": 2}},
+    )
+    assert list(response.content[1]["input"]) == ["zeta", "alpha"], "the model's key order"
+    assert (response.stop_reason, response.model) == ("tool_use", "claude-sonnet-5-5")
+    assert response.request_id == "req_011body"
+    usage = response.usage
+    assert (usage.input_tokens, usage.output_tokens) == (40, 9)
+    assert (usage.cache_write_tokens, usage.cache_write_1h_tokens, usage.cache_read_tokens) == (30, 20, 20)
+
+
+@pytest.mark.parametrize(
+    "body", [{"type": "message", "usage": {"input_tokens": 1}}, ["not", "a", "message"]], ids=["no-content", "a-list"]
+)
+def test_respond__a_200_that_is_no_message_is_asked_again(body):
+    # A 200 whose body is not a Messages API answer (a proxy's page, say) has nothing to journal: transient, like a 5xx.
+    with ScriptedAPI() as api:
+        api.answer(body)
+        with pytest.raises(ModelUnavailableError, match="no message in the body"):
+            AnthropicParticipant(client=api.client()).respond(ask())
+
+
 # -- anthropic-ratelimit-* headers, read offline --------------------------------------------------------------------
 
 
