@@ -295,11 +295,10 @@ class AnthropicParticipant:
         """The answer as a JSON object, its HTTP headers (the rate limiter reads `anthropic-ratelimit-*` off them)
         and its request id.
 
-        Not streamed, the object is the body as the API wrote it, decoded once: its blocks
-        are what is journaled and sent back, keys in the order the API wrote them (a tool_use's input as the model
-        wrote it), where the SDK's models would reorder a block's fields; and the SDK's `Message`, of which a few
-        fields are read, is not built (0.16 ms a call). Streamed, the SDK assembles the message and it is dumped,
-        null fields left out.
+        Not streamed, the object is the body as the API wrote it, decoded once: its blocks are what is journaled and
+        sent back, keys in the order the API wrote them (a tool_use's input as the model wrote it), where the SDK's
+        models would reorder a block's fields; and the SDK's `Message`, of which a few fields are read, is not built
+        (0.16 ms a call). Streamed, the SDK assembles the message and it is dumped, null fields left out.
         """
         with map_errors():
             if self.stream:
