@@ -176,14 +176,54 @@ def _celery_app() -> Iterator[Celery]:
         app.close()
 
 
+def _is_redis(app: Celery) -> bool:
+    """True if `app`'s broker is Redis (redis://, rediss://, sentinel://), as the worker's connection would be."""
+    return _driver_type(app) == "redis"
+
+
 def _is_rabbitmq(app: Celery) -> bool:
+    return _driver_type(app) == RABBITMQ
+
+
+def _driver_type(app: Celery) -> str:
     if not app.conf.broker_url:
-        return False
+        return ""
     try:
         with app.connection_for_write() as connection:  # lazy: nothing is connected
-            return connection.transport.driver_type == RABBITMQ
-    except Exception:  # noqa: BLE001 - a transport that does not load (its client is not installed) is not RabbitMQ
-        return False
+            return str(connection.transport.driver_type)
+    except Exception:  # noqa: BLE001 - a transport that does not load (its client is not installed) is neither
+        return ""
+
+
+# kombu's Redis transport: a worker's channel sends its commands over a redis-py pool of at most this many
+# connections (kombu.transport.redis.Channel.max_connections, transport option `max_connections`). redis-py's pool does
+# not wait for one: past the cap a command raises MaxConnectionsError("Too many connections").
+REDIS_CHANNEL_CONNECTIONS = 10
+# Pools whose tasks run (and ack, with acks_late) side by side in the worker's own process.
+IN_PROCESS_POOLS = ("gevent", "eventlet", "thread")
+
+
+def widen_redis_channel_pool(app: Celery, pool: object, concurrency: int | None) -> int | None:
+    """Let a worker of `pool` running `concurrency` tasks at once ack them all at once: on the Redis transport, raise
+    its channel's `max_connections` (10 by default) to the concurrency plus the consumer's own, unless the product set
+    it. The cap it set, or None if nothing needed it.
+
+    A worker acks each task (`acks_late`) on the greenlet or thread that ran it, one command over the channel's pool.
+    A gevent model worker ending more than ten conversations together had the rest refused ("Couldn't ack ...
+    Too many connections", logged CRITICAL), its consumer reconnected, and a prefetched wake-up could be lost until
+    the sweep sent it again. A prefork pool acks from the consumer alone: left as it is.
+    """
+    name = pool if isinstance(pool, str) else getattr(pool, "__module__", "")
+    if not concurrency or not any(kind in str(name).lower() for kind in IN_PROCESS_POOLS):
+        return None
+    if not _is_redis(app):
+        return None
+    options = dict(app.conf.broker_transport_options or {})
+    if "max_connections" in options:
+        return None  # the product's own
+    options["max_connections"] = max(REDIS_CHANNEL_CONNECTIONS, int(concurrency) + REDIS_CHANNEL_CONNECTIONS)
+    app.conf.broker_transport_options = options
+    return options["max_connections"]
 
 
 def countdown_route(app: Celery, queue: str | None) -> CountdownRoute | None:

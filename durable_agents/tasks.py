@@ -302,6 +302,21 @@ def _check_configuration(**_: Any) -> None:
     preflight.check_before_serving("celery worker")
 
 
+@worker_init.connect
+def _room_to_ack(sender: Any = None, **_: Any) -> None:
+    """A gevent or threads worker on Redis gets a channel pool as wide as its concurrency (broker.py
+    widen_redis_channel_pool): every task it runs at once can ack at once."""
+    if sender is None or getattr(sender, "app", None) is None:
+        return
+    widened = broker.widen_redis_channel_pool(sender.app, sender.pool_cls, getattr(sender, "concurrency", None))
+    if widened:
+        logger.info(
+            "the Redis transport's max_connections is %d for this worker's %s tasks at once",
+            widened,
+            sender.concurrency,
+        )
+
+
 @beat_init.connect
 def _check_beat_configuration(sender: Any = None, **_: Any) -> None:
     """A beat that schedules the sweep runs them too (unless it is a worker's own, `worker --beat`: checked)."""
