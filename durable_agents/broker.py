@@ -177,19 +177,20 @@ def _celery_app() -> Iterator[Celery]:
 
 
 def _is_redis(app: Celery) -> bool:
-    """True if `app`'s broker is Redis (redis://, rediss://, sentinel://), as the worker's connection would be."""
-    return _driver_type(app) == "redis"
+    """True if the broker `app`'s workers consume from (and ack to) is Redis: redis://, rediss://, sentinel://."""
+    return _driver_type(app, read=True) == "redis"
 
 
 def _is_rabbitmq(app: Celery) -> bool:
     return _driver_type(app) == RABBITMQ
 
 
-def _driver_type(app: Celery) -> str:
-    if not app.conf.broker_url:
+def _driver_type(app: Celery, *, read: bool = False) -> str:
+    if not (app.conf.broker_read_url if read else app.conf.broker_write_url):
         return ""
     try:
-        with app.connection_for_write() as connection:  # lazy: nothing is connected
+        connect = app.connection_for_read if read else app.connection_for_write
+        with connect() as connection:  # lazy: nothing is connected
             return str(connection.transport.driver_type)
     except Exception:  # noqa: BLE001 - a transport that does not load (its client is not installed) is neither
         return ""
@@ -203,10 +204,10 @@ REDIS_CHANNEL_CONNECTIONS = 10
 IN_PROCESS_POOLS = ("gevent", "eventlet", "thread")
 
 
-def widen_redis_channel_pool(app: Celery, pool: object, concurrency: int | None) -> int | None:
-    """Let a worker of `pool` running `concurrency` tasks at once ack them all at once: on the Redis transport, raise
-    its channel's `max_connections` (10 by default) to the concurrency plus the consumer's own, unless the product set
-    it. The cap it set, or None if nothing needed it.
+def widen_redis_channel_pool(app: Celery, pool: object, concurrency: object) -> int | None:
+    """Let a worker of `pool` running up to `concurrency` tasks at once ack them all at once: on the Redis transport
+    it consumes from, raise its channel's `max_connections` (10 by default) to the concurrency plus the consumer's own,
+    unless the product set it. The cap it set, or None if nothing needed it (or `concurrency` is not a number).
 
     A worker acks each task (`acks_late`) on the greenlet or thread that ran it, one command over the channel's pool.
     A gevent model worker ending more than ten conversations together had the rest refused ("Couldn't ack ...
@@ -214,14 +215,16 @@ def widen_redis_channel_pool(app: Celery, pool: object, concurrency: int | None)
     the sweep sent it again. A prefork pool acks from the consumer alone: left as it is.
     """
     name = pool if isinstance(pool, str) else getattr(pool, "__module__", "")
-    if not concurrency or not any(kind in str(name).lower() for kind in IN_PROCESS_POOLS):
+    try:
+        tasks = int(str(concurrency))
+    except ValueError:
         return None
-    if not _is_redis(app):
+    if tasks < 1 or not any(kind in str(name).lower() for kind in IN_PROCESS_POOLS) or not _is_redis(app):
         return None
     options = dict(app.conf.broker_transport_options or {})
     if "max_connections" in options:
         return None  # the product's own
-    options["max_connections"] = max(REDIS_CHANNEL_CONNECTIONS, int(concurrency) + REDIS_CHANNEL_CONNECTIONS)
+    options["max_connections"] = tasks + REDIS_CHANNEL_CONNECTIONS
     app.conf.broker_transport_options = options
     return options["max_connections"]
 

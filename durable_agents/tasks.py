@@ -22,6 +22,7 @@ from celery import shared_task
 from celery.exceptions import OperationalError as BrokerError
 from celery.signals import (
     beat_init,
+    celeryd_after_setup,
     celeryd_init,
     worker_init,
     worker_process_shutdown,
@@ -302,19 +303,24 @@ def _check_configuration(**_: Any) -> None:
     preflight.check_before_serving("celery worker")
 
 
-@worker_init.connect
-def _room_to_ack(sender: Any = None, **_: Any) -> None:
-    """A gevent or threads worker on Redis gets a channel pool as wide as its concurrency (broker.py
-    widen_redis_channel_pool): every task it runs at once can ack at once."""
-    if sender is None or getattr(sender, "app", None) is None:
+@celeryd_after_setup.connect
+def _room_to_ack(sender: Any = None, instance: Any = None, **_: Any) -> None:
+    """A gevent or threads worker on Redis gets a channel pool as wide as the tasks it may run at once, its autoscale
+    maximum included (broker.py widen_redis_channel_pool): every task it runs can ack at once. Sent once the worker
+    has resolved its pool and concurrency, before its consumer connects."""
+    if instance is None or getattr(instance, "app", None) is None:
         return
-    widened = broker.widen_redis_channel_pool(sender.app, sender.pool_cls, getattr(sender, "concurrency", None))
+    most = max(_as_count(getattr(instance, "concurrency", None)), _as_count(getattr(instance, "max_concurrency", None)))
+    widened = broker.widen_redis_channel_pool(instance.app, instance.pool_cls, most)
     if widened:
-        logger.info(
-            "the Redis transport's max_connections is %d for this worker's %s tasks at once",
-            widened,
-            sender.concurrency,
-        )
+        logger.info("the Redis transport's max_connections is %d, for up to %d tasks at once", widened, most)
+
+
+def _as_count(value: object) -> int:
+    try:
+        return int(str(value))
+    except ValueError:
+        return 0
 
 
 @beat_init.connect

@@ -303,9 +303,7 @@ class AnthropicParticipant:
         with map_errors():
             if self.stream:
                 with client.messages.stream(**kwargs) as stream:
-                    message = stream.get_final_message()
-                    answer = message.model_dump(mode="json", exclude_none=True)
-                    return answer, stream.response.headers, getattr(message, "_request_id", None) or ""
+                    return _whole(stream), stream.response.headers, stream.request_id or ""
             raw = client.messages.with_raw_response.create(**kwargs)
             response = raw.parse(to=httpx.Response)  # read, not parsed
         try:
@@ -317,6 +315,21 @@ class AnthropicParticipant:
             # Not a Messages API answer (a proxy's page sent as 200?): nothing to journal, asked again.
             raise ModelUnavailableError("the model API answered 200 with no message in the body; the step retries")
         return body, raw.headers, raw.request_id or ""
+
+
+def _whole(stream: Any) -> dict[str, Any]:
+    """The message a 200 stream assembled, dumped (null fields left out); ModelUnavailableError if the stream did not
+    hold a whole one: no events, a tool's input that is not JSON (the SDK raises AssertionError, ValueError), or an end
+    before the message's (no stop_reason: its usage is not final, and half an answer is not journaled)."""
+    try:
+        message = stream.get_final_message()
+    except (AssertionError, RuntimeError, ValueError) as exc:
+        raise ModelUnavailableError(
+            f"the model API's stream held no whole message ({type(exc).__name__}: {redact(str(exc))}); the step retries"
+        ) from exc
+    if message.stop_reason is None:
+        raise ModelUnavailableError("the model API's stream ended before its message did; the step retries")
+    return message.model_dump(mode="json", exclude_none=True)
 
 
 @contextmanager

@@ -61,6 +61,8 @@ class ScriptedAPI:
         self.counts: deque[tuple[int, dict[str, Any]]] = deque()
         self.requests: list[tuple[str, dict[str, Any]]] = []
         self.date: float | None = None
+        # A streamed answer ends (cleanly) after this many events: a stream cut short, or empty (0).
+        self.cut_stream_after: int | None = None
         # `hold.clear()` keeps Messages requests waiting (each sets `arrived`) until `hold.set()`.
         self.hold = threading.Event()
         self.hold.set()
@@ -148,7 +150,8 @@ class _Handler(BaseHTTPRequestHandler):
         stop = {k: answer.get(k) for k in ("stop_reason", "stop_sequence", "stop_details")}
         events.append(("message_delta", {"type": "message_delta", "delta": stop, "usage": answer["usage"]}))
         events.append(("message_stop", {"type": "message_stop"}))
-        for event, data in events:
+        cut = self.server.api.cut_stream_after  # type: ignore[attr-defined]
+        for event, data in events if cut is None else events[:cut]:
             chunk = f"event: {event}\ndata: {json.dumps(data)}\n\n".encode()
             self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
         self.wfile.write(b"0\r\n\r\n")
@@ -362,6 +365,26 @@ def test_respond__reads_the_answer_off_the_body_as_the_api_wrote_it():
     usage = response.usage
     assert (usage.input_tokens, usage.output_tokens) == (40, 9)
     assert (usage.cache_write_tokens, usage.cache_write_1h_tokens, usage.cache_read_tokens) == (30, 20, 20)
+
+
+def test_respond__a_streamed_answer_carries_its_request_id():
+    # https://platform.claude.com/docs/en/api/errors : every response has a `request-id` header, streamed ones too.
+    with ScriptedAPI() as api:
+        api.answer(message("streamed"), headers={"request-id": "req_011stream"})
+        response = AnthropicParticipant(client=api.client(), stream=True).respond(ask())
+    assert (response.content, response.request_id) == (({"type": "text", "text": "streamed"},), "req_011stream")
+
+
+@pytest.mark.parametrize(("events", "said"), [(0, "held no whole message"), (3, "ended before its message did")])
+def test_respond__a_stream_that_ends_before_its_message_is_asked_again(events, said):
+    # https://platform.claude.com/docs/en/build-with-claude/streaming : a stream is message_start, the blocks, then
+    # message_delta (stop_reason, final usage) and message_stop. One that ends before (none at all; a text delta, then
+    # nothing) holds no answer to journal: transient, not half an answer with no stop_reason.
+    with ScriptedAPI() as api:
+        api.cut_stream_after = events
+        api.answer(message("The refund is approved and the money is on its way"))
+        with pytest.raises(ModelUnavailableError, match=said):
+            AnthropicParticipant(client=api.client(), stream=True).respond(ask())
 
 
 @pytest.mark.parametrize(
