@@ -116,31 +116,47 @@ def prove_lease(claim: Claim) -> Spent | None:
             .get()
         )
         return Spent(sum(row[: len(SPEND_COLUMNS)]), Decimal(row[-3]), row[-2], row[-1])
-    params = {
+    with statements.cursor() as cursor:
+        cursor.execute(_prove_sql(), proof_params(claim))
+        row = cursor.fetchone()
+    return None if row is None else spent(row)
+
+
+def proof_params(claim: Claim) -> dict[str, Any]:
+    """The parameters of proving_update(): the claim's fence and the lease's new length."""
+    return {
         "run_id": claim.run_id,
         "token": claim.token,
         "owner": claim.owner,
         "lease": clock.offset(timedelta(seconds=lease_seconds())),
     }
-    with statements.cursor() as cursor:
-        cursor.execute(_prove_sql(), params)
-        row = cursor.fetchone()
-    return None if row is None else Spent(int(row[0]), Decimal(row[1]), row[2], row[3])
+
+
+def spent(row: tuple[Any, ...]) -> Spent:
+    """The Spent that proving_update()'s RETURNING gives."""
+    return Spent(int(row[0]), Decimal(row[1]), row[2], row[3])
 
 
 # What a run has spent, in tokens: everything billed.
 SPEND_COLUMNS = ("input_tokens", "output_tokens", "cache_write_tokens", "cache_read_tokens")
 
 
-@cache
-def _prove_sql() -> str:
-    # Owner and a held lease too: a renewal racing the commit must not re-arm a lease just released.
+def proving_update(also: str = "") -> str:
+    """The statement that proves a lease and extends it on the database's clock, returning the run's spend (see
+    spent()); `also` adds conditions. Its parameters are proof_params()'s. Owner and a held lease too: a renewal
+    racing the commit must not re-arm a lease just released."""
     return f"""
         UPDATE {connections["default"].ops.quote_name(Run._meta.db_table)}
            SET lease_expires_at = STATEMENT_TIMESTAMP() + %(lease)s
          WHERE id = %(run_id)s AND lease_token = %(token)s AND lease_owner = %(owner)s AND lease_expires_at IS NOT NULL
+               {also}
      RETURNING {" + ".join(SPEND_COLUMNS)}, cost_usd, token_budget, cost_budget_usd
     """
+
+
+@cache
+def _prove_sql() -> str:
+    return proving_update()
 
 
 def renew_leases(claims: list[Claim], db: Any = None, lease: float | None = None) -> tuple[set[Claim], set[Claim]]:

@@ -17,8 +17,6 @@ clock shift).
 from __future__ import annotations
 
 import json
-from datetime import timedelta
-from decimal import Decimal
 from functools import cache
 from typing import Any
 
@@ -26,7 +24,7 @@ from django.db import connection
 
 from durable_agents import clock
 from durable_agents.engine import statements
-from durable_agents.engine.lease import SPEND_COLUMNS, Claim, Spent, lease_seconds
+from durable_agents.engine.lease import Claim, Spent, proof_params, proving_update, spent
 from durable_agents.models import Run, Step, Turn
 
 NOW = "(STATEMENT_TIMESTAMP() + %(shift)s)"
@@ -107,12 +105,7 @@ def _tool_results_sql() -> str:
     # results already is not written, and the lease is not extended for it either: nothing comes back.
     return f"""
         WITH proven AS (
-            UPDATE {_table(Run)}
-               SET lease_expires_at = STATEMENT_TIMESTAMP() + %(lease)s
-             WHERE id = %(run_id)s AND lease_token = %(token)s AND lease_owner = %(owner)s
-               AND lease_expires_at IS NOT NULL
-               AND EXISTS (SELECT 1 FROM {_table(Turn)} WHERE id = %(id)s AND tool_results IS NULL)
-         RETURNING {" + ".join(SPEND_COLUMNS)}, cost_usd, token_budget, cost_budget_usd
+            {proving_update(f"AND EXISTS (SELECT 1 FROM {_table(Turn)} WHERE id = %(id)s AND tool_results IS NULL)")}
         ), written AS (
             UPDATE {_table(Turn)} SET tool_results = %(results)s
              WHERE id = %(id)s AND tool_results IS NULL AND EXISTS (SELECT 1 FROM proven)
@@ -130,15 +123,12 @@ def write_tool_results(turn_pk: int, results: list[Any], claim: Claim) -> Spent 
     params = {
         "id": turn_pk,
         "results": Turn._meta.get_field("tool_results").get_db_prep_value(results, connection),
-        "run_id": claim.run_id,
-        "token": claim.token,
-        "owner": claim.owner,
-        "lease": clock.offset(timedelta(seconds=lease_seconds())),
+        **proof_params(claim),
     }
     with statements.cursor() as cursor:
         cursor.execute(_tool_results_sql(), params)
         row = cursor.fetchone()
-    return None if row is None else Spent(int(row[0]), Decimal(row[1]), row[2], row[3])
+    return None if row is None else spent(row)
 
 
 @cache

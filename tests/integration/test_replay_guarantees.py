@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from decimal import Decimal
 
 import pytest
@@ -17,6 +16,7 @@ from durable_agents.models import Cohort, Effect, Replay, ReplayRun, Run, RunSta
 from durable_agents.replays import check_candidate, report
 from durable_agents.testing import drive
 from durable_agents.workflows import registry
+from tests.integration.interleavings import until_blocked_on_a_lock
 from tests.testapp.models import LedgerEntry
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -293,7 +293,6 @@ def test_replay_of_runs_naming_a_replay_run_or_an_unfinished_run_is_refused():
 def test_two_cohorts_saved_under_one_name_at_once_give_a_clear_error():
     run = recorded_charge()
     other = connections.create_connection("default")
-    blocked = threading.Event()
     outcome: dict[str, object] = {}
 
     def save():
@@ -310,16 +309,8 @@ def test_two_cohorts_saved_under_one_name_at_once_give_a_clear_error():
         cur.execute("INSERT INTO durable_agents_cohort (name, description, created_at) VALUES ('racing', '', now())")
     thread = threading.Thread(target=save)
     thread.start()
-    # wait until the save is blocked on the uncommitted row's unique index
-    for _ in range(600):
-        with other.cursor() as cur:
-            cur.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()"
-            )
-            if cur.fetchone()[0]:
-                blocked.set()
-                break
-        time.sleep(0.05)
+    # The save is queued behind the uncommitted row on the unique index (not merely not started yet) before it commits.
+    until_blocked_on_a_lock(thread, "durable_agents_cohort")
     other.commit()
     other.close()
     thread.join(30)

@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 from django.conf import settings
-from django.db import connection, connections, transaction
+from django.db import connection, transaction
 from django.test.utils import override_settings
 
 from durable_agents import api
 from durable_agents.errors import InvalidInputError
 from durable_agents.models import Run, Step
-from durable_agents.testing import wait_for
+from tests.integration.interleavings import until_blocked_on_a_lock
 
 woken: list[str] = []
 
@@ -35,14 +35,6 @@ def _in_process(**changes: object):
 
 
 # --- starting a run ---------------------------------------------------------------------------------------------
-
-
-def _blocked_on_a_lock() -> bool:
-    with connections["default"].cursor() as cursor:
-        cursor.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()"
-        )
-        return cursor.fetchone()[0] > 0
 
 
 def _race_one_key(inside_a_transaction: bool) -> tuple[list[Any], list[BaseException]]:
@@ -78,7 +70,7 @@ def _race_one_key(inside_a_transaction: bool) -> tuple[list[Any], list[BaseExcep
     assert first_inserted.wait(60)
     b = threading.Thread(target=second)
     b.start()
-    wait_for(_blocked_on_a_lock, timeout=60)
+    until_blocked_on_a_lock(b, "WITH v AS (SELECT * FROM unnest(")  # the start statement (its head: the text is cut)
     let_first_commit.set()
     a.join(60)
     b.join(60)

@@ -11,7 +11,7 @@ import threading
 from datetime import timedelta
 
 import pytest
-from django.db import connection, connections, transaction
+from django.db import connections, transaction
 from django.db.models import F
 from django.utils import timezone
 
@@ -20,8 +20,8 @@ from durable_agents.engine import turnpath
 from durable_agents.engine.advance import advance
 from durable_agents.engine.lease import Claim
 from durable_agents.models import Run, Turn
-from durable_agents.testing import wait_for
 from durable_agents.testing.runs import take_lease
+from tests.integration.interleavings import until_blocked_on_a_lock
 from tests.testapp.trust import HOOKS
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -146,17 +146,7 @@ def test_a_takeover_holding_the_run_row__the_write_waits_and_follows_its_outcome
     writer = threading.Thread(target=write)
     writer.start()
     # The write is queued behind the takeover's row lock (not merely not started yet) before the takeover ends.
-    with connection.cursor() as cursor:
-
-        def waiting_on_the_lock() -> bool:
-            cursor.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
-                " AND query LIKE %s",
-                ["%SET tool_results%"],
-            )
-            return cursor.fetchone()[0] == 1
-
-        wait_for(waiting_on_the_lock, timeout=30, what="the write to wait on the run row's lock")
+    until_blocked_on_a_lock(writer, "SET tool_results")
     finish.set()
     taker.join(30)
     writer.join(30)
