@@ -47,9 +47,10 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 from durable_agents import clock
+from durable_agents.agents import claude
 from durable_agents.agents.budget import Budget, estimate_prompt
 from durable_agents.agents.claude import PERMANENT_HINTS, PROMPT_TOO_LONG_TEXT, TRANSIENT_ERROR_TYPES
-from durable_agents.agents.messages import COMPACTION, TURN, ModelRequest, ModelResponse, Usage
+from durable_agents.agents.messages import COMPACTION, TURN, ModelRequest, ModelResponse
 from durable_agents.engine import batches, replaying
 from durable_agents.engine.control import Park, WaitSpec
 from durable_agents.engine.events import record_event
@@ -218,30 +219,8 @@ def is_malformed(turn: BatchTurn) -> bool:
 
 
 def response_of(turn: BatchTurn) -> ModelResponse:
-    """A succeeded result's message as an answer to journal (priced at batch prices)."""
-    message = (turn.result or {}).get("message") or {}
-    details = message.get("stop_details")
-    return ModelResponse(
-        content=tuple({k: v for k, v in block.items() if v is not None} for block in message.get("content") or ()),
-        stop_reason=message.get("stop_reason") or "",
-        model=message.get("model") or turn.model,
-        usage=usage_from_json(message.get("usage") or {}),
-        request_id=turn.custom_id,
-        stop_details=details if isinstance(details, dict) else None,
-        batch=True,
-    )
-
-
-def usage_from_json(usage: dict[str, Any]) -> Usage:
-    """The billed tokens of a result message's `usage` (JSON, as the results file has it)."""
-    split = usage.get("cache_creation") or {}
-    return Usage(
-        input_tokens=int(usage.get("input_tokens") or 0),
-        output_tokens=int(usage.get("output_tokens") or 0),
-        cache_write_tokens=int(usage.get("cache_creation_input_tokens") or 0),
-        cache_read_tokens=int(usage.get("cache_read_input_tokens") or 0),
-        cache_write_1h_tokens=int(split.get("ephemeral_1h_input_tokens") or 0) if isinstance(split, dict) else 0,
-    )
+    """A succeeded result's message as an answer to journal (priced at batch prices), read as a live answer is."""
+    return claude.response_of((turn.result or {}).get("message") or {}, turn.custom_id, model=turn.model, batch=True)
 
 
 def error_of(turn: BatchTurn) -> Exception:

@@ -252,23 +252,15 @@ class AnthropicParticipant:
                 with limiter_faults_logged("a refund"):
                     shared.settle(reservation, Usage())
             raise
-        usage = usage_of(message.get("usage"))
+        response = response_of(message, request_id)
         traced.set({tracing.GEN_AI_RESPONSE_ID: message.get("id")})
         if shared:
             # The answer is billed: a limiter that fails now must not lose it (the step would ask for it again).
             with limiter_faults_logged("the billed usage"):
                 if reservation:
-                    shared.settle(reservation, usage)
+                    shared.settle(reservation, response.usage)
                 shared.observe(request.model, key, headers)
-        details = message.get("stop_details")
-        return ModelResponse(
-            content=content_of(message),
-            stop_reason=message.get("stop_reason") or "",
-            model=message.get("model") or "",
-            usage=usage,
-            request_id=request_id,
-            stop_details=_without_nulls(details) if isinstance(details, dict) else None,
-        )
+        return response
 
     def count_tokens(self, request: ModelRequest) -> int | None:
         """The prompt's input tokens as the API counts them (`messages.count_tokens`), or None if it could not say.
@@ -298,7 +290,8 @@ class AnthropicParticipant:
         Not streamed, the object is the body as the API wrote it, decoded once: its blocks are what is journaled and
         sent back, keys in the order the API wrote them (a tool_use's input as the model wrote it), where the SDK's
         models would reorder a block's fields; and the SDK's `Message`, of which a few fields are read, is not built
-        (0.16 ms a call). Streamed, the SDK assembles the message and it is dumped, null fields left out.
+        (0.16 ms a call). Streamed, the SDK assembles the message from its events and it is dumped with the fields
+        they set (nulls included), in the SDK's field order.
         """
         with map_errors():
             if self.stream:
@@ -318,7 +311,7 @@ class AnthropicParticipant:
 
 
 def _whole(stream: Any) -> dict[str, Any]:
-    """The message a 200 stream assembled, dumped (null fields left out); ModelUnavailableError if the stream did not
+    """The message a 200 stream assembled, dumped as its events wrote it; ModelUnavailableError if the stream did not
     hold a whole one: no events, a tool's input that is not JSON (the SDK raises AssertionError, ValueError), or an end
     before the message's (no stop_reason: its usage is not final, and half an answer is not journaled)."""
     try:
@@ -329,7 +322,9 @@ def _whole(stream: Any) -> dict[str, Any]:
         ) from exc
     if message.stop_reason is None:
         raise ModelUnavailableError("the model API's stream ended before its message did; the step retries")
-    return message.model_dump(mode="json", exclude_none=True)
+    # The fields the stream's events set, nulls included: a citation's `document_title: null` is sent back as written
+    # (`exclude_none` dropped it, and nulls inside a tool's input). content_of leaves out a block's own null fields.
+    return message.model_dump(mode="json", exclude_unset=True)
 
 
 @contextmanager
@@ -357,10 +352,25 @@ def limiter_faults_logged(what: str) -> Iterator[None]:
         logger.warning("the shared rate limiter did not take %s: %s", what, redact(f"{type(exc).__name__}: {exc}"))
 
 
+def response_of(message: dict[str, Any], request_id: str, *, model: str = "", batch: bool = False) -> ModelResponse:
+    """A Messages API answer (JSON as the API wrote it, answered live or in a batch's results) as the answer to
+    journal: its blocks and stop_details with their own null fields left out (nulls inside them kept), its billed
+    usage; `model` where the answer names none."""
+    details = message.get("stop_details")
+    return ModelResponse(
+        content=content_of(message),
+        stop_reason=message.get("stop_reason") or "",
+        model=message.get("model") or model,
+        usage=usage_of(message.get("usage")),
+        request_id=request_id,
+        stop_details=_without_nulls(details) if isinstance(details, dict) else None,
+        batch=batch,
+    )
+
+
 def content_of(message: dict[str, Any]) -> tuple[dict[str, Any], ...]:
-    """The content blocks of a Messages API answer (checked by `_call`), each in its own key order, null fields left
-    out (as the SDK's `exclude_none` would leave them out)."""
-    return tuple(_without_nulls(block) for block in message["content"])
+    """The content blocks of a Messages API answer, each in its own key order, its own null fields left out."""
+    return tuple(_without_nulls(block) for block in message.get("content") or ())
 
 
 def _without_nulls(fields: dict[str, Any]) -> dict[str, Any]:
@@ -417,8 +427,8 @@ def new_client() -> anthropic.Anthropic:
 
 
 def usage_of(usage: Any) -> Usage:
-    """The billed tokens of a Messages API answer's `usage` object (as JSON); 1 h cache writes are priced apart from
-    5 min ones."""
+    """The billed tokens of a Messages API answer's `usage` object (as JSON; none, or null counts, are zeros); 1 h
+    cache writes are priced apart from 5 min ones."""
     usage = usage if isinstance(usage, dict) else {}
     split = usage.get("cache_creation")
     split = split if isinstance(split, dict) else {}

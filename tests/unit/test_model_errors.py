@@ -141,11 +141,11 @@ class _Handler(BaseHTTPRequestHandler):
             events.append(
                 (
                     "content_block_start",
-                    {"type": "content_block_start", "index": index, "content_block": {"type": "text", "text": ""}},
+                    {"type": "content_block_start", "index": index, "content_block": _opening(block)},
                 )
             )
-            delta = {"type": "text_delta", "text": block["text"]}
-            events.append(("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta}))
+            for delta in _deltas(block):
+                events.append(("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta}))
             events.append(("content_block_stop", {"type": "content_block_stop", "index": index}))
         stop = {k: answer.get(k) for k in ("stop_reason", "stop_sequence", "stop_details")}
         events.append(("message_delta", {"type": "message_delta", "delta": stop, "usage": answer["usage"]}))
@@ -155,6 +155,38 @@ class _Handler(BaseHTTPRequestHandler):
             chunk = f"event: {event}\ndata: {json.dumps(data)}\n\n".encode()
             self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
         self.wfile.write(b"0\r\n\r\n")
+
+
+def _opening(block: dict[str, Any]) -> dict[str, Any]:
+    """A block as its content_block_start carries it: empty, its deltas to come
+    (https://platform.claude.com/docs/en/build-with-claude/streaming, "Content block delta types")."""
+    if block["type"] == "text":
+        return {"type": "text", "text": ""}
+    if block["type"] == "thinking":
+        return {"type": "thinking", "thinking": "", "signature": ""}
+    if block["type"] == "tool_use":
+        return {**block, "input": {}}
+    return block  # whole in its start (redacted_thinking, server tool results)
+
+
+def _deltas(block: dict[str, Any]) -> list[dict[str, Any]]:
+    """The deltas that fill a block: text_delta (then one citations_delta a citation, as
+    https://platform.claude.com/docs/en/build-with-claude/citations streams them), input_json_delta (the input's JSON
+    in two pieces), thinking_delta then signature_delta."""
+    if block["type"] == "text":
+        return [{"type": "text_delta", "text": block["text"]}] + [
+            {"type": "citations_delta", "citation": citation} for citation in block.get("citations") or ()
+        ]
+    if block["type"] == "thinking":
+        return [
+            {"type": "thinking_delta", "thinking": block["thinking"]},
+            {"type": "signature_delta", "signature": block["signature"]},
+        ]
+    if block["type"] == "tool_use":
+        written = json.dumps(block["input"])
+        half = len(written) // 2
+        return [{"type": "input_json_delta", "partial_json": part} for part in (written[:half], written[half:])]
+    return []
 
 
 def message(
@@ -373,6 +405,39 @@ def test_respond__a_streamed_answer_carries_its_request_id():
         api.answer(message("streamed"), headers={"request-id": "req_011stream"})
         response = AnthropicParticipant(client=api.client(), stream=True).respond(ask())
     assert (response.content, response.request_id) == (({"type": "text", "text": "streamed"},), "req_011stream")
+
+
+def test_respond__a_streamed_answer_is_journaled_as_the_same_answer_unstreamed():
+    # A citation's `document_title` is null when the document had none (https://platform.claude.com/docs/en/
+    # build-with-claude/citations), and is `Required[Optional[str]]` in the SDK's request types
+    # (anthropic/types/citation_char_location_param.py): a history sent back without the key is not what the API wrote.
+    # Streamed or not, the journaled blocks are the same: nulls inside a block kept, a block's own null fields left out.
+    answer = message(stop_reason="tool_use")
+    citation = {
+        "type": "char_location",
+        "cited_text": "Refunds within 30 days.",
+        "document_index": 0,
+        "document_title": None,
+        "start_char_index": 0,
+        "end_char_index": 23,
+    }
+    answer["content"] = [
+        {"type": "thinking", "thinking": "The policy allows it.", "signature": "EqQBCgIYAhIM1gbcDa9GJwZA"},
+        {"type": "text", "text": "Within the window.", "citations": [citation]},
+        {"type": "text", "text": "Refunding.", "citations": None},
+        {"type": "tool_use", "id": "toolu_01", "name": "refund", "input": {"zeta": 1, "alpha": {"n": None}}},
+    ]
+    with ScriptedAPI() as api:
+        api.answer(answer)
+        api.answer(answer)
+        unstreamed = AnthropicParticipant(client=api.client()).respond(ask())
+        streamed = AnthropicParticipant(client=api.client(), stream=True).respond(ask())
+
+    assert streamed.content == unstreamed.content
+    assert streamed.content[1]["citations"] == [citation], "document_title: null kept"
+    assert streamed.content[2] == {"type": "text", "text": "Refunding."}
+    assert streamed.content[3]["input"] == {"zeta": 1, "alpha": {"n": None}}
+    assert list(streamed.content[3]["input"]) == ["zeta", "alpha"], "the model's key order"
 
 
 @pytest.mark.parametrize(("events", "said"), [(0, "held no whole message"), (3, "ended before its message did")])
