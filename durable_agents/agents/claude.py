@@ -310,21 +310,55 @@ class AnthropicParticipant:
         return body, raw.headers, raw.request_id or ""
 
 
+# The deltas the SDK's accumulator applies, and to which blocks (anthropic/lib/streaming/_messages.py, accumulate_event
+# and TRACKS_TOOL_INPUT). It skips any other without a word: the block would be journaled half written.
+_ASSEMBLED = {
+    "text_delta": ("text",),
+    "citations_delta": ("text",),
+    "input_json_delta": ("tool_use", "server_tool_use"),
+    "thinking_delta": ("thinking",),
+    "signature_delta": ("thinking",),
+}
+
+
 def _whole(stream: Any) -> dict[str, Any]:
-    """The message a 200 stream assembled, dumped as its events wrote it; ModelUnavailableError if the stream did not
-    hold a whole one: no events, a tool's input that is not JSON (the SDK raises AssertionError, ValueError), or an end
-    before the message's (no stop_reason: its usage is not final, and half an answer is not journaled)."""
+    """The message a 200 stream assembled, dumped as its events wrote it.
+
+    ModelUnavailableError (asked again) if the stream did not hold a whole one: no events, events out of order, a
+    tool's input that is not JSON, or an end before its `message_stop` (usage counts are cumulative: an earlier
+    message_delta's are not the bill). ModelRequestError if it holds a delta the SDK would skip (a new block type's,
+    say): a retry would stream it again.
+    """
+    stopped, split = False, None
     try:
+        for event in stream:
+            if event.type == "content_block_delta":
+                block = stream.current_message_snapshot.content[event.index]
+                if block.type not in _ASSEMBLED.get(event.delta.type, ()):
+                    raise ModelRequestError(
+                        f"the model API streamed a {event.delta.type!r} for a {block.type!r} block, which the "
+                        f"installed anthropic SDK ({anthropic.__version__}) does not assemble; upgrade it, or ask "
+                        "without streaming"
+                    )
+            elif event.type == "message_delta":
+                # The SDK keeps the 5 min / 1 h split of message_start's cache writes; a message_delta's totals win.
+                split = event.usage.to_dict().get("cache_creation", split)
+            stopped = stopped or event.type == "message_stop"
         message = stream.get_final_message()
-    except (AssertionError, RuntimeError, ValueError) as exc:
+    # What the SDK's accumulator raises on events it cannot place (a delta for no block, an event before
+    # message_start, a tool input that is not JSON): the stream, not the request, was wrong.
+    except (AssertionError, RuntimeError, ValueError, LookupError, TypeError, AttributeError) as exc:
         raise ModelUnavailableError(
             f"the model API's stream held no whole message ({type(exc).__name__}: {redact(str(exc))}); the step retries"
         ) from exc
-    if message.stop_reason is None:
+    if not stopped or message.stop_reason is None:
         raise ModelUnavailableError("the model API's stream ended before its message did; the step retries")
     # The fields the stream's events set, nulls included: a citation's `document_title: null` is sent back as written
     # (`exclude_none` dropped it, and nulls inside a tool's input). content_of leaves out a block's own null fields.
-    return message.model_dump(mode="json", exclude_unset=True)
+    whole = message.model_dump(mode="json", exclude_unset=True)
+    if isinstance(split, dict) and isinstance(whole.get("usage"), dict):
+        whole["usage"]["cache_creation"] = split
+    return whole
 
 
 @contextmanager

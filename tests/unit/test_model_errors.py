@@ -43,6 +43,9 @@ SPEND_CAP_BODY = {
 # -- a loopback Messages API that says what FakeAnthropic cannot (stop_details, rate-limit headers, a fixed date) ----
 
 
+EVENTS = "__events__"  # an answer scripted as stream events (ScriptedAPI.answer_stream)
+
+
 class ScriptedAPI:
     """Answers each `POST /v1/messages` with the next scripted (status, body, headers), else a plain reply; each
     `POST /v1/messages/count_tokens` with the next scripted count answer, else 404. `date` fixes the `date` header
@@ -79,6 +82,10 @@ class ScriptedAPI:
     def answer(self, body: dict[str, Any], status: int = 200, headers: Mapping[str, str] | None = None) -> None:
         self.answers.append((status, body, dict(headers or {})))
 
+    def answer_stream(self, events: list[tuple[str, dict[str, Any]]]) -> None:
+        """Stream the next answer as these (event, data) pairs, whatever the request asked for."""
+        self.answers.append((200, {EVENTS: events}, {}))
+
     def count(self, body: dict[str, Any], status: int = 200) -> None:
         self.counts.append((status, body))
 
@@ -111,7 +118,7 @@ class _Handler(BaseHTTPRequestHandler):
         api.arrived.set()
         api.hold.wait(timeout=30)
         status, answer, headers = api.answers.popleft() if api.answers else (200, message(), {})
-        if status == 200 and body.get("stream"):
+        if status == 200 and (body.get("stream") or EVENTS in answer):
             return self._stream(answer, headers)
         return self._json(status, answer, headers)
 
@@ -135,26 +142,33 @@ class _Handler(BaseHTTPRequestHandler):
         for name, value in {"content-type": "text/event-stream", "transfer-encoding": "chunked", **headers}.items():
             self.send_header(name, value)
         self.end_headers()
-        start = {**answer, "content": [], "stop_reason": None, "stop_details": None}
-        events: list[tuple[str, dict[str, Any]]] = [("message_start", {"type": "message_start", "message": start})]
-        for index, block in enumerate(answer["content"]):
-            events.append(
-                (
-                    "content_block_start",
-                    {"type": "content_block_start", "index": index, "content_block": _opening(block)},
-                )
-            )
-            for delta in _deltas(block):
-                events.append(("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta}))
-            events.append(("content_block_stop", {"type": "content_block_stop", "index": index}))
-        stop = {k: answer.get(k) for k in ("stop_reason", "stop_sequence", "stop_details")}
-        events.append(("message_delta", {"type": "message_delta", "delta": stop, "usage": answer["usage"]}))
-        events.append(("message_stop", {"type": "message_stop"}))
+        events = answer[EVENTS] if EVENTS in answer else stream_of(answer)
         cut = self.server.api.cut_stream_after  # type: ignore[attr-defined]
         for event, data in events if cut is None else events[:cut]:
             chunk = f"event: {event}\ndata: {json.dumps(data)}\n\n".encode()
             self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
         self.wfile.write(b"0\r\n\r\n")
+
+
+def stream_of(answer: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """A message as the API streams it (https://platform.claude.com/docs/en/build-with-claude/streaming): message_start,
+    each block's start, deltas and stop, message_delta (stop_reason, the final usage), message_stop."""
+    start = {**answer, "content": [], "stop_reason": None, "stop_details": None}
+    events: list[tuple[str, dict[str, Any]]] = [("message_start", {"type": "message_start", "message": start})]
+    for index, block in enumerate(answer["content"]):
+        events.append(
+            ("content_block_start", {"type": "content_block_start", "index": index, "content_block": _opening(block)})
+        )
+        events += [_delta(index, delta) for delta in _deltas(block)]
+        events.append(("content_block_stop", {"type": "content_block_stop", "index": index}))
+    stop = {k: answer.get(k) for k in ("stop_reason", "stop_sequence", "stop_details")}
+    events.append(("message_delta", {"type": "message_delta", "delta": stop, "usage": answer["usage"]}))
+    events.append(("message_stop", {"type": "message_stop"}))
+    return events
+
+
+def _delta(index: int, delta: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    return "content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta}
 
 
 def _opening(block: dict[str, Any]) -> dict[str, Any]:
@@ -438,6 +452,82 @@ def test_respond__a_streamed_answer_is_journaled_as_the_same_answer_unstreamed()
     assert streamed.content[2] == {"type": "text", "text": "Refunding."}
     assert streamed.content[3]["input"] == {"zeta": 1, "alpha": {"n": None}}
     assert list(streamed.content[3]["input"]) == ["zeta", "alpha"], "the model's key order"
+
+
+@pytest.mark.parametrize(
+    ("opening", "delta"),
+    [
+        ({"type": "compaction", "content": None}, {"type": "compaction_delta", "content": "Summary so far."}),
+        (
+            {"type": "mcp_tool_use", "id": "mcptoolu_01", "name": "look_up", "server_name": "orders", "input": {}},
+            {"type": "input_json_delta", "partial_json": '{"order": "A-1"}'},
+        ),
+    ],
+    ids=["a-new-delta-type", "a-known-delta-on-a-new-block"],
+)
+def test_respond__a_stream_with_a_delta_the_sdk_does_not_assemble_is_refused(opening, delta):
+    # https://platform.claude.com/docs/en/api/versioning : the API may add "new variants to enum-like output values
+    # (for example, streaming event types)". The SDK's accumulator skips a delta it does not know (anthropic/lib/
+    # streaming/_messages.py): the block would be journaled empty, a tool call without its arguments.
+    events = stream_of(message())  # message_start, the text block's start, delta and stop, message_delta, message_stop
+    events[4:4] = [
+        ("content_block_start", {"type": "content_block_start", "index": 1, "content_block": opening}),
+        _delta(1, delta),
+        ("content_block_stop", {"type": "content_block_stop", "index": 1}),
+    ]
+    with ScriptedAPI() as api:
+        api.answer_stream(events)
+        with pytest.raises(ModelRequestError, match=f"streamed a '{delta['type']}' for a '{opening['type']}' block"):
+            AnthropicParticipant(client=api.client(), stream=True).respond(ask())
+
+
+def test_respond__a_stream_cut_after_a_message_delta_is_asked_again():
+    # https://platform.claude.com/docs/en/build-with-claude/streaming : "one or more message_delta events", then
+    # message_stop; their usage counts are cumulative. Cut before the last, the first's output_tokens are not the bill.
+    answer = message()
+    answer["usage"] = {"input_tokens": 12, "output_tokens": 300}
+    events = stream_of(answer)
+    early = {"type": "message_delta", "delta": events[-2][1]["delta"], "usage": {"output_tokens": 5}}
+    events.insert(-2, ("message_delta", early))
+    with ScriptedAPI() as api:
+        api.answer_stream(events[:-2])  # the stream ends after the first message_delta
+        with pytest.raises(ModelUnavailableError, match="ended before its message did"):
+            AnthropicParticipant(client=api.client(), stream=True).respond(ask())
+
+
+def test_respond__a_stream_with_a_delta_for_no_block_is_asked_again():
+    # A delta names its block by index (streaming docs); one for a block never started is a broken stream (the SDK
+    # raises IndexError): transient, like a stream cut short, never a raw error.
+    events = stream_of(message())
+    events.insert(2, _delta(5, {"type": "text_delta", "text": "x"}))
+    with ScriptedAPI() as api:
+        api.answer_stream(events)
+        with pytest.raises(ModelUnavailableError, match="held no whole message"):
+            AnthropicParticipant(client=api.client(), stream=True).respond(ask())
+
+
+def test_respond__a_streamed_answer_bills_the_cache_writes_its_last_message_delta_counts():
+    # Usage counts on a message_delta are cumulative (streaming docs): its totals win over message_start's, and so
+    # does its 5 min / 1 h split when it carries one (the SDK keeps message_start's; 1 h writes cost more).
+    answer = message()
+    answer["usage"] = {
+        "input_tokens": 40,
+        "output_tokens": 9,
+        "cache_creation_input_tokens": 50,
+        "cache_read_input_tokens": 0,
+        "cache_creation": {"ephemeral_5m_input_tokens": 10, "ephemeral_1h_input_tokens": 40},
+    }
+    events = stream_of(answer)
+    started = {**answer["usage"], "output_tokens": 1, "cache_creation_input_tokens": 30}
+    started["cache_creation"] = {"ephemeral_5m_input_tokens": 10, "ephemeral_1h_input_tokens": 20}
+    events[0][1]["message"]["usage"] = started
+    with ScriptedAPI() as api:
+        api.answer_stream(events)
+        api.answer(answer)
+        streamed = AnthropicParticipant(client=api.client(), stream=True).respond(ask())
+        unstreamed = AnthropicParticipant(client=api.client()).respond(ask())
+    assert streamed.usage == unstreamed.usage
+    assert (streamed.usage.cache_write_tokens, streamed.usage.cache_write_1h_tokens) == (50, 40)
 
 
 @pytest.mark.parametrize(("events", "said"), [(0, "held no whole message"), (3, "ended before its message did")])
