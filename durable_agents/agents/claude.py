@@ -33,6 +33,7 @@ import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
 import anthropic
@@ -321,43 +322,131 @@ _ASSEMBLED = {
 }
 
 
+# The events of a stream, in the order https://platform.claude.com/docs/en/build-with-claude/streaming gives: a
+# message_start; each block's content_block_start (its index the block's place in the message), deltas and stop, one
+# block after the other; one or more message_delta (the stop_reason, cumulative usage); a final message_stop. Pings,
+# event types this code does not know and the SDK's own events (`text`, `input_json`, ...) may come anywhere.
+_FLOW = frozenset(
+    {
+        "message_start",
+        "content_block_start",
+        "content_block_delta",
+        "content_block_stop",
+        "message_delta",
+        "message_stop",
+    }
+)
+
+
+class _Broken(Exception):
+    """The stream's events do not make a whole message."""
+
+
+@dataclass
+class _Flow:
+    """A stream's events checked against the documented order as they come (see()), then its end (check_end())."""
+
+    began: bool = False
+    blocks: int = 0  # blocks started
+    open: int | None = None  # the block between its start and its stop
+    billed: bool = False  # a message_delta came
+    ended: bool = False  # its message_stop came
+    split: dict[str, Any] | None = None  # the last message_delta's 5 min / 1 h split of the cache writes
+    inputs: dict[int, str] = field(default_factory=dict)  # a tool block's input JSON as its deltas wrote it
+    unparsed: list[int] = field(default_factory=list)  # tool blocks whose input was not a whole JSON object
+
+    def see(self, event: Any, snapshot: Any) -> None:
+        kind = event.type
+        if kind not in _FLOW:
+            return
+        if self.ended:
+            raise _Broken(f"a {kind} after message_stop")
+        if kind == "message_start":
+            if self.began:
+                raise _Broken("a second message_start")
+            self.began = True
+            return
+        if not self.began:
+            raise _Broken(f"a {kind} before message_start")
+        if kind == "content_block_start":
+            if self.open is not None or self.billed or event.index != self.blocks:
+                raise _Broken(f"content_block_start {event.index!r} where block {self.blocks} was to start")
+            self.open, self.blocks = event.index, self.blocks + 1
+        elif kind in ("content_block_delta", "content_block_stop"):
+            if self.open is None or event.index != self.open:
+                raise _Broken(f"a {kind} for block {event.index!r}, which is not open")
+            if kind == "content_block_delta":
+                self._delta(event, snapshot.content[event.index].type)
+            else:
+                self.open = None
+                self._parse_input(event.index)
+        elif kind == "message_delta":
+            if self.open is not None or not isinstance(event.usage.output_tokens, int):
+                raise _Broken("a message_delta inside a block, or without its output_tokens")
+            self.billed = True
+            # The SDK keeps message_start's split of the cache writes; a message_delta's totals win, its split too.
+            self.split = event.usage.to_dict().get("cache_creation", self.split)
+        else:  # message_stop
+            if not self.billed:
+                raise _Broken("message_stop before any message_delta: no stop_reason, no final usage")
+            self.ended = True
+
+    def _delta(self, event: Any, block: str) -> None:
+        delta = event.delta.type
+        if block not in _ASSEMBLED.get(delta, ()):
+            raise ModelRequestError(
+                f"the model API streamed a {delta!r} for a {block!r} block, which the installed anthropic SDK "
+                f"({anthropic.__version__}) does not assemble; upgrade it, or ask without streaming"
+            )
+        if delta == "input_json_delta":
+            self.inputs[event.index] = self.inputs.get(event.index, "") + event.delta.partial_json
+
+    def _parse_input(self, index: int) -> None:
+        # The SDK parses each delta's JSON so far in partial mode and keeps what it made of it: `{"city": "Par`
+        # would be an input of {}. The whole input is parsed once its block stopped, as the streaming docs do.
+        written = self.inputs.pop(index, "")
+        if not written:
+            return  # no deltas: the input its content_block_start gave (a tool without parameters)
+        try:
+            whole = json.loads(written)
+        except ValueError:
+            whole = None
+        if not isinstance(whole, dict):
+            self.unparsed.append(index)
+
+    def check_end(self, stop_reason: str | None) -> None:
+        if not self.ended or stop_reason is None:
+            raise _Broken("the stream ended before its message did")
+        if self.unparsed and stop_reason != "max_tokens":
+            # Cut by max_tokens, a tool call is incomplete by design and the agent loop sets the turn aside.
+            raise _Broken(f"the input of block {self.unparsed[0]} is not a whole JSON object")
+
+
 def _whole(stream: Any) -> dict[str, Any]:
     """The message a 200 stream assembled, dumped as its events wrote it.
 
-    ModelUnavailableError (asked again) if the stream did not hold a whole one: no events, events out of order, a
-    tool's input that is not JSON, or an end before its `message_stop` (usage counts are cumulative: an earlier
-    message_delta's are not the bill). ModelRequestError if it holds a delta the SDK would skip (a new block type's,
-    say): a retry would stream it again.
+    ModelUnavailableError (asked again) if the stream did not hold a whole one, in the documented order (_Flow): no
+    events, events out of order or for a block not open, an end before its `message_stop` (usage counts are
+    cumulative: an earlier message_delta's are not the bill), a tool's input that is not a whole JSON object (unless
+    max_tokens cut it). ModelRequestError if it holds a delta the SDK would skip (a new block type's, say): a retry
+    would stream it again.
     """
-    stopped, split = False, None
+    flow = _Flow()
     try:
         for event in stream:
-            if event.type == "content_block_delta":
-                block = stream.current_message_snapshot.content[event.index]
-                if block.type not in _ASSEMBLED.get(event.delta.type, ()):
-                    raise ModelRequestError(
-                        f"the model API streamed a {event.delta.type!r} for a {block.type!r} block, which the "
-                        f"installed anthropic SDK ({anthropic.__version__}) does not assemble; upgrade it, or ask "
-                        "without streaming"
-                    )
-            elif event.type == "message_delta":
-                # The SDK keeps the 5 min / 1 h split of message_start's cache writes; a message_delta's totals win.
-                split = event.usage.to_dict().get("cache_creation", split)
-            stopped = stopped or event.type == "message_stop"
+            flow.see(event, stream.current_message_snapshot if flow.began else None)
         message = stream.get_final_message()
+        flow.check_end(message.stop_reason)
     # What the SDK's accumulator raises on events it cannot place (a delta for no block, an event before
     # message_start, a tool input that is not JSON): the stream, not the request, was wrong.
-    except (AssertionError, RuntimeError, ValueError, LookupError, TypeError, AttributeError) as exc:
-        raise ModelUnavailableError(
-            f"the model API's stream held no whole message ({type(exc).__name__}: {redact(str(exc))}); the step retries"
-        ) from exc
-    if not stopped or message.stop_reason is None:
-        raise ModelUnavailableError("the model API's stream ended before its message did; the step retries")
+    except (_Broken, AssertionError, RuntimeError, ValueError, LookupError, TypeError, AttributeError) as exc:
+        said = str(exc) if isinstance(exc, _Broken) else f"{type(exc).__name__}: {redact(str(exc))}"
+        raise ModelUnavailableError(f"the model API's stream held no whole message ({said}); the step retries") from exc
     # The fields the stream's events set, nulls included: a citation's `document_title: null` is sent back as written
     # (`exclude_none` dropped it, and nulls inside a tool's input). content_of leaves out a block's own null fields.
     whole = message.model_dump(mode="json", exclude_unset=True)
-    if isinstance(split, dict) and isinstance(whole.get("usage"), dict):
-        whole["usage"]["cache_creation"] = split
+    if isinstance(flow.split, dict) and isinstance(whole.get("usage"), dict):
+        whole["usage"]["cache_creation"] = flow.split
     return whole
 
 

@@ -495,6 +495,97 @@ def test_respond__a_stream_cut_after_a_message_delta_is_asked_again():
             AnthropicParticipant(client=api.client(), stream=True).respond(ask())
 
 
+def _start(index: int, block: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    return "content_block_start", {"type": "content_block_start", "index": index, "content_block": block}
+
+
+def _stop(index: int) -> tuple[str, dict[str, Any]]:
+    return "content_block_stop", {"type": "content_block_stop", "index": index}
+
+
+def _tool_call(*partials: str, stop_reason: str = "tool_use", stopped: bool = True) -> list[tuple[str, dict[str, Any]]]:
+    """A stream of one tool call whose input JSON comes in `partials`."""
+    answer = message(stop_reason=stop_reason)
+    answer["content"] = []
+    events = stream_of(answer)
+    tool = {"type": "tool_use", "id": "toolu_01", "name": "refund", "input": {}}
+    json_deltas = [_delta(0, {"type": "input_json_delta", "partial_json": part}) for part in partials]
+    events[1:1] = [_start(0, tool), *json_deltas, *([_stop(0)] if stopped else [])]
+    return events
+
+
+def _text_then(*more: tuple[str, dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+    """A whole stream of one text block ("Hello"), `more` events after its block's stop."""
+    events = stream_of(message("Hello"))
+    events[4:4] = list(more)
+    return events
+
+
+def _no_message_delta() -> list[tuple[str, dict[str, Any]]]:
+    events = stream_of(message("Hello"))
+    events[0][1]["message"] |= {"stop_reason": "end_turn", "usage": {"input_tokens": 12, "output_tokens": 1}}
+    del events[-2]
+    return events
+
+
+def _after_the_stop() -> list[tuple[str, dict[str, Any]]]:
+    events = stream_of(message("Refund approved."))
+    later = {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 99}}
+    return [*events, _delta(0, {"type": "text_delta", "text": " Actually, denied."}), ("message_delta", later)]
+
+
+# Each breaks https://platform.claude.com/docs/en/build-with-claude/streaming's event flow ("Each content block will
+# have an index that corresponds to its index in the final Message content array"; a block's deltas between its
+# content_block_start and content_block_stop; "one or more message_delta events", their usage cumulative, with its
+# output_tokens; "a final message_stop event"), and the SDK's accumulator takes it without a word.
+BROKEN_STREAMS = {
+    # Parsed in the SDK's partial mode, a cut input is journaled as what it makes of it ({} here), and executed.
+    "a-tool-input-cut-short": lambda: _tool_call('{"order": "A-', '1", "amount": 4'),
+    "a-tool-input-with-more-after-it": lambda: _tool_call('{"order": "A-1"}', ' {"amount": 40}'),
+    "a-block-never-stopped": lambda: _tool_call('{"order": "A-1"}', stopped=False),
+    "a-block-started-twice": lambda: _text_then(_start(0, {"type": "text", "text": ""}), _stop(0)),
+    "a-block-out-of-order": lambda: _text_then(_start(2, {"type": "text", "text": ""}), _stop(2)),
+    "a-delta-for-a-negative-index": lambda: _text_then(_delta(-1, {"type": "text_delta", "text": " (negative)"})),
+    "no-message-delta": _no_message_delta,
+    "events-after-message-stop": _after_the_stop,
+}
+
+
+@pytest.mark.parametrize("broken", BROKEN_STREAMS.values(), ids=BROKEN_STREAMS.keys())
+def test_respond__a_stream_out_of_the_documented_order_is_asked_again(broken):
+    with ScriptedAPI() as api:
+        api.answer_stream(broken())
+        with pytest.raises(ModelUnavailableError, match="held no whole message"):
+            AnthropicParticipant(client=api.client(), stream=True).respond(ask())
+
+
+def test_respond__a_message_delta_without_its_output_tokens_is_asked_again():
+    # MessageDeltaUsage.output_tokens is required (anthropic/types/message_delta_usage.py): without it the SDK bills 0.
+    events = stream_of(message("Hello"))
+    events[-2][1]["usage"] = {}
+    with ScriptedAPI() as api:
+        api.answer_stream(events)
+        with pytest.raises(ModelUnavailableError, match="without its output_tokens"):
+            AnthropicParticipant(client=api.client(), stream=True).respond(ask())
+
+
+def test_respond__a_tool_call_cut_by_max_tokens_is_the_loop_s_to_set_aside():
+    # https://platform.claude.com/docs/en/build-with-claude/handling-stop-reasons : max_tokens may cut a tool call;
+    # that is an answer (the agent loop sets the turn aside and asks with more room), not a broken stream.
+    with ScriptedAPI() as api:
+        api.answer_stream(_tool_call('{"order": "A-', stop_reason="max_tokens"))
+        cut = AnthropicParticipant(client=api.client(), stream=True).respond(ask())
+    assert cut.stop_reason == "max_tokens" and cut.content[0]["type"] == "tool_use"
+
+
+def test_respond__a_tool_without_parameters_streams_an_empty_input():
+    # A tool with no parameters streams one input_json_delta of "" (streaming docs): its input is {}.
+    with ScriptedAPI() as api:
+        api.answer_stream(_tool_call(""))
+        called = AnthropicParticipant(client=api.client(), stream=True).respond(ask())
+    assert called.content == ({"type": "tool_use", "id": "toolu_01", "name": "refund", "input": {}},)
+
+
 def test_respond__a_stream_with_a_delta_for_no_block_is_asked_again():
     # A delta names its block by index (streaming docs); one for a block never started is a broken stream (the SDK
     # raises IndexError): transient, like a stream cut short, never a raw error.
