@@ -18,9 +18,11 @@ import math
 import types
 import typing
 from dataclasses import dataclass
+from functools import cache
 from typing import Any, Literal
 
 from django.conf import settings as django_settings
+from django.core.signals import setting_changed
 
 
 @dataclass(frozen=True)
@@ -518,12 +520,28 @@ DEFAULTS: dict[str, Any] = {name: setting.default for name, setting in SETTINGS.
 
 
 class _Settings:
-    """Attribute access to DURABLE_AGENTS with defaults, read on every access so tests can override."""
+    """Attribute access to DURABLE_AGENTS with defaults, read anew once a setting changes, so tests can override."""
 
     def __getattr__(self, name: str) -> Any:
-        if name not in SETTINGS:
-            raise AttributeError(f"unknown durable_agents setting {name!r}")
-        return getattr(django_settings, "DURABLE_AGENTS", {}).get(name, SETTINGS[name].default)
+        try:
+            default = DEFAULTS[name]
+        except KeyError:
+            raise AttributeError(f"unknown durable_agents setting {name!r}") from None
+        return _declared().get(name, default)
+
+
+@cache
+def _declared() -> dict[str, Any]:
+    """The project's DURABLE_AGENTS, until a setting changes (override_settings, pytest-django's `settings`): the step
+    loop reads a dozen settings a step, and each read of Django's lazy settings object is a Python call."""
+    return getattr(django_settings, "DURABLE_AGENTS", {})
+
+
+def _forget_declared(**_: Any) -> None:
+    _declared.cache_clear()
+
+
+setting_changed.connect(_forget_declared, dispatch_uid="durable_agents.conf")
 
 
 settings = _Settings()

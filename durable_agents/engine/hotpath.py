@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from functools import cache
 from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import connection
+from django.db import DEFAULT_DB_ALIAS, connection, connections
+from django.db.models import DEFERRED
 
 from durable_agents import clock
 from durable_agents.engine import statements
@@ -59,7 +60,9 @@ CLAIM_RETURNS = (
 )
 
 
+@cache
 def is_available() -> bool:
+    # The default database's backend, which a process does not change.
     return connection.vendor == "postgresql"
 
 
@@ -258,7 +261,7 @@ def _loaded(run_id: uuid.UUID, owner: str, row: Any) -> tuple[Claim, Step | None
     stale = row[width - 1]
     run_values = (run_id, *row[width : width + len(RUN_FIELDS) - 1])
     step_values = row[width + len(RUN_FIELDS) - 1 :]
-    run = Run.from_db(connection.alias, RUN_FIELDS, _decode(Run, RUN_FIELDS, run_values))
+    run = _instance(Run, RUN_FIELDS, run_values)
     if stale:
         # A fresh statement, a fresh snapshot: the plan as the transaction this claim waited for left it.
         step = Step.objects.live().filter(run_id=run_id, position=claimed.cursor).only(*STEP_FIELDS).first()
@@ -267,18 +270,35 @@ def _loaded(run_id: uuid.UUID, owner: str, row: Any) -> tuple[Claim, Step | None
         return claimed, step
     if step_values[0] is None:
         return claimed, None
-    step = Step.from_db(connection.alias, STEP_FIELDS, _decode(Step, STEP_FIELDS, step_values))
+    step = _instance(Step, STEP_FIELDS, step_values)
     step.run = run
     return claimed, step
 
 
-def _decode(model: Any, names: tuple[str, ...], values: tuple[Any, ...]) -> list[Any]:
+def _instance(model: Any, names: tuple[str, ...], values: Sequence[Any]) -> Any:
+    """The model instance of a raw row's `values` of the fields `names` (in the model's order), the rest deferred, as
+    `Model.from_db` makes it; given every field's place, from_db skips its own matching of names to fields."""
     # Django loads jsonb as text and decodes it in JSONField.from_db_value; do the same for raw rows.
-    out = []
-    for name, value in zip(names, values, strict=True):
-        field = model._meta.get_field(name)
-        out.append(field.from_db_value(value, None, connection) if hasattr(field, "from_db_value") else value)
-    return out
+    db = connections[DEFAULT_DB_ALIAS]
+    row, places = _row_layout(model, names)
+    row = list(row)
+    for (place, decode), value in zip(places, values, strict=True):
+        row[place] = value if decode is None else decode(value, None, db)
+    return model.from_db(DEFAULT_DB_ALIAS, None, row)
+
+
+@cache
+def _row_layout(
+    model: Any, names: tuple[str, ...]
+) -> tuple[tuple[Any, ...], tuple[tuple[int, Callable[..., Any] | None], ...]]:
+    """A row of `model` with every field deferred, and each of `names`' place in it with its from_db_value (None for a
+    field that takes the value as the database gives it)."""
+    fields = model._meta.concrete_fields
+    index = {field.attname: i for i, field in enumerate(fields)}
+    return (
+        (DEFERRED,) * len(fields),
+        tuple((index[name], getattr(fields[index[name]], "from_db_value", None)) for name in names),
+    )
 
 
 def _held(sources: frozenset[str], also: str = "") -> str:
@@ -364,7 +384,7 @@ def commit_checkpoint(claim: Claim, step: Step, stored: StoredResult, *, ending:
         assert RUN_RULES[op].allows(ending), f"a run cannot end {ending!r}"
     params = _commit_params(claim, step, stored)
     # A run that compensated ends cancelled or failed: it has no output.
-    params.update(ending=ending, output=None if claim.finish_as else _jsonb(stored.public_value))
+    params.update(ending=ending, output=_output(claim, stored, params["result"]))
     with statements.cursor() as cursor:
         cursor.execute(_commit_sql(ending is not None), params)
         row = cursor.fetchone()
@@ -390,11 +410,12 @@ def commit_and_claim_next(
     written, the run is claimable, its row is not locked, and its step is one the caller runs (`model_bound`,
     `plain`). The commit's outcome ("lost": nothing written, no claim made), and the next run's claim or None."""
     assert RUN_RULES[RunOp.COMPLETE if ending == RunStatus.COMPLETED else RunOp.FINISH].allows(ending)
+    committed = _commit_params(claim, step, stored)
     params = {
-        **_commit_params(claim, step, stored),
+        **committed,
         **_claim_params(owner, lease),
         "ending": ending,
-        "output": None if claim.finish_as else _jsonb(stored.public_value),
+        "output": _output(claim, stored, committed["result"]),
         "next_id": next_id,
         "model_kinds": sorted(MODEL_BOUND_KINDS),
         "model_ok": model_bound,
@@ -408,6 +429,14 @@ def commit_and_claim_next(
         return "lost", None
     outcome = "finished" if ended else "checkpointed"
     return outcome, None if loaded[0] is None else _loaded(next_id, owner, loaded)
+
+
+def _output(claim: Claim, stored: StoredResult, result: str | None) -> str | None:
+    """The run's output if the step ends it (`result`: the step's result as the commit writes it): none for a run that
+    compensated, which ends cancelled or failed."""
+    if claim.finish_as:
+        return None
+    return result if not stored.ref else _jsonb(stored.public_value)
 
 
 def _commit_params(claim: Claim, step: Step, stored: StoredResult) -> dict[str, Any]:

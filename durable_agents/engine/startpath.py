@@ -31,7 +31,7 @@ from datetime import datetime, timedelta
 from functools import cache
 from typing import Any
 
-from django.db import IntegrityError, connection
+from django.db import DEFAULT_DB_ALIAS, IntegrityError, connection, connections
 from django.db.models import Field, Model
 
 from durable_agents.engine import statements
@@ -67,7 +67,9 @@ IDEMPOTENCY_CONSTRAINT = "durable_run_idempotency_key_uniq"
 RUN_FIELDS = tuple(f.attname for f in Run._meta.concrete_fields)
 
 
+@cache
 def is_available() -> bool:
+    # The default database's backend, which a process does not change.
     return connection.vendor == "postgresql"
 
 
@@ -106,12 +108,13 @@ def insert_runs(runs: Sequence[Run], inputs: Sequence[str], plans: Sequence[Sequ
         s_depends_on=_array([json.dumps(row.depends_on) for _, row in rows]),
     )
     keyed = any(run.idempotency_key is not None for run in runs)
-    skip_conflicts = keyed and connection.in_atomic_block
+    db = connections[DEFAULT_DB_ALIAS]
+    skip_conflicts = keyed and db.in_atomic_block
     try:
         # Prepared in autocommit only. Postgres may refuse a prepared statement before running it (a migration changed
         # the type of a column it returns; an undeclared pooler lost it): statements.cursor then sends it again, but
         # not inside a transaction, which the refusal has aborted — and the caller's (a request's) would be lost.
-        chosen = connection.cursor() if connection.in_atomic_block else statements.cursor()
+        chosen = db.cursor() if db.in_atomic_block else statements.cursor(db)
         with chosen as cursor:
             cursor.execute(_start_sql(keyed, skip_conflicts), params)
             found = cursor.fetchall()
@@ -123,7 +126,7 @@ def insert_runs(runs: Sequence[Run], inputs: Sequence[str], plans: Sequence[Sequ
     existing = {}
     for row in found:
         if len(row) > 2 and row[2] is not None:
-            run = Run.from_db(connection.alias, RUN_FIELDS, _decode(row[2 : 2 + len(RUN_FIELDS)]))
+            run = Run.from_db(DEFAULT_DB_ALIAS, RUN_FIELDS, _decode(row[2 : 2 + len(RUN_FIELDS)]))
             existing[run.idempotency_key] = run
     return Inserted(count=count, created_at=created_at, existing=existing)
 
@@ -132,7 +135,9 @@ def _array(values: Sequence[Any]) -> str:
     """`values` as the text of a Postgres array (each value's text quoted, None as NULL), sent as one parameter and
     cast by the statement: psycopg adapts a list element by element in Python, which cost a start more than all the
     rest of its Python."""
-    return "{" + ",".join(_element(value) for value in values) + "}"
+    if len(values) == 1:  # a lone start's every column
+        return "{" + _element(values[0]) + "}"
+    return "{" + ",".join([_element(value) for value in values]) + "}"
 
 
 def _element(value: Any) -> str:
@@ -140,7 +145,10 @@ def _element(value: Any) -> str:
         return "NULL"
     if isinstance(value, timedelta):
         value = f"{value.days} days {value.seconds} seconds {value.microseconds} microseconds"
-    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+    text = value if value.__class__ is str else str(value)
+    if "\\" in text or '"' in text:
+        text = text.replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{text}"'
 
 
 def _constraint(exc: IntegrityError) -> str:

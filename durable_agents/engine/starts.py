@@ -16,7 +16,7 @@ from datetime import timedelta
 from functools import cache
 from typing import Any
 
-from django.db import IntegrityError, connection, transaction
+from django.db import DEFAULT_DB_ALIAS, IntegrityError, transaction
 
 from durable_agents import tracing
 from durable_agents.engine import startpath
@@ -314,7 +314,7 @@ def _insert_statement(workflow: str, starts: list[_Start], found: dict[str, Run]
     for n, start in enumerate(starts):
         if start.run.pk in written:
             start.run.created_at = start.run.updated_at = inserted.created_at + timedelta(microseconds=n)
-            start.run._state.adding, start.run._state.db = False, connection.alias
+            start.run._state.adding, start.run._state.db = False, DEFAULT_DB_ALIAS
     return written
 
 

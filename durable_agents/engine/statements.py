@@ -35,7 +35,7 @@ import logging
 from functools import cache
 from typing import Any
 
-from django.db import connection
+from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.backends.utils import CursorDebugWrapper
 
 from durable_agents.conf import settings
@@ -49,14 +49,15 @@ ONLY_WHEN_ASKED = 2**62
 
 def prepares(db: Any = None) -> bool:
     """Whether the hot statements are prepared on `db`'s server (default: this thread's default connection)."""
-    db = db if db is not None else connection
+    db = db if db is not None else connections[DEFAULT_DB_ALIAS]
     chosen = settings.PREPARED_STATEMENTS
     if _pooler_seen:
         return False
     if chosen is not None:
         return bool(chosen)
-    options = db.settings_dict.get("OPTIONS") or {}
-    if db.settings_dict.get("DISABLE_SERVER_SIDE_CURSORS"):
+    declared = db.settings_dict
+    options = declared.get("OPTIONS") or {}
+    if declared.get("DISABLE_SERVER_SIDE_CURSORS"):
         return False
     # Only a None the project wrote says "no prepared statements" (Django's own default None says nothing).
     return "prepare_threshold" not in options or options["prepare_threshold"] is not None
@@ -72,7 +73,8 @@ def cursor(db: Any = None) -> Any:
             cursor.execute(_claim_sql(), {"id": run_id, ...})
             row = cursor.fetchone()
     """
-    db = db if db is not None else connection
+    # The connection itself, not django.db.connection: each attribute of that proxy is a lookup in a thread-local.
+    db = db if db is not None else connections[DEFAULT_DB_ALIAS]
     if db.vendor != "postgresql" or not prepares(db):
         return db.cursor()  # Django's: bound on the client, never prepared
     # As Django's own cursor(): with CONN_HEALTH_CHECKS, a persistent connection is tested before the first statement
