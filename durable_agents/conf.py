@@ -18,11 +18,9 @@ import math
 import types
 import typing
 from dataclasses import dataclass
-from functools import cache
 from typing import Any, Literal
 
 from django.conf import settings as django_settings
-from django.core.signals import setting_changed
 
 
 @dataclass(frozen=True)
@@ -519,29 +517,25 @@ SETTINGS: dict[str, Setting] = {
 DEFAULTS: dict[str, Any] = {name: setting.default for name, setting in SETTINGS.items()}
 
 
+# What Django's settings object has read already: LazySettings keeps each setting in its own __dict__ as it reads it,
+# and empties or drops it whenever settings change (override_settings, assigning or deleting one, with or without
+# Django's setting_changed). Read there, a setting costs a dict look-up, not a call of LazyObject's __getattribute__.
+_READ: dict[str, Any] = object.__getattribute__(django_settings, "__dict__")
+
+
 class _Settings:
-    """Attribute access to DURABLE_AGENTS with defaults, read anew once a setting changes, so tests can override."""
+    """Attribute access to DURABLE_AGENTS with defaults, as Django's settings hold it on every access, so tests can
+    override."""
 
     def __getattr__(self, name: str) -> Any:
         try:
             default = DEFAULTS[name]
         except KeyError:
             raise AttributeError(f"unknown durable_agents setting {name!r}") from None
-        return _declared().get(name, default)
-
-
-@cache
-def _declared() -> dict[str, Any]:
-    """The project's DURABLE_AGENTS, until a setting changes (override_settings, pytest-django's `settings`): the step
-    loop reads a dozen settings a step, and each read of Django's lazy settings object is a Python call."""
-    return getattr(django_settings, "DURABLE_AGENTS", {})
-
-
-def _forget_declared(**_: Any) -> None:
-    _declared.cache_clear()
-
-
-setting_changed.connect(_forget_declared, dispatch_uid="durable_agents.conf")
+        declared = _READ.get("DURABLE_AGENTS")
+        if declared is None:
+            declared = getattr(django_settings, "DURABLE_AGENTS", {})
+        return declared.get(name, default)
 
 
 settings = _Settings()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from django.test import override_settings
 
+from durable_agents import conf
 from durable_agents.conf import DEFAULTS, SETTINGS, settings
 
 
@@ -63,3 +64,22 @@ def test_setting__problem_says_what_is_wrong(name, value, reason):
 )
 def test_setting__accepts_equivalent_forms(name, value):
     assert SETTINGS[name].problem(value) is None
+
+
+def test_settings__each_access_reads_what_django_holds_however_it_was_changed(settings, monkeypatch):
+    # Django's settings change without its setting_changed signal under pytest-django's `del settings.X`
+    # (SettingsWrapper.__delattr__), an assignment and monkeypatch: each access still reads the change.
+    from django.conf import settings as django_settings
+
+    durable = conf.settings
+    declared = dict(django_settings.DURABLE_AGENTS)
+    assert declared.get("QUEUE", "") == durable.QUEUE
+    monkeypatch.setattr(django_settings, "DURABLE_AGENTS", {**declared, "QUEUE": "patched"})
+    assert durable.QUEUE == "patched"
+    django_settings.DURABLE_AGENTS = {**declared, "QUEUE": "assigned"}
+    assert durable.QUEUE == "assigned"
+    del settings.DURABLE_AGENTS
+    assert durable.QUEUE == ""
+    assert DEFAULTS["LEASE_SECONDS"] == durable.LEASE_SECONDS
+    settings.DURABLE_AGENTS = {"QUEUE": "fixture"}
+    assert durable.QUEUE == "fixture"
