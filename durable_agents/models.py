@@ -188,14 +188,21 @@ class Run(models.Model):
     participant = models.CharField(max_length=100, blank=True, default="")
     # A fork copies another run's checkpoints up to a step; with the same input it shares the source's
     # effect keys (effect_scope), so an effect the source applied is recognised, not repeated.
-    forked_from = models.ForeignKey("self", on_delete=models.SET_NULL, null=True, blank=True, related_name="forks")
+    # Indexed where set (Meta.indexes: durable_run_forks): a plain run writes no entry for a fork it is not.
+    forked_from = models.ForeignKey(
+        "self", on_delete=models.SET_NULL, null=True, blank=True, related_name="forks", db_index=False
+    )
     effect_scope = models.CharField(max_length=64, blank=True, default="")
     # Budgets that hold across retries and resumes (None: the workflow's, or unlimited).
     token_budget = models.BigIntegerField(null=True, blank=True)
     cost_budget_usd = models.DecimalField(max_digits=14, decimal_places=6, null=True, blank=True)
     # A child run: started by its parent's step `parent_step` as item `child_index` of that step's fan-out.
-    # (parent, parent_step, child_index) is the child's key: a re-executed step finds it, never starts it twice.
-    parent = models.ForeignKey("self", on_delete=models.SET_NULL, null=True, blank=True, related_name="children")
+    # (parent, parent_step, child_index) is the child's key: a re-executed step finds it, never starts it twice. Its
+    # index (durable_run_child_uniq, where set) serves every look-up by parent: a plain run writes no entry for a
+    # parent it has not.
+    parent = models.ForeignKey(
+        "self", on_delete=models.SET_NULL, null=True, blank=True, related_name="children", db_index=False
+    )
     # Database defaults (db_default) on NOT NULL columns: processes of the previous release insert rows without naming
     # the columns added since, while `migrate` runs (docs/howto/upgrade.md; migration 0021 sets them on older installs).
     parent_step = models.CharField(max_length=200, blank=True, default="", db_default="")
@@ -291,8 +298,13 @@ class Run(models.Model):
             ),
             # Families whose saga is owed to their children (the sweep's share): few, whatever the table's size.
             models.Index(fields=["updated_at"], condition=Q(family_undo=True), name="durable_run_family_undo"),
-            # `search @> {"order_id": "A-1001"}` at a million runs: a few pages of the index, whatever the table.
-            JsonContainsIndex(fields=["search"], opclasses=["jsonb_path_ops"], name="durable_run_search"),
+            # `search @> {"order_id": "A-1001"}` at a million runs: a few pages of the index, whatever the table. Only
+            # runs with search attributes: GIN keeps an entry even for an empty document, and every claim and commit
+            # of a run without them would write one (search.matching and .holding say `search <> {}`).
+            JsonContainsIndex(
+                fields=["search"], opclasses=["jsonb_path_ops"], condition=~Q(search={}), name="durable_run_searched"
+            ),
+            models.Index(fields=["forked_from"], condition=Q(forked_from__isnull=False), name="durable_run_forks"),
             # Replay runs (replays.py), which metrics of real runs subtract: empty until the first replay.
             models.Index(fields=["workflow", "status"], condition=~Q(replay_lane=""), name="durable_run_replays"),
         ]
