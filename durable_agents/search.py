@@ -19,7 +19,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from django.db.models import Q
+from django.db.models import F, Lookup, Q
 from django.db.models.fields.json import KeyTextTransform
 from django.db.models.lookups import Exact
 
@@ -108,9 +108,24 @@ def as_text(attributes: Mapping[str, str]) -> str:
 def matching(search: Mapping[str, str], vendor: str) -> Q:
     """Runs whose search attributes hold every `field: value` of `search`."""
     if vendor == "postgresql":
+        if not search:
+            return Q(search__contains={})  # every run
         # With the index's own predicate (Run.Meta.indexes, durable_run_searched): Postgres cannot infer it from `@>`.
-        return Q(search__contains=dict(search)) & ~Q(search={}) if search else Q()
+        return Q(search__contains=dict(search)) & ~Q(_EmptyDocument(F("search"), True))
     return Q(*(Exact(KeyTextTransform(field, "search"), value) for field, value in search.items()))
+
+
+class _EmptyDocument(Lookup):
+    """`search = '{}'` with the `{}` written in the statement, as the index's predicate is: Postgres proves a partial
+    index's predicate when it plans (the PostgreSQL docs, 11.8 "Partial Indexes"), and from `search <> $2`, a
+    parameter, it proves nothing: planned for any parameters (a generic plan, under server-side binding), a search
+    would read the whole table."""
+
+    lookup_name = "empty_document"
+
+    def as_sql(self, compiler: Any, connection: Any) -> tuple[str, list[Any]]:
+        column, params = self.process_lhs(compiler, connection)
+        return f"{column} = '{{}}'::jsonb", list(params)
 
 
 def holding(value: str, fields: Iterable[str], vendor: str) -> Q:

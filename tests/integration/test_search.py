@@ -4,13 +4,16 @@ the API, through the GIN index at any size."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from django.db import connection
+from psycopg.types.json import Jsonb
 
 from durable_agents import api
+from durable_agents import search as search_attributes
 from durable_agents.errors import InvalidInputError
-from durable_agents.models import Run
+from durable_agents.models import Run, RunStatus
 from durable_agents.testing import drive
 from tests.integration.test_admin import LIST, ids, listed, login, page_url
 from tests.integration.test_run_list import row_of
@@ -139,6 +142,38 @@ def test_index__a_bare_value_search_uses_the_gin_index(orders):
     assert "durable_run_searched" in explained, f"the search does not use the GIN index:\n{explained}"
 
 
+def generic_plan(queryset) -> str:
+    """The plan of `queryset` prepared for any parameters, as under server-side binding once Postgres settles on a
+    generic plan (forced here: plan_cache_mode)."""
+    sql, params = queryset.query.sql_with_params()
+    numbers = iter(range(1, len(params) + 1))
+    prepared = re.sub(r"%s", lambda _: f"${next(numbers)}", sql)
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+        cursor.execute(f"PREPARE searched AS {prepared}")
+        values = [json.dumps(p.obj) if isinstance(p, Jsonb) else p for p in params]
+        cursor.execute(f"EXPLAIN EXECUTE searched({', '.join('%s' for _ in params)})", values)
+        explained = "\n".join(row[0] for row in cursor.fetchall())
+        cursor.execute("DEALLOCATE searched")
+    return explained
+
+
+def test_index__a_search_planned_for_any_parameters_uses_the_gin_index():
+    # The index holds runs with search attributes only: its predicate must be provable with the values unknown,
+    # or a generic plan reads the whole table (found by an attack: `search <> $2` proves nothing).
+    def finished(**search: str) -> Run:
+        return Run(workflow="noop", workflow_version=1, status=RunStatus.COMPLETED, input_hash="x", search=search)
+
+    Run.objects.bulk_create(finished() for _ in range(3000))
+    Run.objects.bulk_create(finished(order_id=f"A-{i}", customer="c") for i in range(3000))
+    with connection.cursor() as cursor:
+        cursor.execute(f"ANALYZE {Run._meta.db_table}")
+    explained = generic_plan(Run.objects.matching_search({"order_id": "A-17"}).order_by())
+    assert "durable_run_searched" in explained, explained
+    explained = generic_plan(Run.objects.holding_search_value("A-17", ["customer", "order_id"]).order_by())
+    assert "durable_run_searched" in explained, explained
+
+
 @pytest.mark.django_db(transaction=True)
 def test_durable_runs__search_lists_the_matching_runs(manage, orders):
     first, _, _ = orders
@@ -167,3 +202,10 @@ def test_durable_runs__bad_search_exits_2_with_one_line(manage, value, message):
     assert result.returncode == 2, f"exit {result.returncode}, stderr {result.stderr}"
     assert message in result.stderr and "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_matching__no_attributes_asked_matches_every_run(orders):
+    # Found by an attack: an empty search became Q(), which `exclude` and `|` read as "no condition".
+    vendor = connection.vendor
+    assert Run.objects.filter(search_attributes.matching({}, vendor)).count() == len(orders)
+    assert not Run.objects.exclude(search_attributes.matching({}, vendor)).exists()
