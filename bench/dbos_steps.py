@@ -1,6 +1,7 @@
 """DBOS's side of bench/steps.py: sequential no-op steps and one-step queued workflows, on Postgres.
 
     bench/.venv-dbos/bin/python bench/dbos_steps.py --database NAME [--steps 500] [--runs 500] [--workers 2]
+                                                    [--threads 4]
 
 Runs under bench/.venv-dbos (bench/requirements-dbos.txt), never the project's virtualenv, and imports
 nothing from the project but bench/cpu.py (standard library only). bench/steps.py runs it as a subprocess and
@@ -15,6 +16,7 @@ measured well tuned.
   the figure is the cost of a step and leaves out the queue's polling delay before the workflow starts.
 * One-step workflows, one enqueued per transaction (`DBOSClient.enqueue`, as a web request would): workflows/s
   from the first enqueue to the last one's completion as DBOS records it.
+* The same from `--threads` threads at once (bench/starters.py), as a web server's request threads would.
 * One-step workflows: M enqueued in one transaction (`DBOSClient.enqueue_in_transaction`), so all become
   visible at once, like the durable side's runs started in one transaction; workflows/s from that commit to
   the last one's completion as DBOS records it.
@@ -38,6 +40,7 @@ from importlib.metadata import version
 from typing import Any
 
 from cpu import Transactions, Watch
+from starters import Starters
 
 QUEUE = "bench"
 APP = "durable_bench_dbos"
@@ -158,6 +161,18 @@ def one_per_transaction(client, watch: Watch, pids: list[int], runs: int) -> dic
     return {"tps": runs / (last - began), "starter_ms": enqueued * 1000 / runs, **meter.usage.per(runs)}
 
 
+def from_threads(client, watch: Watch, pids: list[int], runs: int, threads: int) -> dict[str, Any]:
+    """One-step workflows enqueued one per transaction from `threads` threads at once (bench/starters.py), as a web
+    server's request threads would: workflows/s from the first enqueue to the last success, CPU per workflow."""
+    batch = uuid.uuid4().hex
+    with Starters(threads) as starters, watch.meter(pids) as meter:
+        began = time.time()
+        options = {"workflow_name": "bench_one_step", "queue_name": QUEUE}
+        starters.run(runs, lambda i: client.enqueue({**options, "workflow_id": f"{batch}-{i}"}))
+        last = wait_done(watch, f"{batch}-%", runs, 0.05)
+    return {"tps": runs / (last - began), "starter_ms": starters.cpu * 1000 / runs, **meter.usage.per(runs)}
+
+
 def throughput(client, engine, watch: Watch, pids: list[int], runs: int) -> tuple[float, float, dict[str, Any]]:
     """One-step workflows completed per second from the commit that enqueued them all, enqueues/s, CPU per one."""
     batch = uuid.uuid4().hex
@@ -175,7 +190,7 @@ def throughput(client, engine, watch: Watch, pids: list[int], runs: int) -> tupl
     return runs / (last - began), runs / (began - made), cpu
 
 
-def measure(name: str, steps: int, runs: int, workers: int, poll: float, lag: float) -> dict[str, object]:
+def measure(name: str, steps: int, runs: int, workers: int, poll: float, lag: float, threads: int) -> dict[str, object]:
     import psycopg
     import sqlalchemy as sa
     from dbos import DBOSClient
@@ -189,12 +204,15 @@ def measure(name: str, steps: int, runs: int, workers: int, poll: float, lag: fl
     try:
         sequential(client, watch, pids, 20)
         throughput(client, engine, watch, pids, 20)  # warm up: imports, connections, the queue's first polls
+        from_threads(client, watch, pids, threads * 4, threads)  # and one pooled connection per starting thread
         ledger = Transactions(watch, lag)
         idle = ledger.idle(pids)
         step, step_cpu = sequential(client, watch, pids, steps)
         xacts, _ = ledger.per(steps)
         each = one_per_transaction(client, watch, pids, runs)
         each["xacts"], _ = ledger.per(runs)
+        threaded = from_threads(client, watch, pids, runs, threads)
+        threaded["xacts"], _ = ledger.per(runs)
         tps, enqueues, batch = throughput(client, engine, watch, pids, runs)
     finally:
         watch.connection.close()
@@ -206,12 +224,15 @@ def measure(name: str, steps: int, runs: int, workers: int, poll: float, lag: fl
         "step": step,
         "xacts": xacts,
         "tps": tps,
+        "threaded_tps": threaded["tps"],
+        "threads": threads,
         "enqueues": enqueues,
         "workers": workers,
         "poll": poll,
         "cpu": {
             "step": {"wall_ms": step * 1000, "xacts": xacts, **step_cpu},
             "each": each,
+            "threads": threaded,
             "batch": batch,
             "idle": {"xacts": ledger.rate, **idle.per(idle.seconds)},
         },
@@ -225,6 +246,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=500)
     parser.add_argument("--runs", type=int, default=500)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=4, help="enqueuing threads for the concurrent row")
     parser.add_argument("--poll", type=float, default=0.05, help="the queue's polling interval, seconds")
     parser.add_argument("--executor", default="bench")
     parser.add_argument("--lag", type=float, default=11.0, help="seconds to wait for Postgres's statistics")
@@ -234,7 +256,7 @@ def main() -> None:
         serve(args.database, args.poll, args.executor)
         return
     try:
-        figures = measure(args.database, args.steps, args.runs, args.workers, args.poll, args.lag)
+        figures = measure(args.database, args.steps, args.runs, args.workers, args.poll, args.lag, args.threads)
     finally:
         if not args.keep:
             psql(f"DROP DATABASE IF EXISTS {args.database} WITH (FORCE)")

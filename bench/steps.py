@@ -1,6 +1,6 @@
 """Step cost: sequential durable no-op steps and one-step-run throughput, beside raw Celery and DBOS.
 
-    python bench/steps.py [--steps 500] [--runs 500] [--workers 2] [--slice-ms 100] [--dbos | --no-dbos]
+    python bench/steps.py [--steps 500] [--runs 500] [--workers 2] [--threads 4] [--slice-ms 100] [--dbos | --no-dbos]
                           [--tracing-only | --no-tracing] [--tracing-rounds 2]
 
 Needs Postgres and Redis (scripts/test starts them). Prints figures and ratios; asserts nothing.
@@ -12,8 +12,10 @@ the Redis database of the raw tasks' counters (bench/baseline.py).
 
 Measured for each side: a sequential no-op step (wall ms; CPU ms of the workers, of the Postgres backends of
 its database and of the whole server; Postgres transactions) and one-step runs started one per transaction, as
-a web request would start one (runs/s; CPU ms per run of the starting thread, the workers and Postgres), then
-one-step runs all started in one transaction (runs/s, CPU per run). CPU comes from /proc (bench/cpu.py): user +
+a web request would start one (runs/s; CPU ms per run of the starting thread, the workers and Postgres), the same
+from --threads threads at once, as a web server's request threads would (bench/starters.py: each thread's connection
+is made before the clock starts, on both sides), then one-step runs all started in one transaction (runs/s, CPU per
+run). CPU comes from /proc (bench/cpu.py): user +
 system time of the workers' process trees (pool children and those they reaped included), of the database's
 backends (named in their process titles) and of the postmaster's tree; the bench's own waiting connection is
 left out. Transactions are pg_stat_database commits (its reads are rolled back), each read once every backend
@@ -71,6 +73,7 @@ from django.test.utils import CaptureQueriesContext  # noqa: E402
 
 from bench.baseline import _redis, hop, noop  # noqa: E402
 from bench.cpu import Transactions, Usage, Watch  # noqa: E402
+from bench.starters import Starters  # noqa: E402
 from bench.steps_report import print_cpu, print_table  # noqa: E402
 from durable_agents import api, tracing  # noqa: E402
 from durable_agents.engine.advance import advance  # noqa: E402
@@ -178,6 +181,28 @@ def one_per_transaction(runs: int, pids: list[int]) -> dict[str, float | None]:
     return {"tps": runs / (last.timestamp() - began), "starter_ms": started * 1000 / runs, **meter.usage.per(runs)}
 
 
+def raw_from_threads(runs: int, threads: int, pids: list[int]) -> dict[str, float | None]:
+    """Raw Celery no-op tasks sent from `threads` threads at once: tasks/s, the senders' and the rest's CPU per task."""
+    key = f"noop-{uuid.uuid4()}"
+    with Starters(threads) as starters, watch().meter(pids) as meter:
+        began = time.monotonic()
+        starters.run(runs, lambda i: noop.delay(key))
+        wait_for(lambda: int(_redis.get(key) or 0) >= runs, timeout=600, interval=0.01, what="raw tasks")
+        tps = runs / (time.monotonic() - began)
+    return {"tps": tps, "starter_ms": starters.cpu * 1000 / runs, **meter.usage.per(runs)}
+
+
+def from_threads(runs: int, threads: int, pids: list[int]) -> dict[str, float | None]:
+    """One-step runs started one per transaction from `threads` threads at once, as a web server's request threads
+    would: runs/s from the first start to the last completion, the threads' CPU per run and the rest's."""
+    connect, disconnect = lambda: connection.ensure_connection(), lambda: connection.close()
+    with Starters(threads, connect, disconnect) as starters, watch().meter(pids) as meter:
+        began = time.time()
+        ids = starters.run(runs, lambda i: api.start("noop", {"steps": 1}).id)
+        last = wait_completed(ids, f"durable one-step runs, one per transaction from {threads} threads")
+    return {"tps": runs / (last.timestamp() - began), "starter_ms": starters.cpu * 1000 / runs, **meter.usage.per(runs)}
+
+
 def throughput(runs: int, pids: list[int]) -> tuple[float, dict[str, float | None], float]:
     """One-step runs all started in one transaction: runs/s, CPU per run, and api.start()s per second."""
     # All runs are created in one transaction, so their wake-ups go out together on commit and the
@@ -209,7 +234,7 @@ def statements_per_step() -> int:
     return len(queries.captured_queries)
 
 
-def measure(workers: int, slice_ms: int, steps: int, runs: int) -> dict[str, Any]:
+def measure(workers: int, slice_ms: int, steps: int, runs: int, threads: int) -> dict[str, Any]:
     """Both sides' figures with the durable workers' EAGER_SLICE_MS at `slice_ms`."""
     redis.Redis.from_url(BROKER).flushdb()
     started = start_workers(workers, slice_ms)
@@ -223,7 +248,10 @@ def measure(workers: int, slice_ms: int, steps: int, runs: int) -> dict[str, Any
         xacts, sessions = ledger.per(steps)
         each = one_per_transaction(runs, pids)
         each["xacts"], _ = ledger.per(runs)
+        threaded = from_threads(runs, threads, pids)
+        threaded["xacts"], _ = ledger.per(runs)
         raw_each = raw_throughput(runs, pids)
+        raw_threaded = raw_from_threads(runs, threads, pids)
         tps, batch, starts = throughput(runs, pids)
     finally:
         for worker in started:
@@ -235,12 +263,20 @@ def measure(workers: int, slice_ms: int, steps: int, runs: int) -> dict[str, Any
         "sessions": sessions,
         "raw_tps": raw_each["tps"],
         "tps": tps,
+        "raw_threaded_tps": raw_threaded["tps"],
+        "threaded_tps": threaded["tps"],
+        "threads": threads,
         "starts": starts,
         "cpu": {
-            "raw": {"step": {"wall_ms": raw_hop * 1000, **raw_cpu.per(steps)}, "each": raw_each},
+            "raw": {
+                "step": {"wall_ms": raw_hop * 1000, **raw_cpu.per(steps)},
+                "each": raw_each,
+                "threads": raw_threaded,
+            },
             "durable": {
                 "step": {"wall_ms": step * 1000, "xacts": xacts, **meter.usage.per(steps)},
                 "each": each,
+                "threads": threaded,
                 "batch": {"tps": tps, **batch},
                 "idle": {"xacts": ledger.rate, **idle.per(idle.seconds)},
             },
@@ -248,7 +284,7 @@ def measure(workers: int, slice_ms: int, steps: int, runs: int) -> dict[str, Any
     }
 
 
-def measure_dbos(workers: int, steps: int, runs: int, create: bool) -> dict[str, Any] | str:
+def measure_dbos(workers: int, steps: int, runs: int, threads: int, create: bool) -> dict[str, Any] | str:
     """DBOS's figures from bench/dbos_steps.py in its own virtualenv, or why there are none."""
     if create and not DBOS_PYTHON.exists():
         subprocess.run([ROOT / "bench" / "dbos_env.sh"], check=True)
@@ -256,6 +292,7 @@ def measure_dbos(workers: int, steps: int, runs: int, create: bool) -> dict[str,
         return "not measured: bench/.venv-dbos is missing (run with --dbos to create it)"
     command = [str(DBOS_PYTHON), str(ROOT / "bench" / "dbos_steps.py"), "--database", f"{DB_NAME}_dbos"]
     command += ["--steps", str(steps), "--runs", str(runs), "--workers", str(workers), "--lag", str(STATS_LAG)]
+    command += ["--threads", str(threads)]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
     if done.returncode != 0:
         return f"not measured: bench/dbos_steps.py exited {done.returncode}\n{done.stderr[-2000:]}"
@@ -414,6 +451,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=500)
     parser.add_argument("--runs", type=int, default=500)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=4, help="starting threads for the concurrent row")
     parser.add_argument("--slice-ms", type=int, default=100)
     parser.add_argument("--dbos", action="store_true", help="create bench/.venv-dbos first if it is missing")
     parser.add_argument("--no-dbos", action="store_true", help="leave DBOS out")
@@ -426,9 +464,13 @@ def main() -> None:
         print_tracing(figures_traced, receiver, args.workers, args.slice_ms, args)
         return
     modes = {f"eager {args.slice_ms} ms": args.slice_ms, "one step per task": 0}
-    figures = {name: measure(args.workers, ms, args.steps, args.runs) for name, ms in modes.items()}
+    figures = {name: measure(args.workers, ms, args.steps, args.runs, args.threads) for name, ms in modes.items()}
     statements = statements_per_step()
-    dbos = "skipped (--no-dbos)" if args.no_dbos else measure_dbos(args.workers, args.steps, args.runs, args.dbos)
+    dbos = (
+        "skipped (--no-dbos)"
+        if args.no_dbos
+        else measure_dbos(args.workers, args.steps, args.runs, args.threads, args.dbos)
+    )
     print(
         f"\nstep cost — {args.workers} solo workers, Redis broker, Postgres, same Celery settings for raw and durable;"
         f" {args.steps} sequential steps, {args.runs} one-step runs"

@@ -16,6 +16,7 @@ def print_table(figures: dict[str, dict[str, Any]], dbos: dict[str, Any] | str, 
         rows = (
             ("sequential no-op step latency (ms)", f["raw_hop"] * 1000, "step", 1000, ".2f"),
             ("one-step runs per second", f["raw_tps"], "tps", 1, ".0f"),
+            (f"  one per transaction, {f['threads']} threads", f["raw_threaded_tps"], "threaded_tps", 1, ".0f"),
         )
         for measure, raw, key, scale, spec in rows:
             ours = f[key] * scale
@@ -57,6 +58,13 @@ CPU_ROWS = (
     ("each", "total_ms", "  CPU ms: starter + workers + its database", ".2f", True),
     ("each", "xacts", "  postgres transactions (net of idle)", ".2f", False),
     ("each", "machine_ms", "  machine CPU ms: every process", ".2f", False),
+    ("threads", "tps", "the same from several threads at once: runs/s", ".0f", True),
+    ("threads", "starter_ms", "  starters' CPU ms (the calling threads)", ".2f", True),
+    ("threads", "workers_ms", "  workers' CPU ms", ".2f", True),
+    ("threads", "database_ms", "  postgres CPU ms: its database's backends", ".2f", False),
+    ("threads", "total_ms", "  CPU ms: starters + workers + its database", ".2f", True),
+    ("threads", "xacts", "  postgres transactions (net of idle)", ".2f", False),
+    ("threads", "machine_ms", "  machine CPU ms: every process", ".2f", False),
     ("batch", "tps", "one-step runs, all in one transaction: runs/s", ".0f", False),
     ("batch", "starter_ms", "  starter CPU ms (the calling thread)", ".2f", False),
     ("batch", "workers_ms", "  workers' CPU ms", ".2f", False),
