@@ -198,7 +198,9 @@ def measure(name: str, steps: int, runs: int, workers: int, poll: float, lag: fl
     prepare_database(name)
     servers = start_servers(name, workers, poll)
     pids = [server.pid for server in servers]
-    client = DBOSClient(system_database_url=database_url(name), application_name=APP)
+    # Its pool (5 connections by default, no overflow) holds one for each enqueuing thread, as the durable side's do.
+    pool = max(5, threads)
+    client = DBOSClient(system_database_url=database_url(name), application_name=APP, system_database_pool_size=pool)
     engine = sa.create_engine(database_url(name).replace("postgresql://", "postgresql+psycopg://"))
     watch = Watch(psycopg.connect(database_url(name)), name)
     try:

@@ -10,17 +10,17 @@ run's next steps itself) and without (0: one step per task, a broker hop per ste
 BENCH_BROKER_URL name the database (dropped and created) and the Redis database (emptied) it uses, BENCH_REDIS_URL
 the Redis database of the raw tasks' counters (bench/baseline.py).
 
-Measured for each side: a sequential no-op step (wall ms; CPU ms of the workers, of the Postgres backends of
-its database and of the whole server; Postgres transactions) and one-step runs started one per transaction, as
-a web request would start one (runs/s; CPU ms per run of the starting thread, the workers and Postgres), the same
-from --threads threads at once, as a web server's request threads would (bench/starters.py: each thread's connection
-is made before the clock starts, on both sides), then one-step runs all started in one transaction (runs/s, CPU per
-run). CPU comes from /proc (bench/cpu.py): user +
-system time of the workers' process trees (pool children and those they reaped included), of the database's
-backends (named in their process titles) and of the postmaster's tree; the bench's own waiting connection is
-left out. Transactions are pg_stat_database commits (its reads are rolled back), each read once every backend
-has reported, net of what the idle workers commit (measured first, over STATS_LAG seconds): heartbeats and
-lease renewals, DBOS's queue polls. The server's and the machine's figures include whatever else runs there.
+Measured for each side: a sequential no-op step (wall ms; CPU ms of the workers, of the Postgres backends of its
+database and of the whole server; Postgres transactions) and one-step runs started one per transaction, as a web
+request would start one, Django's request_started and its connection health check included (runs/s; CPU ms per run
+of the starting thread, the workers and Postgres), the same from --threads threads at once, as a web server's
+request threads would (bench/starters.py: each thread's connection is made before the clock starts, on both sides),
+then one-step runs all started in one transaction (runs/s, CPU per run). CPU comes from /proc (bench/cpu.py): user +
+system time of the workers' process trees (pool children and those they reaped included), of the database's backends
+(named in their process titles) and of the postmaster's tree; the bench's own waiting connection is left out.
+Transactions are pg_stat_database commits (its reads are rolled back), each read once every backend has reported,
+net of what the idle workers commit (measured first, over STATS_LAG seconds): heartbeats and lease renewals, DBOS's
+queue polls. The server's and the machine's figures include whatever else runs there.
 
 DBOS Transact runs in the same run when bench/.venv-dbos exists (--dbos creates it with bench/dbos_env.sh,
 --no-dbos skips it): bench/dbos_steps.py, in that virtualenv, measures the same N steps and M one-step
@@ -68,7 +68,7 @@ DBOS_PYTHON = ROOT / "bench" / ".venv-dbos" / "bin" / "python"
 import psycopg  # noqa: E402
 import redis  # noqa: E402
 from django.conf import settings  # noqa: E402
-from django.db import connection, transaction  # noqa: E402
+from django.db import close_old_connections, connection, transaction  # noqa: E402
 from django.test.utils import CaptureQueriesContext  # noqa: E402
 
 from bench.baseline import _redis, hop, noop  # noqa: E402
@@ -169,13 +169,21 @@ def raw_throughput(runs: int, pids: list[int]) -> dict[str, float | None]:
     return {"tps": tps, "starter_ms": sent * 1000 / runs, **meter.usage.per(runs)}
 
 
+def start_in_a_request() -> Any:
+    """`api.start` of a one-step run as a view calls it: Django's `request_started` first closes an obsolete
+    connection and, with CONN_HEALTH_CHECKS (the example project's), has the request's first query check the kept
+    one (a `SELECT 1`), as DBOS's client pings each pooled connection it takes (`pool_pre_ping`)."""
+    close_old_connections()
+    return api.start("noop", {"steps": 1}).id
+
+
 def one_per_transaction(runs: int, pids: list[int]) -> dict[str, float | None]:
     """One-step runs started one by one, each in its own transaction as a web request would: runs/s from the first
     start to the last completion, the starting thread's CPU per run (api.start) and the rest's."""
     began = time.time()
     with watch().meter(pids) as meter:
         thread = time.thread_time()
-        ids = [api.start("noop", {"steps": 1}).id for _ in range(runs)]
+        ids = [start_in_a_request() for _ in range(runs)]
         started = time.thread_time() - thread
         last = wait_completed(ids, "durable one-step runs, one per transaction")
     return {"tps": runs / (last.timestamp() - began), "starter_ms": started * 1000 / runs, **meter.usage.per(runs)}
@@ -198,7 +206,7 @@ def from_threads(runs: int, threads: int, pids: list[int]) -> dict[str, float | 
     connect, disconnect = lambda: connection.ensure_connection(), lambda: connection.close()
     with Starters(threads, connect, disconnect) as starters, watch().meter(pids) as meter:
         began = time.time()
-        ids = starters.run(runs, lambda i: api.start("noop", {"steps": 1}).id)
+        ids = starters.run(runs, lambda i: start_in_a_request())
         last = wait_completed(ids, f"durable one-step runs, one per transaction from {threads} threads")
     return {"tps": runs / (last.timestamp() - began), "starter_ms": starters.cpu * 1000 / runs, **meter.usage.per(runs)}
 
