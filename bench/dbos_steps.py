@@ -4,8 +4,8 @@
                                                     [--threads 4]
 
 Runs under bench/.venv-dbos (bench/requirements-dbos.txt), never the project's virtualenv, and imports
-nothing from the project but bench/cpu.py (standard library only). bench/steps.py runs it as a subprocess and
-reads the one JSON object it prints.
+nothing from the project but bench/cpu.py and bench/starters.py (standard library only). bench/steps.py runs it as
+a subprocess and reads the one JSON object it prints.
 The database NAME is dropped and created, and dropped at the end (`--keep` leaves it). `--workers` DBOS
 processes (`serve`) execute the queue, as the durable side's Celery workers do; this process only enqueues
 and watches, as the durable side's does. The queue is polled every `--poll` seconds, 0.05 rather than
