@@ -16,7 +16,7 @@ def print_table(figures: dict[str, dict[str, Any]], dbos: dict[str, Any] | str, 
         rows = (
             ("sequential no-op step latency (ms)", f["raw_hop"] * 1000, "step", 1000, ".2f"),
             ("one-step runs per second", f["raw_tps"], "tps", 1, ".0f"),
-            (f"  one per transaction, {f['threads']} threads", f["raw_threaded_tps"], "threaded_tps", 1, ".0f"),
+            (f"runs/s, one per txn from {f['threads']} threads", f["raw_threaded_tps"], "threaded_tps", 1, ".0f"),
         )
         for measure, raw, key, scale, spec in rows:
             ours = f[key] * scale
