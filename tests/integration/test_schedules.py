@@ -28,7 +28,7 @@ from django.test.utils import CaptureQueriesContext
 from durable_agents import api, clock
 from durable_agents.engine.schedules import _a_run_is_live_txn, slot_key, start_due_schedules
 from durable_agents.engine.sweep import sweep
-from durable_agents.models import Event, Run, Schedule
+from durable_agents.models import Event, ProcessHeartbeat, Run, Schedule
 from durable_agents.testing import drive, wait_for, wait_for_run
 from durable_agents.testing.runs import take_lease
 from durable_agents.workflows import PlannedStep, call, workflow
@@ -45,6 +45,19 @@ def slots_between(cron: str, after: datetime, until: datetime) -> list[datetime]
     while (slot := it.get_next(datetime).astimezone(UTC).replace(fold=0)) <= until:
         found.append(slot)
     return found
+
+
+def before_first_slot(name: str) -> datetime:
+    """Just before the schedule's next slot as the engine placed it (on creation or resume): the `after` of the slots
+    it owes. Not clock.now() read a moment after the schedule was made: a slot falling between the two readings
+    would be expected but was never owed."""
+    return Schedule.objects.get(name=name).next_slot - timedelta(microseconds=1)
+
+
+def swept_at() -> datetime:
+    """The engine's time when the last sweep pass began (as the pass recorded it): the slots it owed end there. Not
+    clock.now() read after the pass: a slot falling between the two readings would be expected but not yet owed."""
+    return datetime.fromisoformat(ProcessHeartbeat.objects.get(name="sweep").load["measured_at"])
 
 
 def started(name: str) -> dict[str, int]:
@@ -74,29 +87,34 @@ def assert_exactly(name: str, slots: list[datetime]) -> None:
 
 def test_schedule__each_slot_starts_once_as_the_clock_moves():
     # Runs stay pending here (no worker): allow overlap, so every slot is owed a run.
+    made = clock.now()
     api.schedule("every-5", "record", cron="*/5 * * * *", overlap="allow")
-    begin = clock.now()
+    begin = before_first_slot("every-5")
+    assert begin >= made, "the first slot owed comes after the schedule was made"
     for _ in range(40):
         clock.advance(timedelta(minutes=2))
         sweep()
         sweep()  # a second pass at the same time starts nothing
-    assert_exactly("every-5", slots_between("*/5 * * * *", begin, clock.now()))
+    assert_exactly("every-5", slots_between("*/5 * * * *", begin, swept_at()))
     schedule = Schedule.objects.get(name="every-5")
-    assert schedule.next_slot > clock.now() and schedule.last_run is not None
+    assert schedule.next_slot > swept_at() and schedule.last_run is not None
     assert schedule.last_run.idempotency_key == slot_key("every-5", schedule.last_slot)
 
 
 def test_schedule__concurrent_sweeps_start_each_slot_once():
     api.schedule("racing", "record", cron="* * * * *", missed="catch_up", catch_up_limit=100, overlap="allow")
-    begin = clock.now()
+    begin = before_first_slot("racing")
     barrier = threading.Barrier(4)
     errors: list[BaseException] = []
+    sweep_times: list[datetime] = []  # the times the sweeps used: the slots owed end at the latest
 
     def sweeper() -> None:
         try:
             for _ in range(5):
                 barrier.wait(timeout=60)
-                start_due_schedules(clock.now())
+                now = clock.now()
+                sweep_times.append(now)
+                start_due_schedules(now)
                 barrier.wait(timeout=60)
         except BaseException as exc:  # noqa: BLE001 - reported below, in the test's thread
             errors.append(exc)
@@ -116,8 +134,7 @@ def test_schedule__concurrent_sweeps_start_each_slot_once():
     for thread in threads:
         thread.join(timeout=120)
     assert not errors, f"a sweep failed: {errors[0]!r}"
-    # The last advance happened after the last sweep: those slots are not due yet.
-    assert_exactly("racing", slots_between("* * * * *", begin, clock.now() - timedelta(minutes=7)))
+    assert_exactly("racing", slots_between("* * * * *", begin, max(sweep_times)))
 
 
 def test_schedule__after_a_gap_skip_starts_the_latest_slot_and_catch_up_each_within_its_limit():
@@ -126,10 +143,10 @@ def test_schedule__after_a_gap_skip_starts_the_latest_slot_and_catch_up_each_wit
     # (see test_schedules_overlap.py).
     api.schedule("catcher", "record", cron="0 * * * *", missed="catch_up", catch_up_limit=10, overlap="allow")
     api.schedule("bounded", "record", cron="0 * * * *", missed="catch_up", catch_up_limit=3, overlap="allow")
-    begin = clock.now()
+    begin = before_first_slot("catcher")
     clock.advance(timedelta(hours=5, minutes=30))  # beat was down: five or six hourly slots passed
     report = sweep()
-    owed = slots_between("0 * * * *", begin, clock.now())
+    owed = slots_between("0 * * * *", begin, swept_at())
     assert len(owed) in (5, 6)
     assert report.scheduled == 1 + len(owed) + 3
     assert_exactly("skipper", owed[-1:])
@@ -137,7 +154,7 @@ def test_schedule__after_a_gap_skip_starts_the_latest_slot_and_catch_up_each_wit
     assert_exactly("bounded", owed[-3:])
     skipped = Event.objects.get(kind="scheduled", detail__schedule="skipper").detail
     assert skipped["skipped_slots"] == len(owed) - 1, "the skipped slots are said on the run that was started"
-    following = slots_between("0 * * * *", clock.now(), clock.now() + timedelta(hours=1))[0]
+    following = slots_between("0 * * * *", swept_at(), swept_at() + timedelta(hours=1))[0]
     for name in ("skipper", "catcher", "bounded"):
         assert Schedule.objects.get(name=name).next_slot == following, "each jumps to the first slot still ahead"
 
@@ -147,10 +164,10 @@ def test_schedule__a_month_of_missed_minutes_costs_the_limit_not_the_gap():
     begin = clock.now()
     clock.advance(timedelta(days=30))
     assert sweep().scheduled == 5
-    assert_exactly("minutely", slots_between("* * * * *", clock.now() - timedelta(minutes=5), clock.now()))
+    assert_exactly("minutely", slots_between("* * * * *", swept_at() - timedelta(minutes=5), swept_at()))
     oldest = Event.objects.filter(kind="scheduled", detail__schedule="minutely").order_by("id").first().detail
     assert oldest["skipped_slots"] == 1000, "the skipped count stops at 1000 (at least that many were skipped)"
-    assert Schedule.objects.get(name="minutely").next_slot > clock.now() > begin
+    assert Schedule.objects.get(name="minutely").next_slot > swept_at() > begin
 
 
 def test_schedule__paused_starts_nothing_and_resume_owes_no_paused_slot():
@@ -160,9 +177,11 @@ def test_schedule__paused_starts_nothing_and_resume_owes_no_paused_slot():
     assert sweep().scheduled == 0 and not started("pausable")
     resumed_at = clock.now()
     api.resume_schedule("pausable")
+    begin = before_first_slot("pausable")
+    assert begin >= resumed_at, "resume owes no slot from before it"
     clock.advance(timedelta(minutes=30))
     sweep()
-    assert_exactly("pausable", slots_between("*/10 * * * *", resumed_at, clock.now()))
+    assert_exactly("pausable", slots_between("*/10 * * * *", begin, swept_at()))
 
 
 def test_schedule__redefining_at_start_up_keeps_its_place_and_its_pause():
@@ -259,13 +278,13 @@ def test_schedule__overlap_skip_passes_over_slots_while_the_last_run_is_live(liv
     assert sweep_hours(3) == 0, f"a slot started while the last run was {live}: the default must not overlap it"
     schedule = Schedule.objects.get(name="tight")
     assert schedule.overlap_skipped == 3, "each slot passed over is counted"
-    assert schedule.next_slot > clock.now(), "the passed-over slots are not owed later"
+    assert schedule.next_slot > swept_at(), "the passed-over slots are not owed later"
     assert schedule.last_run_id == first.id and own_events.count() == events, "nothing is recorded on the live run"
     Run.objects.filter(pk=first.pk).update(status="pending")  # let it be driven to its end from any live state
     assert drive(first.id).status == "completed"
     assert sweep().scheduled == 0, "a slot passed over is not started once the run ends"
     assert sweep_hours(1) == 1, "the next slot after the run finished starts"
-    owed = slots_between("0 * * * *", begin, clock.now())
+    owed = slots_between("0 * * * *", begin, swept_at())
     assert_exactly("tight", [owed[0], owed[-1]])
     assert Schedule.objects.get(name="tight").overlap_skipped == 3
 
@@ -275,7 +294,7 @@ def test_schedule__overlap_allow_starts_while_the_last_run_is_live():
     begin = clock.now()
     assert sweep_hours(3) == 3
     assert Run.objects.filter(idempotency_key__startswith="schedule:loose:", status="pending").count() == 3
-    assert_exactly("loose", slots_between("0 * * * *", begin, clock.now()))
+    assert_exactly("loose", slots_between("0 * * * *", begin, swept_at()))
     assert Schedule.objects.get(name="loose").overlap_skipped == 0
 
 
@@ -284,13 +303,13 @@ def test_schedule__overlap_skip_under_catch_up_starts_none_of_the_owed_slots_whi
     begin = clock.now()
     assert sweep_hours(1) == 1
     first = Schedule.objects.get(name="catcher").last_run
-    passed = clock.now()
+    passed = swept_at()
     clock.advance(timedelta(hours=5, minutes=30))  # beat was down: five or six slots owed, all overlapping the run
     assert sweep().scheduled == 0
-    owed = slots_between("0 * * * *", passed, clock.now())
+    owed = slots_between("0 * * * *", passed, swept_at())
     assert len(owed) in (5, 6)
     schedule = Schedule.objects.get(name="catcher")
-    assert schedule.overlap_skipped == len(owed) and schedule.next_slot > clock.now()
+    assert schedule.overlap_skipped == len(owed) and schedule.next_slot > swept_at()
     drive(first.id)
     assert sweep_hours(1) == 1
     assert_exactly("catcher", [slots_between("0 * * * *", begin, passed)[0], schedule.next_slot])

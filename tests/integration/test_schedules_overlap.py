@@ -21,7 +21,7 @@ from durable_agents.engine.sweep import sweep
 from durable_agents.models import Run, Schedule
 from durable_agents.states import FINISHED_RUN_STATUSES
 from durable_agents.testing import drive
-from tests.integration.test_schedules import slots_between, sweep_hours
+from tests.integration.test_schedules import before_first_slot, slots_between, sweep_hours, swept_at
 
 pytestmark = pytest.mark.django_db(transaction=True)
 migration = importlib.import_module("durable_agents.migrations.0018_run_schedule")
@@ -246,18 +246,18 @@ def test_schedule__overlap_skip_under_catch_up_never_starts_two_runs_at_once():
     five missed slots in one sweep started five runs at once, each overlapping the others: under "skip" the oldest
     owed slot starts and the rest, which would overlap it, are passed over and counted."""
     api.schedule("catcher", "record", cron="0 * * * *", missed="catch_up", catch_up_limit=10)
-    begin = clock.now()
+    begin = before_first_slot("catcher")
     clock.advance(timedelta(hours=5, minutes=30))
-    owed = slots_between("0 * * * *", begin, clock.now())
-    assert len(owed) in (5, 6)
     assert sweep().scheduled == 1, "catching up under overlap='skip' started runs that overlap each other"
+    owed = slots_between("0 * * * *", begin, swept_at())
+    assert len(owed) in (5, 6)
     assert live_runs("catcher").count() == 1
     schedule = Schedule.objects.get(name="catcher")
     assert schedule.overlap_skipped == len(owed) - 1, "the owed slots passed over are counted"
     assert schedule.last_slot == owed[0] and schedule.last_run.idempotency_key.endswith(
         owed[0].strftime("%Y-%m-%dT%H:%M:%SZ")
     ), "the oldest owed slot is the one started, and the schedule's last run is its run"
-    assert schedule.next_slot > clock.now(), "the passed-over slots are not owed later"
+    assert schedule.next_slot > swept_at(), "the passed-over slots are not owed later"
     drive(schedule.last_run_id)
     clock.advance(timedelta(hours=1))
     assert sweep().scheduled == 1, "the next slot after the run ended starts"
@@ -283,10 +283,10 @@ def test_schedule__slots_missed_while_the_last_run_was_live_are_all_counted():
     api.schedule("tight", "record", cron="0 * * * *")
     clock.advance(timedelta(hours=1))
     assert sweep().scheduled == 1
-    passed = clock.now()
+    passed = swept_at()
     clock.advance(timedelta(hours=5, minutes=30))
     assert sweep().scheduled == 0
-    owed = slots_between("0 * * * *", passed, clock.now())
+    owed = slots_between("0 * * * *", passed, swept_at())
     assert Schedule.objects.get(name="tight").overlap_skipped == len(owed), "slots passed over went uncounted"
 
 
@@ -295,10 +295,11 @@ def test_schedule__concurrent_sweeps_and_a_finishing_run_neither_double_nor_lose
     its end: under overlap="skip" at most one run of the schedule is live after any round, and every slot is
     either started once or counted as passed over (started + overlap_skipped = slots due)."""
     api.schedule("racing", "record", cron="* * * * *", missed="catch_up", catch_up_limit=100)
-    begin = clock.now()
+    begin = before_first_slot("racing")
     barrier = threading.Barrier(5)
     errors: list[BaseException] = []
     live_after_round: list[int] = []
+    sweep_times: list[datetime] = []  # the times the sweeps used: the slots due end at the latest
 
     def guarded(body):
         def run() -> None:
@@ -315,7 +316,9 @@ def test_schedule__concurrent_sweeps_and_a_finishing_run_neither_double_nor_lose
     def sweeper() -> None:
         for _ in range(6):
             barrier.wait(timeout=60)
-            start_due_schedules(clock.now())
+            now = clock.now()
+            sweep_times.append(now)
+            start_due_schedules(now)
             barrier.wait(timeout=60)
 
     def finisher() -> None:
@@ -341,7 +344,7 @@ def test_schedule__concurrent_sweeps_and_a_finishing_run_neither_double_nor_lose
         thread.join(timeout=180)
     assert not errors, f"a thread failed: {errors[0]!r}"
     assert max(live_after_round) <= 1, f"two runs of the schedule were live at once: {live_after_round}"
-    due = slots_between("* * * * *", begin, clock.now() - timedelta(minutes=7))
+    due = slots_between("* * * * *", begin, max(sweep_times))
     started = Run.objects.filter(idempotency_key__startswith="schedule:racing:").count()
     skipped = Schedule.objects.get(name="racing").overlap_skipped
     assert started + skipped == len(due), f"{started} started + {skipped} passed over, but {len(due)} slots were due"
