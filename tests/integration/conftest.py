@@ -2,6 +2,7 @@
 
 import contextlib
 from collections.abc import Iterator
+from datetime import timedelta
 
 import pytest
 from django.conf import settings
@@ -36,6 +37,15 @@ def _require_postgres() -> None:
     assert connection.vendor == "postgresql", (
         "integration tests prove the guarantees on Postgres: set DATABASE_URL=postgres://... (see .ci/run)"
     )
+
+
+@pytest.fixture
+def clock_mid_hour() -> None:
+    """The engine's time moved to the next hh:29:30: a test that moves it by whole minutes and hours stays half a
+    minute (and half an hour) away from a cron slot the real time would otherwise cross between two readings."""
+    now = clock.now()
+    ahead = now.replace(minute=29, second=30, microsecond=0) - now
+    clock.advance(ahead if ahead > timedelta(0) else ahead + timedelta(hours=1))
 
 
 @pytest.fixture

@@ -34,7 +34,8 @@ from durable_agents.testing.runs import take_lease
 from durable_agents.workflows import PlannedStep, call, workflow
 from tests.integration.shared_clock import SharedClock
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# Slots half a minute and half an hour away from the real time: a test is not timed against a passing slot.
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("clock_mid_hour")]
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -27,7 +27,8 @@ from durable_agents.errors import ScheduleDeclaredError
 from durable_agents.models import Run, Schedule
 from durable_agents.workflows import call, workflow
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# Slots half a minute and half an hour away from the real time: a test is not timed against a passing slot.
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("clock_mid_hour")]
 
 NIGHTLY = {"workflow": "record", "cron": "0 3 * * *", "timezone": "Europe/Paris", "input": {"steps": 1}}
 HOURLY = {"workflow": "record", "cron": "0 * * * *", "overlap": "allow"}

@@ -16,7 +16,8 @@ from durable_agents.engine.schedules import check_cron
 from durable_agents.engine.sweep import sweep
 from durable_agents.models import Schedule
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# Slots half a minute and half an hour away from the real time: a test is not timed against a passing slot.
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("clock_mid_hour")]
 
 HOURLY = {"workflow": "record", "cron": "0 * * * *"}
 # A valid five-field cron (every minute of every hour, listed out) longer than Schedule.cron's 200 characters.

@@ -18,7 +18,8 @@ from durable_agents.engine.schedules import slot_after, slot_key, start_due_sche
 from durable_agents.models import Run, Schedule
 from tests.integration.interleavings import in_another_connection, joined, until_blocked_on_a_lock
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# Slots half a minute and half an hour away from the real time: a test is not timed against a passing slot.
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("clock_mid_hour")]
 
 HOURLY = {"workflow": "record", "cron": "0 * * * *", "overlap": "allow"}
 HALF_HOURLY = {**HOURLY, "cron": "15,45 * * * *"}

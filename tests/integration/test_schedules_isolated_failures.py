@@ -13,7 +13,8 @@ from durable_agents.api import PlannedStep, call, workflow
 from durable_agents.engine.sweep import sweep
 from durable_agents.models import Run, Schedule
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# Slots half a minute and half an hour away from the real time: a test is not timed against a passing slot.
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("clock_mid_hour")]
 
 
 @pytest.fixture(autouse=True)

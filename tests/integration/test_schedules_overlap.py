@@ -23,7 +23,8 @@ from durable_agents.states import FINISHED_RUN_STATUSES
 from durable_agents.testing import drive
 from tests.integration.test_schedules import before_first_slot, slots_between, sweep_hours, swept_at
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# Slots half a minute and half an hour away from the real time: a test is not timed against a passing slot.
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("clock_mid_hour")]
 migration = importlib.import_module("durable_agents.migrations.0018_run_schedule")
 # What a RunPython function is handed (its schema editor): the migration names runs in the database it migrates.
 MIGRATING = SimpleNamespace(connection=connections["default"])

@@ -956,18 +956,19 @@ class ScheduleMachine(RuleBasedStateMachine):
     def pause(self, data: st.DataObject) -> None:
         name = data.draw(st.sampled_from(sorted(self.schedules)))
         tracked = self.schedules[name]
-        api.pause_schedule(name)
+        schedule = api.pause_schedule(name)
         if not tracked.paused:
-            tracked.pauses.append(Pause(since=clock.now()))
+            # The engine's own time of the pause, not a clock read after it: a slot could fall between the two.
+            tracked.pauses.append(Pause(since=schedule.paused_changed_at))
 
     @precondition(lambda self: any(t.paused for t in self.schedules.values()))
     @rule(data=st.data())
     def resume(self, data: st.DataObject) -> None:
         name = data.draw(st.sampled_from(sorted(n for n, t in self.schedules.items() if t.paused)))
-        api.resume_schedule(name)
+        schedule = api.resume_schedule(name)
         tracked = self.schedules[name]
-        tracked.pauses[-1].until = clock.now()
-        next_slot = Schedule.objects.get(name=name).next_slot
+        tracked.pauses[-1].until = schedule.paused_changed_at  # the engine's time of the resume, as for the pause
+        next_slot = schedule.next_slot
         assert next_slot > tracked.pauses[-1].until, f"{name} resumed owing slot {next_slot} of its pause"
 
     @rule(which=st.integers(0, 7))
