@@ -167,12 +167,14 @@ def test_cancel__a_queued_run_leaves_the_queue_and_a_cancelled_holder_hands_its_
     _assert_serial_in_order([a, b, d])
 
 
-def test_cancel__a_running_holder_stops_after_its_step_and_hands_on(start_worker):
+def test_cancel__a_running_holder_stops_after_its_step_and_hands_on(start_worker, tmp_path):
     start_worker(beat=True)
+    gate = tmp_path / "go-on"  # the slow step runs until the cancel is in
     with transaction.atomic():
-        a, b = (api.start("keyed_slow", {"customer": "r", "seconds": 2}) for _ in range(2))
+        a, b = (api.start("keyed_slow", {"customer": "r", "until": str(gate)}) for _ in range(2))
     wait_for(lambda: Execution.objects.filter(run_id=a.id, step_id="slow").exists(), timeout=60, what="slow step")
     api.cancel(a.id, reason="stop after the step")
+    gate.touch()
     wait_for_run(a.id, "cancelled", timeout=60)
     wait_for_run(b.id, "completed", timeout=60)
     _assert_serial_in_order([a, b])

@@ -71,11 +71,13 @@ def test_sigkill__fifty_step_run_survives_repeated_kills(start_worker):
     assert Step.objects.filter(run=run, status=StepStatus.DONE).count() == 50
 
 
-def test_zombie__late_commit_of_a_paused_worker_is_rejected(start_worker):
+def test_zombie__late_commit_of_a_paused_worker_is_rejected(start_worker, tmp_path):
     zombie = start_worker()
-    run = api.start("slow", {"seconds": 3})
+    gate = tmp_path / "go-on"  # the step runs until the worker executing it is paused
+    run = api.start("slow", {"until": str(gate)})
     wait_for(lambda: Execution.objects.filter(run_id=run.id).exists(), timeout=30, what="the slow step to start")
     zombie.signal(signal.SIGSTOP)
+    gate.touch()  # the successor's execution returns at once; the zombie's, once it thaws
     try:
         start_worker(beat=True)  # the successor; its beat runs the sweep that re-wakes the run
         wait_for(

@@ -96,12 +96,14 @@ def test_effects__external_outcome_that_cannot_be_known_goes_to_an_operator():
     assert effect.attempts == 2 and f"durable_effect {effect.idempotency_key} --applied" in effect.needs_attention
 
 
-def test_saga__cancel_with_compensation_undoes_effects_newest_first_once(start_worker):
+def test_saga__cancel_with_compensation_undoes_effects_newest_first_once(start_worker, tmp_path):
     start_worker()
-    run = api.start("two_charges", {"order_id": "B-1", "pause_at": "hold", "pause_s": 2})
+    gate = tmp_path / "go-on"  # the run holds until the cancel is in
+    run = api.start("two_charges", {"order_id": "B-1", "pause_at": "hold", "pause_s": str(gate)})
     wait_for(lambda: reached(run.id, "hold:hold"), timeout=30, what="both charges to apply")
 
     api.cancel(run.id, "customer cancelled", compensate=True, actor="ops")
+    gate.touch()
     run = wait_for_run(run.id, "cancelled", timeout=60)
 
     ledger = list(LedgerEntry.objects.order_by("at", "id").values_list("kind", "amount"))
@@ -112,11 +114,13 @@ def test_saga__cancel_with_compensation_undoes_effects_newest_first_once(start_w
     assert run.output is None
 
 
-def test_saga__compensation_survives_sigkill_mid_compensation(start_worker):
+def test_saga__compensation_survives_sigkill_mid_compensation(start_worker, tmp_path):
     worker = start_worker()
-    run = api.start("two_charges", {"order_id": "B-2", "pauses": {"hold": 2, "inside_refund": 30}})
+    gate = tmp_path / "go-on"  # the run holds until the cancel is in
+    run = api.start("two_charges", {"order_id": "B-2", "pauses": {"hold": str(gate), "inside_refund": 30}})
     wait_for(lambda: reached(run.id, "hold:hold"), timeout=30, what="both charges to apply")
     api.cancel(run.id, "fraud", compensate=True)
+    gate.touch()
     wait_for(lambda: reached(run.id, "compensate-1:inside_refund"), timeout=30, what="the first compensation")
     worker.kill()  # inside the compensating transaction: it rolls back
     start_worker(beat=True)

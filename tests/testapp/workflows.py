@@ -78,9 +78,7 @@ def _slow(ctx: StepContext) -> dict[str, Any]:
     a step that is certainly still running while the test acts, however busy the machine."""
     record_execution(ctx)
     if ctx.input.get("until"):
-        deadline = time.monotonic() + 120
-        while not os.path.exists(ctx.input["until"]) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_or_sleep(ctx.input["until"])
         return {"released": True}
     time.sleep(ctx.input.get("seconds", 1.0))
     return {"slept": ctx.input.get("seconds", 1.0)}
@@ -202,13 +200,25 @@ def mark(ctx: StepContext, point: str) -> bool:
 def pause_once(ctx: StepContext, point: str) -> None:
     """Sleep at `point` the first time it is reached, if the run input asks to (a window for SIGKILL).
 
-    The input names one point (`pause_at`, `pause_s`) or several (`pauses`: {point: seconds}).
+    The input names one point (`pause_at`, `pause_s`) or several (`pauses`: {point: seconds}). Instead of seconds,
+    a file path: the pause lasts until the test creates that file (at most two minutes), so the step is certainly
+    still paused while the test acts, however busy the machine.
     """
     if ctx is None:
         return
     pauses = ctx.input.get("pauses") or {ctx.input.get("pause_at"): ctx.input.get("pause_s", 30)}
     if point in pauses and mark(ctx, point):
-        time.sleep(pauses[point])
+        wait_or_sleep(pauses[point])
+
+
+def wait_or_sleep(until: float | str) -> None:
+    """Sleep `until` seconds, or, given a file path, until that file exists (at most two minutes)."""
+    if not isinstance(until, str):
+        time.sleep(until)
+        return
+    deadline = time.monotonic() + 120
+    while not os.path.exists(until) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 @tool(effectful=True, transactional=True, compensate="refund_charge")
