@@ -37,7 +37,9 @@ def fake():
 @pytest.fixture
 def in_process_model(fake):
     """The 'anthropic' participant of this process talks to the fake server through the real SDK."""
-    client = anthropic.Anthropic(api_key="sk-ant-test-secret-0123456789", base_url=fake.url, max_retries=0, timeout=1.0)
+    client = anthropic.Anthropic(
+        api_key="sk-ant-test-secret-0123456789", base_url=fake.url, max_retries=0, timeout=10.0
+    )
     previous = participants._participants.get("anthropic")
     participants.register("anthropic", AnthropicParticipant(client=client))
     yield fake
