@@ -579,6 +579,8 @@ def test_bulk__cancel_reports_a_run_a_worker_holds_as_asked_to_stop_not_cancelle
     idle = api.start("noop", {"steps": 2})
     held = api.start("noop", {"steps": 2})
     take_lease(held.id)  # a worker executes its step now: the cancel can only be requested
+    # ... for as long as the lease holds: longer than any stall of this test (the tests' lease is seconds).
+    Run.objects.filter(pk=held.pk).update(lease_expires_at=clock.now() + timedelta(hours=1))
     selected = [str(idle.pk), str(held.pk)]
     response = operator.post(
         LIST,
