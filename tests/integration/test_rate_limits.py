@@ -104,7 +104,8 @@ def test_race__waiting_callers_line_up_one_interval_apart(backend_name):
         backend = rate_limits.backend()
         waits = [backend.reserve(f"{model}|k", (60.0, 0.0, 0.0), burst=60.0, max_wait=1000.0) for _ in range(4)]
     assert waits[0] == 0.0
-    assert [round(w or 0.0) for w in waits[1:]] == [60, 120, 180], waits
+    # Each wait is measured from its own reserve: the real time between them shortens the later ones a little.
+    assert waits[1:] == pytest.approx([60, 120, 180], abs=5), waits
 
 
 def test_429__its_retry_after_stops_every_other_caller_until_then(backend_name, fake):

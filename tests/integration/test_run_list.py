@@ -185,10 +185,11 @@ def test_every_list_filter_stays_within_the_query_budget_whatever_the_number_of_
             assert operator.get(f"{LIST}?{query}").status_code == 200
         return len(queries)
 
+    queries = list_queries()  # once: the date filters name today, which may not be the same day at a second reading
     seed(50)
-    few = {query: count(query) for query in list_queries()}
+    few = {query: count(query) for query in queries}
     seed(450)
-    many = {query: count(query) for query in list_queries()}
+    many = {query: count(query) for query in queries}
 
     over = {query: n for query, n in many.items() if n > QUERY_BUDGET}
     assert not over, f"at most {QUERY_BUDGET} queries per list page: {over}"
