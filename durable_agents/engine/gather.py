@@ -68,10 +68,14 @@ class Gatherer:
             self._reset()
         with self._lock:
             self._pending.append((str(run_id), kind))
-            send_now = len(self._pending) >= MOST_HELD_BATCHES * int(settings.WAKE_BATCH_SIZE)
+            held, full = len(self._pending), int(settings.WAKE_BATCH_SIZE)
+            send_now = held >= MOST_HELD_BATCHES * full
             if self._thread is None or not self._thread.is_alive():
                 send_now = not self._start_sender() or send_now
-            self._arrived.notify()
+            # The sender waits for a first arrival, then for WAKE_GATHER_MS or a full batch: only those two wake it.
+            # Waking it at every start would cost each one a thread switch (and the GIL) for nothing to send.
+            if held == 1 or held >= full:
+                self._arrived.notify()
         if send_now:
             self._send_gathered()
 
