@@ -26,8 +26,10 @@ from django.db.models import F
 from django.test.utils import CaptureQueriesContext
 
 from durable_agents import api, clock
+from durable_agents.engine.heartbeats import SWEEP
 from durable_agents.engine.schedules import _a_run_is_live_txn, slot_key, start_due_schedules
 from durable_agents.engine.sweep import sweep
+from durable_agents.health import Measured
 from durable_agents.models import Event, ProcessHeartbeat, Run, Schedule
 from durable_agents.testing import drive, wait_for, wait_for_run
 from durable_agents.testing.runs import take_lease
@@ -58,7 +60,7 @@ def before_first_slot(name: str) -> datetime:
 def swept_at() -> datetime:
     """The engine's time when the last sweep pass began (as the pass recorded it): the slots it owed end there. Not
     clock.now() read after the pass: a slot falling between the two readings would be expected but not yet owed."""
-    return datetime.fromisoformat(ProcessHeartbeat.objects.get(name="sweep").load["measured_at"])
+    return Measured.from_row(ProcessHeartbeat.objects.get(name=SWEEP).load).measured_at
 
 
 def started(name: str) -> dict[str, int]:
